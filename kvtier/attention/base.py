@@ -1,0 +1,28 @@
+"""The attention backend contract: the model hands it q/k/v of one layer, it stores k/v into
+the paged cache and returns attention output. Backends are interchangeable (torch, triton)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from kvtier.attention.metadata import AttentionMetadata
+
+
+class AttentionBackend(Protocol):
+    name: str
+
+    def forward(
+        self,
+        layer_idx: int,
+        q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [num_blocks, F, 2, block_size, num_kv_heads, head_dim]
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        """Write k/v at meta.slot_mapping[group] into slot `layer_idx % F`, then attend
+        causally over each request's whole context (cached prefix + the new tokens)."""
+        ...

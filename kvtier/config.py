@@ -1,0 +1,185 @@
+"""Typed, frozen configuration of each component. Derived values are properties; no I/O here."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be served (bad option, unsupported model, does not fit)."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture of a decoder-only Llama-family model (what HF's config.json says)."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: tuple[tuple[str, Any], ...] | None = None  # dict items, hashable
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2
+    qk_norm: bool = False  # Qwen3
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    name: str = "model"
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def rope_scaling_dict(self) -> dict[str, Any] | None:
+        return dict(self.rope_scaling) if self.rope_scaling else None
+
+    def num_params(self) -> int:
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+        mlp = 3 * h * i
+        per_layer = attn + mlp + 2 * h
+        emb = v * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * per_layer + emb + h
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        return 2 * self.num_layers * self.kv_size * dtype_bytes
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any], name: str = "model") -> ModelConfig:
+        archs = cfg.get("architectures") or []
+        arch = archs[0] if archs else ""
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ConfigError(
+                f"unsupported architecture {arch or '<none>'!r}; supported: "
+                + ", ".join(SUPPORTED_ARCHITECTURES)
+            )
+        num_heads = cfg["num_attention_heads"]
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // num_heads
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        rope_scaling = cfg.get("rope_scaling")
+        rope_theta = cfg.get("rope_theta")
+        rope_params = cfg.get("rope_parameters")  # transformers >= 5 moves rope settings here
+        if isinstance(rope_params, dict):
+            rope_theta = rope_params.get("rope_theta", rope_theta)
+            if rope_params.get("rope_type", "default") != "default":
+                rope_scaling = rope_params
+        if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) in (None, "default"):
+            rope_scaling = None
+        return cls(
+            architecture=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
+            head_dim=head_dim,
+            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
+            rope_scaling=tuple(sorted(rope_scaling.items())) if rope_scaling else None,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=bool(cfg.get("attention_bias", False)) or arch == "Qwen2ForCausalLM",
+            qk_norm=arch == "Qwen3ForCausalLM",
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+            name=name,
+        )
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Geometry and size of the KV pools.
+
+    A physical block holds `layers_per_block` (F) consecutive layers x `block_size` tokens of
+    K and V. F = num_layers is vLLM's layout; eLLM's default is F = 4.
+    """
+
+    block_size: int = 16
+    layers_per_block: int = 4
+    gpu_memory_utilization: float = 0.9
+    kv_cache_gb: float | None = None  # explicit device-pool size; overrides utilization
+    swap_space_gb: float = 4.0  # pinned host pool
+    num_gpu_blocks: int | None = None  # explicit block counts (tests, simulator)
+    num_host_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
+        if self.layers_per_block < 1:
+            raise ConfigError(f"layers_per_block must be >= 1, got {self.layers_per_block}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError("gpu_memory_utilization must be in (0, 1]")
+        if self.swap_space_gb < 0:
+            raise ConfigError("swap_space must be >= 0")
+
+    def num_layer_groups(self, num_layers: int) -> int:
+        return math.ceil(num_layers / min(self.layers_per_block, num_layers))
+
+    def layers_in_block(self, num_layers: int) -> int:
+        return min(self.layers_per_block, num_layers)
+
+    def block_bytes(self, model: ModelConfig, dtype_bytes: int) -> int:
+        return 2 * self.layers_in_block(model.num_layers) * self.block_size * model.kv_size * dtype_bytes
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    max_model_len: int = 4096
+    enable_chunked_prefill: bool = True
+    max_waiting_requests: int | None = None  # None: unbounded (the server bounds it)
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1 or self.max_model_len < 1:
+            raise ConfigError("max_num_batched_tokens, max_num_seqs and max_model_len must be >= 1")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ConfigError(
+                "without chunked prefill, max_num_batched_tokens must be >= max_model_len"
+            )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str
+    model_config: ModelConfig
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    kv_policy: str = "recompute"
+    dtype: str = "auto"  # resolved: float32 on CPU, bfloat16 on GPU unless given
+    device: str = "auto"
+    load_format: str = "auto"  # auto | safetensors | dummy
+    tokenizer: str | None = None
+    seed: int = 0
+    attention_backend: str = "auto"  # auto | torch | triton
+    enforce_eager: bool = False  # no CUDA graphs
+    served_model_name: str | None = None
+
+    def with_(self, **kw: Any) -> EngineConfig:
+        return replace(self, **kw)
+
+
+def dataclass_option_names(cls: type) -> list[str]:
+    return [f.name for f in fields(cls)]

@@ -1,0 +1,62 @@
+"""What the engine hands back to its callers (the LLM API, the server, the bench harness)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float  # time.monotonic() when the request was added
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    token_times: list[float] = field(default_factory=list)  # one per output token
+    finished_time: float | None = None
+    num_preemptions: int = 0
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None = None
+    logprobs: list[dict[int, float]] | None = None  # per token: {token_id: logprob}
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
+    stop_reason: int | str | None = None  # the stop token id or stop string that matched
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics | None = None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot after a step: what the bench harness and /metrics record."""
+
+    num_running: int
+    num_waiting: int
+    num_swapped: int
+    gpu_blocks_used: int
+    gpu_blocks_total: int
+    host_blocks_used: int
+    host_blocks_total: int
+    num_preemptions_total: int
+    num_swap_out_blocks_total: int
+    num_swap_in_blocks_total: int
+    num_recomputed_tokens_total: int  # prompt+output tokens prefilled again after preemption
+    num_prompt_tokens_total: int
+    num_generation_tokens_total: int
+    num_scheduled_tokens: int  # in the last step
+    block_bytes: int
+    step_time_s: float  # wall time of the last step
