@@ -24,6 +24,7 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; k >= 0: logprob of the chosen token (+ top-k)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    detokenize: bool = True  # benchmarks with ignore_eos skip it, as vLLM's do
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
