@@ -1,0 +1,73 @@
+"""What a workload is made of: requests with token ids, an output length and an arrival offset."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class Tokenizer(Protocol):
+    """The one method a workload loader needs (the engine's tokenizer has it)."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """One request of a workload, independent of the engine that will serve it.
+
+    `arrival_s` is the offset from the start of the run at which the request is sent; the
+    runner turns it into an absolute arrival time, so queueing delay counts in TTFT.
+    """
+
+    prompt_token_ids: tuple[int, ...]
+    output_len: int
+    arrival_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prompt_token_ids, tuple):
+            object.__setattr__(self, "prompt_token_ids", tuple(self.prompt_token_ids))
+        if not self.prompt_token_ids:
+            raise ValueError("a request needs at least one prompt token")
+        if self.output_len < 1:
+            raise ValueError(f"output_len must be >= 1, got {self.output_len}")
+        if self.arrival_s < 0:
+            raise ValueError(f"arrival_s must be >= 0, got {self.arrival_s}")
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+@dataclass(frozen=True)
+class LengthLimits:
+    """Which (prompt, output) lengths a workload keeps.
+
+    The defaults are vLLM's benchmark_serving `sample_sharegpt_requests`: drop prompts or
+    outputs shorter than 4 tokens (too little to measure), prompts over 1024 tokens and
+    prompt + output over 2048 tokens. `None` lifts a maximum.
+    """
+
+    min_prompt_len: int = 4
+    min_output_len: int = 4
+    max_prompt_len: int | None = 1024
+    max_total_len: int | None = 2048
+
+    def accepts(self, prompt_len: int, output_len: int) -> bool:
+        if prompt_len < self.min_prompt_len or output_len < self.min_output_len:
+            return False
+        if self.max_prompt_len is not None and prompt_len > self.max_prompt_len:
+            return False
+        return self.max_total_len is None or prompt_len + output_len <= self.max_total_len
+
+    def clip(self, prompt_len: int, output_len: int) -> tuple[int, int]:
+        """Lengths forced inside the limits: for traces, where dropping would change the rate."""
+        prompt = max(prompt_len, self.min_prompt_len)
+        if self.max_prompt_len is not None:
+            prompt = min(prompt, self.max_prompt_len)
+        if self.max_total_len is not None:
+            prompt = min(prompt, self.max_total_len - self.min_output_len)
+        output = max(output_len, self.min_output_len)
+        if self.max_total_len is not None:
+            output = min(output, self.max_total_len - prompt)
+        return prompt, output

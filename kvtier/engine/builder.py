@@ -1,0 +1,61 @@
+"""Assembling an engine: config -> checks -> tokenizer -> model runner -> pools -> engine.
+Every check that can fail runs before anything large is allocated."""
+
+from __future__ import annotations
+
+import logging
+
+from kvtier.config import ConfigError
+from kvtier.engine.args import EngineArgs
+from kvtier.engine.llm_engine import LLMEngine
+from kvtier.engine.memory import check_weights_fit, size_pools
+from kvtier.kv.manager import KVCacheManager
+from kvtier.model.loader import resolve_model_config
+from kvtier.policies import get_policy
+from kvtier.runner.device import resolve_device, resolve_dtype
+from kvtier.tokenizer import load_tokenizer
+
+log = logging.getLogger("kvtier")
+
+
+def build_engine(args: EngineArgs) -> LLMEngine:
+    config = args.create_engine_config()
+    try:
+        get_policy(config.kv_policy)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    if config.load_format not in ("auto", "dummy", "safetensors"):
+        raise ConfigError(f"unknown load format {config.load_format!r}")
+    mc = config.model_config
+    if config.scheduler.max_model_len > mc.max_position_embeddings:
+        raise ConfigError(f"max_model_len {config.scheduler.max_model_len} exceeds the model's "
+                          f"max_position_embeddings {mc.max_position_embeddings}")
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    check_weights_fit(config, device, dtype)
+    _, ckpt = resolve_model_config(config.model, config.load_format)
+    tokenizer = load_tokenizer(ckpt, config.tokenizer, mc.vocab_size)
+    if not mc.eos_token_ids or ckpt is None:
+        # Dummy weights: end-of-sequence is whatever the tokenizer we picked calls it.
+        config = config.with_(model_config=_with_eos(mc, tokenizer.eos_token_ids))
+
+    from kvtier.runner.model_runner import ModelRunner
+
+    runner = ModelRunner(config, ckpt, device, dtype)
+    peak = runner.profile_activation_peak()
+    pools = size_pools(config, device, dtype, peak)
+    runner.allocate_kv(pools.num_gpu_blocks, pools.num_host_blocks)
+    kv = KVCacheManager(
+        num_groups=runner.num_groups, block_size=config.cache.block_size,
+        num_gpu_blocks=pools.num_gpu_blocks, num_host_blocks=pools.num_host_blocks,
+    )
+    log.info("kvtier: %s on %s (%s), %d device + %d host KV blocks of %d KiB, policy %s",
+             config.model, device, dtype, pools.num_gpu_blocks, pools.num_host_blocks,
+             pools.block_bytes // 1024, config.kv_policy)
+    return LLMEngine(config, runner, tokenizer, kv, pools.block_bytes)
+
+
+def _with_eos(mc, eos: tuple[int, ...]):
+    from dataclasses import replace
+
+    return replace(mc, eos_token_ids=tuple(eos))

@@ -1,0 +1,243 @@
+"""The engine: requests in, one step at a time, outputs out.
+
+    step():  plan = scheduler.schedule()  ->  result = executor.execute(plan)
+             ->  outputs = self._process(scheduler.update(plan, result))
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from kvtier.config import EngineConfig
+from kvtier.core.plan import StepResult
+from kvtier.core.request import Request, RequestStatus
+from kvtier.engine.args import EngineArgs
+from kvtier.engine.detokenizer import IncrementalDetokenizer
+from kvtier.engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
+from kvtier.kv.manager import KVCacheManager
+from kvtier.policies import get_policy
+from kvtier.sampling_params import InvalidRequestError, SamplingParams
+from kvtier.scheduler.scheduler import Scheduler
+from kvtier.tokenizer import Tokenizer
+
+
+@dataclass
+class _Child:
+    """One sampled sequence of a (possibly n > 1) request."""
+
+    index: int
+    request: Request
+    detok: IncrementalDetokenizer | None
+    logprobs: list[dict[int, float]] | None
+    cumulative_logprob: float | None = None
+    finish_reason: str | None = None
+
+
+@dataclass
+class _Parent:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    metrics: RequestMetrics
+    children: list[_Child] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return all(c.finish_reason is not None for c in self.children)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, executor, tokenizer: Tokenizer, kv: KVCacheManager,
+                 block_bytes: int):
+        self.config = config
+        self.model_config = config.model_config
+        self.executor = executor
+        self.tokenizer = tokenizer
+        self.block_bytes = block_bytes
+        self.scheduler = Scheduler(config.scheduler, kv, get_policy(config.kv_policy))
+        self._parents: dict[str, _Parent] = {}
+        self._child_of: dict[str, tuple[_Parent, _Child]] = {}
+        self._last_step_tokens = 0
+        self._last_step_time = 0.0
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
+        from kvtier.engine.builder import build_engine
+
+        return build_engine(args)
+
+    @property
+    def served_model_name(self) -> str:
+        return self.config.served_model_name or self.config.model
+
+    # ---- requests --------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> None:
+        if request_id in self._parents:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        prompt_text, prompt_ids = self._tokenize(prompt)
+        max_tokens = self._resolve_max_tokens(len(prompt_ids), params)
+        metrics = RequestMetrics(arrival_time=arrival_time or time.monotonic())
+        parent = _Parent(request_id, prompt_text, prompt_ids, metrics)
+        eos = () if params.ignore_eos else tuple(self.tokenizer.eos_token_ids) + tuple(
+            self.model_config.eos_token_ids)
+        for i in range(params.n):
+            child_params = params
+            if params.n > 1 and params.seed is not None:
+                from dataclasses import replace
+                child_params = replace(params, seed=params.seed + i)
+            rid = request_id if params.n == 1 else f"{request_id}#{i}"
+            req = Request(rid, list(prompt_ids), child_params, max_tokens, eos,
+                          arrival_time=metrics.arrival_time)
+            detok = None
+            if params.detokenize:
+                detok = IncrementalDetokenizer(self.tokenizer, params.stop,
+                                               params.include_stop_str_in_output,
+                                               params.skip_special_tokens)
+            child = _Child(i, req, detok, [] if params.logprobs is not None else None,
+                           0.0 if params.logprobs is not None else None)
+            parent.children.append(child)
+            self._child_of[rid] = (parent, child)
+            self.scheduler.add_request(req)
+        self._parents[request_id] = parent
+
+    def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("prompt is empty")
+            return prompt, self.tokenizer.encode(prompt)
+        ids = list(prompt)
+        if not ids:
+            raise InvalidRequestError("prompt is empty")
+        vocab = self.model_config.vocab_size
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):
+            raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab})")
+        return None, ids
+
+    def _resolve_max_tokens(self, prompt_len: int, params: SamplingParams) -> int:
+        max_len = self.config.scheduler.max_model_len
+        if prompt_len >= max_len:
+            raise InvalidRequestError(
+                f"prompt has {prompt_len} tokens; max_model_len is {max_len} "
+                "(it must leave room for at least one generated token)"
+            )
+        room = max_len - prompt_len
+        return room if params.max_tokens is None else min(params.max_tokens, room)
+
+    def abort_request(self, request_id: str | Iterable[str]) -> None:
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        for rid in ids:
+            parent = self._parents.pop(rid, None)
+            if parent is None:
+                continue
+            for child in parent.children:
+                self.scheduler.finish_request(child.request.request_id,
+                                              RequestStatus.FINISHED_ABORTED)
+                self._child_of.pop(child.request.request_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._parents)
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self._parents)
+
+    # ---- the step --------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
+        plan = self.scheduler.schedule()
+        result: StepResult = self.executor.execute(plan)
+        touched = self.scheduler.update(plan, result)
+        outputs = self._process(touched, result, plan.num_scheduled_tokens)
+        self._last_step_tokens = plan.num_scheduled_tokens
+        self._last_step_time = time.perf_counter() - t0
+        return outputs
+
+    def _process(self, touched: list[Request], result: StepResult, _n: int) -> list[RequestOutput]:
+        now = time.monotonic()
+        changed: dict[str, _Parent] = {}
+        for req in touched:
+            entry = self._child_of.get(req.request_id)
+            if entry is None:
+                continue
+            parent, child = entry
+            self._record_token(parent, child, req, result, now)
+            changed[parent.request_id] = parent
+        outputs = []
+        for parent in changed.values():
+            outputs.append(self._make_output(parent))
+            if parent.finished:
+                parent.metrics.finished_time = now
+                self._parents.pop(parent.request_id, None)
+                for c in parent.children:
+                    self._child_of.pop(c.request.request_id, None)
+        return outputs
+
+    def _record_token(self, parent: _Parent, child: _Child, req: Request, result: StepResult,
+                      now: float) -> None:
+        token = req.output_token_ids[-1]
+        m = parent.metrics
+        if child.index == 0:
+            if m.first_token_time is None:
+                m.first_token_time = now
+            m.token_times.append(now)
+        if child.logprobs is not None:
+            lp = result.logprobs.get(req.request_id, {})
+            child.logprobs.append(lp)
+            child.cumulative_logprob = (child.cumulative_logprob or 0.0) + lp.get(token, 0.0)
+        stop_str = child.detok.add(token) if child.detok is not None else None
+        if stop_str is not None and not req.status.finished:
+            self.scheduler.finish_request(req.request_id, RequestStatus.FINISHED_STOPPED)
+            req.stop_reason = stop_str
+        elif stop_str is not None:
+            req.stop_reason = stop_str
+        if req.status.finished:
+            child.finish_reason = req.status.value
+            m.num_preemptions = max(m.num_preemptions, req.num_preemptions)
+
+    def _make_output(self, parent: _Parent) -> RequestOutput:
+        outs = [
+            CompletionOutput(
+                index=c.index,
+                text=c.detok.text if c.detok is not None else "",
+                token_ids=list(c.request.output_token_ids),
+                cumulative_logprob=c.cumulative_logprob,
+                logprobs=list(c.logprobs) if c.logprobs is not None else None,
+                finish_reason=c.finish_reason,
+                stop_reason=c.request.stop_reason,
+            )
+            for c in parent.children
+        ]
+        return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, outs,
+                             parent.finished, parent.metrics)
+
+    # ---- introspection ---------------------------------------------------------------
+    def get_stats(self) -> EngineStats:
+        s, kv, c = self.scheduler, self.scheduler.kv, self.scheduler.counters
+        return EngineStats(
+            num_running=len(s.running), num_waiting=len(s.waiting), num_swapped=len(s.swapped),
+            gpu_blocks_used=kv.gpu.num_used, gpu_blocks_total=kv.gpu.num_blocks,
+            host_blocks_used=kv.host.num_used, host_blocks_total=kv.host.num_blocks,
+            num_preemptions_total=c.num_preemptions,
+            num_swap_out_blocks_total=c.num_swap_out_blocks,
+            num_swap_in_blocks_total=c.num_swap_in_blocks,
+            num_recomputed_tokens_total=c.num_recomputed_tokens,
+            num_prompt_tokens_total=c.num_prompt_tokens,
+            num_generation_tokens_total=c.num_generation_tokens,
+            num_scheduled_tokens=self._last_step_tokens,
+            block_bytes=self.block_bytes,
+            step_time_s=self._last_step_time,
+        )
+
+    def check_integrity(self) -> None:
+        self.scheduler.check_integrity()
+        live = {c.request.request_id for p in self._parents.values() for c in p.children
+                if c.finish_reason is None}
+        assert live == set(self.scheduler.requests), "engine and scheduler disagree on requests"

@@ -1,0 +1,84 @@
+"""Sizing the KV pools: what is left of the configured memory after weights and activations."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from kvtier.config import ConfigError, EngineConfig
+from kvtier.kv.manager import cdiv
+
+GiB = 1 << 30
+CPU_DEFAULT_KV_GB = 2.0  # no "GPU memory" to take a fraction of on the CPU path
+
+
+@dataclass(frozen=True)
+class PoolSizes:
+    num_gpu_blocks: int
+    num_host_blocks: int
+    block_bytes: int
+
+
+def dtype_bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def check_weights_fit(config: EngineConfig, device: torch.device, dtype: torch.dtype) -> None:
+    """Fail before allocating anything if the weights alone exceed the configured memory."""
+    weight_bytes = config.model_config.num_params() * dtype_bytes(dtype)
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        budget = total * config.cache.gpu_memory_utilization
+        where = f"{config.cache.gpu_memory_utilization:.2f} x {total / GiB:.1f} GiB of GPU memory"
+    else:
+        budget = _host_available_bytes()
+        where = f"{budget / GiB:.1f} GiB of available host memory"
+    if weight_bytes > budget:
+        raise ConfigError(
+            f"model {config.model!r} needs {weight_bytes / GiB:.1f} GiB of weights "
+            f"({dtype}), more than {where}"
+        )
+
+
+def _host_available_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def size_pools(
+    config: EngineConfig, device: torch.device, dtype: torch.dtype, activation_peak: int
+) -> PoolSizes:
+    cache, mc = config.cache, config.model_config
+    block_bytes = cache.block_bytes(mc, dtype_bytes(dtype))
+    if cache.num_gpu_blocks is not None:
+        num_gpu = cache.num_gpu_blocks
+    elif cache.kv_cache_gb is not None:
+        num_gpu = int(cache.kv_cache_gb * GiB // block_bytes)
+    elif device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        used = torch.cuda.memory_allocated(device) + activation_peak
+        num_gpu = int((total * cache.gpu_memory_utilization - used) // block_bytes)
+    else:
+        num_gpu = int(CPU_DEFAULT_KV_GB * GiB // block_bytes)
+    if cache.num_host_blocks is not None:
+        num_host = cache.num_host_blocks
+    else:
+        num_host = int(cache.swap_space_gb * GiB // block_bytes)
+    groups = cache.num_layer_groups(mc.num_layers)
+    need = groups * cdiv(config.scheduler.max_model_len, cache.block_size)
+    if num_gpu < need:
+        tokens = max(num_gpu, 0) // groups * cache.block_size
+        raise ConfigError(
+            f"the KV pool holds {max(num_gpu, 0)} blocks ({tokens} tokens), fewer than one "
+            f"request of max_model_len={config.scheduler.max_model_len} needs ({need} blocks); "
+            "give more memory (--gpu-memory-utilization / --kv-cache-gb) or lower --max-model-len"
+        )
+    return PoolSizes(num_gpu, num_host, block_bytes)

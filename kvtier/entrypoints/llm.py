@@ -1,0 +1,78 @@
+"""The offline API, shaped like vLLM's so users' scripts carry over:
+
+    llm = LLM("tiny-llama", load_format="dummy", kv_policy="swap")
+    outs = llm.generate(["Hello"], SamplingParams(max_tokens=32))
+    outs[0].outputs[0].text
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from kvtier.engine.args import EngineArgs
+from kvtier.engine.llm_engine import LLMEngine
+from kvtier.engine.outputs import RequestOutput
+from kvtier.sampling_params import SamplingParams
+
+PromptLike = str | list[int] | dict[str, Any]
+
+
+class LLM:
+    def __init__(self, model: str, **options: Any):
+        self.engine_args = EngineArgs(model=model, **options)
+        self.engine = LLMEngine.from_engine_args(self.engine_args)
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptLike | Sequence[PromptLike],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in the prompts' order.
+        A prompt is text, a list of token ids, or {"prompt_token_ids": [...]}/{"prompt": s}."""
+        if isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)  # type: ignore[arg-type]
+        params = sampling_params or SamplingParams()
+        param_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(param_list) != len(prompts):
+            raise ValueError("need one SamplingParams, or one per prompt")
+        ids = []
+        for prompt, p in zip(prompts, param_list):
+            rid = str(next(self._ids))
+            self.engine.add_request(rid, _unwrap(prompt), p)
+            ids.append(rid)
+        return self._run(ids, use_tqdm)
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        done: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(ids), desc="generate")
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                if out.finished:
+                    done[out.request_id] = out
+                    if bar is not None:
+                        bar.update(1)
+        if bar is not None:
+            bar.close()
+        return [done[i] for i in ids]
+
+
+def _unwrap(prompt: PromptLike) -> str | list[int]:
+    if isinstance(prompt, dict):
+        if "prompt_token_ids" in prompt:
+            return list(prompt["prompt_token_ids"])
+        return str(prompt["prompt"])
+    return prompt

@@ -1,0 +1,282 @@
+"""Split-K (flash-decoding) attention for decode rows: one query token per request, over the
+layer-granular paged KV layout, plus an optional dense prefix segment (eLLM's recomputed KV).
+
+Work split: one program per (request, KV head, split). A program loads each K/V tile once and
+uses it for all G = Hq/Hkv query heads of its group (q heads padded to 16 rows so `tl.dot`
+runs on tensor cores: decode is memory-bound, the padding costs no bandwidth). When batch x
+KV heads is too small to fill the SMs, each request's context is cut into `num_splits`
+ranges; every program writes a partial output and its log-sum-exp, and `_reduce_splits`
+merges them.
+
+Context of request b (absolute token positions):
+
+    [0, prefix_len_b)          dense prefix:  prefix.k/v rows start_loc[b] .. start_loc[b+1]
+    [prefix_len_b, seq_len_b)  paged:         block_tables[b, pos // block_size], pos absolute
+
+so a request whose first `s` tokens are recomputed keeps its block table indexed by absolute
+position (the first pages are simply never read). Without a prefix, prefix_len_b = 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kvtier.kernels.attention_sources import (
+    load_dense_kv_tile,
+    load_paged_kv_tile,
+    online_softmax_update,
+)
+from kvtier.kernels.launch import (
+    check,
+    check_last_dim_contiguous,
+    dot_precision,
+    next_pow2,
+    num_sms,
+    upcast,
+)
+
+LOG2E = 1.4426950408889634
+# Below this many tokens per split, the extra partial outputs and the reduce cost more than
+# the parallelism gains.
+MIN_TOKENS_PER_SPLIT = 256
+MAX_SPLITS = 64
+
+
+@dataclass
+class DenseSegment:
+    """KV rows that are not in the paged pool, e.g. a prefix recomputed this step (eLLM).
+
+    Request b owns rows start_loc[b] .. start_loc[b+1] of k and v, at positions 0.. of its
+    context."""
+
+    k: torch.Tensor  # [num_rows, Hkv, D]
+    v: torch.Tensor  # [num_rows, Hkv, D]
+    start_loc: torch.Tensor  # [B + 1] int32
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, stride_qb, stride_qh,  # [B, Hq, D]
+    kv_ptr, stride_kv_block, stride_kv_kv, stride_kv_tok, stride_kv_head,
+    block_tables_ptr, stride_bt,  # [B, max_blocks]
+    seq_lens_ptr,  # [B]
+    pk_ptr, pv_ptr, stride_p_tok, stride_p_head, prefix_loc_ptr,  # dense prefix (optional)
+    out_ptr, stride_ob, stride_oh,  # [B, Hq, D] (NUM_SPLITS == 1)
+    part_ptr, lse_ptr,  # [B, Hq, NUM_SPLITS, D] fp32, [B, Hq, NUM_SPLITS] fp32
+    qk_scale,
+    G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    HAS_PREFIX: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+    # Each request cuts its own context into NUM_SPLITS tile-aligned ranges: the grid depends
+    # only on (B, Hkv, NUM_SPLITS), so a captured CUDA graph stays valid as lengths grow.
+    part = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = split * part
+    hi = tl.minimum(lo + part, seq_len)
+
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, D_PAD)
+    g_ok = g < G
+    d_ok = d < HEAD_DIM
+    heads = kv_head * G + g
+    q = tl.load(
+        q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+        mask=g_ok[:, None] & d_ok[None, :], other=0.0,
+    )  # [G_PAD, D_PAD]
+    if UPCAST:
+        q = q.to(tl.float32)
+    m = tl.full([G_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    n = tl.arange(0, BLOCK_N)
+
+    paged_lo = lo
+    if HAS_PREFIX:  # source 1: dense prefix, positions [0, prefix_len)
+        row0 = tl.load(prefix_loc_ptr + b)
+        prefix_len = tl.load(prefix_loc_ptr + b + 1) - row0
+        pk = pk_ptr + row0.to(tl.int64) * stride_p_tok
+        pv = pv_ptr + row0.to(tl.int64) * stride_p_tok
+        end = tl.minimum(hi, prefix_len)
+        for start in range(lo, end, BLOCK_N):
+            pos = start + n
+            valid = pos < end
+            k, v = load_dense_kv_tile(pk, pv, pos, valid, d, d_ok, kv_head,
+                                      stride_p_tok, stride_p_head, UPCAST)
+            m, l, acc = online_softmax_update(q, k, v, m, l, acc, valid[None, :], qk_scale,
+                                              PRECISION)
+        paged_lo = tl.maximum(lo, prefix_len)
+
+    # source 2: paged pool, positions [prefix_len, seq_len)
+    bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+    for start in range(paged_lo, hi, BLOCK_N):
+        pos = start + n
+        valid = pos < hi
+        k, v = load_paged_kv_tile(kv_ptr, bt_row, pos, valid, d, d_ok, kv_head,
+                                  stride_kv_block, stride_kv_kv, stride_kv_tok, stride_kv_head,
+                                  BLOCK_SIZE, UPCAST)
+        m, l, acc = online_softmax_update(q, k, v, m, l, acc, valid[None, :], qk_scale,
+                                          PRECISION)
+
+    # A split past the end of a short request saw no tokens: l = 0, lse = -inf, weight 0.
+    has = l > 0
+    o = acc / tl.where(has, l, 1.0)[:, None]
+    w_mask = g_ok[:, None] & d_ok[None, :]
+    if NUM_SPLITS == 1:
+        dst = out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :]
+        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=w_mask)
+    else:
+        row = (b * (G * tl.num_programs(1)) + heads) * NUM_SPLITS + split  # [G_PAD]
+        tl.store(part_ptr + row[:, None] * HEAD_DIM + d[None, :], o, mask=w_mask)
+        tl.store(lse_ptr + row, tl.where(has, m + tl.log2(tl.where(has, l, 1.0)),
+                                         float("-inf")), mask=g_ok)
+
+
+@triton.jit
+def _reduce_splits_kernel(
+    part_ptr, lse_ptr,  # [B, Hq, NUM_SPLITS, D] fp32, [B, Hq, NUM_SPLITS] fp32 (log2 domain)
+    out_ptr, stride_ob, stride_oh,  # [B, Hq, D]
+    NUM_SPLITS: tl.constexpr, S_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, S_PAD)
+    d = tl.arange(0, D_PAD)
+    row = (b * tl.num_programs(1) + h) * NUM_SPLITS + s  # [S_PAD]
+    lse = tl.load(lse_ptr + row, mask=s < NUM_SPLITS, other=float("-inf"))
+    w = tl.exp2(lse - tl.max(lse, 0))  # split 0 always has tokens, so the max is finite
+    o = tl.load(part_ptr + row[:, None] * HEAD_DIM + d[None, :],
+                mask=(s < NUM_SPLITS)[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
+    res = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + d, res.to(out_ptr.dtype.element_ty),
+             mask=d < HEAD_DIM)
+
+
+def default_num_splits(batch: int, num_kv_heads: int, max_seq_len: int,
+                       device: torch.device) -> int:
+    """Enough (request, head, split) programs for ~4 per SM, never below
+    MIN_TOKENS_PER_SPLIT tokens per split."""
+    programs = batch * num_kv_heads
+    want = triton.cdiv(4 * num_sms(device), programs)
+    useful = triton.cdiv(max_seq_len, MIN_TOKENS_PER_SPLIT)
+    return max(1, min(want, useful, MAX_SPLITS))
+
+
+def _default_block_n(head_dim: int) -> int:
+    # 64 tokens x 128 dims x 2 B = 16 KiB per K tile: several tiles in flight per SM with
+    # num_stages=3, and 4 pages of 16 per iteration.
+    return 64 if head_dim > 64 else 128
+
+
+def paged_decode_attention(
+    q: torch.Tensor,  # [B, Hq, D]
+    kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D] (one layer's view)
+    block_tables: torch.Tensor,  # [B, max_blocks] int32
+    seq_lens: torch.Tensor,  # [B] int32, whole context incl. the new token and any prefix
+    scale: float,
+    *,
+    out: torch.Tensor | None = None,  # [B, Hq, D]
+    max_seq_len: int | None = None,  # host bound on seq_lens (reading it would sync)
+    num_splits: int | None = None,  # fixed for CUDA graphs; else chosen from the shape
+    prefix: DenseSegment | None = None,
+    block_n: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 3,
+) -> torch.Tensor:  # [B, Hq, D]
+    B, Hq, D = q.shape
+    _, two, block_size, Hkv, Dk = kv_cache.shape
+    check(two == 2 and Dk == D, f"kv_cache {tuple(kv_cache.shape)} does not match q {q.shape}")
+    check(Hq % Hkv == 0, f"Hq={Hq} is not a multiple of Hkv={Hkv}")
+    check(block_tables.dim() == 2 and block_tables.shape[0] >= B, "block_tables: [B, max_blocks]")
+    check(block_tables.dtype == torch.int32 and seq_lens.dtype == torch.int32,
+          "block_tables and seq_lens must be int32")
+    check(seq_lens.shape[0] >= B and seq_lens.is_contiguous(), "seq_lens: contiguous [B]")
+    check(block_tables.stride(1) == 1, "block_tables rows must be contiguous")
+    check(kv_cache.dtype == q.dtype, f"dtype mismatch: q {q.dtype}, kv {kv_cache.dtype}")
+    for name, t in (("q", q), ("kv_cache", kv_cache)):
+        check_last_dim_contiguous(name, t)
+    if out is None:
+        out = torch.empty_like(q)
+    check(out.shape == q.shape and out.stride(-1) == 1, "out: [B, Hq, D], last dim contiguous")
+    if B == 0:
+        return out
+    if prefix is not None:
+        check(prefix.k.shape[1:] == (Hkv, D) and prefix.v.shape == prefix.k.shape,
+              "prefix k/v: [rows, Hkv, D]")
+        check(prefix.k.stride() == prefix.v.stride() and prefix.k.stride(-1) == 1,
+              "prefix k and v need equal strides, last dim contiguous")
+        check(prefix.k.dtype == q.dtype and prefix.start_loc.dtype == torch.int32,
+              "prefix: same dtype as q, int32 start_loc")
+    if num_splits is None:
+        if max_seq_len is None:
+            max_seq_len = int(seq_lens[:B].max())  # syncs; callers on the hot path pass it
+        num_splits = default_num_splits(B, Hkv, max_seq_len, q.device)
+    block_n = block_n or _default_block_n(D)
+    G = Hq // Hkv
+    D_PAD = next_pow2(D)
+    if num_splits > 1:
+        part = torch.empty(B, Hq, num_splits, D, dtype=torch.float32, device=q.device)
+        lse = torch.empty(B, Hq, num_splits, dtype=torch.float32, device=q.device)
+    else:
+        part = lse = out  # unused
+    pk = prefix.k if prefix is not None else q
+    pv = prefix.v if prefix is not None else q
+    ploc = prefix.start_loc if prefix is not None else seq_lens
+    _decode_split_kernel[(B, Hkv, num_splits)](
+        q, q.stride(0), q.stride(1),
+        kv_cache, kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+        block_tables, block_tables.stride(0),
+        seq_lens,
+        pk, pv, pk.stride(0), pk.stride(1), ploc,
+        out, out.stride(0), out.stride(1),
+        part, lse,
+        scale * LOG2E,
+        G=G, G_PAD=max(16, next_pow2(G)), HEAD_DIM=D, D_PAD=D_PAD,
+        BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits,
+        HAS_PREFIX=prefix is not None, UPCAST=upcast(q.dtype), PRECISION=dot_precision(q.dtype),
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    if num_splits > 1:
+        _reduce_splits_kernel[(B, Hq)](
+            part, lse, out, out.stride(0), out.stride(1),
+            NUM_SPLITS=num_splits, S_PAD=next_pow2(num_splits), HEAD_DIM=D, D_PAD=D_PAD,
+            num_warps=4,
+        )
+    return out
+
+
+def paged_decode_attention_ref(
+    q: torch.Tensor,  # [B, Hq, D]
+    kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D]
+    block_tables: torch.Tensor,  # [B, max_blocks]
+    seq_lens: torch.Tensor,  # [B]
+    scale: float,
+    prefix: DenseSegment | None = None,
+) -> torch.Tensor:  # [B, Hq, D]
+    """Pure torch, fp32 math: the CPU path and the oracle."""
+    B, Hq, D = q.shape
+    bs, Hkv = kv_cache.shape[2], kv_cache.shape[3]
+    out = torch.empty_like(q)
+    for b in range(B):
+        seq_len = int(seq_lens[b])
+        p0, p1 = (int(prefix.start_loc[b]), int(prefix.start_loc[b + 1])) if prefix else (0, 0)
+        pos = torch.arange(p1 - p0, seq_len, device=q.device)
+        blocks = block_tables[b, pos // bs].long()
+        k = kv_cache[blocks, 0, pos % bs]  # [n, Hkv, D]
+        v = kv_cache[blocks, 1, pos % bs]
+        if prefix is not None:
+            k = torch.cat((prefix.k[p0:p1], k))
+            v = torch.cat((prefix.v[p0:p1], v))
+        k = k.float().repeat_interleave(Hq // Hkv, dim=1)  # [seq_len, Hq, D]
+        v = v.float().repeat_interleave(Hq // Hkv, dim=1)
+        s = torch.einsum("hd,nhd->hn", q[b].float(), k) * scale
+        out[b] = torch.einsum("hn,nhd->hd", s.softmax(-1), v).to(q.dtype)
+    return out

@@ -1,0 +1,123 @@
+"""The KV manager: map tables of all requests over a device pool and a host pool.
+
+Pure Python, no tensors: the simulator reuses it unchanged. Contract of every mutating call:
+it either succeeds completely or changes nothing (returns None), so the scheduler can try,
+preempt, and try again.
+"""
+
+from __future__ import annotations
+
+from kvtier.core.plan import BlockCopy
+from kvtier.core.request import Request
+from kvtier.kv.block_pool import BlockPool
+from kvtier.kv.map_table import MapTable, Placement
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    def __init__(
+        self,
+        num_groups: int,
+        block_size: int,
+        num_gpu_blocks: int,
+        num_host_blocks: int,
+        watermark: float = 0.01,
+    ):
+        self.num_groups, self.block_size = num_groups, block_size
+        self.gpu = BlockPool(num_gpu_blocks, "gpu")
+        self.host = BlockPool(num_host_blocks, "host")
+        # Admission keeps this many blocks spare so a new request does not force an
+        # immediate preemption of the requests already running (vLLM's watermark).
+        self.watermark_blocks = int(watermark * num_gpu_blocks)
+        self.tables: dict[str, MapTable] = {}
+
+    # ---- device allocation -------------------------------------------------------------
+    def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
+        table = self.tables.get(req.request_id)
+        have = table.num_token_blocks if table else 0
+        want = cdiv(req.num_computed_tokens + num_new_tokens, self.block_size)
+        return self.num_groups * max(0, want - have)
+
+    def allocate_slots(
+        self, req: Request, num_new_tokens: int, use_watermark: bool = False
+    ) -> tuple[tuple[int, ...], ...] | None:
+        """Blocks for `num_new_tokens` more tokens on the device; the new block ids per group,
+        or None (nothing changed) if the pool cannot supply them."""
+        need = self.blocks_needed(req, num_new_tokens)
+        reserve = self.watermark_blocks if use_watermark else 0
+        if self.gpu.num_free - need < reserve:
+            return None
+        table = self.tables.setdefault(req.request_id, MapTable(self.num_groups))
+        per_group = need // self.num_groups
+        ids = self.gpu.allocate(need)
+        new: list[tuple[int, ...]] = []
+        for g in range(self.num_groups):
+            group_ids = ids[g * per_group : (g + 1) * per_group]
+            for b in group_ids:
+                table.append(g, b, Placement.GPU)
+            new.append(tuple(group_ids))
+        return tuple(new)
+
+    def block_table(self, req: Request) -> tuple[tuple[int, ...], ...]:
+        table = self.tables[req.request_id]
+        return tuple(tuple(ids) for ids in table.block_ids)
+
+    def free(self, req: Request) -> None:
+        table = self.tables.pop(req.request_id, None)
+        if table is None:
+            return
+        self.gpu.free([b for _, _, b in table.entries(Placement.GPU)])
+        self.host.free([b for _, _, b in table.entries(Placement.HOST)])
+
+    # ---- moving whole requests between tiers ------------------------------------------
+    def swap_out(self, req: Request) -> list[BlockCopy] | None:
+        table = self.tables.get(req.request_id)
+        if table is None:
+            return []
+        on_gpu = table.entries(Placement.GPU)
+        if not self.host.can_allocate(len(on_gpu)):
+            return None
+        host_ids = self.host.allocate(len(on_gpu))
+        copies = []
+        for (g, j, gpu_b), host_b in zip(on_gpu, host_ids):
+            table.block_ids[g][j], table.placements[g][j] = host_b, Placement.HOST
+            copies.append(BlockCopy(src=gpu_b, dst=host_b))
+        self.gpu.free([b for _, _, b in on_gpu])
+        return copies
+
+    def can_swap_in(self, req: Request, extra_tokens: int) -> bool:
+        table = self.tables.get(req.request_id)
+        on_host = len(table.entries(Placement.HOST)) if table else 0
+        need = on_host + self.blocks_needed(req, extra_tokens)
+        return self.gpu.num_free - need >= self.watermark_blocks
+
+    def swap_in(self, req: Request) -> list[BlockCopy]:
+        table = self.tables.get(req.request_id)
+        if table is None:
+            return []
+        on_host = table.entries(Placement.HOST)
+        gpu_ids = self.gpu.allocate(len(on_host))
+        copies = []
+        for (g, j, host_b), gpu_b in zip(on_host, gpu_ids):
+            table.block_ids[g][j], table.placements[g][j] = gpu_b, Placement.GPU
+            copies.append(BlockCopy(src=host_b, dst=gpu_b))
+        self.host.free([b for _, _, b in on_host])
+        return copies
+
+    # ---- accounting ------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        gpu_owned: list[int] = []
+        host_owned: list[int] = []
+        for rid, table in self.tables.items():
+            lengths = {len(ids) for ids in table.block_ids}
+            assert len(lengths) == 1, f"{rid}: layer groups have different block counts"
+            gpu_owned += [b for _, _, b in table.entries(Placement.GPU)]
+            host_owned += [b for _, _, b in table.entries(Placement.HOST)]
+        self.gpu.check_integrity(gpu_owned)
+        self.host.check_integrity(host_owned)
+
+    def all_free(self) -> bool:
+        return not self.tables and self.gpu.num_used == 0 and self.host.num_used == 0

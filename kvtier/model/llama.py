@@ -1,0 +1,130 @@
+"""Decoder-only Llama family: Llama 2 (MHA), Llama 3/3.1 (GQA, rope scaling), Mistral,
+Qwen2/2.5 (QKV bias), Qwen3 (q/k RMSNorm). One module; the config's flags pick the variant.
+
+Projections are fused (q|k|v and gate|up) so each is one GEMM; the loader concatenates the
+HF checkpoint's separate weights into them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvtier.attention.base import AttentionBackend
+from kvtier.attention.metadata import AttentionMetadata
+from kvtier.config import ModelConfig
+from kvtier.model.ops import TorchOps
+
+
+def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, dtype: torch.dtype):
+        super().__init__()
+        self.cfg, self.layer_idx = cfg, layer_idx
+        qkv_out = cfg.q_size + 2 * cfg.kv_size
+        self.qkv_weight = _param(qkv_out, cfg.hidden_size, dtype=dtype)
+        self.qkv_bias = _param(qkv_out, dtype=dtype) if cfg.qkv_bias else None
+        self.o_weight = _param(cfg.hidden_size, cfg.q_size, dtype=dtype)
+        if cfg.qk_norm:
+            self.q_norm = _param(cfg.head_dim, dtype=dtype)
+            self.k_norm = _param(cfg.head_dim, dtype=dtype)
+        self.scale = cfg.head_dim**-0.5
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        cfg, ops = self.cfg, ctx.ops
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [T, q + 2kv]
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q = q.view(-1, cfg.num_heads, cfg.head_dim)
+        k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q = ops.rms_norm(q, self.q_norm, cfg.rms_norm_eps)
+            k = ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps)
+        q, k = ops.rotary(q, k, positions, ctx.cos_sin_cache)
+        out = ctx.attention.forward(self.layer_idx, q, k, v, ctx.kv_cache, ctx.meta, self.scale)
+        return F.linear(out.reshape(-1, cfg.q_size), self.o_weight)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        self.inter = cfg.intermediate_size
+        self.gate_up_weight = _param(2 * cfg.intermediate_size, cfg.hidden_size, dtype=dtype)
+        self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.gate_up_weight).split(self.inter, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_weight)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, dtype: torch.dtype):
+        super().__init__()
+        self.eps = cfg.rms_norm_eps
+        self.input_norm = _param(cfg.hidden_size, dtype=dtype)
+        self.post_attn_norm = _param(cfg.hidden_size, dtype=dtype)
+        self.attn = Attention(cfg, layer_idx, dtype)
+        self.mlp = MLP(cfg, dtype)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        ctx: ForwardContext,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        ops = ctx.ops
+        if residual is None:
+            residual, x = x, ops.rms_norm(x, self.input_norm, self.eps)
+        else:
+            x, residual = ops.fused_add_rms_norm(x, residual, self.input_norm, self.eps)
+        x = self.attn(x, positions, ctx)
+        x, residual = ops.fused_add_rms_norm(x, residual, self.post_attn_norm, self.eps)
+        return self.mlp(x), residual
+
+
+class ForwardContext:
+    """Everything a forward pass needs besides activations; passed explicitly, never global."""
+
+    def __init__(
+        self,
+        ops: TorchOps,
+        attention: AttentionBackend,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        cos_sin_cache: torch.Tensor,
+    ):
+        self.ops, self.attention, self.kv_cache = ops, attention, kv_cache
+        self.meta, self.cos_sin_cache = meta, cos_sin_cache
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype) for i in range(cfg.num_layers))
+        self.final_norm = _param(cfg.hidden_size, dtype=dtype)
+        self.lm_head = None if cfg.tie_word_embeddings else _param(
+            cfg.vocab_size, cfg.hidden_size, dtype=dtype
+        )
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
+        """input_ids, positions: [T]; returns final hidden states [T, hidden]."""
+        x = F.embedding(input_ids, self.embed)
+        residual: torch.Tensor | None = None
+        for layer in self.layers:
+            x, residual = layer(x, residual, positions, ctx)
+        assert residual is not None
+        x, _ = ctx.ops.fused_add_rms_norm(x, residual, self.final_norm, self.cfg.rms_norm_eps)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        head = self.embed if self.lm_head is None else self.lm_head
+        return F.linear(hidden, head).float()

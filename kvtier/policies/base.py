@@ -1,0 +1,68 @@
+"""The policy interface: what to do with a request's KV when the device pool runs out, and
+how to bring it back. Policies decide placements; the KV manager carries them out."""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar
+
+from kvtier.core.plan import BlockCopy
+from kvtier.core.request import Request, RequestStatus
+from kvtier.kv.manager import KVCacheManager
+
+
+class PreemptionKind(enum.Enum):
+    RECOMPUTE = "recompute"  # KV dropped; the request re-prefills prompt + output later
+    SWAP = "swap"  # KV moved to the host pool; copied back before it runs again
+
+
+@dataclass(frozen=True)
+class Preemption:
+    kind: PreemptionKind
+    copies: list[BlockCopy] = field(default_factory=list)  # device -> host
+    num_dropped_tokens: int = 0  # tokens whose KV must be computed again
+
+
+class KVPolicy(ABC):
+    name: ClassVar[str]
+
+    @abstractmethod
+    def preempt(self, req: Request, kv: KVCacheManager) -> Preemption:
+        """Take `req`'s KV off the device. Sets req.status to WAITING or SWAPPED."""
+
+    def resume(self, req: Request, kv: KVCacheManager) -> list[BlockCopy]:
+        """Bring a SWAPPED request's KV back; the caller checked kv.can_swap_in."""
+        return kv.swap_in(req)
+
+
+def drop_kv(req: Request, kv: KVCacheManager) -> Preemption:
+    """vLLM V1's preemption: free every block, re-prefill prompt + generated tokens later."""
+    dropped = req.num_computed_tokens
+    kv.free(req)
+    req.num_computed_tokens = 0
+    req.status = RequestStatus.WAITING
+    return Preemption(PreemptionKind.RECOMPUTE, num_dropped_tokens=dropped)
+
+
+_REGISTRY: dict[str, Callable[[], KVPolicy]] = {}
+
+
+def register_policy(name: str) -> Callable[[type[KVPolicy]], type[KVPolicy]]:
+    def deco(cls: type[KVPolicy]) -> type[KVPolicy]:
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def get_policy(name: str) -> KVPolicy:
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown kv policy {name!r}; available: {', '.join(policy_names())}")
+    return _REGISTRY[name]()
+
+
+def policy_names() -> list[str]:
+    return sorted(_REGISTRY)

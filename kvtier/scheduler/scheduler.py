@@ -1,0 +1,220 @@
+"""Continuous batching on token counts, with preemption delegated to the KV policy.
+
+Each step, in order (vLLM V1's order):
+  1. running requests, oldest first, get their next tokens (a decode: 1; a chunked prefill:
+     up to the remaining budget); when blocks run out, the newest running request is
+     preempted until the allocation fits (possibly the request itself);
+  2. if nobody was preempted: swapped requests come back (FCFS) while they fit;
+  3. if nobody was preempted: waiting requests are admitted (FCFS) while they fit.
+The result is one StepPlan of ids and counts; no tensors are touched here.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from kvtier.config import SchedulerConfig
+from kvtier.core.plan import BlockCopy, ScheduledRequest, StepPlan, StepResult
+from kvtier.core.request import Request, RequestStatus
+from kvtier.kv.manager import KVCacheManager
+from kvtier.policies.base import KVPolicy, PreemptionKind
+from kvtier.scheduler.queue import FCFSQueue
+
+
+@dataclass
+class SchedulerCounters:
+    num_preemptions: int = 0
+    num_swap_out_blocks: int = 0
+    num_swap_in_blocks: int = 0
+    num_recomputed_tokens: int = 0  # KV dropped by preemption, to be computed again
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+
+
+class _StepBuilder:
+    """Collects one step's decisions."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.entries: list[tuple[Request, int, tuple[tuple[int, ...], ...], bool]] = []
+        self.swap_out: list[BlockCopy] = []
+        self.swap_in: list[BlockCopy] = []
+        self.preempted: list[Request] = []
+
+    def add(self, req: Request, n: int, blocks: tuple[tuple[int, ...], ...], reset: bool) -> None:
+        self.entries.append((req, n, blocks, reset))
+        self.budget -= n
+
+
+class Scheduler:
+    def __init__(
+        self, config: SchedulerConfig, kv: KVCacheManager, policy: KVPolicy,
+        waiting: FCFSQueue | None = None,
+    ):
+        self.config, self.kv, self.policy = config, kv, policy
+        self.waiting = waiting if waiting is not None else FCFSQueue()
+        self.running: list[Request] = []
+        self.swapped: deque[Request] = deque()
+        self.requests: dict[str, Request] = {}
+        self.counters = SchedulerCounters()
+        self._finished_ids: list[str] = []
+        self._preempted_ids: list[str] = []
+
+    # ---- requests in and out -----------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        self.requests[req.request_id] = req
+        self.waiting.add(req)
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
+        """End a request early (abort, stop string); frees its blocks at once."""
+        req = self.requests.get(request_id)
+        if req is None or req.status.finished:
+            return None
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req.status is RequestStatus.SWAPPED:
+            self.swapped.remove(req)
+        else:
+            self.waiting.remove(req)
+        req.status = status
+        self._release(req)
+        return req
+
+    def _release(self, req: Request) -> None:
+        self.kv.free(req)
+        del self.requests[req.request_id]
+        self._finished_ids.append(req.request_id)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.requests)
+
+    # ---- one step ------------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        step = _StepBuilder(self.config.max_num_batched_tokens)
+        self._schedule_running(step)
+        if not step.preempted:
+            self._schedule_swapped(step)
+            self._schedule_waiting(step)
+        return self._make_plan(step)
+
+    def _schedule_running(self, step: _StepBuilder) -> None:
+        i = 0
+        while i < len(self.running) and step.budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed_tokens, step.budget)
+            blocks = self.kv.allocate_slots(req, n)
+            while blocks is None:
+                victim = self.running.pop()  # the newest: it has the least work to lose
+                self._preempt(victim, step)
+                if victim is req:
+                    break
+                blocks = self.kv.allocate_slots(req, n)
+            if blocks is None:
+                break  # req itself was preempted and was the last one
+            step.add(req, n, blocks, reset=False)
+            i += 1
+
+    def _schedule_swapped(self, step: _StepBuilder) -> None:
+        while self.swapped and step.budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.swapped[0]
+            n = min(req.num_tokens - req.num_computed_tokens, step.budget)
+            if not self.kv.can_swap_in(req, n):
+                break
+            copies = self.policy.resume(req, self.kv)
+            blocks = self.kv.allocate_slots(req, n)
+            assert blocks is not None, "can_swap_in promised room"
+            self.swapped.popleft()
+            step.swap_in += copies
+            self.counters.num_swap_in_blocks += len(copies)
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            step.add(req, n, self.kv.block_table(req), reset=True)
+
+    def _schedule_waiting(self, step: _StepBuilder) -> None:
+        while self.waiting and step.budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting.peek()
+            n = req.num_tokens - req.num_computed_tokens
+            if n > step.budget:
+                if not self.config.enable_chunked_prefill:
+                    break
+                n = step.budget
+            # The watermark protects running requests; with none running it only blocks.
+            blocks = self.kv.allocate_slots(req, n, use_watermark=bool(self.running))
+            if blocks is None:
+                break
+            self.waiting.pop()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            step.add(req, n, self.kv.block_table(req), reset=True)
+
+    def _preempt(self, req: Request, step: _StepBuilder) -> None:
+        result = self.policy.preempt(req, self.kv)
+        req.num_preemptions += 1
+        self.counters.num_preemptions += 1
+        self.counters.num_recomputed_tokens += result.num_dropped_tokens
+        step.preempted.append(req)
+        self._preempted_ids.append(req.request_id)
+        if result.kind is PreemptionKind.SWAP:
+            step.swap_out += result.copies
+            self.counters.num_swap_out_blocks += len(result.copies)
+            self.swapped.appendleft(req)  # it ran before every other swapped request
+        else:
+            self.waiting.prepend(req)
+
+    def _make_plan(self, step: _StepBuilder) -> StepPlan:
+        scheduled = []
+        for req, n, blocks, reset in step.entries:
+            start = req.num_computed_tokens
+            req.num_computed_tokens += n
+            if start < req.num_prompt_tokens:
+                self.counters.num_prompt_tokens += min(n, req.num_prompt_tokens - start)
+            scheduled.append(ScheduledRequest(
+                request_id=req.request_id,
+                token_ids=req.token_ids_slice(start, start + n),
+                start_pos=start,
+                new_block_ids=blocks,
+                reset_blocks=reset,
+                sample=req.num_computed_tokens == req.num_tokens,
+                sampling_params=req.sampling_params,
+                num_output_tokens=req.num_output_tokens,
+            ))
+        # Decodes first: attention kernels split the batch at num_decodes without a sync.
+        scheduled.sort(key=lambda s: s.num_new_tokens != 1)
+        plan = StepPlan(
+            scheduled=scheduled, swap_out=step.swap_out, swap_in=step.swap_in,
+            finished_ids=self._finished_ids, preempted_ids=self._preempted_ids,
+        )
+        self._finished_ids, self._preempted_ids = [], []
+        return plan
+
+    # ---- results -------------------------------------------------------------------------
+    def update(self, plan: StepPlan, result: StepResult) -> list[Request]:
+        """Append sampled tokens; finish requests that stopped. Returns requests that
+        received a token this step (finished ones included, already released)."""
+        touched = []
+        for sr in plan.scheduled:
+            req = self.requests.get(sr.request_id)
+            if req is None or not sr.sample:
+                continue  # aborted meanwhile, or a prefill chunk that samples nothing
+            req.append_token(result.sampled[sr.request_id])
+            self.counters.num_generation_tokens += 1
+            touched.append(req)
+            if req.status.finished:
+                self.running.remove(req)
+                self._release(req)
+        return touched
+
+    def check_integrity(self) -> None:
+        self.kv.check_integrity()
+        in_queues = [*self.waiting, *self.running, *self.swapped]
+        assert len({r.request_id for r in in_queues}) == len(in_queues), "request queued twice"
+        assert {r.request_id for r in in_queues} == set(self.requests), "queues != requests"
+        for r in self.running:
+            assert r.status is RequestStatus.RUNNING
+        for r in self.swapped:
+            assert r.status is RequestStatus.SWAPPED
+        for r in self.waiting:
+            assert r.status is RequestStatus.WAITING
+            assert r.request_id not in self.kv.tables, f"{r.request_id} waits but holds blocks"

@@ -1,0 +1,221 @@
+"""Request and response bodies of the OpenAI protocol (completions, chat, models, errors).
+
+Field names, defaults and shapes follow OpenAI's API reference; vLLM's extensions that the
+engine supports (`top_k`, `min_tokens`, `ignore_eos`, `stop_token_ids`, ...) are accepted
+too. Ranges are declared here so the OpenAPI schema documents them; `SamplingParams`
+validates again (the engine's own contract). Unknown fields are ignored, as OpenAI does.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# torch.Generator seeds are 64-bit; larger values would fail inside the engine step.
+MAX_SEED = 2**63 - 1
+MAX_LOGPROBS = 20  # SamplingParams' bound
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+# --------------------------------------------------------------------------- shared pieces
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+
+
+class _SamplingFields(_Request):
+    """The sampling options both endpoints share."""
+
+    model: str | None = None  # None: the (first) served model, as vLLM allows
+    n: Annotated[int, Field(ge=1, le=128)] = 1
+    temperature: Annotated[float, Field(ge=0.0, le=100.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # Accepted for compatibility; only their neutral value is supported (checked in params.py).
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    # vLLM extensions the engine implements.
+    top_k: Annotated[int, Field(ge=-1)] | None = None
+    min_tokens: Annotated[int, Field(ge=0)] = 0
+    ignore_eos: bool = False
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+
+# --------------------------------------------------------------------------- completions
+class CompletionRequest(_SamplingFields):
+    # str | list[str] | list[int] | list[list[int]], as OpenAI accepts.
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: Annotated[int, Field(ge=1)] | None = 16
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    echo: bool = False
+    best_of: Annotated[int, Field(ge=1)] | None = None
+    suffix: str | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+    system_fingerprint: str | None = None
+
+
+# A streamed completion chunk has the same shape as the full response (OpenAI reuses it).
+CompletionStreamResponse = CompletionResponse
+
+
+# --------------------------------------------------------------------------- chat
+class TextContentPart(_Request):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextContentPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    add_generation_prompt: bool = True
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    response_format: dict | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, v: list[dict] | None) -> list[dict] | None:
+        if v:
+            raise ValueError("tool calling is not supported")
+        return v
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None = None
+
+
+class ChatResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class ChatCompletionChoice(BaseModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatCompletionChoice]
+    usage: UsageInfo
+    system_fingerprint: str | None = None
+
+
+class DeltaMessage(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatStreamChoice(BaseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionStreamResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatStreamChoice]
+    usage: UsageInfo | None = None
+    system_fingerprint: str | None = None
+
+
+# --------------------------------------------------------------------------- models
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "kvtier"
+    root: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

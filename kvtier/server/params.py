@@ -1,0 +1,161 @@
+"""Turn a validated API request into prompt token ids and `SamplingParams`.
+
+Everything a client can get wrong is checked here (or by pydantic before) and raised as a
+400 `APIError`, so the engine only ever sees requests it can serve: token ids inside the
+vocabulary, prompts that leave room to generate, `n` the scheduler can ever fit.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from kvtier.sampling_params import InvalidRequestError, SamplingParams
+from kvtier.server.api_models import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from kvtier.server.errors import APIError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServingLimits:
+    max_model_len: int
+    vocab_size: int
+    max_num_seqs: int  # n above it could never be scheduled at once
+    max_prompts: int  # prompts in one completions call (each is one engine request)
+
+
+def _bad(message: str, param: str | None = None, code: str = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def _check_text(text: str, param: str) -> None:
+    # JSON can carry lone surrogates ("\ud800") that no tokenizer can encode.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise _bad(f"{param} is not valid Unicode text: {exc.reason}", param) from None
+
+
+def _encode(tokenizer: Any, text: str, param: str) -> list[int]:
+    _check_text(text, param)
+    try:
+        return list(tokenizer.encode(text))
+    except Exception as exc:  # a tokenizer failing on a valid str is a client-visible 400
+        logger.warning("tokenizer failed on %s: %r", param, exc)
+        raise _bad(f"{param} could not be tokenized: {exc}", param) from None
+
+
+def _check_ids(ids: list[int], limits: ServingLimits, param: str) -> list[int]:
+    for tok in ids:
+        if not 0 <= tok < limits.vocab_size:
+            raise _bad(f"{param}: token id {tok} is outside [0, {limits.vocab_size})", param)
+    return ids
+
+
+def completion_prompts(req: CompletionRequest, tokenizer: Any, limits: ServingLimits) -> list[list[int]]:
+    """Token ids of every prompt of a completions request (str, [str], [int] or [[int]])."""
+    prompt = req.prompt
+    if isinstance(prompt, str):
+        prompts = [_encode(tokenizer, prompt, "prompt")]
+    elif prompt and all(isinstance(p, int) for p in prompt):
+        prompts = [_check_ids(list(prompt), limits, "prompt")]  # type: ignore[arg-type]
+    else:
+        prompts = []
+        for i, p in enumerate(prompt):
+            if isinstance(p, str):
+                prompts.append(_encode(tokenizer, p, f"prompt.{i}"))
+            else:
+                prompts.append(_check_ids(list(p), limits, f"prompt.{i}"))  # type: ignore[arg-type]
+    if not prompts:
+        raise _bad("prompt must not be empty", "prompt")
+    if len(prompts) > limits.max_prompts:
+        raise _bad(f"at most {limits.max_prompts} prompts per request, got {len(prompts)}", "prompt")
+    return prompts
+
+
+def chat_prompt(req: ChatCompletionRequest, tokenizer: Any, limits: ServingLimits) -> list[int]:
+    messages = []
+    for i, msg in enumerate(req.messages):
+        text = msg.text()
+        _check_text(text, f"messages.{i}.content")
+        entry: dict[str, Any] = {"role": msg.role, "content": text}
+        if msg.name is not None:
+            entry["name"] = msg.name
+        messages.append(entry)
+    try:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
+    except Exception as exc:  # templates raise on conversations they do not accept
+        raise _bad(f"messages do not fit the model's chat template: {exc}", "messages") from None
+    return _check_ids(list(ids), limits, "messages")
+
+
+def check_lengths(prompts: list[list[int]], max_tokens: int | None, limits: ServingLimits) -> None:
+    """vLLM's rule: prompt + max_tokens must fit max_model_len (OpenAI answers the same)."""
+    longest = max(len(p) for p in prompts)
+    if any(len(p) == 0 for p in prompts):
+        raise _bad("prompt must not be empty", "prompt")
+    if longest >= limits.max_model_len:
+        raise _bad(
+            f"This model's maximum context length is {limits.max_model_len} tokens. However, "
+            f"your prompt has {longest} tokens; at least one token must be left to generate.",
+            "prompt",
+            code="context_length_exceeded",
+        )
+    if max_tokens is not None and longest + max_tokens > limits.max_model_len:
+        raise _bad(
+            f"This model's maximum context length is {limits.max_model_len} tokens. However, "
+            f"you requested {longest + max_tokens} tokens ({longest} in the prompt, "
+            f"{max_tokens} for the completion). Please reduce the prompt or max_tokens.",
+            "max_tokens",
+            code="context_length_exceeded",
+        )
+
+
+def _check_unsupported(req: _SamplingFields) -> None:
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, name) not in (None, 0.0):
+            raise _bad(f"{name} is not supported (only 0)", name, code="unsupported_value")
+    if isinstance(req, CompletionRequest):
+        if req.echo:
+            raise _bad("echo is not supported", "echo", code="unsupported_value")
+        if req.suffix:
+            raise _bad("suffix is not supported", "suffix", code="unsupported_value")
+        if req.best_of is not None and req.best_of != req.n:
+            raise _bad("best_of other than n is not supported", "best_of", code="unsupported_value")
+    if isinstance(req, ChatCompletionRequest):
+        fmt = (req.response_format or {}).get("type", "text")
+        if fmt != "text":
+            raise _bad(f"response_format {fmt!r} is not supported", "response_format", code="unsupported_value")
+        if req.top_logprobs is not None and not req.logprobs:
+            raise _bad("top_logprobs requires logprobs to be true", "top_logprobs")
+
+
+def sampling_params(
+    req: _SamplingFields, max_tokens: int | None, logprobs: int | None, limits: ServingLimits
+) -> SamplingParams:
+    _check_unsupported(req)
+    if req.n > limits.max_num_seqs:
+        raise _bad(f"n must be at most {limits.max_num_seqs} (max_num_seqs), got {req.n}", "n")
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    for i, s in enumerate(stop):
+        _check_text(s, f"stop.{i}")
+    try:
+        return SamplingParams(
+            n=req.n,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=-1 if req.top_k is None else req.top_k,
+            seed=req.seed,
+            max_tokens=max_tokens,
+            min_tokens=req.min_tokens,
+            stop=tuple(stop),
+            stop_token_ids=tuple(req.stop_token_ids or ()),
+            ignore_eos=req.ignore_eos,
+            logprobs=logprobs,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            skip_special_tokens=req.skip_special_tokens,
+        )
+    except InvalidRequestError as exc:
+        raise _bad(str(exc)) from None

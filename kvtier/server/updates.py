@@ -1,0 +1,118 @@
+"""Turn the engine's cumulative `RequestOutput`s into immutable deltas, on the worker thread.
+
+The engine reports cumulative text and token ids per sequence. The server streams deltas,
+and hands them from the worker thread to the event loop; computing them on the worker
+means the event loop never reads a list the engine may still be appending to, and each
+step copies only the new tokens (not the whole history, which would be quadratic).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from kvtier.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+
+
+@dataclass(frozen=True)
+class SeqDelta:
+    """What one sequence (one of the `n`) produced since its previous delta."""
+
+    index: int
+    text: str  # new text
+    token_ids: tuple[int, ...]  # new token ids
+    logprobs: tuple[dict[int, float], ...] | None  # one dict per new token, if requested
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    final_text: str | None = None  # the whole text, only in the delta that finishes it
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class RequestUpdate:
+    request_id: str
+    num_prompt_tokens: int
+    seqs: tuple[SeqDelta, ...]
+    finished: bool
+    metrics: RequestMetrics | None = None  # a copy, only in the finishing update
+
+
+@dataclass
+class _Cursor:
+    text: str = ""
+    num_tokens: int = 0
+    finished: bool = False
+
+
+@dataclass
+class DeltaTracker:
+    """Remembers, per live request and sequence, how much has been handed out already."""
+
+    _cursors: dict[str, dict[int, _Cursor]] = field(default_factory=dict)
+
+    def track(self, request_id: str) -> None:
+        self._cursors[request_id] = {}
+
+    def forget(self, request_id: str) -> None:
+        self._cursors.pop(request_id, None)
+
+    def is_live(self, request_id: str) -> bool:
+        return request_id in self._cursors
+
+    def live_ids(self) -> list[str]:
+        return list(self._cursors)
+
+    def update(self, out: RequestOutput) -> RequestUpdate | None:
+        """The delta of `out`; None for a request that is not tracked (already aborted)."""
+        cursors = self._cursors.get(out.request_id)
+        if cursors is None:
+            return None
+        seqs = []
+        for comp in out.outputs:
+            cur = cursors.setdefault(comp.index, _Cursor())
+            delta = _seq_delta(comp, cur)
+            if delta is not None:
+                seqs.append(delta)
+        metrics = None
+        if out.finished:
+            self.forget(out.request_id)
+            if out.metrics is not None:
+                metrics = dataclasses.replace(out.metrics, token_times=list(out.metrics.token_times))
+        return RequestUpdate(
+            request_id=out.request_id,
+            num_prompt_tokens=len(out.prompt_token_ids),
+            seqs=tuple(seqs),
+            finished=out.finished,
+            metrics=metrics,
+        )
+
+
+def _seq_delta(comp: CompletionOutput, cur: _Cursor) -> SeqDelta | None:
+    if cur.finished:
+        return None  # a finished sibling keeps appearing in cumulative outputs
+    new_ids = tuple(comp.token_ids[cur.num_tokens :])
+    text = comp.text
+    # Text only grows while running; if it ever does not extend what was sent (an engine
+    # holding back a possible stop string), wait until it does rather than resend.
+    new_text = text[len(cur.text) :] if text.startswith(cur.text) else ""
+    logprobs = None
+    if comp.logprobs is not None:
+        logprobs = tuple(dict(d) for d in comp.logprobs[cur.num_tokens :])
+    if not new_ids and not new_text and not comp.finished:
+        return None
+    cur.num_tokens += len(new_ids)
+    if new_text:
+        cur.text = text
+    cur.finished = comp.finished
+    return SeqDelta(
+        index=comp.index,
+        text=new_text,
+        token_ids=new_ids,
+        logprobs=logprobs,
+        finish_reason=comp.finish_reason,
+        stop_reason=comp.stop_reason,
+        final_text=text if comp.finished else None,
+    )
