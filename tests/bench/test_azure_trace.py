@@ -1,0 +1,70 @@
+import numpy as np
+import pytest
+
+from kvtier.bench.azure_trace import gap_statistics, load_azure_trace
+from kvtier.bench.request import LengthLimits
+
+CSV = """TIMESTAMP,ContextTokens,GeneratedTokens
+2023-11-16 18:15:46.0000000,374,44
+2023-11-16 18:15:46.5000000,10,3000
+2023-11-16 18:15:47.2500000,5000,20
+2023-11-16 18:15:48.0000001,200,200
+"""
+
+
+@pytest.fixture
+def trace(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text(CSV)
+    return load_azure_trace(p)
+
+
+def test_timestamps_relative_with_sub_microsecond_digits(trace):
+    np.testing.assert_allclose(trace.timestamps_s, [0.0, 0.5, 1.25, 2.0000001], atol=1e-9)
+    np.testing.assert_allclose(trace.gaps_s(), [0.5, 0.75, 0.7500001], atol=1e-9)
+    assert list(trace.context_tokens) == [374, 10, 5000, 200]
+
+
+def test_window_rebases(trace):
+    w = trace.window(1, 2)
+    np.testing.assert_allclose(w.timestamps_s, [0.0, 0.75])
+    assert list(w.generated_tokens) == [3000, 20]
+    with pytest.raises(ValueError):
+        trace.window(3, 2)
+
+
+def test_lengths_clipped_not_dropped(trace):
+    lim = LengthLimits(max_prompt_len=1024, max_total_len=2048)
+    assert trace.lengths(lim) == [(374, 44), (10, 2038), (1024, 20), (200, 200)]
+
+
+def test_gap_statistics(trace):
+    mean, cv = gap_statistics(trace)
+    gaps = np.array([0.5, 0.75, 0.7500001])
+    assert mean == pytest.approx(gaps.mean())
+    assert cv == pytest.approx(gaps.std() / gaps.mean())
+
+
+def test_unsorted_rows_sorted(tmp_path):
+    p = tmp_path / "u.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                 "2023-11-16 00:00:02.0,2,2\n2023-11-16 00:00:01.0,1,1\n")
+    t = load_azure_trace(p)
+    assert list(t.context_tokens) == [1, 2] and list(t.timestamps_s) == [0.0, 1.0]
+
+
+def test_missing_columns(tmp_path):
+    p = tmp_path / "m.csv"
+    p.write_text("TIMESTAMP,ContextTokens\n2023-11-16 00:00:01.0,1\n")
+    with pytest.raises(ValueError, match="GeneratedTokens"):
+        load_azure_trace(p)
+
+
+def test_shared_conversation_trace(shared_data):
+    t = load_azure_trace(shared_data / "azure_llm_trace_conv_2023.csv")
+    assert len(t) == 19366
+    mean, cv = gap_statistics(t)
+    assert 1 / mean == pytest.approx(5.4, rel=0.05)  # the data README's ~5.4 req/s
+    assert cv > 1  # burstier than Poisson
+    assert t.context_tokens.mean() == pytest.approx(1155, rel=0.01)
+    assert t.generated_tokens.mean() == pytest.approx(211, rel=0.01)
