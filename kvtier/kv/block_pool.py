@@ -28,7 +28,7 @@ class BlockPool:
     def allocate(self, n: int) -> list[int]:
         if n > len(self._free):
             raise OutOfBlocksError(f"{self.name}: want {n} blocks, {len(self._free)} free")
-        ids = self._free[len(self._free) - n :]
+        ids = self._free[len(self._free) - n :][::-1]  # ascending on a fresh pool
         del self._free[len(self._free) - n :]
         for i in ids:
             self._is_free[i] = 0

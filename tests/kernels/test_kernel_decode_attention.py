@@ -1,0 +1,79 @@
+"""Split-K paged decode attention vs its torch reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_testing import DEVICE, assert_close, gpu, make_paged_kv, start_loc
+
+from kvtier.kernels.paged_decode_attention import (
+    DenseSegment,
+    default_num_splits,
+    paged_decode_attention,
+    paged_decode_attention_ref,
+)
+
+
+def _check(seq_lens: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype,
+           prefix_lens: list[int] | None = None, **kw: object) -> None:
+    kv = make_paged_kv(seq_lens, hkv, d, dtype)
+    B = len(seq_lens)
+    # q as a strided view of a fused qkv projection output, as the model produces it.
+    qkv = torch.randn(B, hq + 2 * hkv, d, device=DEVICE).to(dtype)
+    q = qkv[:, :hq]
+    prefix = None
+    if prefix_lens is not None:
+        rows = sum(prefix_lens)
+        pk = torch.randn(rows, hkv, d, device=DEVICE).to(dtype)
+        pv = torch.randn(rows, hkv, d, device=DEVICE).to(dtype)
+        prefix = DenseSegment(pk, pv, start_loc(prefix_lens))
+    out = torch.full_like(q, float("nan"))
+    paged_decode_attention(q, kv.layer, kv.block_tables, kv.seq_lens, d**-0.5, out=out,
+                           prefix=prefix, **kw)  # type: ignore[arg-type]
+    ref = paged_decode_attention_ref(q, kv.layer, kv.block_tables, kv.seq_lens, d**-0.5, prefix)
+    assert_close(out, ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hq,hkv,d", [(4, 2, 64), (2, 2, 64), (8, 1, 128)])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_matches_reference(dtype: torch.dtype, hq: int, hkv: int, d: int,
+                                  num_splits: int) -> None:
+    # 1 token, a page boundary exactly, a long-ish one; block_n=32 spans two 16-token pages.
+    _check([1, 16, 70, 33], hq, hkv, d, dtype, num_splits=num_splits, block_n=32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_decode_with_dense_prefix(dtype: torch.dtype, num_splits: int) -> None:
+    # prefix shorter than a page, empty, longer than a tile, and the whole context but one.
+    _check([20, 9, 75, 40], 4, 2, 64, dtype, prefix_lens=[5, 0, 37, 39],
+           num_splits=num_splits, block_n=16)
+
+
+def test_decode_default_splits_and_tiles() -> None:
+    _check([3, 130], 4, 2, 64, torch.float32)  # num_splits from seq_lens.max(), default tile
+
+
+def test_default_num_splits_fills_the_gpu() -> None:
+    sms = 132  # H200
+    assert default_num_splits(256, 8, 2048, sms) == 1  # 2048 programs already
+    assert default_num_splits(1, 8, 100, sms) == 1  # too short to split
+    assert default_num_splits(16, 8, 8192, sms) > 1
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("hq,hkv,d", [(32, 8, 128), (40, 40, 128), (16, 2, 64), (12, 4, 80)])
+@pytest.mark.parametrize("num_splits", [None, 1, 7])
+@gpu
+def test_decode_gpu(dtype: torch.dtype, hq: int, hkv: int, d: int, num_splits: int | None) -> None:
+    g = torch.Generator().manual_seed(hq * d + (num_splits or 0))
+    seq_lens = torch.randint(1, 3000, (24,), generator=g).tolist() + [1, 16, 4096]
+    _check(seq_lens, hq, hkv, d, dtype, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@gpu
+def test_decode_prefix_gpu(dtype: torch.dtype) -> None:
+    seq_lens = [2000, 513, 64, 1500, 4000]
+    _check(seq_lens, 32, 8, 128, dtype, prefix_lens=[300, 0, 63, 1500, 17], num_splits=5)

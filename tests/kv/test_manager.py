@@ -1,0 +1,92 @@
+"""KV manager: exact block ids, all-or-nothing allocation, swaps, integrity."""
+
+import pytest
+
+from kvtier.core.request import Request
+from kvtier.kv.block_pool import BlockPool, OutOfBlocksError
+from kvtier.kv.manager import KVCacheManager
+from kvtier.kv.map_table import Placement
+from kvtier.sampling_params import SamplingParams
+
+
+def req(rid: str, n_prompt: int) -> Request:
+    return Request(rid, list(range(n_prompt)), SamplingParams(max_tokens=8), max_tokens=8)
+
+
+def test_block_pool_allocates_lowest_first_and_reuses_last_freed():
+    pool = BlockPool(4, "gpu")
+    assert pool.allocate(2) == [0, 1]
+    assert pool.allocate(2) == [2, 3]
+    pool.free([0, 1])
+    assert pool.allocate(2) == [0, 1]
+    pool2 = BlockPool(4, "gpu")
+    a = pool2.allocate(1)
+    assert a == [0]
+    pool2.free(a)
+    assert pool2.allocate(1) == [0]
+    with pytest.raises(OutOfBlocksError):
+        pool2.allocate(4)
+    with pytest.raises(AssertionError):
+        pool2.free([3])
+
+
+def test_allocate_per_layer_group_and_free():
+    kv = KVCacheManager(num_groups=2, block_size=4, num_gpu_blocks=8, num_host_blocks=8,
+                        watermark=0.0)
+    r = req("a", 5)
+    new = kv.allocate_slots(r, 5)  # 2 token blocks x 2 groups
+    assert [len(g) for g in new] == [2, 2]
+    assert kv.gpu.num_used == 4
+    r.num_computed_tokens = 5
+    assert kv.allocate_slots(r, 3) == ((), ())  # 8 tokens still fit in 2 blocks
+    new2 = kv.allocate_slots(r, 4)  # 9 tokens: a third block per group
+    assert [len(g) for g in new2] == [1, 1]
+    kv.check_integrity()
+    kv.free(r)
+    assert kv.all_free()
+    kv.check_integrity()
+
+
+def test_allocation_is_all_or_nothing():
+    kv = KVCacheManager(num_groups=2, block_size=4, num_gpu_blocks=5, num_host_blocks=0,
+                        watermark=0.0)
+    r = req("a", 12)  # needs 3 x 2 = 6 blocks
+    assert kv.allocate_slots(r, 12) is None
+    assert kv.gpu.num_free == 5 and "a" not in kv.tables
+    kv.check_integrity()
+
+
+def test_swap_out_and_in_round_trip():
+    kv = KVCacheManager(num_groups=2, block_size=4, num_gpu_blocks=6, num_host_blocks=4,
+                        watermark=0.0)
+    r = req("a", 8)
+    kv.allocate_slots(r, 8)
+    r.num_computed_tokens = 8
+    before = kv.block_table(r)
+    out = kv.swap_out(r)
+    assert sorted(c.src for c in out) == sorted(b for g in before for b in g)
+    assert kv.gpu.num_used == 0 and kv.host.num_used == 4
+    assert all(p is Placement.HOST for g in kv.tables["a"].placements for p in g)
+    kv.check_integrity()
+    assert kv.can_swap_in(r, 1)
+    back = kv.swap_in(r)
+    assert sorted(c.src for c in back) == sorted(c.dst for c in out)
+    assert kv.host.num_used == 0 and kv.gpu.num_used == 4
+    kv.check_integrity()
+
+
+def test_swap_out_refuses_when_host_full():
+    kv = KVCacheManager(num_groups=1, block_size=4, num_gpu_blocks=4, num_host_blocks=1,
+                        watermark=0.0)
+    r = req("a", 8)
+    kv.allocate_slots(r, 8)
+    assert kv.swap_out(r) is None
+    assert kv.gpu.num_used == 2 and kv.host.num_used == 0
+    kv.check_integrity()
+
+
+def test_integrity_catches_a_leak():
+    kv = KVCacheManager(num_groups=1, block_size=4, num_gpu_blocks=4, num_host_blocks=0)
+    kv.gpu.allocate(1)  # owned by nobody
+    with pytest.raises(AssertionError, match="leaked"):
+        kv.check_integrity()
