@@ -160,20 +160,20 @@ def _reduce_splits_kernel(
              mask=d < HEAD_DIM)
 
 
-def default_num_splits(batch: int, num_kv_heads: int, max_seq_len: int,
-                       device: torch.device) -> int:
+def default_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, sms: int) -> int:
     """Enough (request, head, split) programs for ~4 per SM, never below
     MIN_TOKENS_PER_SPLIT tokens per split."""
     programs = batch * num_kv_heads
-    want = triton.cdiv(4 * num_sms(device), programs)
+    want = triton.cdiv(4 * sms, programs)
     useful = triton.cdiv(max_seq_len, MIN_TOKENS_PER_SPLIT)
     return max(1, min(want, useful, MAX_SPLITS))
 
 
-def _default_block_n(head_dim: int) -> int:
+def _default_block_n(head_dim: int, dtype: torch.dtype) -> int:
     # 64 tokens x 128 dims x 2 B = 16 KiB per K tile: several tiles in flight per SM with
-    # num_stages=3, and 4 pages of 16 per iteration.
-    return 64 if head_dim > 64 else 128
+    # num_stages=3, and 4 pages of 16 per iteration. fp32 (tests) halves it for shared memory.
+    n = 64 if head_dim > 64 else 128
+    return n // 2 if dtype == torch.float32 else n
 
 
 def paged_decode_attention(
@@ -218,8 +218,8 @@ def paged_decode_attention(
     if num_splits is None:
         if max_seq_len is None:
             max_seq_len = int(seq_lens[:B].max())  # syncs; callers on the hot path pass it
-        num_splits = default_num_splits(B, Hkv, max_seq_len, q.device)
-    block_n = block_n or _default_block_n(D)
+        num_splits = default_num_splits(B, Hkv, max_seq_len, num_sms(q.device))
+    block_n = block_n or _default_block_n(D, q.dtype)
     G = Hq // Hkv
     D_PAD = next_pow2(D)
     if num_splits > 1:

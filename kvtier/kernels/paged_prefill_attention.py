@@ -119,11 +119,14 @@ def _prefill_kernel(
              mask=row_ok[:, None] & d_ok[None, :])
 
 
-def _default_tiles(G: int, D: int, interpret: bool) -> tuple[int, int]:
+def _default_tiles(G: int, D: int, dtype: torch.dtype, interpret: bool) -> tuple[int, int]:
     """(BLOCK_M rows, BLOCK_N keys). 128 x 64 is the usual FlashAttention-2 tile on Hopper for
-    D = 128 (the S tile and the O accumulator both fit in registers with 8 warps)."""
+    D = 128 (the S tile and the O accumulator both fit in registers with 8 warps); fp32 tiles
+    are twice the bytes, so halve them to stay inside shared memory."""
     if interpret:
         return 16 * max(1, next_pow2(G) // 4), 32  # few programs, few tiles: fast on CPU
+    if dtype == torch.float32:
+        return 64, 32
     return 128, 64 if D > 64 else 128
 
 
@@ -167,8 +170,7 @@ def paged_prefill_attention(
     if R == 0 or num_tokens == 0:
         return out
     G, G_PAD = Hq // Hkv, next_pow2(Hq // Hkv)
-    interp = upcast(q.dtype) or q.device.type == "cpu"
-    default_m, default_n = _default_tiles(G, D, interp)
+    default_m, default_n = _default_tiles(G, D, q.dtype, q.device.type == "cpu")
     block_m, block_n = block_m or default_m, block_n or default_n
     block_q = max(1, block_m // G_PAD)
     check(block_q * G_PAD >= 16, "BLOCK_M must cover at least 16 rows for tl.dot")
