@@ -1,0 +1,89 @@
+"""TritonAttentionBackend == TorchAttentionBackend (the oracle) on a mixed batch: decode rows
+first, then chunked prefills with a cached prefix and a fresh prompt, every layer of a model
+whose KV blocks hold F layers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_testing import DEVICE, assert_close, gpu, start_loc
+
+from kvtier.attention.metadata import AttentionMetadata
+from kvtier.attention.torch_backend import TorchAttentionBackend
+from kvtier.attention.triton_backend import TritonAttentionBackend
+
+NUM_LAYERS = 4
+BLOCK_SIZE = 16
+
+
+def _metadata(query_lens: list[int], seq_lens: list[int], num_groups: int, F: int,
+              num_blocks: int, num_decodes: int) -> AttentionMetadata:
+    """Random distinct blocks per (group, request); slots for each request's new tokens."""
+    R = len(query_lens)
+    per_req = [-(-s // BLOCK_SIZE) for s in seq_lens]
+    max_blocks = max(per_req)
+    tables = torch.full((num_groups, R, max_blocks), 10**6, dtype=torch.int32)
+    slots = torch.empty(num_groups, sum(query_lens), dtype=torch.int64)
+    for g in range(num_groups):
+        perm = torch.randperm(num_blocks).tolist()
+        used, t = 0, 0
+        for b, (q_len, seq_len) in enumerate(zip(query_lens, seq_lens)):
+            tables[g, b, : per_req[b]] = torch.tensor(perm[used : used + per_req[b]])
+            used += per_req[b]
+            for pos in range(seq_len - q_len, seq_len):
+                slots[g, t] = int(tables[g, b, pos // BLOCK_SIZE]) * BLOCK_SIZE + pos % BLOCK_SIZE
+                t += 1
+    return AttentionMetadata(
+        num_tokens=sum(query_lens), num_reqs=R, num_decodes=num_decodes,
+        max_query_len=max(query_lens), max_seq_len=max(seq_lens),
+        query_start_loc=start_loc(query_lens),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+        block_tables=tables.to(DEVICE), slot_mapping=slots.to(DEVICE),
+        layers_per_block=F, block_size=BLOCK_SIZE,
+        query_lens_cpu=query_lens, seq_lens_cpu=seq_lens,
+    )
+
+
+def _check(query_lens: list[int], seq_lens: list[int], num_decodes: int, F: int,
+           hq: int, hkv: int, d: int, dtype: torch.dtype, num_layers: int = NUM_LAYERS) -> None:
+    num_groups = num_layers // F
+    num_blocks = sum(-(-s // BLOCK_SIZE) for s in seq_lens) + 2
+    meta = _metadata(query_lens, seq_lens, num_groups, F, num_blocks, num_decodes)
+    # Random cache: the cached prefixes' K/V are whatever is there.
+    cache = torch.randn(num_blocks, F, 2, BLOCK_SIZE, hkv, d, device=DEVICE).to(dtype)
+    ref_cache = cache.clone()
+    torch_be, triton_be = TorchAttentionBackend(), TritonAttentionBackend()
+    T = meta.num_tokens
+    for layer in range(num_layers):
+        q = torch.randn(T, hq, d, device=DEVICE).to(dtype)
+        k = torch.randn(T, hkv, d, device=DEVICE).to(dtype)
+        v = torch.randn(T, hkv, d, device=DEVICE).to(dtype)
+        ref = torch_be.forward(layer, q, k, v, ref_cache, meta, d**-0.5)
+        out = triton_be.forward(layer, q, k, v, cache, meta, d**-0.5)
+        assert_close(out, ref)
+        assert torch.equal(cache, ref_cache), f"layer {layer}: caches differ after kv write"
+
+
+@pytest.mark.parametrize("F", [1, 2, NUM_LAYERS])
+def test_backend_matches_torch_mixed_batch(F: int) -> None:
+    # 3 decodes, a chunk after a 21-token cached prefix, a fresh 18-token prompt, a chunk
+    # that ends on a page boundary.
+    query_lens = [1, 1, 1, 12, 18, 16]
+    seq_lens = [5, 33, 17, 33, 18, 48]
+    _check(query_lens, seq_lens, 3, F, 4, 2, 32, torch.float32)
+
+
+def test_backend_bf16_only_prefills() -> None:
+    _check([7, 20], [40, 20], 0, 2, 2, 2, 64, torch.bfloat16)
+
+
+def test_backend_only_decodes() -> None:
+    _check([1, 1], [40, 3], 2, 2, 4, 1, 64, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@gpu
+def test_backend_gpu(dtype: torch.dtype) -> None:
+    query_lens = [1] * 40 + [500, 1000, 37]
+    seq_lens = torch.randint(1, 3000, (40,)).tolist() + [2500, 1000, 4000]
+    _check(query_lens, seq_lens, 40, 4, 32, 8, 128, dtype, num_layers=8)
