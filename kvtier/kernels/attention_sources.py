@@ -32,7 +32,7 @@ def online_softmax_update(
     k,  # [BLOCK_N, D_PAD]
     v,  # [BLOCK_N, D_PAD]
     m,  # [M] fp32 running max of scores (log2 domain)
-    l,  # [M] fp32 running sum of exp2(score - m)
+    l_i,  # [M] fp32 running sum of exp2(score - m)
     acc,  # [M, D_PAD] fp32 running sum of p * v
     allowed,  # [M, BLOCK_N] or [1, BLOCK_N] bool: which scores count
     qk_scale,
@@ -46,9 +46,9 @@ def online_softmax_update(
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m - m_ref)
     p = tl.exp2(s - m_ref[:, None])
-    l = l * alpha + tl.sum(p, 1)
+    l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-    return m_new, l, acc
+    return m_new, l_i, acc
 
 
 @triton.jit

@@ -94,7 +94,7 @@ def _decode_split_kernel(
     if UPCAST:
         q = q.to(tl.float32)
     m = tl.full([G_PAD], float("-inf"), tl.float32)
-    l = tl.zeros([G_PAD], tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
     n = tl.arange(0, BLOCK_N)
 
@@ -110,7 +110,7 @@ def _decode_split_kernel(
             valid = pos < end
             k, v = load_dense_kv_tile(pk, pv, pos, valid, d, d_ok, kv_head,
                                       stride_p_tok, stride_p_head, UPCAST)
-            m, l, acc = online_softmax_update(q, k, v, m, l, acc, valid[None, :], qk_scale,
+            m, l_i, acc = online_softmax_update(q, k, v, m, l_i, acc, valid[None, :], qk_scale,
                                               PRECISION)
         paged_lo = tl.maximum(lo, prefix_len)
 
@@ -122,12 +122,12 @@ def _decode_split_kernel(
         k, v = load_paged_kv_tile(kv_ptr, bt_row, pos, valid, d, d_ok, kv_head,
                                   stride_kv_block, stride_kv_kv, stride_kv_tok, stride_kv_head,
                                   BLOCK_SIZE, UPCAST)
-        m, l, acc = online_softmax_update(q, k, v, m, l, acc, valid[None, :], qk_scale,
+        m, l_i, acc = online_softmax_update(q, k, v, m, l_i, acc, valid[None, :], qk_scale,
                                           PRECISION)
 
-    # A split past the end of a short request saw no tokens: l = 0, lse = -inf, weight 0.
-    has = l > 0
-    o = acc / tl.where(has, l, 1.0)[:, None]
+    # A split past the end of a short request saw no tokens: l_i = 0, lse = -inf, weight 0.
+    has = l_i > 0
+    o = acc / tl.where(has, l_i, 1.0)[:, None]
     w_mask = g_ok[:, None] & d_ok[None, :]
     if NUM_SPLITS == 1:
         dst = out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :]
@@ -135,7 +135,7 @@ def _decode_split_kernel(
     else:
         row = (b * (G * tl.num_programs(1)) + heads) * NUM_SPLITS + split  # [G_PAD]
         tl.store(part_ptr + row[:, None] * HEAD_DIM + d[None, :], o, mask=w_mask)
-        tl.store(lse_ptr + row, tl.where(has, m + tl.log2(tl.where(has, l, 1.0)),
+        tl.store(lse_ptr + row, tl.where(has, m + tl.log2(tl.where(has, l_i, 1.0)),
                                          float("-inf")), mask=g_ok)
 
 

@@ -59,10 +59,12 @@ def _prefill_kernel(
     out_ptr, stride_ot, stride_oh,  # [T, Hq, D]
     qk_scale, num_reqs, q_base,
     G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    tile = tl.program_id(0)
+    # Reversed, so the heaviest tiles (late in a long prompt, they see the most keys) start
+    # first and the light ones fill the tail of the launch.
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
     b = _find_request(query_start_loc_ptr, tile, num_reqs, q_base, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + b)
@@ -73,8 +75,7 @@ def _prefill_kernel(
     seq_len = tl.load(seq_lens_ptr + b)
     ctx = seq_len - q_len
 
-    BLOCK_M: tl.constexpr = BLOCK_Q * G_PAD
-    r = tl.arange(0, BLOCK_M)
+    r = tl.arange(0, BLOCK_M)  # BLOCK_M = BLOCK_Q * G_PAD
     t = local * BLOCK_Q + r // G_PAD  # query token within the request
     g = r % G_PAD
     row_ok = (t < q_len) & (g < G)
@@ -88,7 +89,7 @@ def _prefill_kernel(
     q_pos = ctx + t  # [BLOCK_M] absolute positions (padding rows past q_len see everything)
 
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_M], tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
     n = tl.arange(0, BLOCK_N)
     bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
@@ -101,7 +102,7 @@ def _prefill_kernel(
         k, v = load_paged_kv_tile(kv_ptr, bt_row, pos, pos < unmasked_end, d, d_ok, kv_head,
                                   stride_kv_block, stride_kv_kv, stride_kv_tok, stride_kv_head,
                                   BLOCK_SIZE, UPCAST)
-        m, l, acc = online_softmax_update(q, k, v, m, l, acc, all_rows, qk_scale, PRECISION)
+        m, l_i, acc = online_softmax_update(q, k, v, m, l_i, acc, all_rows, qk_scale, PRECISION)
     # Phase 2: the diagonal, up to the tile's last query position.
     kv_end = tl.minimum(seq_len, first_q_pos + BLOCK_Q)
     for start in range(unmasked_end, kv_end, BLOCK_N):
@@ -111,9 +112,9 @@ def _prefill_kernel(
                                   stride_kv_block, stride_kv_kv, stride_kv_tok, stride_kv_head,
                                   BLOCK_SIZE, UPCAST)
         causal = valid[None, :] & (pos[None, :] <= q_pos[:, None])
-        m, l, acc = online_softmax_update(q, k, v, m, l, acc, causal, qk_scale, PRECISION)
+        m, l_i, acc = online_softmax_update(q, k, v, m, l_i, acc, causal, qk_scale, PRECISION)
 
-    o = acc / tl.where(l > 0, l, 1.0)[:, None]
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_off = (q_start + t).to(tl.int64) * stride_ot + (kv_head * G + g) * stride_oh
     tl.store(out_ptr + o_off[:, None] + d[None, :], o.to(out_ptr.dtype.element_ty),
              mask=row_ok[:, None] & d_ok[None, :])
@@ -183,7 +184,7 @@ def paged_prefill_attention(
         out, out.stride(0), out.stride(1),
         scale * LOG2E, R, q_base,
         G=G, G_PAD=G_PAD, HEAD_DIM=D, D_PAD=next_pow2(D),
-        BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=block_n,
+        BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=block_q * G_PAD, BLOCK_N=block_n,
         UPCAST=upcast(q.dtype), PRECISION=dot_precision(q.dtype),
         num_warps=num_warps or (8 if block_q * G_PAD >= 128 else 4), num_stages=num_stages,
     )

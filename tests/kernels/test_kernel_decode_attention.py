@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_testing import DEVICE, assert_close, gpu, make_paged_kv, start_loc
 
 from kvtier.kernels.paged_decode_attention import (
     DenseSegment,
@@ -12,6 +11,7 @@ from kvtier.kernels.paged_decode_attention import (
     paged_decode_attention,
     paged_decode_attention_ref,
 )
+from tests.kernels.kernel_testing import DEVICE, assert_close, gpu, make_paged_kv, start_loc
 
 
 def _check(seq_lens: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype,

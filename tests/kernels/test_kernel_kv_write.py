@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_testing import DEVICE, gpu
 
 from kvtier.kernels.kv_write import kv_write, kv_write_ref
+from tests.kernels.kernel_testing import DEVICE, gpu
 
 
 def _check(T: int, hkv: int, d: int, dtype: torch.dtype, num_blocks: int = 8,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_testing import DEVICE, assert_close, gpu, make_paged_kv, start_loc
 
 from kvtier.kernels.paged_prefill_attention import (
     paged_prefill_attention,
     paged_prefill_attention_ref,
 )
+from tests.kernels.kernel_testing import DEVICE, assert_close, gpu, make_paged_kv, start_loc
 
 
 def _check(query_lens: list[int], seq_lens: list[int], hq: int, hkv: int, d: int,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_testing import DEVICE, assert_close, gpu
 
 from kvtier.kernels.rms_norm import (
     fused_add_rms_norm,
@@ -12,6 +11,7 @@ from kvtier.kernels.rms_norm import (
     rms_norm,
     rms_norm_ref,
 )
+from tests.kernels.kernel_testing import DEVICE, assert_close, gpu
 
 # (x dtype, weight dtype): the model's dtype for both, and an fp32 weight (promotes to fp32).
 DTYPES = [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_testing import DEVICE, assert_close, gpu
 
 from kvtier.kernels.ops import TritonOps
 from kvtier.kernels.rotary import rotary, rotary_ref
+from tests.kernels.kernel_testing import DEVICE, assert_close, gpu
 
 
 def _cache(max_pos: int, d: int) -> torch.Tensor:

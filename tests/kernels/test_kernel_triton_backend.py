@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_testing import DEVICE, assert_close, gpu, start_loc
 
 from kvtier.attention.metadata import AttentionMetadata
 from kvtier.attention.torch_backend import TorchAttentionBackend
 from kvtier.attention.triton_backend import TritonAttentionBackend
+from tests.kernels.kernel_testing import DEVICE, assert_close, gpu, start_loc
 
 NUM_LAYERS = 4
 BLOCK_SIZE = 16

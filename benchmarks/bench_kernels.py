@@ -1,0 +1,243 @@
+"""GPU microbenchmark of the attention kernels against the hardware's limits.
+
+Decode: split-K paged decode attention, batch {1,16,64,256} x context {512,2048,8192}, for
+llama-3.1-8b (32 q / 8 kv heads, D=128) and llama-2-13b (40/40, D=128), bf16. Achieved
+bandwidth = (KV bytes read + q and out bytes) / time, against the 4.24 TB/s HBM copy roofline
+(and a copy measured in the same run). One layer's KV; small shapes rotate over several
+layers' worth of pools so they are not served from the 60 MB L2. Times are CUDA-graph replays
+(the engine replays decode steps as graphs), so the Python wrapper's cost is excluded.
+
+Prefill: one fresh causal prompt of 2k/8k/32k tokens through the paged prefill kernel;
+TFLOP/s = 2 * 2 * Hq * D * L^2 / 2 / time, beside torch's flash SDPA on the same shape.
+
+    python benchmarks/bench_kernels.py --out results.json [--sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kvtier.kernels.paged_decode_attention import (  # noqa: E402
+    default_num_splits,
+    paged_decode_attention,
+)
+from kvtier.kernels.paged_prefill_attention import paged_prefill_attention  # noqa: E402
+
+HBM_ROOFLINE_GBPS = 4240.0  # measured H200 device-to-device copy (DESIGN.md, hw/)
+GEMM_PEAK_TFLOPS = 761.0  # measured bf16 GEMM
+MODELS = {"llama-3.1-8b": (32, 8, 128), "llama-2-13b": (40, 40, 128)}
+BLOCK_SIZE = 16
+L2_BYTES = 60 << 20
+
+
+def time_graph(calls: list[Callable[[], Any]], reps: int = 10) -> float:
+    """Median seconds per call: capture all calls (at least 20, cycling) in one CUDA graph
+    and time its replays with events."""
+    for c in calls:  # compile + warm up outside the graph
+        c()
+    torch.cuda.synchronize()
+    n = max(20, len(calls))
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        calls[0]()  # allocator warm-up on the capture stream
+        with torch.cuda.graph(graph, stream=stream):
+            for i in range(n):
+                calls[i % len(calls)]()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / n)
+    return statistics.median(times)
+
+
+def copy_bandwidth_gbps() -> float:
+    """Device-to-device copy, bytes read + written: this run's own ceiling."""
+    src = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    t = triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median") / 1e3
+    return 2 * src.numel() / t / 1e9
+
+
+def _decode_setup(batch: int, ctx: int, hq: int, hkv: int, d: int, F: int = 1
+                  ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Pools for `copies` layers (so the working set exceeds L2), random block tables."""
+    kv_bytes = batch * ctx * hkv * d * 2 * 2
+    copies = max(1, min(16, -(-4 * L2_BYTES // kv_bytes)))
+    nb_per_req = -(-ctx // BLOCK_SIZE)
+    num_blocks = batch * nb_per_req
+    pools = []
+    for _ in range(copies):
+        pool = torch.empty(num_blocks, F, 2, BLOCK_SIZE, hkv, d, dtype=torch.bfloat16,
+                           device="cuda")
+        pool.normal_()
+        pools.append(pool[:, F - 1])
+    tables = torch.randperm(num_blocks, device="cuda", dtype=torch.int32).view(batch, nb_per_req)
+    seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    q = torch.randn(batch, hq, d, dtype=torch.bfloat16, device="cuda")
+    return pools, tables, seq_lens, q, kv_bytes
+
+
+def bench_decode(model: str, batch: int, ctx: int, F: int = 1, **kw: Any) -> dict[str, Any]:
+    hq, hkv, d = MODELS[model]
+    pools, tables, seq_lens, q, kv_bytes = _decode_setup(batch, ctx, hq, hkv, d, F)
+    out = torch.empty_like(q)
+    splits = kw.pop("num_splits", None) or default_num_splits(
+        batch, hkv, ctx, torch.cuda.get_device_properties(0).multi_processor_count)
+    calls = [
+        (lambda p=p: paged_decode_attention(q, p, tables, seq_lens, d**-0.5, out=out,
+                                            num_splits=splits, **kw))
+        for p in pools
+    ]
+    t = time_graph(calls)
+    moved = kv_bytes + 2 * q.numel() * q.element_size()
+    del pools
+    torch.cuda.empty_cache()
+    gbps = moved / t / 1e9
+    return {"model": model, "batch": batch, "context": ctx, "F": F, "num_splits": splits,
+            **kw, "time_us": round(t * 1e6, 2), "bytes": moved, "GBps": round(gbps, 1),
+            "pct_roofline": round(100 * gbps / HBM_ROOFLINE_GBPS, 1)}
+
+
+def bench_prefill(model: str, length: int, **kw: Any) -> dict[str, Any]:
+    hq, hkv, d = MODELS[model]
+    nb = -(-length // BLOCK_SIZE)
+    pool = torch.randn(nb, 1, 2, BLOCK_SIZE, hkv, d, dtype=torch.bfloat16, device="cuda")
+    layer = pool[:, 0]
+    tables = torch.randperm(nb, device="cuda", dtype=torch.int32).view(1, nb)
+    seq_lens = torch.tensor([length], dtype=torch.int32, device="cuda")
+    qsl = torch.tensor([0, length], dtype=torch.int32, device="cuda")
+    q = torch.randn(length, hq, d, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty_like(q)
+    flops = 4 * hq * d * length * length / 2  # QK^T and PV, causal half
+
+    def ours() -> None:
+        paged_prefill_attention(q, layer, tables, seq_lens, qsl, d**-0.5, out=out, **kw)
+
+    t = triton.testing.do_bench(ours, warmup=50, rep=300, return_mode="median") / 1e3
+    row = {"model": model, "tokens": length, **kw, "time_ms": round(t * 1e3, 3),
+           "tflops": round(flops / t / 1e12, 1),
+           "pct_gemm_peak": round(100 * flops / t / 1e12 / GEMM_PEAK_TFLOPS, 1)}
+    row["sdpa_flash_tflops"] = _sdpa_tflops(q, layer, length, hq, hkv, flops)
+    del pool
+    torch.cuda.empty_cache()
+    return row
+
+
+def _sdpa_tflops(q: torch.Tensor, layer: torch.Tensor, length: int, hq: int, hkv: int,
+                 flops: float) -> float | None:
+    """torch's FlashAttention-2 on contiguous K/V (GQA expanded), the reference point."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    qh = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, L, D]
+    k = torch.randn(1, hkv, length, q.shape[-1], dtype=q.dtype, device="cuda")
+    k = k.repeat_interleave(hq // hkv, dim=1)
+    v = torch.randn_like(k)
+    try:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            fn = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
+                qh, k, v, is_causal=True)
+            t = triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median") / 1e3
+    except RuntimeError as e:  # no flash kernel for this shape/build
+        print("sdpa:", e)
+        return None
+    return round(flops / t / 1e12, 1)
+
+
+def sweep() -> list[dict[str, Any]]:
+    """Tile/warp/stage and split variants on the shapes the targets name."""
+    rows = []
+    variants = [dict(block_n=32, num_warps=4, num_stages=3), dict(block_n=64, num_warps=4,
+                num_stages=3), dict(block_n=64, num_warps=4, num_stages=4),
+                dict(block_n=64, num_warps=8, num_stages=3), dict(block_n=128, num_warps=4,
+                num_stages=2), dict(block_n=128, num_warps=8, num_stages=3)]
+    for model, batch, ctx in (("llama-3.1-8b", 256, 2048), ("llama-3.1-8b", 16, 8192),
+                              ("llama-2-13b", 64, 2048)):
+        for v in variants:
+            rows.append(bench_decode(model, batch, ctx, **v))
+            print(rows[-1], flush=True)
+    for splits in (2, 4, 8, 16, 32):
+        rows.append(bench_decode("llama-3.1-8b", 16, 8192, num_splits=splits))
+        print(rows[-1], flush=True)
+    for v in (dict(block_m=64, block_n=64, num_warps=4), dict(block_m=128, block_n=32,
+              num_warps=8), dict(block_m=128, block_n=64, num_warps=8, num_stages=3)):
+        rows.append(bench_prefill("llama-3.1-8b", 8192, **v))
+        print(rows[-1], flush=True)
+    return rows
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True,
+                                       stderr=subprocess.DEVNULL).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="result JSON path")
+    ap.add_argument("--commit", default=None, help="git commit (default: git rev-parse HEAD)")
+    ap.add_argument("--sweep", action="store_true", help="also try kernel config variants")
+    args = ap.parse_args()
+    result: dict[str, Any] = {
+        "command": " ".join(["python"] + sys.argv),
+        "git_commit": args.commit or _git_commit(),
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__, "triton": triton.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "hbm_roofline_GBps": HBM_ROOFLINE_GBPS, "gemm_peak_tflops": GEMM_PEAK_TFLOPS,
+        "measured_copy_GBps": round(copy_bandwidth_gbps(), 1),
+        "dtype": "bfloat16", "block_size": BLOCK_SIZE,
+    }
+    decode = []
+    for model in MODELS:
+        for batch in (1, 16, 64, 256):
+            for ctx in (512, 2048, 8192):
+                decode.append(bench_decode(model, batch, ctx))
+                print(decode[-1], flush=True)
+    decode.append(bench_decode("llama-3.1-8b", 256, 2048, F=4))  # strided layer view
+    result["decode"] = decode
+    prefill = []
+    for model in MODELS:
+        for length in (2048, 8192, 32768):
+            prefill.append(bench_prefill(model, length))
+            print(prefill[-1], flush=True)
+    result["prefill"] = prefill
+    if args.sweep:
+        result["sweep"] = sweep()
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    _print_table(result)
+
+
+def _print_table(r: dict[str, Any]) -> None:
+    print(f"\n{r['gpu']}  copy {r['measured_copy_GBps']} GB/s  (roofline {HBM_ROOFLINE_GBPS})")
+    print(f"{'model':14} {'B':>4} {'ctx':>5} {'F':>2} {'splits':>6} {'us':>8} {'GB/s':>7} {'%':>5}")
+    for d in r["decode"]:
+        print(f"{d['model']:14} {d['batch']:4} {d['context']:5} {d['F']:2} {d['num_splits']:6} "
+              f"{d['time_us']:8} {d['GBps']:7} {d['pct_roofline']:5}")
+    for p in r["prefill"]:
+        print(f"prefill {p['model']:14} {p['tokens']:6} {p['time_ms']:8} ms {p['tflops']:6} "
+              f"TFLOP/s ({p['pct_gemm_peak']}% of GEMM peak), sdpa {p['sdpa_flash_tflops']}")
+
+
+if __name__ == "__main__":
+    main()
