@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from kvtier.engine.outputs import EngineStats
 from kvtier.sampling_params import SamplingParams
-from kvtier.server.updates import DeltaTracker, RequestUpdate
+from kvtier.server.updates import DeltaTracker, RequestUpdate, stop_holdback
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -92,11 +92,13 @@ class RequestStream:
                 self._unfinished.discard(item.request_id)
             yield item
 
-    def close(self) -> None:
-        """Abort whatever is unfinished (client gone, error). Idempotent."""
-        if self._unfinished:
-            self._owner.abort(self._unfinished)
-            self._unfinished.clear()
+    def close(self) -> int:
+        """Abort whatever is unfinished (client gone, error); return how many. Idempotent."""
+        if not self._unfinished:
+            return 0
+        num = self._owner.abort(self._unfinished)
+        self._unfinished.clear()
+        return num
 
 
 # ----------------------------------------------------------------------------- engine
@@ -105,7 +107,7 @@ class AsyncEngine:
 
     `max_waiting_requests` bounds the requests accepted but not yet producing tokens;
     `submit` beyond it raises ServerOverloadedError instead of queueing without limit.
-    `on_finished(update)` is called on the worker thread for every finished request.
+    `on_update(update)` is called on the worker thread for every update (metrics).
     """
 
     def __init__(
@@ -113,11 +115,11 @@ class AsyncEngine:
         engine: Any,
         *,
         max_waiting_requests: int = 256,
-        on_finished: Callable[[RequestUpdate], None] | None = None,
+        on_update: Callable[[RequestUpdate], None] | None = None,
     ) -> None:
         self.engine = engine
         self.max_waiting_requests = max_waiting_requests
-        self._on_finished = on_finished
+        self._on_update = on_update
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()  # orders "enqueue" against "worker died/stopped"
         self._closed: BaseException | None = None  # set once the worker no longer runs
@@ -188,13 +190,16 @@ class AsyncEngine:
             raise
         return stream
 
-    def abort(self, request_ids: Iterable[str]) -> None:
+    def abort(self, request_ids: Iterable[str]) -> int:
+        """Abort on the worker; return how many were still in flight (not yet finished)."""
         ids = list(request_ids)
+        num_in_flight = 0
         for rid in ids:
-            self._streams.pop(rid, None)
+            num_in_flight += self._streams.pop(rid, None) is not None
             self._pending.discard(rid)
         if ids:
             self._enqueue(_Abort(ids))
+        return num_in_flight
 
     async def call(self, fn: Callable[[Any], T]) -> T:
         """Run `fn(engine)` on the worker between two steps; return its result."""
@@ -279,8 +284,8 @@ class AsyncEngine:
             if update is None:
                 continue
             updates.append(update)
-            if update.finished and self._on_finished is not None:
-                self._on_finished(update)
+            if self._on_update is not None:
+                self._on_update(update)
         return updates
 
     def _apply(self, cmd: Any) -> None:
@@ -298,7 +303,7 @@ class AsyncEngine:
         try:
             for rid, prompt_ids in cmd.prompts:
                 self.engine.add_request(rid, prompt_ids, cmd.params)
-                self._tracker.track(rid)
+                self._tracker.track(rid, stop_holdback(cmd.params.stop))
                 added.append(rid)
         except Exception as exc:  # InvalidRequestError mostly; all or none are added
             self._abort_ids(added)

@@ -42,9 +42,20 @@ class RequestUpdate:
 
 @dataclass
 class _Cursor:
-    text: str = ""
+    holdback: int  # characters kept back while running (see `stop_holdback`)
+    text: str = ""  # the text handed out so far
     num_tokens: int = 0
     finished: bool = False
+
+
+def stop_holdback(stop: tuple[str, ...]) -> int:
+    """How many trailing characters a running sequence must not stream yet.
+
+    The engine cuts its text at a stop string once the string is complete, so the last
+    `len(stop) - 1` characters may still be taken back; streaming them would make the
+    streamed text differ from the final one. (A stop string starts no earlier than that.)
+    """
+    return max((len(s) for s in stop), default=1) - 1
 
 
 @dataclass
@@ -52,12 +63,15 @@ class DeltaTracker:
     """Remembers, per live request and sequence, how much has been handed out already."""
 
     _cursors: dict[str, dict[int, _Cursor]] = field(default_factory=dict)
+    _holdback: dict[str, int] = field(default_factory=dict)
 
-    def track(self, request_id: str) -> None:
+    def track(self, request_id: str, holdback: int = 0) -> None:
         self._cursors[request_id] = {}
+        self._holdback[request_id] = holdback
 
     def forget(self, request_id: str) -> None:
         self._cursors.pop(request_id, None)
+        self._holdback.pop(request_id, None)
 
     def is_live(self, request_id: str) -> bool:
         return request_id in self._cursors
@@ -72,7 +86,9 @@ class DeltaTracker:
             return None
         seqs = []
         for comp in out.outputs:
-            cur = cursors.setdefault(comp.index, _Cursor())
+            cur = cursors.get(comp.index)
+            if cur is None:
+                cur = cursors[comp.index] = _Cursor(self._holdback[out.request_id])
             delta = _seq_delta(comp, cur)
             if delta is not None:
                 seqs.append(delta)
@@ -95,9 +111,10 @@ def _seq_delta(comp: CompletionOutput, cur: _Cursor) -> SeqDelta | None:
         return None  # a finished sibling keeps appearing in cumulative outputs
     new_ids = tuple(comp.token_ids[cur.num_tokens :])
     text = comp.text
-    # Text only grows while running; if it ever does not extend what was sent (an engine
-    # holding back a possible stop string), wait until it does rather than resend.
-    new_text = text[len(cur.text) :] if text.startswith(cur.text) else ""
+    sendable = text if comp.finished else text[: max(len(cur.text), len(text) - cur.holdback)]
+    # Sent text is never taken back (holdback); should an engine do it anyway, send
+    # nothing until its text extends what was sent again.
+    new_text = sendable[len(cur.text) :] if sendable.startswith(cur.text) else ""
     logprobs = None
     if comp.logprobs is not None:
         logprobs = tuple(dict(d) for d in comp.logprobs[cur.num_tokens :])
@@ -105,7 +122,7 @@ def _seq_delta(comp: CompletionOutput, cur: _Cursor) -> SeqDelta | None:
         return None
     cur.num_tokens += len(new_ids)
     if new_text:
-        cur.text = text
+        cur.text = sendable
     cur.finished = comp.finished
     return SeqDelta(
         index=comp.index,

@@ -1,0 +1,114 @@
+"""Prometheus metrics of one server, in its own registry (tests build several apps).
+
+Gauges and engine counters are read from the worker's latest `EngineStats` snapshot at
+scrape time; latency histograms are observed on the worker when a request finishes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kvtier.server.updates import RequestUpdate
+
+if TYPE_CHECKING:
+    from kvtier.server.async_engine import AsyncEngine
+
+P = "kvtier:"
+
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
+                 0.5, 0.75, 1.0, 2.5, 5.0)
+_E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                50.0, 60.0, 120.0, 240.0)
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.ttft = Histogram(f"{P}time_to_first_token_seconds", "Time to first token.",
+                              buckets=_TTFT_BUCKETS, registry=r)
+        self.tpot = Histogram(f"{P}time_per_output_token_seconds",
+                              "Mean time per output token after the first, per request.",
+                              buckets=_TPOT_BUCKETS, registry=r)
+        self.e2e = Histogram(f"{P}e2e_request_latency_seconds", "Arrival to finish.",
+                             buckets=_E2E_BUCKETS, registry=r)
+        self.sequences_finished = Counter(f"{P}request_success",
+                                          "Finished sequences by finish reason.",
+                                          ["finished_reason"], registry=r)
+        self.requests_rejected = Counter(f"{P}request_rejected",
+                                         "Requests refused with 503 (waiting queue full).",
+                                         registry=r)
+        self.requests_aborted = Counter(f"{P}request_client_aborted",
+                                        "Engine requests aborted because the client left.",
+                                        registry=r)
+
+    def attach(self, async_engine: AsyncEngine) -> None:
+        self.registry.register(_EngineCollector(async_engine))
+
+    def observe(self, update: RequestUpdate) -> None:
+        """Called on the worker thread for every update (prometheus-client is thread-safe)."""
+        for seq in update.seqs:
+            if seq.finish_reason is not None:
+                self.sequences_finished.labels(seq.finish_reason).inc()
+        m = update.metrics
+        if not update.finished or m is None:
+            return
+        if m.first_token_time is not None:
+            self.ttft.observe(m.first_token_time - m.arrival_time)
+        if m.finished_time is not None:
+            self.e2e.observe(m.finished_time - m.arrival_time)
+        times = m.token_times
+        if len(times) >= 2:
+            self.tpot.observe((times[-1] - times[0]) / (len(times) - 1))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _EngineCollector(Collector):
+    def __init__(self, async_engine: AsyncEngine) -> None:
+        self._engine = async_engine
+
+    def describe(self) -> list[Metric]:
+        return []  # dynamic: do not call collect() at registration time
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(f"{P}num_requests_pending",
+                                "Requests accepted by the server that have no token yet.",
+                                value=self._engine.num_pending)
+        yield GaugeMetricFamily(f"{P}engine_healthy", "1 while the step loop runs.",
+                                value=float(self._engine.is_healthy))
+        s = self._engine.stats
+        if s is None:
+            return
+        yield GaugeMetricFamily(f"{P}num_requests_running", "Running requests.", value=s.num_running)
+        yield GaugeMetricFamily(f"{P}num_requests_waiting", "Waiting requests.", value=s.num_waiting)
+        yield GaugeMetricFamily(f"{P}num_requests_swapped", "Swapped-out requests.", value=s.num_swapped)
+        yield _per_tier(f"{P}kv_blocks_used", "KV blocks in use.", s.gpu_blocks_used, s.host_blocks_used)
+        yield _per_tier(f"{P}kv_blocks_total", "KV blocks in the pool.", s.gpu_blocks_total, s.host_blocks_total)
+        usage = s.gpu_blocks_used / s.gpu_blocks_total if s.gpu_blocks_total else 0.0
+        yield GaugeMetricFamily(f"{P}gpu_cache_usage_perc", "Fraction of GPU KV blocks used.", value=usage)
+        counters = {
+            "num_preemptions": ("Preemptions.", s.num_preemptions_total),
+            "recomputed_tokens": ("Tokens prefilled again after preemption.", s.num_recomputed_tokens_total),
+            "swap_out_blocks": ("Blocks swapped out to host.", s.num_swap_out_blocks_total),
+            "swap_in_blocks": ("Blocks swapped in from host.", s.num_swap_in_blocks_total),
+            "prompt_tokens": ("Prompt tokens processed.", s.num_prompt_tokens_total),
+            "generation_tokens": ("Generated tokens.", s.num_generation_tokens_total),
+        }
+        for name, (doc, value) in counters.items():
+            yield CounterMetricFamily(f"{P}{name}", doc, value=value)
+
+
+def _per_tier(name: str, doc: str, gpu: int, host: int) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=["tier"])
+    family.add_metric(["gpu"], gpu)
+    family.add_metric(["host"], host)
+    return family

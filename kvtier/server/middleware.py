@@ -1,0 +1,101 @@
+"""ASGI middleware: API-key check and request-body size limit, before FastAPI parses."""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from kvtier.server.errors import error_response
+
+# A body over the limit is still read (and dropped) up to this size, so the client, which
+# is still sending, gets to read our 413 instead of a reset connection.
+_DRAIN_LIMIT_BYTES = 64 * 2**20
+
+
+class APIKeyMiddleware:
+    """`Authorization: Bearer <key>` on /v1/*; /health and /metrics stay open (as vLLM)."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1"):
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        if not hmac.compare_digest(given, self._expected):
+            response = error_response(
+                401,
+                "Incorrect API key provided. Pass it as 'Authorization: Bearer <key>'.",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+class BodyLimitMiddleware:
+    """Reads the whole body first; over `max_bytes` answers 413 without parsing it."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > _DRAIN_LIMIT_BYTES:
+            await self._reject(scope, receive, send)
+            return
+        body, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the client left before finishing its body
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size <= self.max_bytes:
+                body.append(chunk)
+            elif size > _DRAIN_LIMIT_BYTES:
+                break
+            if not message.get("more_body", False):
+                break
+        if size > self.max_bytes:
+            await self._reject(scope, receive, send)
+            return
+        await self.app(scope, _replay(b"".join(body), receive), send)
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = error_response(
+            413,
+            f"request body is larger than {self.max_bytes} bytes",
+            code="request_too_large",
+            headers={"Connection": "close"},
+        )
+        await response(scope, receive, send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    raw = dict(scope["headers"]).get(b"content-length")
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # afterwards: http.disconnect, which streaming watches for
+
+    return replayed

@@ -1,0 +1,106 @@
+"""Collect a stream's deltas into whole choices, and render logprobs the OpenAI way."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvtier.server.api_models import (
+    ChatLogprobs,
+    ChatTokenLogprob,
+    CompletionLogprobs,
+    TopLogprob,
+    UsageInfo,
+)
+from kvtier.server.async_engine import RequestStream
+from kvtier.server.updates import SeqDelta
+
+# JSON has no -inf; vLLM clamps the same way.
+_MIN_LOGPROB = -9999.0
+
+
+@dataclass
+class ChoiceResult:
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, float]] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def add(self, delta: SeqDelta) -> None:
+        self.text += delta.text
+        self.token_ids.extend(delta.token_ids)
+        if delta.logprobs is not None:
+            self.logprobs.extend(delta.logprobs)
+        if delta.finished:
+            self.finish_reason = delta.finish_reason
+            self.stop_reason = delta.stop_reason
+            if delta.final_text is not None:
+                self.text = delta.final_text  # the engine's last word on the text
+
+
+async def collect(stream: RequestStream, n: int) -> list[ChoiceResult]:
+    """All choices of a finished stream, indexed prompt_index * n + seq index."""
+    prompt_index = {rid: i for i, rid in enumerate(stream.request_ids)}
+    choices = [ChoiceResult() for _ in range(len(stream.request_ids) * n)]
+    async for update in stream:
+        base = prompt_index[update.request_id] * n
+        for delta in update.seqs:
+            choices[base + delta.index].add(delta)
+    return choices
+
+
+def usage(num_prompt_tokens: int, num_completion_tokens: int) -> UsageInfo:
+    return UsageInfo(
+        prompt_tokens=num_prompt_tokens,
+        completion_tokens=num_completion_tokens,
+        total_tokens=num_prompt_tokens + num_completion_tokens,
+    )
+
+
+def _clamp(value: float) -> float:
+    return _MIN_LOGPROB if math.isnan(value) else max(value, _MIN_LOGPROB)
+
+
+def _top(entries: dict[int, float], k: int) -> list[tuple[int, float]]:
+    return sorted(entries.items(), key=lambda kv: kv[1], reverse=True)[:k]
+
+
+def completion_logprobs(
+    tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, float]], k: int, offset: int
+) -> CompletionLogprobs:
+    """`offset`: length of the text before these tokens (streaming continues offsets)."""
+    out = CompletionLogprobs()
+    for tok, entries in zip(token_ids, logprobs):
+        text = tokenizer.decode([tok])
+        out.tokens.append(text)
+        chosen = entries.get(tok)
+        out.token_logprobs.append(None if chosen is None else _clamp(chosen))
+        top = _top(entries, k) if k > 0 else [(tok, chosen if chosen is not None else _MIN_LOGPROB)]
+        out.top_logprobs.append({tokenizer.decode([t]): _clamp(v) for t, v in top})
+        out.text_offset.append(offset)
+        offset += len(text)
+    return out
+
+
+def _top_logprob(tokenizer: Any, tok: int, value: float) -> TopLogprob:
+    text = tokenizer.decode([tok])
+    return TopLogprob(token=text, logprob=_clamp(value), bytes=list(text.encode("utf-8", "replace")))
+
+
+def chat_logprobs(
+    tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, float]], k: int
+) -> ChatLogprobs:
+    content = []
+    for tok, entries in zip(token_ids, logprobs):
+        chosen = _top_logprob(tokenizer, tok, entries.get(tok, _MIN_LOGPROB))
+        content.append(
+            ChatTokenLogprob(
+                token=chosen.token,
+                logprob=chosen.logprob,
+                bytes=chosen.bytes,
+                top_logprobs=[_top_logprob(tokenizer, t, v) for t, v in _top(entries, k)],
+            )
+        )
+    return ChatLogprobs(content=content)

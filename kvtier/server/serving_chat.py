@@ -1,0 +1,117 @@
+"""POST /v1/chat/completions: messages through the model's chat template, whole or streamed."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from kvtier.server.api_models import (
+    ChatCompletionChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionStreamResponse,
+    ChatResponseMessage,
+    ChatStreamChoice,
+    DeltaMessage,
+)
+from kvtier.server.async_engine import EngineDeadError, RequestStream, ShuttingDownError
+from kvtier.server.params import chat_prompt, check_lengths, sampling_params
+from kvtier.server.results import chat_logprobs, collect, usage
+from kvtier.server.state import ServerState
+from kvtier.server.streaming import (
+    DONE,
+    ClientDisconnected,
+    EventStreamResponse,
+    sse,
+    sse_error,
+    until_disconnected,
+)
+
+
+async def create_chat_completion(
+    state: ServerState, req: ChatCompletionRequest, raw: Request
+) -> ChatCompletionResponse | Response:
+    model = state.resolve_model(req.model)
+    prompt = chat_prompt(req, state.tokenizer, state.limits)
+    # max_completion_tokens is the newer name; None lets the engine fill the context.
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    check_lengths([prompt], max_tokens, state.limits)
+    top_k_logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    params = sampling_params(req, max_tokens, top_k_logprobs, state.limits)
+    request_id = state.new_request_id("chatcmpl")
+    stream = await state.submit(request_id, [prompt], params)
+
+    def close() -> None:
+        state.metrics.requests_aborted.inc(stream.close())
+
+    if req.stream:
+        events = _events(state, req, stream, request_id, model, len(prompt), top_k_logprobs)
+        return EventStreamResponse(events, on_close=close)
+    try:
+        results = await until_disconnected(raw, collect(stream, req.n))
+    except ClientDisconnected:
+        return Response(status_code=499)  # nobody reads it
+    finally:
+        close()  # a no-op once everything finished
+    choices = []
+    for i, res in enumerate(results):
+        logprobs = None
+        if top_k_logprobs is not None:
+            logprobs = chat_logprobs(state.tokenizer, res.token_ids, res.logprobs, top_k_logprobs)
+        choices.append(
+            ChatCompletionChoice(
+                index=i,
+                message=ChatResponseMessage(content=res.text),
+                logprobs=logprobs,
+                finish_reason=res.finish_reason,
+                stop_reason=res.stop_reason,
+            )
+        )
+    num_completion_tokens = sum(len(r.token_ids) for r in results)
+    return ChatCompletionResponse(
+        id=request_id, model=model, choices=choices, usage=usage(len(prompt), num_completion_tokens)
+    )
+
+
+async def _events(
+    state: ServerState,
+    req: ChatCompletionRequest,
+    stream: RequestStream,
+    request_id: str,
+    model: str,
+    num_prompt_tokens: int,
+    top_k_logprobs: int | None,
+) -> AsyncIterator[str]:
+    def chunk(choice: ChatStreamChoice) -> str:
+        return sse(ChatCompletionStreamResponse(id=request_id, model=model, choices=[choice]))
+
+    # OpenAI opens every choice with the role; content follows in later chunks.
+    for i in range(req.n):
+        yield chunk(ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")))
+    num_completion_tokens = 0
+    try:
+        async for update in stream:
+            for delta in update.seqs:
+                logprobs = None
+                if top_k_logprobs is not None and delta.logprobs is not None:
+                    logprobs = chat_logprobs(
+                        state.tokenizer, list(delta.token_ids), list(delta.logprobs), top_k_logprobs
+                    )
+                num_completion_tokens += len(delta.token_ids)
+                yield chunk(
+                    ChatStreamChoice(
+                        index=delta.index,
+                        delta=DeltaMessage(content=delta.text),
+                        logprobs=logprobs,
+                        finish_reason=delta.finish_reason,
+                        stop_reason=delta.stop_reason,
+                    )
+                )
+        if req.stream_options is not None and req.stream_options.include_usage:
+            final = usage(num_prompt_tokens, num_completion_tokens)
+            yield sse(ChatCompletionStreamResponse(id=request_id, model=model, choices=[], usage=final))
+    except (EngineDeadError, ShuttingDownError) as exc:
+        yield sse_error(503, str(exc))
+    yield DONE

@@ -1,0 +1,105 @@
+"""POST /v1/completions: prompts in, text out, whole or streamed."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from kvtier.server.api_models import CompletionChoice, CompletionRequest, CompletionResponse
+from kvtier.server.async_engine import EngineDeadError, RequestStream, ShuttingDownError
+from kvtier.server.params import check_lengths, completion_prompts, sampling_params
+from kvtier.server.results import collect, completion_logprobs, usage
+from kvtier.server.state import ServerState
+from kvtier.server.streaming import (
+    DONE,
+    ClientDisconnected,
+    EventStreamResponse,
+    sse,
+    sse_error,
+    until_disconnected,
+)
+
+
+async def create_completion(
+    state: ServerState, req: CompletionRequest, raw: Request
+) -> CompletionResponse | Response:
+    model = state.resolve_model(req.model)
+    prompts = completion_prompts(req, state.tokenizer, state.limits)
+    check_lengths(prompts, req.max_tokens, state.limits)
+    params = sampling_params(req, req.max_tokens, req.logprobs, state.limits)
+    request_id = state.new_request_id("cmpl")
+    stream = await state.submit(request_id, prompts, params)
+    num_prompt_tokens = sum(len(p) for p in prompts)
+
+    def close() -> None:
+        state.metrics.requests_aborted.inc(stream.close())
+
+    if req.stream:
+        events = _events(state, req, stream, request_id, model, num_prompt_tokens)
+        return EventStreamResponse(events, on_close=close)
+    try:
+        results = await until_disconnected(raw, collect(stream, req.n))
+    except ClientDisconnected:
+        return Response(status_code=499)  # nobody reads it; uvicorn drops it
+    finally:
+        close()  # a no-op once everything finished
+    choices = []
+    for i, res in enumerate(results):
+        logprobs = None
+        if req.logprobs is not None:
+            logprobs = completion_logprobs(state.tokenizer, res.token_ids, res.logprobs, req.logprobs, 0)
+        choices.append(
+            CompletionChoice(
+                index=i,
+                text=res.text,
+                logprobs=logprobs,
+                finish_reason=res.finish_reason,
+                stop_reason=res.stop_reason,
+            )
+        )
+    num_completion_tokens = sum(len(r.token_ids) for r in results)
+    return CompletionResponse(
+        id=request_id, model=model, choices=choices, usage=usage(num_prompt_tokens, num_completion_tokens)
+    )
+
+
+async def _events(
+    state: ServerState,
+    req: CompletionRequest,
+    stream: RequestStream,
+    request_id: str,
+    model: str,
+    num_prompt_tokens: int,
+) -> AsyncIterator[str]:
+    prompt_index = state.prompt_index(stream)
+    offsets: dict[int, int] = {}  # choice index -> text length sent (logprobs text_offset)
+    num_completion_tokens = 0
+    try:
+        async for update in stream:
+            base = prompt_index[update.request_id] * req.n
+            for delta in update.seqs:
+                index = base + delta.index
+                logprobs = None
+                if req.logprobs is not None and delta.logprobs is not None:
+                    logprobs = completion_logprobs(
+                        state.tokenizer, list(delta.token_ids), list(delta.logprobs),
+                        req.logprobs, offsets.get(index, 0),
+                    )
+                offsets[index] = offsets.get(index, 0) + len(delta.text)
+                num_completion_tokens += len(delta.token_ids)
+                choice = CompletionChoice(
+                    index=index,
+                    text=delta.text,
+                    logprobs=logprobs,
+                    finish_reason=delta.finish_reason,
+                    stop_reason=delta.stop_reason,
+                )
+                yield sse(CompletionResponse(id=request_id, model=model, choices=[choice]))
+        if req.stream_options is not None and req.stream_options.include_usage:
+            final = usage(num_prompt_tokens, num_completion_tokens)
+            yield sse(CompletionResponse(id=request_id, model=model, choices=[], usage=final))
+    except (EngineDeadError, ShuttingDownError) as exc:
+        yield sse_error(503, str(exc))
+    yield DONE

@@ -1,0 +1,126 @@
+"""A real server on a loopback port: uvicorn in a thread, the tiny dummy engine inside."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+import uvicorn
+
+from kvtier.engine.args import EngineArgs
+from kvtier.engine.llm_engine import LLMEngine
+from kvtier.model.presets import PRESETS
+from kvtier.server.app import build_app
+
+MODEL = "tiny-llama"
+ENGINE_OPTIONS = dict(load_format="dummy", device="cpu", attention_backend="torch",
+                      num_gpu_blocks=256, max_model_len=256, max_num_seqs=256,
+                      served_model_name=MODEL)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny-llama preset with a 2048-token vocabulary.
+
+    The preset keeps Qwen's 152k vocabulary, so on CPU the logits and sampling of 200
+    concurrent requests dominate a step (~2 s); the server tests are about the server.
+    """
+    cfg = {**PRESETS[MODEL], "vocab_size": 2048}
+    path = tmp_path_factory.mktemp("tiny-llama-2k")
+    (path / "config.json").write_text(json.dumps(cfg))
+    return str(path)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    # Intra-op threads cost more than they give on these tiny tensors (10x on 2 cores),
+    # and the engine shares the cores with uvicorn and the clients.
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def make_engine(model_dir: str, **overrides: Any) -> LLMEngine:
+    return LLMEngine.from_engine_args(EngineArgs(model=model_dir, **{**ENGINE_OPTIONS, **overrides}))
+
+
+@dataclass
+class LiveServer:
+    app: Any
+    server: uvicorn.Server
+    thread: threading.Thread
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def engine(self) -> Any:
+        return self.app.state.server.engine
+
+    @property
+    def async_engine(self) -> Any:
+        return self.app.state.server.async_engine
+
+    def call(self, fn: Callable[[Any], Any], timeout: float = 30.0) -> Any:
+        """Run fn(engine) on the engine's worker thread, between steps."""
+        return self.async_engine.call_threadsafe(fn).result(timeout)
+
+    def wait_idle(self, timeout: float = 20.0) -> Any:
+        """Wait (bounded) until the engine has no request left; return its stats."""
+        deadline = time.monotonic() + timeout
+        while True:
+            stats, busy = self.call(lambda e: (e.get_stats(), e.has_unfinished_requests()))
+            if not busy or time.monotonic() > deadline:
+                return stats
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "server did not stop"
+
+
+def start_server(app: Any, graceful_s: float = 5.0) -> LiveServer:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=graceful_s)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "server failed to start"
+        time.sleep(0.01)
+    return LiveServer(app, server, thread, port)
+
+
+@pytest.fixture(scope="session")
+def engine(tiny_model_dir: str) -> LLMEngine:
+    """One tiny engine for the session; each server using it is stopped before the next."""
+    return make_engine(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def live(engine: LLMEngine) -> Iterator[LiveServer]:
+    srv = start_server(build_app(engine))
+    yield srv
+    srv.stop()
+
+
+def assert_engine_clean(srv: LiveServer) -> None:
+    stats = srv.wait_idle()
+    assert stats.num_running == stats.num_waiting == stats.num_swapped == 0
+    assert stats.gpu_blocks_used == 0 and stats.host_blocks_used == 0
+    srv.call(lambda e: e.check_integrity())

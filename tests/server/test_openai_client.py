@@ -1,0 +1,163 @@
+"""Completions and chat through the official `openai` client, streamed and not."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.server.conftest import MODEL, assert_engine_clean
+
+PROMPT = "The quick brown fox jumps over the lazy dog"
+MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hello there"}]
+
+
+@pytest.fixture(scope="module")
+def client(live):
+    with openai.OpenAI(base_url=live.base_url + "/v1", api_key="unused", max_retries=0) as c:
+        yield c
+
+
+def test_models_and_health(live, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert httpx.get(live.base_url + "/health").status_code == 200
+
+
+def test_completion(live, client):
+    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    choice = out.choices[0]
+    assert out.object == "text_completion" and choice.finish_reason == "length"
+    prompt_len = len(live.engine.tokenizer.encode(PROMPT))
+    assert out.usage.prompt_tokens == prompt_len
+    assert out.usage.completion_tokens == 12
+    assert out.usage.total_tokens == prompt_len + 12
+    assert isinstance(choice.text, str)
+
+
+def test_streamed_completion_equals_unstreamed(client):
+    kw = dict(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
+    whole = client.completions.create(**kw).choices[0]
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole.text and text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
+
+
+def test_chat(live, client):
+    out = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=10,
+                                         temperature=0, extra_body={"ignore_eos": True})
+    assert out.object == "chat.completion"
+    assert out.choices[0].message.role == "assistant"
+    assert out.usage.completion_tokens == 10
+    # The prompt is the model's chat template applied to the messages.
+    expected_prompt = live.engine.tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
+    assert out.usage.prompt_tokens == len(expected_prompt)
+
+
+def test_streamed_chat_equals_unstreamed(client):
+    kw = dict(model=MODEL, messages=MESSAGES, max_tokens=20, temperature=0, extra_body={"ignore_eos": True})
+    whole = client.chat.completions.create(**kw).choices[0].message.content
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole and text
+    assert chunks[-1].usage.completion_tokens == 20 and chunks[-1].usage.prompt_tokens > 0
+
+
+def test_completion_matches_engine_directly(live, client):
+    """The server adds nothing: the same greedy request straight to the engine agrees."""
+    from kvtier.sampling_params import SamplingParams
+
+    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0,
+                                    extra_body={"ignore_eos": True})
+
+    def direct(engine):
+        ids = engine.tokenizer.encode(PROMPT)
+        params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+        engine.add_request("direct-check", ids, params)
+        final = None
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                if o.request_id == "direct-check" and o.finished:
+                    final = o
+        return final.outputs[0].text
+
+    assert live.call(direct) == out.choices[0].text
+
+
+def test_n_and_seed(client):
+    kw = dict(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=1234, n=3,
+              extra_body={"ignore_eos": True})
+    a = client.completions.create(**kw)
+    b = client.completions.create(**kw)
+    assert sorted(c.index for c in a.choices) == [0, 1, 2]
+    assert [c.text for c in a.choices] == [c.text for c in b.choices]  # seeded: reproducible
+    streamed: dict[int, str] = {}
+    for chunk in client.completions.create(stream=True, **kw):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + c.text
+    assert [streamed[i] for i in range(3)] == [c.text for c in a.choices]
+
+
+@pytest.mark.parametrize("prompts", [[PROMPT, "Hello", "A"], [[5, 6, 7], [8], [9, 10]]])
+def test_batch_prompts(client, prompts):
+    out = client.completions.create(model=MODEL, prompt=prompts, max_tokens=4, temperature=0, n=2,
+                                    extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in out.choices) == list(range(6))
+    assert out.usage.completion_tokens == 6 * 4
+    # choice prompt_index * n + i holds prompt prompt_index's completion
+    single = client.completions.create(model=MODEL, prompt=prompts[1], max_tokens=4, temperature=0,
+                                       extra_body={"ignore_eos": True})
+    by_index = {c.index: c.text for c in out.choices}
+    assert by_index[2] == by_index[3] == single.choices[0].text
+
+
+def test_stop_string(client):
+    base = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=30, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0].text
+    stop = base[5:9] if len(base) > 9 else None
+    if not stop or not stop.strip():
+        pytest.skip("greedy text too short/blank to pick a stop string")
+    kw = dict(model=MODEL, prompt=PROMPT, max_tokens=30, temperature=0, stop=[stop],
+              extra_body={"ignore_eos": True})
+    out = client.completions.create(**kw).choices[0]
+    assert out.finish_reason == "stop" and out.text == base[: base.index(stop)]
+    streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, **kw))
+    assert streamed == out.text  # no part of the stop string leaked into the stream
+
+
+def test_completion_logprobs(client):
+    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0,
+                                    logprobs=3, extra_body={"ignore_eos": True})
+    lp = out.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
+    for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
+        assert chosen <= 0 and 1 <= len(top) <= 3
+        assert chosen == pytest.approx(max(top.values()), abs=1e-4)  # greedy picks the top one
+    assert lp.text_offset == sorted(lp.text_offset)
+
+
+def test_chat_logprobs(client):
+    out = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, temperature=0,
+                                         logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    content = out.choices[0].logprobs.content
+    assert len(content) == 4
+    assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+
+
+def test_metrics_exposed(live, client):
+    client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, extra_body={"ignore_eos": True})
+    text = httpx.get(live.base_url + "/metrics").text
+    for name in ("kvtier:num_requests_running", "kvtier:num_requests_waiting",
+                 "kvtier:num_requests_swapped", 'kvtier:kv_blocks_used{tier="gpu"}',
+                 'kvtier:kv_blocks_used{tier="host"}', "kvtier:num_preemptions_total",
+                 "kvtier:recomputed_tokens_total", "kvtier:prompt_tokens_total",
+                 "kvtier:generation_tokens_total", "kvtier:time_to_first_token_seconds_count",
+                 "kvtier:time_per_output_token_seconds_count", "kvtier:e2e_request_latency_seconds_count",
+                 'kvtier:request_success_total{finished_reason="length"}'):
+        assert name in text, name
+    gen = [line for line in text.splitlines() if line.startswith("kvtier:generation_tokens_total")]
+    assert float(gen[0].split()[-1]) > 0
+    assert_engine_clean(live)
