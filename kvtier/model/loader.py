@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from kvtier.config import ConfigError, ModelConfig
-from kvtier.model.llama import LlamaForCausalLM
+from kvtier.model.llama import DecoderLayer, LlamaForCausalLM
 from kvtier.model.presets import PRESETS, preset_config
 
 
@@ -79,7 +79,7 @@ def _target(model: LlamaForCausalLM, hf_name: str) -> tuple[torch.Tensor, slice]
     m = _LAYER.fullmatch(hf_name)
     if m is None or "rotary_emb" in hf_name:
         return None
-    layer = model.layers[int(m.group(1))]
+    layer: DecoderLayer = model.layers[int(m.group(1))]  # type: ignore[assignment]
     rest = m.group(2)
     if rest in _DIRECT:
         return layer.get_parameter(_DIRECT[rest]), whole

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 from kvtier.core.plan import BlockCopy
 from kvtier.core.request import Request, RequestStatus

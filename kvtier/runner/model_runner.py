@@ -64,7 +64,7 @@ class ModelRunner:
             return 0
         sched = self.config.scheduler
         total = sched.max_num_batched_tokens
-        lens = []
+        lens: list[int] = []
         while total > 0 and len(lens) < sched.max_num_seqs:
             lens.append(min(total, sched.max_model_len))
             total -= lens[-1]
@@ -98,6 +98,7 @@ class ModelRunner:
         if not plan.scheduled:
             return StepResult(sampled={})
         input_ids, positions, meta, logits_idx = self._prepare(plan.scheduled)
+        assert self.gpu_kv is not None, "allocate_kv first"
         ctx = ForwardContext(self.ops, self.attention, self.gpu_kv, meta, self.cos_sin)
         hidden = self.model(input_ids, positions, ctx)
         sampling = [sr for sr in plan.scheduled if sr.sample]

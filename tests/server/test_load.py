@@ -47,5 +47,6 @@ def test_200_concurrent_streams(live):
         assert finish == "length" and completion_tokens == MAX_TOKENS
     stats = live.call(lambda e: e.get_stats())
     assert stats.num_generation_tokens_total >= NUM_REQUESTS * MAX_TOKENS
+    print("preemptions", stats.num_preemptions_total)
     assert_engine_clean(live)
     assert elapsed < 60, f"{elapsed:.1f} s"
