@@ -36,6 +36,16 @@ class IncrementalDetokenizer:
         self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
         return self._check_stop(old_len)
 
+    def flush(self) -> None:
+        """At the end of a request, emit what was held back waiting for more bytes."""
+        if self._read_offset == len(self._ids):
+            return
+        dec = self.tokenizer.decode
+        prefix = dec(self._ids[self._prefix_offset : self._read_offset], self.skip_special_tokens)
+        full = dec(self._ids[self._prefix_offset :], self.skip_special_tokens)
+        self.text += full[len(prefix) :]
+        self._read_offset = len(self._ids)
+
     def _check_stop(self, old_len: int) -> str | None:
         for s in self.stop:
             # Only search where the new text could complete the stop string.

@@ -199,6 +199,8 @@ class LLMEngine:
         elif stop_str is not None:
             req.stop_reason = stop_str
         if req.status.finished:
+            if child.detok is not None and stop_str is None:
+                child.detok.flush()
             child.finish_reason = req.status.value
             m.num_preemptions = max(m.num_preemptions, req.num_preemptions)
 
