@@ -1,7 +1,8 @@
 """The model runner: the one place that owns tensors (weights, KV pools, batch inputs).
 
 Executes a StepPlan: block copies between pools, then one forward pass over all scheduled
-tokens, then sampling for the requests that reached the end of their known tokens.
+tokens (a CUDA-graph replay for decode-only steps), then sampling for the requests that
+reached the end of their known tokens.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from kvtier.core.plan import BlockCopy, ScheduledRequest, StepPlan, StepResult
 from kvtier.kv.manager import cdiv
 from kvtier.model.llama import ForwardContext
 from kvtier.model.loader import build_model
-from kvtier.model.ops import TorchOps
 from kvtier.model.rope import cos_sin_cache
 from kvtier.runner.block_tables import BlockTables
+from kvtier.runner.cuda_graphs import DecodeGraphs
 from kvtier.runner.device import make_attention_backend, make_ops
+from kvtier.runner.host_batch import HostBatch, build_host_batch
 from kvtier.runner.sampler import SampleRow, sample
 from kvtier.sampling_params import SamplingParams
 
@@ -31,7 +33,7 @@ class ModelRunner:
         mc = config.model_config
         self.model_config = mc
         self.model = build_model(mc, ckpt, dtype, device, config.seed)
-        self.ops: TorchOps = make_ops(config.attention_backend, device)
+        self.ops = make_ops(config.attention_backend, device)
         self.attention = make_attention_backend(config.attention_backend, device)
         self.cos_sin = cos_sin_cache(mc, config.scheduler.max_model_len, device)
         cache = config.cache
@@ -44,6 +46,12 @@ class ModelRunner:
         )
         self.gpu_kv: torch.Tensor | None = None
         self.host_kv: torch.Tensor | None = None
+        self.graphs: DecodeGraphs | None = None
+
+    @property
+    def use_cuda_graphs(self) -> bool:
+        return (self.device.type == "cuda" and not self.config.enforce_eager
+                and self.attention.name == "triton")
 
     # ---- memory ------------------------------------------------------------------------
     def block_shape(self) -> tuple[int, ...]:
@@ -51,10 +59,17 @@ class ModelRunner:
         return (self.layers_per_block, 2, self.block_size, mc.num_kv_heads, mc.head_dim)
 
     def allocate_kv(self, num_gpu_blocks: int, num_host_blocks: int) -> None:
+        """Device pool (plus one scratch block for padded graph rows) and host pool.
+        Zeroed on the device: padded rows may read a block nobody wrote."""
         shape = self.block_shape()
-        self.gpu_kv = torch.empty((num_gpu_blocks, *shape), dtype=self.dtype, device=self.device)
+        extra = 1 if self.use_cuda_graphs else 0
+        self.gpu_kv = torch.zeros((num_gpu_blocks + extra, *shape), dtype=self.dtype,
+                                  device=self.device)
         pin = self.device.type == "cuda"
         self.host_kv = torch.empty((num_host_blocks, *shape), dtype=self.dtype, pin_memory=pin)
+        if extra:
+            self.graphs = DecodeGraphs(self, scratch_block=num_gpu_blocks)
+            self.graphs.capture()
 
     @torch.inference_mode()
     def profile_activation_peak(self) -> int:
@@ -69,7 +84,9 @@ class ModelRunner:
             lens.append(min(total, sched.max_model_len))
             total -= lens[-1]
         blocks = [cdiv(n, self.block_size) for n in lens]
-        self.allocate_kv(sum(blocks), 0)
+        shape = self.block_shape()
+        self.gpu_kv = torch.zeros((sum(blocks), *shape), dtype=self.dtype, device=self.device)
+        self.host_kv = torch.empty((0, *shape), dtype=self.dtype)
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         base = torch.cuda.memory_allocated(self.device)
@@ -84,7 +101,8 @@ class ModelRunner:
         self.execute(StepPlan(scheduled=plan))
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - base
-        self.execute(StepPlan(scheduled=[], finished_ids=[p.request_id for p in plan]))
+        for p in plan:
+            self.block_tables.remove(p.request_id)
         self.gpu_kv = self.host_kv = None
         torch.cuda.empty_cache()
         return int(peak)
@@ -97,18 +115,30 @@ class ModelRunner:
         self._copy_blocks(plan.swap_out, plan.swap_in)
         if not plan.scheduled:
             return StepResult(sampled={})
-        input_ids, positions, meta, logits_idx = self._prepare(plan.scheduled)
-        assert self.gpu_kv is not None, "allocate_kv first"
-        ctx = ForwardContext(self.ops, self.attention, self.gpu_kv, meta, self.cos_sin)
-        hidden = self.model(input_ids, positions, ctx)
-        sampling = [sr for sr in plan.scheduled if sr.sample]
-        if not sampling:
+        batch = build_host_batch(plan.scheduled, self.block_tables, self.block_size)
+        logits = self._logits(batch)
+        if logits is None:
             return StepResult(sampled={})
-        logits = self.model.compute_logits(hidden[logits_idx])
+        sampling = [sr for sr in plan.scheduled if sr.sample]
         out = sample(logits, [self._sample_row(sr) for sr in sampling])
         ids = [sr.request_id for sr in sampling]
         logprobs = {i: lp for i, lp in zip(ids, out.logprobs) if lp is not None}
         return StepResult(sampled=dict(zip(ids, out.token_ids)), logprobs=logprobs)
+
+    def _logits(self, batch: HostBatch) -> torch.Tensor | None:
+        """Logits of the sampling requests' last tokens ([num_sampling, vocab] fp32)."""
+        if self.graphs is not None and batch.is_decode_only and len(batch.logits_idx) == batch.num_reqs:
+            logits = self.graphs.run(batch)
+            if logits is not None:
+                return logits
+        input_ids, positions, meta = self._device_inputs(batch)
+        assert self.gpu_kv is not None, "allocate_kv first"
+        ctx = ForwardContext(self.ops, self.attention, self.gpu_kv, meta, self.cos_sin)
+        hidden = self.model(input_ids, positions, ctx)
+        if len(batch.logits_idx) == 0:
+            return None
+        idx = torch.from_numpy(batch.logits_idx).to(self.device, non_blocking=True)
+        return self.model.compute_logits(hidden[idx])
 
     def _sample_row(self, sr: ScheduledRequest) -> SampleRow:
         p = sr.sampling_params
@@ -130,48 +160,29 @@ class ModelRunner:
             staged = self.host_kv.index_select(0, src).to(self.device, non_blocking=True)
             self.gpu_kv.index_copy_(0, dst, staged)
 
-    def _prepare(
-        self, scheduled: list[ScheduledRequest]
-    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
-        """Batch tensors for the forward: all numpy on the host, then one copy each."""
-        rows = np.array([self.block_tables.apply(sr) for sr in scheduled], dtype=np.int64)
-        q_lens = np.array([sr.num_new_tokens for sr in scheduled], dtype=np.int64)
-        starts = np.array([sr.start_pos for sr in scheduled], dtype=np.int64)
-        seq_lens = starts + q_lens
-        cu = np.zeros(len(scheduled) + 1, dtype=np.int64)
-        np.cumsum(q_lens, out=cu[1:])
-        num_tokens = int(cu[-1])
-        token_req = np.repeat(np.arange(len(scheduled)), q_lens)
-        positions = starts[token_req] + (np.arange(num_tokens) - cu[:-1][token_req])
-        input_ids = np.fromiter(
-            (t for sr in scheduled for t in sr.token_ids), dtype=np.int64, count=num_tokens
-        )
-        bs = self.block_size
-        max_blocks = int(cdiv(int(seq_lens.max()), bs))
-        tables = self.block_tables.table[:, rows, :max_blocks]  # [G, B, max_blocks]
-        block_of_token = self.block_tables.table[:, rows[token_req], positions // bs]  # [G, T]
-        slots = block_of_token.astype(np.int64) * bs + positions % bs
-        logits_idx = np.array([cu[i + 1] - 1 for i, sr in enumerate(scheduled) if sr.sample])
+    def _device_inputs(
+        self, batch: HostBatch
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         dev = self.device
-        num_decodes = int(np.argmax(q_lens != 1)) if (q_lens != 1).any() else len(scheduled)
+
+        def put(a: np.ndarray, dtype=None) -> torch.Tensor:
+            t = torch.from_numpy(np.ascontiguousarray(a if dtype is None else a.astype(dtype)))
+            return t.to(dev, non_blocking=True)
+
+        tables = self.block_tables.table[:, batch.rows, : batch.max_blocks]  # [G, B, w]
         meta = AttentionMetadata(
-            num_tokens=num_tokens,
-            num_reqs=len(scheduled),
-            num_decodes=num_decodes,
-            max_query_len=int(q_lens.max()),
-            max_seq_len=int(seq_lens.max()),
-            query_start_loc=torch.from_numpy(cu.astype(np.int32)).to(dev, non_blocking=True),
-            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(dev, non_blocking=True),
-            block_tables=torch.from_numpy(np.ascontiguousarray(tables)).to(dev, non_blocking=True),
-            slot_mapping=torch.from_numpy(slots).to(dev, non_blocking=True),
+            num_tokens=batch.num_tokens,
+            num_reqs=batch.num_reqs,
+            num_decodes=batch.num_decodes,
+            max_query_len=int(batch.query_lens.max()),
+            max_seq_len=int(batch.seq_lens.max()),
+            query_start_loc=put(batch.query_start_loc, np.int32),
+            seq_lens=put(batch.seq_lens, np.int32),
+            block_tables=put(tables),
+            slot_mapping=put(batch.slots),
             layers_per_block=self.layers_per_block,
-            block_size=bs,
-            query_lens_cpu=q_lens.tolist(),
-            seq_lens_cpu=seq_lens.tolist(),
+            block_size=self.block_size,
+            query_lens_cpu=batch.query_lens.tolist(),
+            seq_lens_cpu=batch.seq_lens.tolist(),
         )
-        return (
-            torch.from_numpy(input_ids).to(dev, non_blocking=True),
-            torch.from_numpy(positions).to(dev, non_blocking=True),
-            meta,
-            torch.from_numpy(logits_idx.astype(np.int64)).to(dev, non_blocking=True),
-        )
+        return put(batch.input_ids), put(batch.positions), meta

@@ -1,0 +1,108 @@
+"""CUDA graphs for decode-only steps, so a step's ~200 kernel launches cost one replay.
+
+Captured once per padded batch size, from the largest down, sharing one memory pool. Inputs
+live in static buffers; a step writes its first b rows, and the padded rows point at a
+scratch block (the pool's last block, which the KV manager never hands out), so their
+KV writes and reads touch nothing real. Attention grids depend only on (batch, heads,
+splits): the split count is fixed from max_model_len and each program skips what lies past
+its request's length, so the graphs stay valid as sequences grow.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from kvtier.attention.metadata import AttentionMetadata
+from kvtier.model.llama import ForwardContext
+from kvtier.runner.host_batch import HostBatch
+
+if TYPE_CHECKING:
+    from kvtier.runner.model_runner import ModelRunner
+
+
+def graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    sizes = [1, 2, 4, 8] + list(range(16, 257, 16)) + list(range(288, 513, 32))
+    return [s for s in sizes if s <= max_num_seqs] or [1]
+
+
+class DecodeGraphs:
+    def __init__(self, runner: ModelRunner, scratch_block: int):
+        self.runner = runner
+        dev = runner.device
+        self.sizes = graph_batch_sizes(runner.config.scheduler.max_num_seqs)
+        m = self.sizes[-1]
+        g, max_blocks = runner.num_groups, runner.block_tables.table.shape[2]
+        self.scratch_slot = scratch_block * runner.block_size
+        self.scratch_block = scratch_block
+        self.input_ids = torch.zeros(m, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(m, dtype=torch.int64, device=dev)
+        self.query_start_loc = torch.arange(m + 1, dtype=torch.int32, device=dev)
+        self.seq_lens = torch.ones(m, dtype=torch.int32, device=dev)
+        self.block_tables = torch.full((g, m, max_blocks), scratch_block, dtype=torch.int32,
+                                       device=dev)
+        self.slot_mapping = torch.full((g, m), self.scratch_slot, dtype=torch.int64, device=dev)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+        self.pool = None
+
+    def _meta(self, b: int) -> AttentionMetadata:
+        r = self.runner
+        max_len = r.config.scheduler.max_model_len
+        return AttentionMetadata(
+            num_tokens=b, num_reqs=b, num_decodes=b, max_query_len=1, max_seq_len=max_len,
+            query_start_loc=self.query_start_loc[: b + 1], seq_lens=self.seq_lens[:b],
+            block_tables=self.block_tables[:, :b], slot_mapping=self.slot_mapping[:, :b],
+            layers_per_block=r.layers_per_block, block_size=r.block_size,
+            query_lens_cpu=[1] * b, seq_lens_cpu=[max_len] * b,
+        )
+
+    def _forward(self, b: int) -> torch.Tensor:
+        r = self.runner
+        assert r.gpu_kv is not None
+        ctx = ForwardContext(r.ops, r.attention, r.gpu_kv, self._meta(b), r.cos_sin)
+        hidden = r.model(self.input_ids[:b], self.positions[:b], ctx)
+        return r.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        for b in reversed(self.sizes):
+            self._forward(b)  # warm-up: Triton compiles and autotunes outside the capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                self.logits[b] = self._forward(b)
+            if self.pool is None:
+                self.pool = graph.pool()
+            self.graphs[b] = graph
+        torch.cuda.synchronize()
+
+    def padded_size(self, b: int) -> int | None:
+        for s in self.sizes:
+            if s >= b:
+                return s
+        return None
+
+    def run(self, batch: HostBatch) -> torch.Tensor | None:
+        """Logits [b, vocab] of a decode-only batch, or None if no graph fits it."""
+        b = batch.num_reqs
+        size = self.padded_size(b)
+        if size is None:
+            return None
+        tables = self.runner.block_tables.table
+        w = batch.max_blocks
+        self.input_ids[:b].copy_(torch.from_numpy(batch.input_ids), non_blocking=True)
+        self.positions[:b].copy_(torch.from_numpy(batch.positions), non_blocking=True)
+        self.seq_lens[:b].copy_(torch.from_numpy(batch.seq_lens.astype(np.int32)),
+                                non_blocking=True)
+        self.slot_mapping[:, :b].copy_(torch.from_numpy(batch.slots), non_blocking=True)
+        self.block_tables[:, :b, :w].copy_(
+            torch.from_numpy(np.ascontiguousarray(tables[:, batch.rows, :w])), non_blocking=True)
+        if size > b:  # padded rows: one token over the scratch block
+            self.seq_lens[b:size].fill_(1)
+            self.slot_mapping[:, b:size].fill_(self.scratch_slot)
+            self.block_tables[:, b:size, 0].fill_(self.scratch_block)
+        self.graphs[size].replay()
+        return self.logits[size][:b]
