@@ -4,6 +4,7 @@ Field names, defaults and shapes follow OpenAI's API reference; vLLM's extension
 engine supports (`top_k`, `min_tokens`, `ignore_eos`, `stop_token_ids`, ...) are accepted
 too. Ranges are declared here so the OpenAPI schema documents them; `SamplingParams`
 validates again (the engine's own contract). Unknown fields are ignored, as OpenAI does.
+Types are strict: `"max_tokens": true` or `"16"` is a client bug, answered with 400.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ MAX_LOGPROBS = 20  # SamplingParams' bound
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 # --------------------------------------------------------------------------- shared pieces

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvtier.server.api_models import ErrorInfo, ErrorResponse
+from kvtier.server.async_engine import EngineDeadError, ShuttingDownError
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +111,12 @@ def install_error_handlers(app: FastAPI) -> None:
         # 404 for unknown paths, 405 wrong method, 400 for bodies FastAPI cannot parse.
         detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
         return error_response(exc.status_code, detail, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(EngineDeadError)
+    @app.exception_handler(ShuttingDownError)
+    async def _unavailable(_: Request, exc: Exception) -> JSONResponse:
+        # Raised while a request was in flight (admission maps them in ServerState.submit).
+        return error_response(503, str(exc), code="unavailable", headers={"Retry-After": "1"})
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -38,6 +38,8 @@ async def _run_all(base_url: str) -> list:
 
 
 def test_200_concurrent_streams(live):
+    """256 blocks of 16 tokens cannot hold 200 requests at once: some get preempted too."""
+    preemptions_before = live.call(lambda e: e.get_stats()).num_preemptions_total
     t0 = time.monotonic()
     results = asyncio.run(_run_all(live.base_url))
     elapsed = time.monotonic() - t0
@@ -47,6 +49,6 @@ def test_200_concurrent_streams(live):
         assert finish == "length" and completion_tokens == MAX_TOKENS
     stats = live.call(lambda e: e.get_stats())
     assert stats.num_generation_tokens_total >= NUM_REQUESTS * MAX_TOKENS
-    print("preemptions", stats.num_preemptions_total)
+    assert stats.num_preemptions_total > preemptions_before
     assert_engine_clean(live)
     assert elapsed < 60, f"{elapsed:.1f} s"
