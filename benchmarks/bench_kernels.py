@@ -163,24 +163,20 @@ def _sdpa_tflops(q: torch.Tensor, layer: torch.Tensor, length: int, hq: int, hkv
 
 
 def sweep() -> list[dict[str, Any]]:
-    """Tile/warp/stage and split variants on the shapes the targets name."""
+    """Variants beside the defaults: split counts on the shapes whose SM filling depends on
+    them, and prefill tile shapes (decode tile variants: see the first H200 run's notes)."""
     rows = []
-    variants = [dict(block_n=32, num_warps=4, num_stages=3), dict(block_n=64, num_warps=4,
-                num_stages=3), dict(block_n=64, num_warps=4, num_stages=4),
-                dict(block_n=64, num_warps=8, num_stages=3), dict(block_n=128, num_warps=4,
-                num_stages=2), dict(block_n=128, num_warps=8, num_stages=3)]
-    for model, batch, ctx in (("llama-3.1-8b", 256, 2048), ("llama-3.1-8b", 16, 8192),
-                              ("llama-2-13b", 64, 2048)):
-        for v in variants:
-            rows.append(bench_decode(model, batch, ctx, **v))
+    for model, batch, ctx, splits in (("llama-3.1-8b", 16, 8192, (2, 4, 5, 8)),
+                                      ("llama-2-13b", 16, 2048, (1, 2, 4))):
+        for n in splits:
+            rows.append(bench_decode(model, batch, ctx, num_splits=n))
             print(rows[-1], flush=True)
-    for splits in (2, 4, 8, 16, 32):
-        rows.append(bench_decode("llama-3.1-8b", 16, 8192, num_splits=splits))
-        print(rows[-1], flush=True)
-    for v in (dict(block_m=64, block_n=64, num_warps=4), dict(block_m=128, block_n=32,
-              num_warps=8), dict(block_m=128, block_n=64, num_warps=8, num_stages=3)):
-        rows.append(bench_prefill("llama-3.1-8b", 8192, **v))
-        print(rows[-1], flush=True)
+    for model in MODELS:
+        for v in (dict(block_m=128, block_n=32, num_warps=8), dict(block_m=128, block_n=64,
+                  num_warps=8), dict(block_m=64, block_n=64, num_warps=4),
+                  dict(block_m=64, block_n=32, num_warps=4, num_stages=3)):
+            rows.append(bench_prefill(model, 8192, **v))
+            print(rows[-1], flush=True)
     return rows
 
 

@@ -1,0 +1,197 @@
+"""The GPU path against the H200's measured ceilings (issue 3):
+
+  decode   step time of b requests at context c vs the HBM roofline
+           (weights + KV read + KV written, at 4.24 TB/s), CUDA graphs on;
+  prefill  one prompt of n tokens vs the bf16 GEMM peak (761 TFLOP/s);
+  layers   the effect of F (layers per KV block) on decode step time;
+  host     CPU time per decode step (schedule + inputs + update) at 256 running requests.
+
+Steps are driven through the real runner (`ModelRunner.execute` on a StepPlan), so what is
+timed is what the engine runs. Usage (GPU):
+  python benchmarks/bench_gpu_path.py --out benchmarks/results/gpu_path_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from benchmarks.common import H200_BF16_FLOPS, H200_HBM_BYTES_PER_S, write_result
+from kvtier.core.plan import ScheduledRequest, StepPlan
+from kvtier.engine.args import EngineArgs
+from kvtier.engine.llm_engine import LLMEngine
+from kvtier.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=1 << 20, ignore_eos=True, detokenize=False)
+GiB = 1 << 30
+
+
+def make_engine(model: str, max_len: int, max_seqs: int, kv_gb: float, layers_per_block: int,
+                eager: bool = False, max_batched: int = 8192) -> LLMEngine:
+    return LLMEngine.from_engine_args(EngineArgs(
+        model=model, load_format="dummy", dtype="bfloat16", max_model_len=max_len,
+        max_num_seqs=max_seqs, kv_cache_gb=kv_gb, swap_space=0.01,
+        layers_per_block=layers_per_block, enforce_eager=eager,
+        max_num_batched_tokens=max_batched))
+
+
+def decode_plans(engine: LLMEngine, batch: int, context: int) -> tuple[StepPlan, StepPlan]:
+    """A first plan that installs b distinct block tables, then a steady decode plan."""
+    runner = engine.executor
+    g, bs = runner.num_groups, runner.block_size
+    nb = -(-context // bs)
+    first, steady, nxt = [], [], 0
+    for i in range(batch):
+        blocks = tuple(tuple(range(nxt + k * nb, nxt + (k + 1) * nb)) for k in range(g))
+        nxt += g * nb
+        common = dict(request_id=f"d{i}", token_ids=[1 + i % 1000], start_pos=context - 1,
+                      sample=True, sampling_params=GREEDY, num_output_tokens=1)
+        first.append(ScheduledRequest(new_block_ids=blocks, reset_blocks=True, **common))
+        steady.append(ScheduledRequest(new_block_ids=((),) * g, reset_blocks=False, **common))
+    assert nxt <= engine.scheduler.kv.gpu.num_blocks, "pool too small for this shape"
+    return StepPlan(scheduled=first), StepPlan(scheduled=steady)
+
+
+def time_steps(runner, plan: StepPlan, iters: int) -> dict[str, float]:
+    """Median wall time of whole steps (host + device, synchronised by sampling)."""
+    for _ in range(3):
+        runner.execute(plan)
+    torch.cuda.synchronize()
+    walls = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        runner.execute(plan)
+        walls.append(time.perf_counter() - t0)
+    return {"median_s": statistics.median(walls), "min_s": min(walls)}
+
+
+def decode_bytes(engine: LLMEngine, batch: int, context: int) -> int:
+    mc = engine.model_config
+    weights = mc.num_params() * 2
+    if not mc.tie_word_embeddings:
+        weights -= mc.vocab_size * mc.hidden_size * 2  # the embedding table is gathered, not read
+    kv = batch * context * mc.kv_bytes_per_token(2)
+    return weights + kv
+
+
+def run_decode(model: str, batches: list[int], contexts: list[int], kv_gb: float, F: int) -> list[dict]:
+    rows = []
+    max_ctx = max(contexts)
+    engine = make_engine(model, max_ctx + 16, max(batches), kv_gb, F)
+    pool_tokens = engine.scheduler.kv.gpu.num_blocks // engine.executor.num_groups * 16
+    for c in contexts:
+        for b in batches:
+            row = {"model": model, "batch": b, "context": c, "layers_per_block": F}
+            if b * (-(-c // 16) * 16) > pool_tokens:
+                rows.append({**row, "skipped": f"KV of {b}x{c} tokens exceeds the pool"})
+                continue
+            first, steady = decode_plans(engine, b, c)
+            engine.executor.execute(first)
+            t = time_steps(engine.executor, steady, iters=20)
+            byts = decode_bytes(engine, b, c)
+            roof = byts / H200_HBM_BYTES_PER_S
+            engine.executor.execute(StepPlan(scheduled=[], finished_ids=[s.request_id for s in steady.scheduled]))
+            rows.append({**row, **t, "bytes": byts, "roofline_s": roof,
+                         "fraction_of_roofline": roof / t["median_s"]})
+            print(rows[-1], flush=True)
+    del engine
+    torch.cuda.empty_cache()
+    return rows
+
+
+def run_prefill(model: str, lengths: list[int], kv_gb: float) -> list[dict]:
+    engine = make_engine(model, max(lengths) + 16, 4, kv_gb, 4, max_batched=max(lengths))
+    mc = engine.model_config
+    rows = []
+    for n in lengths:
+        g = engine.executor.num_groups
+        nb = -(-n // 16)
+        blocks = tuple(tuple(range(k * nb, (k + 1) * nb)) for k in range(g))
+        plan = StepPlan(scheduled=[ScheduledRequest(
+            request_id="p", token_ids=[7] * n, start_pos=0, new_block_ids=blocks,
+            reset_blocks=True, sample=True, sampling_params=GREEDY, num_output_tokens=0)])
+        t = time_steps(engine.executor, plan, iters=5)
+        linear = 2 * n * (mc.num_params() - mc.vocab_size * mc.hidden_size * (1 if mc.tie_word_embeddings else 2))
+        attn = 2 * 2 * mc.num_layers * mc.q_size * n * n / 2  # causal QK^T and PV
+        logits = 2 * mc.hidden_size * mc.vocab_size
+        flops = linear + attn + logits
+        rows.append({"model": model, "tokens": n, **t, "flops": flops,
+                     "tflops": flops / t["median_s"] / 1e12,
+                     "fraction_of_gemm_peak": flops / t["median_s"] / H200_BF16_FLOPS})
+        print(rows[-1], flush=True)
+    del engine
+    torch.cuda.empty_cache()
+    return rows
+
+
+def run_host_overhead(model: str, num_requests: int, context: int, kv_gb: float) -> dict:
+    """CPU time of a decode step outside the device work, through the real engine loop."""
+    engine = make_engine(model, context + 256, num_requests, kv_gb, 4)
+    for i in range(num_requests):
+        engine.add_request(str(i), [1 + (i * 7 + k) % 30000 for k in range(context)], GREEDY)
+    while engine.get_stats().num_waiting or any(
+            r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running):
+        engine.step()
+    sched_s, prep_s, update_s, step_s = [], [], [], []
+    runner = engine.executor
+    graphs = runner.graphs
+    for _ in range(30):
+        t0 = time.perf_counter()
+        plan = engine.scheduler.schedule()
+        t1 = time.perf_counter()
+        from kvtier.runner.host_batch import build_host_batch
+
+        batch = build_host_batch(plan.scheduled, runner.block_tables, runner.block_size)
+        t2 = time.perf_counter()
+        logits = graphs.run(batch) if graphs is not None else None
+        assert logits is not None
+        tokens = logits.argmax(-1).tolist()
+        t3 = time.perf_counter()
+        result_ids = [s.request_id for s in plan.scheduled]
+        from kvtier.core.plan import StepResult
+
+        touched = engine.scheduler.update(plan, StepResult(dict(zip(result_ids, tokens))))
+        engine._process(touched, StepResult({}), 0)
+        t4 = time.perf_counter()
+        sched_s.append(t1 - t0)
+        prep_s.append(t2 - t1)
+        update_s.append(t4 - t3)
+        step_s.append(t4 - t0)
+    med = statistics.median
+    return {"model": model, "running_requests": num_requests, "context": context,
+            "schedule_ms": med(sched_s) * 1e3, "host_batch_ms": med(prep_s) * 1e3,
+            "update_and_outputs_ms": med(update_s) * 1e3,
+            "host_overhead_ms": (med(sched_s) + med(prep_s) + med(update_s)) * 1e3,
+            "step_ms": med(step_s) * 1e3}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--parts", default="decode,prefill,layers,host")
+    ap.add_argument("--kv-gb", type=float, default=80.0)
+    args = ap.parse_args()
+    parts = args.parts.split(",")
+    result: dict = {"ceilings": {"hbm_bytes_per_s": H200_HBM_BYTES_PER_S,
+                                 "bf16_flops": H200_BF16_FLOPS}}
+    if "decode" in parts:
+        result["decode"] = (
+            run_decode("llama-3.1-8b", [1, 16, 64, 256], [512, 2048, 8192], args.kv_gb, 4)
+            + run_decode("llama-2-13b", [1, 16, 64, 256], [512, 2048, 8192], args.kv_gb, 4))
+    if "prefill" in parts:
+        result["prefill"] = run_prefill("llama-3.1-8b", [2048, 8192, 32768], 20.0)
+    if "layers" in parts:
+        result["layers_per_block"] = [
+            r for F in (1, 2, 4, 8, 32)
+            for r in run_decode("llama-3.1-8b", [64], [2048], 40.0, F)]
+    if "host" in parts:
+        result["host_overhead"] = run_host_overhead("llama-3.1-8b", 256, 512, 40.0)
+        print(result["host_overhead"])
+    write_result(args.out, result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Offline throughput (vLLM's benchmark_throughput): every request at once, input and output
+lengths from the dataset, ignore_eos, one engine. Reports output and total tokens/s.
+
+  python benchmarks/bench_offline_throughput.py --workload .carry/sharegpt_llama31_1000.json \
+      --model llama-3.1-8b --out benchmarks/results/offline_sharegpt_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from benchmarks.common import write_result
+from kvtier import LLM, SamplingParams
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", required=True)
+    ap.add_argument("--model", default="llama-3.1-8b")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--max-num-seqs", type=int, default=512)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--layers-per-block", type=int, default=4)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    args = ap.parse_args()
+    work = json.load(open(args.workload))
+    reqs = work["requests"]
+    llm = LLM(args.model, load_format="dummy", dtype="bfloat16", max_model_len=4096,
+              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+              layers_per_block=args.layers_per_block, swap_space=1,
+              gpu_memory_utilization=args.gpu_memory_utilization)
+    warm = [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, detokenize=False)]
+    llm.generate([{"prompt_token_ids": reqs[0][0]}], warm)
+    params = [SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True, detokenize=False)
+              for _, out in reqs]
+    t0 = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p, _ in reqs], params)
+    elapsed = time.perf_counter() - t0
+    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+    n_in = sum(len(p) for p, _ in reqs)
+    assert n_out == sum(out for _, out in reqs), "every request must produce its full output"
+    stats = llm.engine.get_stats()
+    result = {
+        "model": args.model, "workload": {k: v for k, v in work.items() if k != "requests"},
+        "num_requests": len(reqs), "prompt_tokens": n_in, "output_tokens": n_out,
+        "elapsed_s": elapsed, "requests_per_s": len(reqs) / elapsed,
+        "output_tokens_per_s": n_out / elapsed, "total_tokens_per_s": (n_in + n_out) / elapsed,
+        "num_preemptions": stats.num_preemptions_total, "gpu_blocks_total": stats.gpu_blocks_total,
+        "options": vars(args),
+    }
+    print(json.dumps(result, indent=1))
+    write_result(args.out, result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""What every benchmark result JSON carries: command, commit, hardware, versions, date."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+# Measured ceilings of the H200 reference machine (../shared/hw/h200_probe_2026-11-30.json).
+H200_HBM_BYTES_PER_S = 4.24e12
+H200_BF16_FLOPS = 761e12
+H200_PCIE_BYTES_PER_S = 55e9
+
+
+def environment() -> dict[str, Any]:
+    import torch
+
+    env: dict[str, Any] = {
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu": platform.processor() or platform.machine(),
+    }
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    try:
+        env["git_commit"] = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        env["git_commit"] = None
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name()
+        env["gpu_memory_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
+    return env
+
+
+def write_result(path: str | Path, payload: dict[str, Any]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"environment": environment(), **payload}, indent=1))
+    print(f"wrote {path}")
