@@ -19,6 +19,7 @@ position (the first pages are simply never read). Without a prefix, prefix_len_b
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -160,13 +161,36 @@ def _reduce_splits_kernel(
              mask=d < HEAD_DIM)
 
 
-def default_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, sms: int) -> int:
-    """Enough (request, head, split) programs for ~4 per SM, never below
-    MIN_TOKENS_PER_SPLIT tokens per split."""
+def default_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, sms: int,
+                       programs_per_sm: int = 2) -> int:
+    """The split count whose (request, head, split) programs fill the GPU in whole waves.
+
+    Measured on the H200 (benchmarks/results/kernels_h200_run1.json, sweep): with 2 resident
+    programs per SM (96 KiB of pipelined K/V tiles each), 640 programs (2.4 waves) reached
+    78 % of HBM bandwidth where 512 (1.9 waves) reached 98 %: the partly filled last wave
+    idles SMs. A single wave also ramps poorly (88 %), and every split adds partial-output
+    traffic and a reduce (~0.3 % each). So: the fewest splits that keep 95 % of the slots
+    busy, else the best trade-off; never fewer than MIN_TOKENS_PER_SPLIT tokens a split.
+    """
     programs = batch * num_kv_heads
-    want = triton.cdiv(4 * sms, programs)
-    useful = triton.cdiv(max_seq_len, MIN_TOKENS_PER_SPLIT)
-    return max(1, min(want, useful, MAX_SPLITS))
+    slots = sms * programs_per_sm
+    useful = max(1, min(MAX_SPLITS, triton.cdiv(max_seq_len, MIN_TOKENS_PER_SPLIT)))
+    best, best_score = 1, -1.0
+    for splits in range(1, useful + 1):
+        waves = programs * splits / slots
+        busy = waves / math.ceil(waves) * min(1.0, 0.9 + 0.05 * waves)
+        if busy >= 0.95:
+            return splits
+        score = busy * (1 - 0.003 * splits)
+        if score > best_score:
+            best, best_score = splits, score
+    return best
+
+
+def _programs_per_sm(block_n: int, head_dim: int, elem_bytes: int, num_stages: int) -> int:
+    """Resident decode programs per SM, bounded by shared memory (K and V tiles per stage)."""
+    smem = num_stages * 2 * block_n * triton.next_power_of_2(head_dim) * elem_bytes
+    return max(1, min(8, (227 * 1024) // smem))
 
 
 def _default_block_n(head_dim: int, dtype: torch.dtype) -> int:
@@ -215,11 +239,12 @@ def paged_decode_attention(
               "prefix k and v need equal strides, last dim contiguous")
         check(prefix.k.dtype == q.dtype and prefix.start_loc.dtype == torch.int32,
               "prefix: same dtype as q, int32 start_loc")
+    block_n = block_n or _default_block_n(D, q.dtype)
     if num_splits is None:
         if max_seq_len is None:
             max_seq_len = int(seq_lens[:B].max())  # syncs; callers on the hot path pass it
-        num_splits = default_num_splits(B, Hkv, max_seq_len, num_sms(q.device))
-    block_n = block_n or _default_block_n(D, q.dtype)
+        per_sm = _programs_per_sm(block_n, D, q.element_size(), num_stages)
+        num_splits = default_num_splits(B, Hkv, max_seq_len, num_sms(q.device), per_sm)
     G = Hq // Hkv
     D_PAD = next_pow2(D)
     if num_splits > 1:

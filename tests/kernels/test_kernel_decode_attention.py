@@ -59,7 +59,8 @@ def test_default_num_splits_fills_the_gpu() -> None:
     sms = 132  # H200
     assert default_num_splits(256, 8, 2048, sms) == 1  # 2048 programs already
     assert default_num_splits(1, 8, 100, sms) == 1  # too short to split
-    assert default_num_splits(16, 8, 8192, sms) > 1
+    assert default_num_splits(16, 8, 8192, sms) == 4  # 512 programs: 1.9 waves of 264
+    assert default_num_splits(16, 40, 2048, sms) == 2  # 640 would leave a 0.4 wave tail
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
