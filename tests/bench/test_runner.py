@@ -29,7 +29,7 @@ def test_timestamps_exact_on_virtual_clock():
 
 def test_late_submission_counts_as_queueing():
     clock = VirtualClock()
-    engine = FakeEngine(clock, base_s=0.01, per_token_s=0.001, max_model_len=4096)
+    engine = FakeEngine(clock, num_blocks=1024, base_s=0.01, per_token_s=0.001, max_model_len=4096)
     reqs = [BenchRequest(tuple(range(1000)), 2, 0.0), BenchRequest((1, 2), 2, 0.1)]
     result = run(engine, clock, reqs)
     long, short = result.records
@@ -79,7 +79,7 @@ def test_time_limit_aborts_the_rest():
     result = run(engine, clock, reqs, RunOptions(progress=False, max_duration_s=1.0))
     reasons = [r.finish_reason for r in result.records]
     assert reasons[0] == "length" and "abort" in reasons
-    assert any(r.error == "not sent before the run's time limit" for r in result.records) is False
+    assert not any(r.error for r in result.records)  # all were due before the limit
     assert sum(r.ok for r in result.records) < 10
     assert not engine.has_unfinished_requests()
 
