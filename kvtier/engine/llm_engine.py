@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from kvtier.config import EngineConfig
@@ -50,8 +50,11 @@ class _Parent:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, executor, tokenizer: Tokenizer, kv: KVCacheManager,
-                 block_bytes: int):
+                 block_bytes: int, clock: Callable[[], float] = time.monotonic):
+        """`clock` stamps arrivals and tokens: wall time for a real runner, the virtual time
+        of a simulated executor (which then shares the scheduler and KV manager unchanged)."""
         self.config = config
+        self.clock = clock
         self.model_config = config.model_config
         self.executor = executor
         self.tokenizer = tokenizer
@@ -84,7 +87,7 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         prompt_text, prompt_ids = self._tokenize(prompt)
         max_tokens = self._resolve_max_tokens(len(prompt_ids), params)
-        metrics = RequestMetrics(arrival_time=arrival_time or time.monotonic())
+        metrics = RequestMetrics(arrival_time=arrival_time if arrival_time is not None else self.clock())
         parent = _Parent(request_id, prompt_text, prompt_ids, metrics)
         eos = () if params.ignore_eos else tuple(self.tokenizer.eos_token_ids) + tuple(
             self.model_config.eos_token_ids)
@@ -151,17 +154,17 @@ class LLMEngine:
 
     # ---- the step --------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        t0 = time.perf_counter()
+        t0 = self.clock()
         plan = self.scheduler.schedule()
         result: StepResult = self.executor.execute(plan)
         touched = self.scheduler.update(plan, result)
         outputs = self._process(touched, result, plan.num_scheduled_tokens)
         self._last_step_tokens = plan.num_scheduled_tokens
-        self._last_step_time = time.perf_counter() - t0
+        self._last_step_time = self.clock() - t0
         return outputs
 
     def _process(self, touched: list[Request], result: StepResult, _n: int) -> list[RequestOutput]:
-        now = time.monotonic()
+        now = self.clock()
         changed: dict[str, _Parent] = {}
         for req in touched:
             entry = self._child_of.get(req.request_id)
