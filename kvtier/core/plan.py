@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from kvtier.sampling_params import SamplingParams
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: built for every running request every step, keep it cheap
 class ScheduledRequest:
     request_id: str
     token_ids: list[int]  # the tokens to compute this step

@@ -33,6 +33,7 @@ class KVCacheManager:
         # immediate preemption of the requests already running (vLLM's watermark).
         self.watermark_blocks = int(watermark * num_gpu_blocks)
         self.tables: dict[str, MapTable] = {}
+        self._nothing_new: tuple[tuple[int, ...], ...] = ((),) * num_groups
 
     # ---- device allocation -------------------------------------------------------------
     def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
@@ -46,12 +47,18 @@ class KVCacheManager:
     ) -> tuple[tuple[int, ...], ...] | None:
         """Blocks for `num_new_tokens` more tokens on the device; the new block ids per group,
         or None (nothing changed) if the pool cannot supply them."""
-        need = self.blocks_needed(req, num_new_tokens)
+        table = self.tables.get(req.request_id)
+        have = table.num_token_blocks if table is not None else 0
+        want = cdiv(req.num_computed_tokens + num_new_tokens, self.block_size)
+        if want <= have and table is not None:
+            return self._nothing_new  # the common decode step: the last block has room
+        per_group = max(0, want - have)
+        need = per_group * self.num_groups
         reserve = self.watermark_blocks if use_watermark else 0
         if self.gpu.num_free - need < reserve:
             return None
-        table = self.tables.setdefault(req.request_id, MapTable(self.num_groups))
-        per_group = need // self.num_groups
+        if table is None:
+            table = self.tables[req.request_id] = MapTable(self.num_groups)
         ids = self.gpu.allocate(need)
         new: list[tuple[int, ...]] = []
         for g in range(self.num_groups):
