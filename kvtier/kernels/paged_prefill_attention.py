@@ -120,16 +120,17 @@ def _prefill_kernel(
              mask=row_ok[:, None] & d_ok[None, :])
 
 
-def _default_tiles(G: int, D: int, dtype: torch.dtype, interpret: bool) -> tuple[int, int]:
-    """(BLOCK_M rows, BLOCK_N keys). On the H200, 128 x 32 with 8 warps beat the usual
-    FlashAttention-2 tile of 128 x 64 (333 vs 311 TFLOP/s at 8k tokens, llama-3.1-8b; the
-    sweep in benchmarks/results/kernels_h200_run1.json). fp32 tiles are twice the bytes, so they
-    shrink to stay inside shared memory."""
+def _default_tiles(G: int, dtype: torch.dtype, interpret: bool) -> tuple[int, int]:
+    """(BLOCK_M rows, BLOCK_N keys), 4 warps. Measured on the H200 at 8k tokens
+    (benchmarks/results/kernels_h200.json, sweep): 64 x 64 gave 329 TFLOP/s on
+    llama-3.1-8b and 326 on llama-2-13b, level with torch's flash SDPA (314, 320); 128 x 32
+    gave 330 and only 198 (MHA puts 128 tokens of one head in a tile), 128 x 64 309 and 278.
+    fp32 tiles are twice the bytes, so they shrink to stay inside shared memory."""
     if interpret:
         return 16 * max(1, next_pow2(G) // 4), 32  # few programs, few tiles: fast on CPU
     if dtype == torch.float32:
         return 64, 32
-    return 128, 32 if D > 64 else 64
+    return 64, 64
 
 
 def paged_prefill_attention(
@@ -172,7 +173,7 @@ def paged_prefill_attention(
     if R == 0 or num_tokens == 0:
         return out
     G, G_PAD = Hq // Hkv, next_pow2(Hq // Hkv)
-    default_m, default_n = _default_tiles(G, D, q.dtype, q.device.type == "cpu")
+    default_m, default_n = _default_tiles(G, q.dtype, q.device.type == "cpu")
     block_m, block_n = block_m or default_m, block_n or default_n
     block_q = max(1, block_m // G_PAD)
     check(block_q * G_PAD >= 16, "BLOCK_M must cover at least 16 rows for tl.dot")

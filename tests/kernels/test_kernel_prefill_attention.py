@@ -46,7 +46,7 @@ def test_prefill_after_decode_rows(first_req: int) -> None:
     _check([1, 1, 19, 3, 33], [9, 17, 19, 64, 50], 4, 2, 64, torch.float32, first_req=first_req)
 
 
-@pytest.mark.parametrize("block_m,block_n", [(16, 16), (32, 64)])
+@pytest.mark.parametrize("block_m,block_n", [(16, 16), (32, 64), (64, 64)])
 def test_prefill_tile_shapes(block_m: int, block_n: int) -> None:
     _check([1, 40, 17], [33, 40, 90], 4, 2, 64, torch.float32, block_m=block_m, block_n=block_n)
 
