@@ -17,7 +17,8 @@ from kvtier.kernels.launch import check, check_last_dim_contiguous, next_pow2
 
 @triton.jit
 def _kv_write_kernel(
-    k_ptr, v_ptr, stride_t, stride_h,  # [T, Hkv, D] each, same strides
+    k_ptr, stride_kt, stride_kh,  # [T, Hkv, D]; k is rotated (a fresh tensor)
+    v_ptr, stride_vt, stride_vh,  # [T, Hkv, D]; v is a strided view of the qkv output
     kv_ptr, stride_block, stride_kv, stride_tok, stride_head,  # [nb, 2, bs, Hkv, D]
     slots_ptr,  # [T] int64
     H: tl.constexpr, H_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
@@ -29,12 +30,14 @@ def _kv_write_kernel(
         h = tl.arange(0, H_PAD)
         d = tl.arange(0, D_PAD)
         mask = (h < H)[:, None] & (d < HEAD_DIM)[None, :]
-        src = t.to(tl.int64) * stride_t + h[:, None] * stride_h + d[None, :]
+        t64 = t.to(tl.int64)
+        k_src = t64 * stride_kt + h[:, None] * stride_kh + d[None, :]
+        v_src = t64 * stride_vt + h[:, None] * stride_vh + d[None, :]
         dst = ((slot // BLOCK_SIZE) * stride_block + (slot % BLOCK_SIZE) * stride_tok
                + h[:, None] * stride_head + d[None, :])
         # No arithmetic, so bf16 passes through untouched (also in the interpreter).
-        k = tl.load(k_ptr + src, mask=mask)
-        v = tl.load(v_ptr + src, mask=mask)
+        k = tl.load(k_ptr + k_src, mask=mask)
+        v = tl.load(v_ptr + v_src, mask=mask)
         tl.store(kv_ptr + dst, k.to(kv_ptr.dtype.element_ty), mask=mask)
         tl.store(kv_ptr + stride_kv + dst, v.to(kv_ptr.dtype.element_ty), mask=mask)
 
@@ -48,16 +51,17 @@ def kv_write(
     T, H, D = k.shape
     _, two, block_size, Hc, Dc = kv_cache.shape
     check(two == 2 and (Hc, Dc) == (H, D), f"kv_cache {tuple(kv_cache.shape)} vs k {k.shape}")
-    check(v.shape == k.shape and v.stride() == k.stride(), "k and v: same shape and strides")
+    check(v.shape == k.shape, "k and v: same shape")
     check(slots.dtype == torch.int64 and slots.shape[0] >= T and slots.is_contiguous(),
           "slots: contiguous int64 [T]")
-    for name, t in (("k", k), ("kv_cache", kv_cache)):
+    for name, t in (("k", k), ("v", v), ("kv_cache", kv_cache)):
         check_last_dim_contiguous(name, t)
     if T == 0:
         return
     H_PAD, D_PAD = next_pow2(H), next_pow2(D)
     _kv_write_kernel[(T,)](
-        k, v, k.stride(0), k.stride(1),
+        k, k.stride(0), k.stride(1),
+        v, v.stride(0), v.stride(1),
         kv_cache, kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         slots,
         H=H, H_PAD=H_PAD, HEAD_DIM=D, D_PAD=D_PAD, BLOCK_SIZE=block_size,

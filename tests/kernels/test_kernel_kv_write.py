@@ -10,7 +10,7 @@ from tests.kernels.kernel_testing import DEVICE, gpu
 
 
 def _check(T: int, hkv: int, d: int, dtype: torch.dtype, num_blocks: int = 8,
-           block_size: int = 16, skip_some: bool = False) -> None:
+           block_size: int = 16, skip_some: bool = False, k_contiguous: bool = False) -> None:
     # F = 3 layers per block, writing slot 1: the layer view is strided.
     cache = torch.randn(num_blocks, 3, 2, block_size, hkv, d, device=DEVICE).to(dtype)
     slots = torch.randperm(num_blocks * block_size, device=DEVICE)[:T]
@@ -18,6 +18,8 @@ def _check(T: int, hkv: int, d: int, dtype: torch.dtype, num_blocks: int = 8,
         slots[::3] = -1  # padding tokens: no slot
     kv = torch.randn(T, 2 * hkv + 4, d, device=DEVICE).to(dtype)  # strided k/v views
     k, v = kv[:, :hkv], kv[:, hkv : 2 * hkv]
+    if k_contiguous:  # as in the model: k comes out of rotary fresh, v stays a qkv view
+        k = k.contiguous()
     expected = cache.clone()
     kv_write_ref(expected[:, 1], k, v, slots)
     kv_write(cache[:, 1], k, v, slots)
@@ -29,6 +31,10 @@ def _check(T: int, hkv: int, d: int, dtype: torch.dtype, num_blocks: int = 8,
 @pytest.mark.parametrize("hkv,d", [(2, 64), (3, 128), (1, 80)])
 def test_kv_write(dtype: torch.dtype, hkv: int, d: int) -> None:
     _check(37, hkv, d, dtype)
+
+
+def test_kv_write_k_and_v_with_different_strides() -> None:
+    _check(21, 2, 64, torch.float32, k_contiguous=True)
 
 
 def test_kv_write_skips_negative_slots() -> None:
