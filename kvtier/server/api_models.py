@@ -12,11 +12,22 @@ from __future__ import annotations
 import time
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 # torch.Generator seeds are 64-bit; larger values would fail inside the engine step.
 MAX_SEED = 2**63 - 1
 MAX_LOGPROBS = 20  # SamplingParams' bound
+
+
+def _integral(value: object) -> object:
+    # JSON Schema counts 2.0 as an integer; strict ints would refuse it (bools and "2" stay refused).
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_integral)]
+NonEmptyStr = Annotated[str, Field(min_length=1)]
 
 
 class _Request(BaseModel):
@@ -49,10 +60,10 @@ class _SamplingFields(_Request):
     """The sampling options both endpoints share."""
 
     model: str | None = None  # None: the (first) served model, as vLLM allows
-    n: Annotated[int, Field(ge=1, le=128)] = 1
+    n: Annotated[Int, Field(ge=1, le=128)] = 1
     temperature: Annotated[float, Field(ge=0.0, le=100.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
+    seed: Annotated[Int, Field(ge=0, le=MAX_SEED)] | None = None
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -61,10 +72,10 @@ class _SamplingFields(_Request):
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     # vLLM extensions the engine implements.
-    top_k: Annotated[int, Field(ge=-1)] | None = None
-    min_tokens: Annotated[int, Field(ge=0)] = 0
+    top_k: Annotated[Int, Field(ge=-1)] | None = None
+    min_tokens: Annotated[Int, Field(ge=0)] = 0
     ignore_eos: bool = False
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    stop_token_ids: list[Annotated[Int, Field(ge=0)]] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
 
@@ -72,11 +83,16 @@ class _SamplingFields(_Request):
 # --------------------------------------------------------------------------- completions
 class CompletionRequest(_SamplingFields):
     # str | list[str] | list[int] | list[list[int]], as OpenAI accepts.
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: Annotated[int, Field(ge=1)] | None = 16
-    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    prompt: (
+        NonEmptyStr
+        | Annotated[list[str], Field(min_length=1)]
+        | Annotated[list[Int], Field(min_length=1)]
+        | Annotated[list[Annotated[list[Int], Field(min_length=1)]], Field(min_length=1)]
+    )
+    max_tokens: Annotated[Int, Field(ge=1)] | None = 16
+    logprobs: Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     echo: bool = False
-    best_of: Annotated[int, Field(ge=1)] | None = None
+    best_of: Annotated[Int, Field(ge=1)] | None = None
     suffix: str | None = None
 
 
@@ -130,10 +146,10 @@ class ChatMessage(_Request):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: Annotated[Int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[Int, Field(ge=1)] | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    top_logprobs: Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     add_generation_prompt: bool = True
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None

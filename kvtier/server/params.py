@@ -91,8 +91,14 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer: Any, limits: ServingLimit
     return _check_ids(list(ids), limits, "messages")
 
 
-def check_lengths(prompts: list[list[int]], max_tokens: int | None, limits: ServingLimits) -> None:
-    """vLLM's rule: prompt + max_tokens must fit max_model_len (OpenAI answers the same)."""
+def check_lengths(
+    prompts: list[list[int]], max_tokens: int | None, limits: ServingLimits, min_tokens: int = 0
+) -> None:
+    """vLLM's rule: prompt + max_tokens must fit max_model_len (OpenAI answers the same).
+
+    So must prompt + min_tokens: the engine would otherwise generate past max_model_len
+    (and fail its step, for every request in the batch).
+    """
     longest = max(len(p) for p in prompts)
     if any(len(p) == 0 for p in prompts):
         raise _bad("prompt must not be empty", "prompt")
@@ -101,6 +107,13 @@ def check_lengths(prompts: list[list[int]], max_tokens: int | None, limits: Serv
             f"This model's maximum context length is {limits.max_model_len} tokens. However, "
             f"your prompt has {longest} tokens; at least one token must be left to generate.",
             "prompt",
+            code="context_length_exceeded",
+        )
+    if longest + min_tokens > limits.max_model_len:
+        raise _bad(
+            f"This model's maximum context length is {limits.max_model_len} tokens. However, "
+            f"your prompt has {longest} tokens and min_tokens is {min_tokens}.",
+            "min_tokens",
             code="context_length_exceeded",
         )
     if max_tokens is not None and longest + max_tokens > limits.max_model_len:

@@ -37,7 +37,7 @@ async def create_chat_completion(
     prompt = chat_prompt(req, state.tokenizer, state.limits)
     # max_completion_tokens is the newer name; None lets the engine fill the context.
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    check_lengths([prompt], max_tokens, state.limits)
+    check_lengths([prompt], max_tokens, state.limits, req.min_tokens)
     top_k_logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling_params(req, max_tokens, top_k_logprobs, state.limits)
     request_id = state.new_request_id("chatcmpl")

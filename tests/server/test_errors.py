@@ -83,6 +83,14 @@ def test_prompt_over_max_model_len(http, live):
                  code="context_length_exceeded")
 
 
+def test_min_tokens_past_max_model_len(http, live):
+    """Regression (found by the fuzzer): the engine ran past max_model_len and its step died."""
+    max_len = live.engine.config.scheduler.max_model_len
+    assert_error(post(http, "/v1/chat/completions", {**OK_CHAT, "max_tokens": None, "min_tokens": max_len}),
+                 400, param="min_tokens", code="context_length_exceeded")
+    assert http.get("/health").status_code == 200
+
+
 @pytest.mark.parametrize("field,value", [
     ("max_tokens", 10**30), ("max_tokens", 10_000), ("max_tokens", -1), ("max_tokens", 0),
     ("max_tokens", True), ("max_tokens", "16"), ("max_tokens", 1.5),
