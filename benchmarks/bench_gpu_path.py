@@ -14,6 +14,7 @@ timed is what the engine runs. Usage (GPU):
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -68,19 +69,29 @@ def time_steps(runner, plan: StepPlan, iters: int) -> dict[str, float]:
     return {"median_s": statistics.median(walls), "min_s": min(walls)}
 
 
-def decode_bytes(engine: LLMEngine, batch: int, context: int) -> int:
+def decode_bytes(engine: LLMEngine, batch: int, context: int) -> tuple[int, int]:
+    """(weight bytes read, KV bytes read) of one decode step."""
     mc = engine.model_config
     weights = mc.num_params() * 2
     if not mc.tie_word_embeddings:
         weights -= mc.vocab_size * mc.hidden_size * 2  # the embedding table is gathered, not read
-    kv = batch * context * mc.kv_bytes_per_token(2)
-    return weights + kv
+    return weights, batch * context * mc.kv_bytes_per_token(2)
 
 
-def run_decode(model: str, batches: list[int], contexts: list[int], kv_gb: float, F: int) -> list[dict]:
+def roofline(weight_bytes: int, kv_bytes: int, batch: int) -> tuple[float, float]:
+    """(HBM-only roofline, per-operator roofline). The second takes each operator's larger
+    of bytes/bandwidth and FLOPs/peak: at batch 256 the linear layers (2 FLOPs per weight per
+    token) sit past the H200's ridge (~180 FLOP/byte) and are compute-bound."""
+    hbm = (weight_bytes + kv_bytes) / H200_HBM_BYTES_PER_S
+    linear = max(weight_bytes / H200_HBM_BYTES_PER_S, batch * weight_bytes / H200_BF16_FLOPS)
+    return hbm, linear + kv_bytes / H200_HBM_BYTES_PER_S
+
+
+def run_decode(model: str, batches: list[int], contexts: list[int], kv_gb: float, F: int,
+               max_seqs: int | None = None) -> list[dict]:
     rows = []
     max_ctx = max(contexts)
-    engine = make_engine(model, max_ctx + 16, max(batches), kv_gb, F)
+    engine = make_engine(model, max_ctx + 16, max_seqs or max(batches), kv_gb, F)
     pool_tokens = engine.scheduler.kv.gpu.num_blocks // engine.executor.num_groups * 16
     for c in contexts:
         for b in batches:
@@ -91,11 +102,13 @@ def run_decode(model: str, batches: list[int], contexts: list[int], kv_gb: float
             first, steady = decode_plans(engine, b, c)
             engine.executor.execute(first)
             t = time_steps(engine.executor, steady, iters=20)
-            byts = decode_bytes(engine, b, c)
-            roof = byts / H200_HBM_BYTES_PER_S
+            wb, kvb = decode_bytes(engine, b, c)
+            hbm, per_op = roofline(wb, kvb, b)
             engine.executor.execute(StepPlan(scheduled=[], finished_ids=[s.request_id for s in steady.scheduled]))
-            rows.append({**row, **t, "bytes": byts, "roofline_s": roof,
-                         "fraction_of_roofline": roof / t["median_s"]})
+            rows.append({**row, **t, "weight_bytes": wb, "kv_bytes": kvb, "roofline_s": hbm,
+                         "fraction_of_roofline": hbm / t["median_s"],
+                         "per_operator_roofline_s": per_op,
+                         "fraction_of_per_operator_roofline": per_op / t["median_s"]})
             print(rows[-1], flush=True)
     del engine
     torch.cuda.empty_cache()
@@ -171,26 +184,30 @@ def run_host_overhead(model: str, num_requests: int, context: int, kv_gb: float)
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--parts", default="decode,prefill,layers,host")
+    ap.add_argument("--parts", default="host,decode,prefill,layers")
     ap.add_argument("--kv-gb", type=float, default=80.0)
     args = ap.parse_args()
-    parts = args.parts.split(",")
+    # llama-2-13b's config says 4096 positions; the issue's 8192 context is a bandwidth
+    # shape, so allow it (the dummy weights have no trained length to respect).
+    os.environ["KVTIER_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
     result: dict = {"ceilings": {"hbm_bytes_per_s": H200_HBM_BYTES_PER_S,
                                  "bf16_flops": H200_BF16_FLOPS}}
-    if "decode" in parts:
-        result["decode"] = (
-            run_decode("llama-3.1-8b", [1, 16, 64, 256], [512, 2048, 8192], args.kv_gb, 4)
-            + run_decode("llama-2-13b", [1, 16, 64, 256], [512, 2048, 8192], args.kv_gb, 4))
-    if "prefill" in parts:
-        result["prefill"] = run_prefill("llama-3.1-8b", [2048, 8192, 32768], 20.0)
-    if "layers" in parts:
-        result["layers_per_block"] = [
-            r for F in (1, 2, 4, 8, 32)
-            for r in run_decode("llama-3.1-8b", [64], [2048], 40.0, F)]
-    if "host" in parts:
-        result["host_overhead"] = run_host_overhead("llama-3.1-8b", 256, 512, 40.0)
-        print(result["host_overhead"])
-    write_result(args.out, result)
+    for part in args.parts.split(","):
+        if part == "host":
+            result["host_overhead"] = run_host_overhead("llama-3.1-8b", 256, 512, 40.0)
+            print(result["host_overhead"], flush=True)
+        elif part == "decode":
+            result["decode"] = [
+                r for m in ("llama-3.1-8b", "llama-2-13b")
+                for r in run_decode(m, [1, 16, 64, 256], [512, 2048, 8192], args.kv_gb, 4)]
+        elif part == "prefill":
+            result["prefill"] = run_prefill("llama-3.1-8b", [2048, 8192, 32768], 20.0)
+        elif part == "layers":
+            # F = 32 is vLLM's layout (all layers in one block) for this 32-layer model.
+            result["layers_per_block"] = [
+                r for F in (1, 2, 4, 8, 32)
+                for r in run_decode("llama-3.1-8b", [64, 256], [2048], 70.0, F)]
+        write_result(args.out, result)  # after every part: a later failure keeps the rest
 
 
 if __name__ == "__main__":

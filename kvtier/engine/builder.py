@@ -4,6 +4,7 @@ Every check that can fail runs before anything large is allocated."""
 from __future__ import annotations
 
 import logging
+import os
 
 from kvtier.config import ConfigError
 from kvtier.engine.args import EngineArgs
@@ -27,7 +28,8 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     if config.load_format not in ("auto", "dummy", "safetensors"):
         raise ConfigError(f"unknown load format {config.load_format!r}")
     mc = config.model_config
-    if config.scheduler.max_model_len > mc.max_position_embeddings:
+    if (config.scheduler.max_model_len > mc.max_position_embeddings
+            and os.environ.get("KVTIER_ALLOW_LONG_MAX_MODEL_LEN") != "1"):
         raise ConfigError(f"max_model_len {config.scheduler.max_model_len} exceeds the model's "
                           f"max_position_embeddings {mc.max_position_embeddings}")
     device = resolve_device(config.device)

@@ -63,9 +63,18 @@ def size_pools(
     elif cache.kv_cache_gb is not None:
         num_gpu = int(cache.kv_cache_gb * GiB // block_bytes)
     elif device.type == "cuda":
-        total = torch.cuda.get_device_properties(device).total_memory
-        used = torch.cuda.memory_allocated(device) + activation_peak
-        num_gpu = int((total * cache.gpu_memory_utilization - used) // block_bytes)
+        # vLLM's rule: the pool gets util x total, minus everything in use now (weights, CUDA
+        # context, library workspaces: total - free) and the profiled activation peak.
+        free, total = torch.cuda.mem_get_info(device)
+        budget = total * cache.gpu_memory_utilization - (total - free) - activation_peak
+        num_gpu = int(budget // block_bytes)
+        if num_gpu <= 0:
+            raise ConfigError(
+                f"no GPU memory left for the KV pool: {cache.gpu_memory_utilization:.2f} x "
+                f"{total / GiB:.1f} GiB, {(total - free) / GiB:.1f} GiB in use, activation peak "
+                f"{activation_peak / GiB:.2f} GiB; raise --gpu-memory-utilization or set "
+                "--kv-cache-gb"
+            )
     else:
         num_gpu = int(CPU_DEFAULT_KV_GB * GiB // block_bytes)
     if cache.num_host_blocks is not None:
