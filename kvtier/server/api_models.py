@@ -78,6 +78,9 @@ class _SamplingFields(_Request):
     stop_token_ids: list[Annotated[Int, Field(ge=0)]] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # vLLM's extension: each choice (and each streamed chunk) also carries its token ids,
+    # which is how the HTTP benchmark backend stamps every token exactly.
+    return_token_ids: bool = False
 
 
 # --------------------------------------------------------------------------- completions
@@ -103,12 +106,17 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
+def _omitted_when_none() -> object:
+    return Field(default=None, exclude_if=lambda v: v is None)
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = _omitted_when_none()  # only with return_token_ids
 
 
 class CompletionResponse(BaseModel):
@@ -188,6 +196,7 @@ class ChatCompletionChoice(BaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = _omitted_when_none()  # only with return_token_ids
 
 
 class ChatCompletionResponse(BaseModel):
@@ -211,6 +220,7 @@ class ChatStreamChoice(BaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = _omitted_when_none()  # only with return_token_ids
 
 
 class ChatCompletionStreamResponse(BaseModel):

@@ -10,9 +10,11 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kvtier.engine.outputs import EngineStats
 from kvtier.server.updates import RequestUpdate
 
 if TYPE_CHECKING:
@@ -93,6 +95,10 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily(f"{P}num_requests_swapped", "Swapped-out requests.", value=s.num_swapped)
         yield _per_tier(f"{P}kv_blocks_used", "KV blocks in use.", s.gpu_blocks_used, s.host_blocks_used)
         yield _per_tier(f"{P}kv_blocks_total", "KV blocks in the pool.", s.gpu_blocks_total, s.host_blocks_total)
+        yield GaugeMetricFamily(f"{P}num_scheduled_tokens", "Tokens computed in the last step.",
+                                value=s.num_scheduled_tokens)
+        yield GaugeMetricFamily(f"{P}step_time_seconds", "Wall time of the last step.", value=s.step_time_s)
+        yield GaugeMetricFamily(f"{P}kv_block_bytes", "Bytes of one KV block.", value=s.block_bytes)
         usage = s.gpu_blocks_used / s.gpu_blocks_total if s.gpu_blocks_total else 0.0
         yield GaugeMetricFamily(f"{P}gpu_cache_usage_perc", "Fraction of GPU KV blocks used.", value=usage)
         counters = {
@@ -105,6 +111,39 @@ class _EngineCollector(Collector):
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(f"{P}{name}", doc, value=value)
+
+
+def stats_from_metrics(text: str) -> EngineStats | None:
+    """The `EngineStats` a /metrics page describes (None before the engine reported any)."""
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            tier = sample.labels.get("tier")
+            values[sample.name + (f"/{tier}" if tier else "")] = sample.value
+    if f"{P}num_requests_running" not in values:
+        return None
+
+    def v(name: str) -> int:
+        return int(values.get(P + name, 0))
+
+    return EngineStats(
+        num_running=v("num_requests_running"),
+        num_waiting=v("num_requests_waiting"),
+        num_swapped=v("num_requests_swapped"),
+        gpu_blocks_used=v("kv_blocks_used/gpu"),
+        gpu_blocks_total=v("kv_blocks_total/gpu"),
+        host_blocks_used=v("kv_blocks_used/host"),
+        host_blocks_total=v("kv_blocks_total/host"),
+        num_preemptions_total=v("num_preemptions_total"),
+        num_swap_out_blocks_total=v("swap_out_blocks_total"),
+        num_swap_in_blocks_total=v("swap_in_blocks_total"),
+        num_recomputed_tokens_total=v("recomputed_tokens_total"),
+        num_prompt_tokens_total=v("prompt_tokens_total"),
+        num_generation_tokens_total=v("generation_tokens_total"),
+        num_scheduled_tokens=v("num_scheduled_tokens"),
+        block_bytes=v("kv_block_bytes"),
+        step_time_s=values.get(f"{P}step_time_seconds", 0.0),
+    )
 
 
 def _per_tier(name: str, doc: str, gpu: int, host: int) -> GaugeMetricFamily:

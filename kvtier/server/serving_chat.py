@@ -67,6 +67,7 @@ async def create_chat_completion(
                 logprobs=logprobs,
                 finish_reason=res.finish_reason,
                 stop_reason=res.stop_reason,
+                token_ids=res.token_ids if req.return_token_ids else None,
             )
         )
     num_completion_tokens = sum(len(r.token_ids) for r in results)
@@ -107,6 +108,7 @@ async def _events(
                         logprobs=logprobs,
                         finish_reason=delta.finish_reason,
                         stop_reason=delta.stop_reason,
+                        token_ids=list(delta.token_ids) if req.return_token_ids else None,
                     )
                 )
         if req.stream_options is not None and req.stream_options.include_usage:

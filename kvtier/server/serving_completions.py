@@ -57,6 +57,7 @@ async def create_completion(
                 logprobs=logprobs,
                 finish_reason=res.finish_reason,
                 stop_reason=res.stop_reason,
+                token_ids=res.token_ids if req.return_token_ids else None,
             )
         )
     num_completion_tokens = sum(len(r.token_ids) for r in results)
@@ -95,6 +96,7 @@ async def _events(
                     logprobs=logprobs,
                     finish_reason=delta.finish_reason,
                     stop_reason=delta.stop_reason,
+                    token_ids=list(delta.token_ids) if req.return_token_ids else None,
                 )
                 yield sse(CompletionResponse(id=request_id, model=model, choices=[choice]))
         if req.stream_options is not None and req.stream_options.include_usage:
