@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 from typing import Any
 
 DEFAULT_PORT = 8000
@@ -64,8 +65,12 @@ def run_serve(args: argparse.Namespace) -> int:
         max_request_body_bytes=args.max_request_body_bytes or DEFAULT_MAX_REQUEST_BODY_BYTES,
         shutdown_timeout_s=args.shutdown_timeout,
     )
-    # uvicorn handles SIGTERM: it stops listening, waits up to the timeout for open
+    # uvicorn handles SIGTERM/SIGINT: it stops listening, waits up to the timeout for open
     # requests, then runs the app's shutdown (which aborts what is left and stops the engine).
+    # Afterwards it re-raises the signal into the handlers it found; with these, a graceful
+    # shutdown ends the process with status 0 instead of being killed by the re-raised signal.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _after_graceful_shutdown)
     uvicorn.run(
         app,
         host=args.host,
@@ -74,3 +79,7 @@ def run_serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=args.shutdown_timeout,
     )
     return 0
+
+
+def _after_graceful_shutdown(signum: int, frame: object) -> None:
+    logging.getLogger(__name__).info("stopped by signal %d after a graceful shutdown", signum)
