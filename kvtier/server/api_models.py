@@ -10,7 +10,7 @@ Types are strict: `"max_tokens": true` or `"16"` is a client bug, answered with 
 from __future__ import annotations
 
 import time
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
@@ -106,7 +106,7 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
-def _omitted_when_none() -> object:
+def _omitted_when_none() -> Any:
     return Field(default=None, exclude_if=lambda v: v is None)
 
 

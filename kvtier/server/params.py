@@ -58,20 +58,18 @@ def completion_prompts(req: CompletionRequest, tokenizer: Any, limits: ServingLi
     """Token ids of every prompt of a completions request (str, [str], [int] or [[int]])."""
     prompt = req.prompt
     if isinstance(prompt, str):
-        prompts = [_encode(tokenizer, prompt, "prompt")]
-    elif prompt and all(isinstance(p, int) for p in prompt):
-        prompts = [_check_ids(list(prompt), limits, "prompt")]  # type: ignore[arg-type]
-    else:
-        prompts = []
-        for i, p in enumerate(prompt):
-            if isinstance(p, str):
-                prompts.append(_encode(tokenizer, p, f"prompt.{i}"))
-            else:
-                prompts.append(_check_ids(list(p), limits, f"prompt.{i}"))  # type: ignore[arg-type]
-    if not prompts:
-        raise _bad("prompt must not be empty", "prompt")
-    if len(prompts) > limits.max_prompts:
-        raise _bad(f"at most {limits.max_prompts} prompts per request, got {len(prompts)}", "prompt")
+        return [_encode(tokenizer, prompt, "prompt")]
+    if all(isinstance(p, int) for p in prompt):
+        return [_check_ids([int(p) for p in prompt], limits, "prompt")]  # type: ignore[arg-type]
+    if len(prompt) > limits.max_prompts:
+        raise _bad(f"at most {limits.max_prompts} prompts per request, got {len(prompt)}", "prompt")
+    prompts = []
+    for i, p in enumerate(prompt):
+        param = f"prompt.{i}"
+        if isinstance(p, str):
+            prompts.append(_encode(tokenizer, p, param))
+        elif isinstance(p, list):
+            prompts.append(_check_ids(list(p), limits, param))
     return prompts
 
 

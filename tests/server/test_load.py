@@ -45,7 +45,7 @@ def test_200_concurrent_streams(live):
     elapsed = time.monotonic() - t0
 
     assert len(results) == NUM_REQUESTS
-    for text, finish, completion_tokens in results:
+    for _text, finish, completion_tokens in results:
         assert finish == "length" and completion_tokens == MAX_TOKENS
     stats = live.call(lambda e: e.get_stats())
     assert stats.num_generation_tokens_total >= NUM_REQUESTS * MAX_TOKENS
