@@ -77,7 +77,6 @@ def build_app(
             max_prompts=max_waiting_requests,
         ),
         metrics=metrics,
-        api_key=api_key,
     )
 
     @asynccontextmanager
@@ -85,6 +84,7 @@ def build_app(
         async_engine.start()
         yield
         await async_engine.shutdown(shutdown_timeout_s)
+        state.tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="kvtier", summary="OpenAI-compatible LLM server", lifespan=lifespan)
     app.state.server = state

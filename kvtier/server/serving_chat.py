@@ -34,7 +34,7 @@ async def create_chat_completion(
     state: ServerState, req: ChatCompletionRequest, raw: Request
 ) -> ChatCompletionResponse | Response:
     model = state.resolve_model(req.model)
-    prompt = chat_prompt(req, state.tokenizer, state.limits)
+    prompt = await state.tokenize(chat_prompt, req, state.tokenizer, state.limits)
     # max_completion_tokens is the newer name; None lets the engine fill the context.
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     check_lengths([prompt], max_tokens, state.limits, req.min_tokens)

@@ -26,7 +26,7 @@ async def create_completion(
     state: ServerState, req: CompletionRequest, raw: Request
 ) -> CompletionResponse | Response:
     model = state.resolve_model(req.model)
-    prompts = completion_prompts(req, state.tokenizer, state.limits)
+    prompts = await state.tokenize(completion_prompts, req, state.tokenizer, state.limits)
     check_lengths(prompts, req.max_tokens, state.limits, req.min_tokens)
     params = sampling_params(req, req.max_tokens, req.logprobs, state.limits)
     request_id = state.new_request_id("cmpl")

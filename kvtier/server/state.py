@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from kvtier.sampling_params import InvalidRequestError, SamplingParams
 from kvtier.server.async_engine import (
@@ -20,6 +22,7 @@ from kvtier.server.metrics import ServerMetrics
 from kvtier.server.params import ServingLimits
 
 RETRY_AFTER_S = 1
+T = TypeVar("T")
 
 
 @dataclass
@@ -29,11 +32,19 @@ class ServerState:
     served_model_names: tuple[str, ...]
     limits: ServingLimits
     metrics: ServerMetrics
-    api_key: str | None = None
+    # Tokenizing a multi-megabyte prompt takes seconds: off the event loop, so the other
+    # streams keep flowing; one thread, so tokenizer calls never overlap each other.
+    tokenize_pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtier-tokenize")
+    )
 
     @property
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
+
+    async def tokenize(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn(*args)` (a function of params.py that tokenizes) on the tokenizer thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.tokenize_pool, fn, *args)
 
     def resolve_model(self, name: str | None) -> str:
         """The name to answer with; 404 for a model this server does not serve."""

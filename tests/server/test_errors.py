@@ -126,6 +126,11 @@ def test_ten_megabyte_body(http):
                            headers={"content-type": "application/json"}), 413)
 
 
+def test_megabytes_of_prompt_under_the_body_limit(http):
+    body = {"model": MODEL, "prompt": "word " * (6 * 2**20 // 5), "max_tokens": 2}
+    assert_error(post(http, "/v1/completions", body), 400, code="context_length_exceeded")
+
+
 def test_ten_megabyte_chunked_body(http):
     def chunks():
         yield b'{"prompt": "'
