@@ -14,6 +14,7 @@ timed is what the engine runs. Usage (GPU):
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import time
@@ -28,6 +29,14 @@ from kvtier.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1 << 20, ignore_eos=True, detokenize=False)
 GiB = 1 << 30
+
+
+def release(engine: LLMEngine) -> None:
+    """Free an engine's GPU memory before the next one is built."""
+    runner = engine.executor
+    runner.graphs = runner.gpu_kv = runner.host_kv = runner.model = None
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def make_engine(model: str, max_len: int, max_seqs: int, kv_gb: float, layers_per_block: int,
@@ -110,8 +119,7 @@ def run_decode(model: str, batches: list[int], contexts: list[int], kv_gb: float
                          "per_operator_roofline_s": per_op,
                          "fraction_of_per_operator_roofline": per_op / t["median_s"]})
             print(rows[-1], flush=True)
-    del engine
-    torch.cuda.empty_cache()
+    release(engine)
     return rows
 
 
@@ -135,8 +143,7 @@ def run_prefill(model: str, lengths: list[int], kv_gb: float) -> list[dict]:
                      "tflops": flops / t["median_s"] / 1e12,
                      "fraction_of_gemm_peak": flops / t["median_s"] / H200_BF16_FLOPS})
         print(rows[-1], flush=True)
-    del engine
-    torch.cuda.empty_cache()
+    release(engine)
     return rows
 
 

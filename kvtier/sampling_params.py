@@ -25,6 +25,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     detokenize: bool = True  # benchmarks with ignore_eos skip it, as vLLM's do
+    # "cumulative": an output every step (streaming); "final_only": only when finished
+    # (offline generate: no per-step copies of every request's tokens).
+    output_kind: str = "cumulative"
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -57,6 +60,8 @@ class SamplingParams:
             raise bad(f"min_tokens ({self.min_tokens}) exceeds max_tokens ({self.max_tokens})")
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
             raise bad(f"logprobs must be in [0, 20], got {self.logprobs!r}")
+        if self.output_kind not in ("cumulative", "final_only"):
+            raise bad(f"output_kind must be 'cumulative' or 'final_only', got {self.output_kind!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise bad(f"seed must be an integer, got {self.seed!r}")
         for s in self.stop:

@@ -11,6 +11,7 @@ import numpy as np
 from kvtier.bench.arrivals import ArrivalSpec, arrival_offsets
 from kvtier.bench.azure_trace import load_azure_trace
 from kvtier.bench.leval import LEVAL_LIMITS, load_leval, sample_leval
+from kvtier.bench.prepared import load_prepared
 from kvtier.bench.request import BenchRequest, LengthLimits, Tokenizer
 from kvtier.bench.sharegpt import load_sharegpt_pairs, sample_sharegpt
 from kvtier.bench.synthetic import requests_with_lengths, synthetic_lengths
@@ -21,6 +22,7 @@ class Dataset(str, enum.Enum):
     LEVAL = "leval"
     AZURE = "azure"  # the trace's lengths, random prompt tokens
     SYNTHETIC = "synthetic"
+    PREPARED = "prepared"  # token ids saved by --save-workload or benchmarks/prepare_workload.py
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,10 @@ def sample_requests(spec: WorkloadSpec, tokenizer: Tokenizer, vocab_size: int) -
         records = load_leval(spec.path)
         seed = _stream_seed(spec.seed, 0)
         return sample_leval(records, tokenizer, n, seed, limits, spec.max_document_tokens)
+    if spec.dataset is Dataset.PREPARED:
+        if spec.path is None:
+            raise ValueError("the prepared workload needs its JSON path (--dataset-path)")
+        return load_prepared(spec.path, n, limits)
     if spec.dataset is Dataset.AZURE:
         if spec.path is None:
             raise ValueError("the Azure workload needs the trace CSV path (--dataset-path)")

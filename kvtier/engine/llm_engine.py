@@ -41,6 +41,7 @@ class _Parent:
     prompt: str | None
     prompt_token_ids: list[int]
     metrics: RequestMetrics
+    final_only: bool = False
     children: list[_Child] = field(default_factory=list)
 
     @property
@@ -88,7 +89,8 @@ class LLMEngine:
         prompt_text, prompt_ids = self._tokenize(prompt)
         max_tokens = self._resolve_max_tokens(len(prompt_ids), params)
         metrics = RequestMetrics(arrival_time=arrival_time if arrival_time is not None else self.clock())
-        parent = _Parent(request_id, prompt_text, prompt_ids, metrics)
+        parent = _Parent(request_id, prompt_text, prompt_ids, metrics,
+                         final_only=params.output_kind == "final_only")
         eos = () if params.ignore_eos else tuple(self.tokenizer.eos_token_ids) + tuple(
             self.model_config.eos_token_ids)
         for i in range(params.n):
@@ -175,8 +177,10 @@ class LLMEngine:
             changed[parent.request_id] = parent
         outputs = []
         for parent in changed.values():
-            outputs.append(self._make_output(parent))
-            if parent.finished:
+            finished = parent.finished
+            if finished or not parent.final_only:
+                outputs.append(self._make_output(parent))
+            if finished:
                 parent.metrics.finished_time = now
                 self._parents.pop(parent.request_id, None)
                 for c in parent.children:

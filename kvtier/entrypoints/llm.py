@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,6 +48,7 @@ class LLM:
             raise ValueError("need one SamplingParams, or one per prompt")
         ids = []
         for prompt, p in zip(prompts, param_list):
+            p = replace(p, output_kind="final_only")  # generate() returns finished outputs only
             rid = str(next(self._ids))
             self.engine.add_request(rid, _unwrap(prompt), p)
             ids.append(rid)

@@ -59,27 +59,29 @@ class DenseSegment:
     start_loc: torch.Tensor  # [B + 1] int32
 
 
-@triton.jit
+# Values that change from step to step are runtime arguments and never specialized on, so
+# the eager path compiles each kernel once instead of once per (splits, table width) seen.
+@triton.jit(do_not_specialize=["stride_bt", "num_splits"])
 def _decode_split_kernel(
     q_ptr, stride_qb, stride_qh,  # [B, Hq, D]
     kv_ptr, stride_kv_block, stride_kv_kv, stride_kv_tok, stride_kv_head,
     block_tables_ptr, stride_bt,  # [B, max_blocks]
     seq_lens_ptr,  # [B]
     pk_ptr, pv_ptr, stride_p_tok, stride_p_head, prefix_loc_ptr,  # dense prefix (optional)
-    out_ptr, stride_ob, stride_oh,  # [B, Hq, D] (NUM_SPLITS == 1)
-    part_ptr, lse_ptr,  # [B, Hq, NUM_SPLITS, D] fp32, [B, Hq, NUM_SPLITS] fp32
-    qk_scale,
+    out_ptr, stride_ob, stride_oh,  # [B, Hq, D] (SINGLE_SPLIT)
+    part_ptr, lse_ptr,  # [B, Hq, num_splits, D] fp32, [B, Hq, num_splits] fp32
+    qk_scale, num_splits,
     G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
     HAS_PREFIX: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b)
-    # Each request cuts its own context into NUM_SPLITS tile-aligned ranges: the grid depends
-    # only on (B, Hkv, NUM_SPLITS), so a captured CUDA graph stays valid as lengths grow.
-    part = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    # Each request cuts its own context into num_splits tile-aligned ranges: the grid depends
+    # only on (B, Hkv, num_splits), so a captured CUDA graph stays valid as lengths grow.
+    part = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     lo = split * part
     hi = tl.minimum(lo + part, seq_len)
 
@@ -130,32 +132,32 @@ def _decode_split_kernel(
     has = l_i > 0
     o = acc / tl.where(has, l_i, 1.0)[:, None]
     w_mask = g_ok[:, None] & d_ok[None, :]
-    if NUM_SPLITS == 1:
+    if SINGLE_SPLIT:
         dst = out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :]
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=w_mask)
     else:
-        row = (b * (G * tl.num_programs(1)) + heads) * NUM_SPLITS + split  # [G_PAD]
+        row = (b * (G * tl.num_programs(1)) + heads) * num_splits + split  # [G_PAD]
         tl.store(part_ptr + row[:, None] * HEAD_DIM + d[None, :], o, mask=w_mask)
         tl.store(lse_ptr + row, tl.where(has, m + tl.log2(tl.where(has, l_i, 1.0)),
                                          float("-inf")), mask=g_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _reduce_splits_kernel(
-    part_ptr, lse_ptr,  # [B, Hq, NUM_SPLITS, D] fp32, [B, Hq, NUM_SPLITS] fp32 (log2 domain)
+    part_ptr, lse_ptr,  # [B, Hq, num_splits, D] fp32, [B, Hq, num_splits] fp32 (log2 domain)
     out_ptr, stride_ob, stride_oh,  # [B, Hq, D]
-    NUM_SPLITS: tl.constexpr, S_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    num_splits, S_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, S_PAD)
     d = tl.arange(0, D_PAD)
-    row = (b * tl.num_programs(1) + h) * NUM_SPLITS + s  # [S_PAD]
-    lse = tl.load(lse_ptr + row, mask=s < NUM_SPLITS, other=float("-inf"))
+    row = (b * tl.num_programs(1) + h) * num_splits + s  # [S_PAD]
+    lse = tl.load(lse_ptr + row, mask=s < num_splits, other=float("-inf"))
     w = tl.exp2(lse - tl.max(lse, 0))  # split 0 always has tokens, so the max is finite
     o = tl.load(part_ptr + row[:, None] * HEAD_DIM + d[None, :],
-                mask=(s < NUM_SPLITS)[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
+                mask=(s < num_splits)[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
     res = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)
     tl.store(out_ptr + b * stride_ob + h * stride_oh + d, res.to(out_ptr.dtype.element_ty),
              mask=d < HEAD_DIM)
@@ -263,16 +265,16 @@ def paged_decode_attention(
         pk, pv, pk.stride(0), pk.stride(1), ploc,
         out, out.stride(0), out.stride(1),
         part, lse,
-        scale * LOG2E,
+        scale * LOG2E, num_splits,
         G=G, G_PAD=max(16, next_pow2(G)), HEAD_DIM=D, D_PAD=D_PAD,
-        BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits,
+        BLOCK_SIZE=block_size, BLOCK_N=block_n, SINGLE_SPLIT=num_splits == 1,
         HAS_PREFIX=prefix is not None, UPCAST=upcast(q.dtype), PRECISION=dot_precision(q.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
         _reduce_splits_kernel[(B, Hq)](
             part, lse, out, out.stride(0), out.stride(1),
-            NUM_SPLITS=num_splits, S_PAD=next_pow2(num_splits), HEAD_DIM=D, D_PAD=D_PAD,
+            num_splits, S_PAD=next_pow2(num_splits), HEAD_DIM=D, D_PAD=D_PAD,
             num_warps=4,
         )
     return out

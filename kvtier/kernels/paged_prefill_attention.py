@@ -50,7 +50,9 @@ def _find_request(query_start_loc_ptr, tile, num_reqs, q_base, BLOCK_Q: tl.const
     return lo - 1
 
 
-@triton.jit
+# Per-step values (request count, row offset, table width) are not specialized on: one compile
+# serves every batch instead of one per divisibility class seen.
+@triton.jit(do_not_specialize=["stride_bt", "num_reqs", "q_base"])
 def _prefill_kernel(
     q_ptr, stride_qt, stride_qh,  # [T, Hq, D]
     kv_ptr, stride_kv_block, stride_kv_kv, stride_kv_tok, stride_kv_head,

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import weakref
+
 import numpy as np
 import torch
 
@@ -30,7 +32,9 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, runner: ModelRunner, scratch_block: int):
-        self.runner = runner
+        # A weak reference: the runner owns the graphs, so a strong one would be a cycle that
+        # keeps a dead engine's GPU memory alive until the garbage collector runs.
+        self.runner: ModelRunner = weakref.proxy(runner)
         dev = runner.device
         self.sizes = graph_batch_sizes(runner.config.scheduler.max_num_seqs)
         m = self.sizes[-1]

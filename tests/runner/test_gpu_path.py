@@ -9,6 +9,8 @@ PROMPTS = [[5, 17, 42, 99, 3, 250], [7] * 3, list(range(10, 60)), list(range(300
 
 
 def greedy_tokens(path, **options):
+    if options.get("device") == "cuda" and "num_gpu_blocks" not in options:
+        options["kv_cache_gb"] = 1.0
     llm = LLM(str(path), dtype="float32", max_model_len=128, **options)
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
                         SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
@@ -42,7 +44,7 @@ def test_gpu_preemption_and_chunking_equal_cpu(tmp_path, policy):
 def test_gpu_bf16_runs_and_agrees_mostly(tmp_path):
     path = save_tiny_model("llama-gqa", tmp_path)
     cpu, _ = greedy_tokens(path, device="cpu")
-    llm = LLM(str(path), dtype="bfloat16", max_model_len=128)
+    llm = LLM(str(path), dtype="bfloat16", max_model_len=128, kv_cache_gb=1.0)
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
                         SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
     bf16 = [o.outputs[0].token_ids for o in outs]
