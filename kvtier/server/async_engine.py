@@ -73,24 +73,35 @@ class RequestStream:
     def __init__(self, request_ids: Sequence[str], owner: AsyncEngine) -> None:
         self.request_ids = tuple(request_ids)
         self._unfinished = set(request_ids)
-        self._queue: asyncio.Queue[RequestUpdate | BaseException] = asyncio.Queue()
+        self._queue: asyncio.Queue[RequestUpdate | None] = asyncio.Queue()
+        self._failure: BaseException | None = None
         self._owner = owner
 
     @property
     def finished(self) -> bool:
         return not self._unfinished
 
-    def put(self, item: RequestUpdate | BaseException) -> None:
-        self._queue.put_nowait(item)
+    def put(self, update: RequestUpdate) -> None:
+        self._queue.put_nowait(update)
+
+    def fail(self, exc: BaseException) -> None:
+        """End the stream with `exc` (engine died, shutdown), raised to its consumer."""
+        self._failure = exc
+        self._queue.put_nowait(None)  # wakes a consumer waiting in __aiter__
 
     async def __aiter__(self) -> AsyncIterator[RequestUpdate]:
-        while self._unfinished:
-            item = await self._queue.get()
-            if isinstance(item, BaseException):
-                raise item
-            if item.finished:
-                self._unfinished.discard(item.request_id)
-            yield item
+        while True:
+            # Checked before `_unfinished`: a failed stream must never look complete.
+            if self._failure is not None:
+                raise self._failure
+            if not self._unfinished:
+                return
+            update = await self._queue.get()
+            if update is None:
+                continue
+            if update.finished:
+                self._unfinished.discard(update.request_id)
+            yield update
 
     def close(self) -> int:
         """Abort whatever is unfinished (client gone, error); return how many. Idempotent."""
@@ -147,7 +158,7 @@ class AsyncEngine:
         while self._streams and loop.time() < deadline:
             await asyncio.sleep(0.02)
         for stream in set(self._streams.values()):
-            stream.put(ShuttingDownError("the server is shutting down"))
+            stream.fail(ShuttingDownError("the server is shutting down"))
             stream.close()
         self._enqueue(_Stop())
         if self._thread is not None:
@@ -211,10 +222,10 @@ class AsyncEngine:
         return future
 
     def _check_admission(self, num_new: int) -> None:
-        if self._closed is not None:
-            raise EngineDeadError("the engine is not running")
         if not self._accepting:
             raise ShuttingDownError("the server is shutting down")
+        if self._closed is not None:
+            raise self._closed_error()
         if len(self._pending) + num_new > self.max_waiting_requests:
             raise ServerOverloadedError(
                 f"the server is overloaded: {len(self._pending)} requests are waiting "
@@ -227,7 +238,14 @@ class AsyncEngine:
                 self._commands.put(cmd)
                 return
         if future is not None:
-            _fail(future, EngineDeadError("the engine is not running"))
+            _fail(future, self._closed_error())
+
+    def _closed_error(self) -> BaseException:
+        """A fresh exception like the one that closed the worker (stopped or died)."""
+        closed = self._closed
+        if isinstance(closed, ShuttingDownError):
+            return ShuttingDownError(str(closed))
+        return EngineDeadError(str(closed) if closed is not None else "the engine is not running")
 
     def _deliver(self, updates: list[RequestUpdate]) -> None:
         for update in updates:
@@ -241,7 +259,7 @@ class AsyncEngine:
 
     def _fail_all(self, exc: BaseException) -> None:
         for stream in set(self._streams.values()):
-            stream.put(exc)
+            stream.fail(type(exc)(str(exc)))  # one instance each: tracebacks are per raise
         self._streams.clear()
         self._pending.clear()
 
