@@ -1,0 +1,154 @@
+"""Fidelity of the simulator (issue 6): the same trace on the real H200 and in the simulator.
+
+  real   (GPU)  serve a ShareGPT trace with gamma arrivals through the bench harness,
+                recording every step's plan shape and `ModelRunner.execute` wall time;
+  sim    (CPU)  replay the same trace on the simulated engine (same config, same KV pool
+                size, the calibration `kvtier profile` wrote), score the cost model on
+                every real step, and write the errors and plots.
+
+  python benchmarks/fidelity_report.py real --workload .carry/sharegpt_llama2-13b_1000.json \
+      --model llama-2-13b --num-requests 400 --rate 6 --out $OUT/fidelity_real.json
+  python benchmarks/fidelity_report.py sim --real benchmarks/results/fidelity_real_h200.json \
+      --calibration benchmarks/results/calib_h200_llama-2-13b.json \
+      --out benchmarks/results/fidelity_h200.json
+
+The calibration is fitted only to `kvtier profile`'s synthetic sweeps; the trace's steps
+are held out, so the step-time errors here are out-of-sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from benchmarks.common import write_result
+from kvtier.bench.arrivals import PAPER_AZURE_CV, ArrivalKind, ArrivalSpec, arrival_offsets
+from kvtier.bench.engine_backend import EngineBackend
+from kvtier.bench.metrics import engine_summary, summarize_run
+from kvtier.bench.request import BenchRequest
+from kvtier.bench.runner import RunOptions, RunResult, run_workload
+from kvtier.engine.args import EngineArgs
+
+
+def load_requests(path: str, num: int, rate: float, cv: float, seed: int) -> list[BenchRequest]:
+    """The prepared workload's first `num` requests with gamma arrivals."""
+    rows = json.loads(Path(path).read_text())["requests"][:num]
+    offsets = arrival_offsets(ArrivalSpec(ArrivalKind.GAMMA, rate=rate, cv=cv), len(rows), seed)
+    return [BenchRequest(tuple(p), int(o), float(t)) for (p, o), t in zip(rows, offsets)]
+
+
+def engine_args(a: dict) -> EngineArgs:
+    return EngineArgs(model=a["model"], load_format="dummy", max_model_len=a["max_model_len"],
+                      max_num_seqs=a["max_num_seqs"], kv_policy=a["kv_policy"],
+                      num_gpu_blocks=a.get("num_gpu_blocks"),
+                      num_host_blocks=a.get("num_host_blocks"))
+
+
+def request_rows(result: RunResult) -> list[list]:
+    """[prompt, output, arrival, ttft, tpot, e2e, preemptions] per request."""
+    return [[r.prompt_len, r.output_len, r.arrival_s, r.ttft_s, r.tpot_s, r.e2e_s,
+             r.num_preemptions] for r in result.records]
+
+
+# ---- real ------------------------------------------------------------------------------------------
+def warm_decode_splits(engine) -> int:
+    """Compile every split count the eager decode kernel can pick in this run, so no Triton
+    compilation lands inside the timed trace (a server would do this at start-up)."""
+    import torch
+
+    from kvtier.kernels import paged_decode_attention as pda
+    from kvtier.kernels.launch import num_sms
+
+    r, mc, sched = engine.executor, engine.model_config, engine.config.scheduler
+    if r.device.type != "cuda":
+        return 0
+    sms = num_sms(r.device)
+    elem = torch.empty((), dtype=r.dtype).element_size()
+    per_sm = pda._programs_per_sm(pda._default_block_n(mc.head_dim, r.dtype), mc.head_dim, elem, 3)
+    splits = set()
+    for b in range(1, sched.max_num_seqs + 1):
+        for s in range(16, sched.max_model_len + 16, 16):
+            splits.add(pda.default_num_splits(b, mc.num_kv_heads, s, sms, per_sm))
+    q = torch.randn(1, mc.num_heads, mc.head_dim, dtype=r.dtype, device=r.device)
+    tables = torch.zeros(1, 64, dtype=torch.int32, device=r.device)
+    lens = torch.full((1,), 16 * 64, dtype=torch.int32, device=r.device)
+    for n in sorted(splits):
+        pda.paged_decode_attention(q, r.gpu_kv[:, 0], tables, lens, 1.0, num_splits=n,
+                                   max_seq_len=16 * 64)
+    torch.cuda.synchronize()
+    return len(splits)
+
+
+def run_real(args: argparse.Namespace) -> None:
+    from kvtier.costmodel.recording import RecordingExecutor
+    from kvtier.engine.llm_engine import LLMEngine
+
+    cfg = {"model": args.model, "max_model_len": args.max_model_len,
+           "max_num_seqs": args.max_num_seqs, "kv_policy": args.kv_policy}
+    workload = {"path": args.workload, "num_requests": args.num_requests, "rate": args.rate,
+                "cv": args.cv, "seed": args.seed}
+    reqs = load_requests(args.workload, args.num_requests, args.rate, args.cv, args.seed)
+    t0 = time.perf_counter()
+    engine = LLMEngine.from_engine_args(engine_args(cfg))
+    warm = [replace(r, output_len=8, arrival_s=0.0) for r in reqs[:4]]
+    run_workload(EngineBackend(engine), warm, RunOptions(progress=False, id_prefix="warmup"))
+    n_splits = warm_decode_splits(engine)
+    print(f"engine ready in {time.perf_counter() - t0:.1f} s ({n_splits} split variants)", flush=True)
+    recorder = RecordingExecutor(engine.executor)
+    engine.executor = recorder
+    result = run_workload(EngineBackend(engine), reqs, RunOptions(progress=False))
+    kv = engine.scheduler.kv
+    cfg.update(num_gpu_blocks=kv.gpu.num_blocks, num_host_blocks=kv.host.num_blocks)
+    summary = summarize_run(result)
+    write_result(args.out, {
+        "config": cfg, "workload": workload, "summary": summary.to_dict(),
+        "engine": engine_summary(result), "max_submit_lag_s": result.max_submit_lag_s,
+        "requests": request_rows(result), "steps": [r.to_json() for r in recorder.records]})
+    print(f"real: {summary.request_throughput:.2f} req/s, {len(recorder.records)} steps, "
+          f"{time.perf_counter() - t0:.1f} s", flush=True)
+
+
+# ---- sim -------------------------------------------------------------------------------------------
+def run_sim(args: argparse.Namespace) -> None:
+    from benchmarks.fidelity_scoring import score_report
+
+    real = json.loads(Path(args.real).read_text())
+    report = score_report(real, args.calibration, args.real)
+    write_result(args.out, report)
+    if args.plot:
+        from benchmarks.fidelity_plots import plot_fidelity
+
+        plot_fidelity(real, report, args.plot)
+    print(json.dumps(report["errors"], indent=1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="phase", required=True)
+    r = sub.add_parser("real")
+    r.add_argument("--workload", required=True, help="prepare_workload.py JSON")
+    r.add_argument("--model", default="llama-2-13b")
+    r.add_argument("--num-requests", type=int, default=400)
+    r.add_argument("--rate", type=float, default=6.0, help="mean arrivals per second")
+    r.add_argument("--cv", type=float, default=PAPER_AZURE_CV, help="gamma CV of the gaps")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--max-model-len", type=int, default=4096)
+    r.add_argument("--max-num-seqs", type=int, default=256)
+    r.add_argument("--kv-policy", default="recompute")
+    r.add_argument("--out", required=True)
+    r.set_defaults(func=run_real)
+    s = sub.add_parser("sim")
+    s.add_argument("--real", required=True, help="the real phase's JSON")
+    s.add_argument("--calibration", required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--plot", help="PNG to write")
+    s.set_defaults(func=run_sim)
+    args = ap.parse_args()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""Raw measurements of `kvtier profile` -> a Calibration. Runs anywhere (no GPU), so a
+calibration can be refitted from its own `raw` section:
+
+    python -m kvtier.costmodel.fit benchmarks/results/calib_h200_llama-2-13b.json
+
+Least squares minimise *relative* error (each row divided by its measured time): steps
+range from 5 ms to 500 ms and each should count alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+from scipy.optimize import nnls
+
+from kvtier.config import ModelConfig
+from kvtier.costmodel.calibration import Calibration, HostParams, LoopParams, PrefillFit
+from kvtier.costmodel.curves import Curve, Grid
+from kvtier.costmodel.hardware import CopyCost, get_hardware
+from kvtier.costmodel.model import CostModel, CostModelConfig
+from kvtier.costmodel.operators import Shapes, attn_prefill
+from kvtier.costmodel.shape import StepShape
+
+
+def relative_nnls(features: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+    """Non-negative x minimising sum(((features @ x) - seconds) / seconds)^2."""
+    w = 1.0 / seconds
+    x, _ = nnls(features * w[:, None], seconds * w)
+    return x
+
+
+def mape(pred: list[float] | np.ndarray, true: list[float] | np.ndarray) -> float:
+    p, t = np.asarray(pred, float), np.asarray(true, float)
+    return float(np.mean(np.abs(p - t) / t)) if len(t) else float("nan")
+
+
+def fit_prefill(raw: list, shapes: Shapes) -> tuple[PrefillFit, float]:
+    rows, secs = [], []
+    for prefills, t in raw:
+        pre = tuple((int(n), int(s)) for n, s in prefills)
+        op = attn_prefill(shapes, pre)
+        rows.append([1.0, op.flops, sum(n for n, _ in pre)])
+        secs.append(t)
+    a, s = np.array(rows), np.array(secs)
+    x = relative_nnls(a, s)
+    return PrefillFit(*map(float, x)), mape(a @ x, s)
+
+
+def fit_copy(raw: list, block_bytes: int) -> tuple[CopyCost, float]:
+    a = np.array([[n * block_bytes, 1.0] for n, _ in raw], float)
+    s = np.array([t for _, t in raw], float)
+    x = relative_nnls(a, s)
+    return CopyCost(float(x[0]), float(x[1])), mape(a @ x, s)
+
+
+def fit_loop(raw: list) -> tuple[LoopParams, float]:
+    a = np.array([[1.0, r, k] for r, k, _ in raw], float)
+    s = np.array([t for _, _, t in raw], float)
+    x = relative_nnls(a, s)
+    return LoopParams(*map(float, x)), mape(a @ x, s)
+
+
+def meta_model_config(meta: dict) -> ModelConfig:
+    """The profiled model's architecture, as the raw measurements recorded it."""
+    return ModelConfig.from_hf(meta["hf_config"], name=meta["model"])
+
+
+def _model(calib: Calibration, meta: dict) -> CostModel:
+    return CostModel(meta_model_config(meta), get_hardware(calib.hardware), calib,
+                     CostModelConfig(cuda_graphs=meta["cuda_graphs"],
+                                     max_num_seqs=meta["max_num_seqs"],
+                                     block_bytes=meta["block_bytes"]))
+
+
+def fit_host(calib: Calibration, meta: dict, steps: list[dict]) -> tuple[HostParams, dict]:
+    """Host parameters so that operator curves + host = measured whole-step wall times."""
+    cm = _model(calib, meta)
+    shapes = [StepShape.from_json(s["shape"]) for s in steps]
+    walls = np.array([s["wall_s"] for s in steps])
+    graph = [cm.graph_batch(sh) is not None for sh in shapes]
+    # Host issue cost per kernel, from the eager forwards' measured issue times.
+    per_kernel = []
+    for sh, st, g in zip(shapes, steps, graph):
+        if not g and st.get("issue_s"):
+            n = cm.shapes.num_layers * len(cm.layer_kernels(sh, sh.num_tokens, False)) + 2
+            per_kernel.append(st["issue_s"] / n)
+    launch = statistics.median(per_kernel) if per_kernel else calib.host.launch_s
+    host = replace(calib.host, launch_s=launch)
+    cm = _model(replace(calib, host=replace(host, graph_s=0, graph_s_per_req=0, eager_s=0,
+                                            eager_s_per_req=0, eager_s_per_token=0)), meta)
+    base = np.array([cm.predict(sh).executor_s for sh in shapes])
+    g_idx = [i for i, g in enumerate(graph) if g]
+    e_idx = [i for i, g in enumerate(graph) if not g]
+    if g_idx:
+        a = np.array([[1.0, shapes[i].num_reqs] for i in g_idx])
+        x = _host_nnls(a, walls[g_idx] - base[g_idx], walls[g_idx])
+        host = replace(host, graph_s=float(x[0]), graph_s_per_req=float(x[1]))
+    if e_idx:
+        a = np.array([[1.0, shapes[i].num_reqs, shapes[i].num_tokens] for i in e_idx])
+        x = _host_nnls(a, walls[e_idx] - base[e_idx], walls[e_idx])
+        host = replace(host, eager_s=float(x[0]), eager_s_per_req=float(x[1]),
+                       eager_s_per_token=float(x[2]))
+    final = _model(replace(calib, host=host), meta)
+    pred = np.array([final.predict(sh).executor_s for sh in shapes])
+    report = {"launch_s_samples": len(per_kernel),
+              "step_mape_all": mape(pred, walls),
+              "step_mape_graph": mape(pred[g_idx], walls[g_idx]) if g_idx else None,
+              "step_mape_eager": mape(pred[e_idx], walls[e_idx]) if e_idx else None,
+              "num_steps": len(steps)}
+    return host, report
+
+
+def _host_nnls(a: np.ndarray, residual: np.ndarray, walls: np.ndarray) -> np.ndarray:
+    """Non-negative host parameters for residual = wall - device time, each row weighted by
+    its step's wall time (relative error of the step, not of the residual)."""
+    w = 1.0 / walls
+    x, _ = nnls(a * w[:, None], residual * w)
+    return x
+
+
+def fit_calibration(raw: dict[str, Any], environment: dict | None = None) -> Calibration:
+    meta = raw["meta"]
+    shapes = Shapes.of(meta_model_config(meta))
+    prefill, prefill_err = fit_prefill(raw["attn_prefill"], shapes)
+    copy_out, out_err = fit_copy(raw["copies"]["out"], meta["block_bytes"])
+    copy_in, in_err = fit_copy(raw["copies"]["in"], meta["block_bytes"])
+    loop, loop_err = fit_loop(raw["loop"]) if raw.get("loop") else (LoopParams(), None)
+    calib = Calibration(
+        hardware=meta["hardware"], model=meta["model"], model_dims=meta["model_dims"],
+        max_model_len=meta["max_model_len"],
+        gemm={k: Curve.from_json(v) for k, v in raw["gemm"].items()},
+        elementwise=Curve.from_json(raw["elementwise"]),
+        head_elementwise=Curve.from_json(raw["head_elementwise"]),
+        sample=Curve.from_json(raw["sample"]),
+        attn_decode_graph=Grid.from_json(raw["attn_decode_graph"]),
+        attn_decode_eager=Grid.from_json(raw["attn_decode_eager"]),
+        attn_prefill=prefill, host=HostParams(), loop=loop, copy_out=copy_out,
+        copy_in=copy_in, memory=raw.get("memory", {}), raw=raw,
+        environment=environment or {},
+    )
+    host, host_report = fit_host(calib, meta, raw["steps"])
+    report = {"attn_prefill_mape": prefill_err, "copy_out_mape": out_err,
+              "copy_in_mape": in_err, "loop_mape": loop_err, "steps": host_report}
+    return replace(calib, host=host, fit_report=report)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="refit a calibration from its raw measurements")
+    ap.add_argument("calibration")
+    ap.add_argument("--out", help="where to write (default: in place)")
+    args = ap.parse_args()
+    old = Calibration.load(args.calibration)
+    new = fit_calibration(old.raw, old.environment)
+    new.save(args.out or args.calibration)
+    print(new.fit_report)
+
+
+if __name__ == "__main__":
+    main()

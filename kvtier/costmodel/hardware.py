@@ -1,0 +1,109 @@
+"""Hardware profiles: the ceilings a roofline divides by, and the cost of each copy mechanism.
+
+The H200 figures are the reference machine's measurements (`shared/hw/h200_probe_2026-11-30`,
+copied here so the cost model has no run-time dependency on that folder); the A100 figures
+are datasheet values for the eLLM paper's setting (A100 80GB PCIe) and have never been
+measured by us.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+GiB = 1 << 30
+
+
+class CopyMechanism(str, enum.Enum):
+    """How KV pages cross the host-device link."""
+
+    BULK = "bulk"  # one large cudaMemcpyAsync over contiguous pinned memory
+    MEMCPY_PER_PAGE = "memcpy_per_page"  # one cudaMemcpyAsync per page
+    KERNEL_GATHER = "kernel_gather"  # a kernel reads pinned host pages through UVA (Strata)
+
+
+@dataclass(frozen=True)
+class CopyCost:
+    """Time of one transfer of `n` bytes: alpha * n + beta (beta is paid per transfer: per
+    page for MEMCPY_PER_PAGE, per launch for BULK and KERNEL_GATHER)."""
+
+    alpha_s_per_byte: float
+    beta_s: float
+
+    def seconds(self, num_bytes: float, num_transfers: int = 1) -> float:
+        return self.alpha_s_per_byte * num_bytes + self.beta_s * num_transfers
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    name: str
+    memory_bytes: int  # what torch reports as the device's total memory
+    hbm_bytes_per_s: float  # device copy bandwidth, read + write counted
+    bf16_flops: float  # dense bf16 matrix rate
+    num_sms: int
+    h2d: dict[CopyMechanism, CopyCost] = field(default_factory=dict)
+    d2h: dict[CopyMechanism, CopyCost] = field(default_factory=dict)
+    # Tensor parallelism: ring all-reduce moves 2(n-1)/n of the bytes over this bus bandwidth.
+    allreduce_bytes_per_s: float = 0.0
+    allreduce_latency_s: float = 0.0
+    measured: bool = False  # False: datasheet figures, never checked on the machine
+
+    def roofline_s(self, flops: float, num_bytes: float) -> float:
+        return max(flops / self.bf16_flops, num_bytes / self.hbm_bytes_per_s)
+
+
+def _h200() -> HardwareProfile:
+    # PCIe Gen5 x16, pinned: 55.35 GB/s H2D and 54.87 GB/s D2H for 2 GiB copies. One
+    # cudaMemcpyAsync per 32 KiB page reached only 4.11 GB/s: 7.97 us per page, of which
+    # 0.59 us is the bytes -> 7.4 us per call. A Triton kernel gathering the same pages
+    # through the UVA pointer reached 49.44 GB/s (one launch, ~5 us).
+    h2d = {
+        CopyMechanism.BULK: CopyCost(1 / 55.35e9, 10e-6),
+        CopyMechanism.MEMCPY_PER_PAGE: CopyCost(1 / 55.35e9, 7.4e-6),
+        CopyMechanism.KERNEL_GATHER: CopyCost(1 / 49.44e9, 5e-6),
+    }
+    d2h = {
+        CopyMechanism.BULK: CopyCost(1 / 54.87e9, 10e-6),
+        CopyMechanism.MEMCPY_PER_PAGE: CopyCost(1 / 54.87e9, 7.4e-6),
+        CopyMechanism.KERNEL_GATHER: CopyCost(1 / 49.44e9, 5e-6),
+    }
+    return HardwareProfile(
+        name="h200", memory_bytes=int(139.80072021484375 * GiB), hbm_bytes_per_s=4.24e12,
+        bf16_flops=761e12, num_sms=132, h2d=h2d, d2h=d2h,
+        # NVLink 4 (H200 SXM): 450 GB/s each way by the datasheet; NCCL's ring bus bandwidth
+        # is typically ~80 % of it. Not measured here (no multi-GPU machine was lent).
+        allreduce_bytes_per_s=360e9, allreduce_latency_s=10e-6, measured=True,
+    )
+
+
+def _a100_80gb_pcie() -> HardwareProfile:
+    # Datasheet: HBM2e 1.935 TB/s, dense bf16 312 TFLOP/s, 108 SMs, PCIe Gen4 x16 (~25 GB/s
+    # effective for pinned copies). Per-page cost as on the H200 (a driver cost, not a link one).
+    pcie = 25e9
+    copies = {
+        CopyMechanism.BULK: CopyCost(1 / pcie, 10e-6),
+        CopyMechanism.MEMCPY_PER_PAGE: CopyCost(1 / pcie, 7.4e-6),
+        CopyMechanism.KERNEL_GATHER: CopyCost(1 / (0.9 * pcie), 5e-6),
+    }
+    return HardwareProfile(
+        name="a100-80gb-pcie", memory_bytes=int(79.25 * GiB), hbm_bytes_per_s=1.935e12,
+        bf16_flops=312e12, num_sms=108, h2d=copies, d2h=dict(copies),
+        # PCIe cards without NVLink bridges all-reduce through the host link.
+        allreduce_bytes_per_s=0.8 * pcie, allreduce_latency_s=20e-6, measured=False,
+    )
+
+
+HARDWARE: dict[str, HardwareProfile] = {p.name: p for p in (_h200(), _a100_80gb_pcie())}
+_ALIASES = {"a100": "a100-80gb-pcie", "a100-80gb": "a100-80gb-pcie", "nvidia-h200": "h200"}
+
+
+def get_hardware(name: str) -> HardwareProfile:
+    key = _ALIASES.get(name.lower(), name.lower())
+    if key not in HARDWARE:
+        raise ValueError(f"unknown hardware {name!r}; known: {', '.join(sorted(HARDWARE))}"
+                         f" (aliases: {', '.join(sorted(_ALIASES))})")
+    return HARDWARE[key]
+
+
+def hardware_names() -> list[str]:
+    return sorted([*HARDWARE, *_ALIASES])

@@ -1,0 +1,170 @@
+"""The cost model: a step plan in, its predicted wall time out.
+
+    step = copies (swap out, then in)
+         + decode-only and graph-eligible:  host_graph(B) + L * layer(B_pad) + head(B_pad)
+           otherwise (eager):               host_eager(B, T) + overlap(launches, kernels)
+         + sample(S)                        (fp32 logits, argmax, the host sync)
+    loop = schedule + update + outputs      (the engine loop around the executor)
+
+`layer` is the sum of the layer's operator times (GEMMs at the padded batch, decode and
+prefill attention, elementwise kernels, all-reduces under tensor parallelism); in eager mode
+the same kernels go through the launch queue of `overlap.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvtier.config import ModelConfig
+from kvtier.core.plan import StepPlan
+from kvtier.costmodel.calibration import Calibration, HostParams, LoopParams
+from kvtier.costmodel.hardware import CopyCost, CopyMechanism, HardwareProfile
+from kvtier.costmodel.operators import (
+    ELEMENTWISE_KERNELS,
+    Shapes,
+    allreduce,
+    gemm,
+    head_ops,
+    layer_elementwise,
+)
+from kvtier.costmodel.optimes import OpTimer
+from kvtier.costmodel.overlap import forward_seconds
+from kvtier.costmodel.shape import StepShape
+from kvtier.runner.cuda_graphs import graph_batch_sizes
+
+_LAYER_GEMMS = ("qkv", "o", "gate_up", "down")
+DECODE_LAUNCHES = 3  # kv_write, split-K attention, merge of the splits
+PREFILL_LAUNCHES = 2  # kv_write, varlen attention
+
+
+@dataclass(frozen=True)
+class CostModelConfig:
+    cuda_graphs: bool = True  # decode-only steps replay CUDA graphs (the runner's default)
+    max_num_seqs: int = 256  # graphs are captured for padded batches up to this
+    block_bytes: int = 0  # one KV block (CacheConfig.block_bytes), for swap copies
+    num_gpus: int = 1  # tensor parallel degree
+
+
+@dataclass(frozen=True)
+class StepCost:
+    executor_s: float  # what ModelRunner.execute takes
+    loop_s: float  # the engine loop around it
+    graph: bool
+    parts: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total_s(self) -> float:
+        return self.executor_s + self.loop_s
+
+
+class CostModel:
+    def __init__(self, mc: ModelConfig, hw: HardwareProfile, calib: Calibration | None = None,
+                 config: CostModelConfig = CostModelConfig()):
+        if calib is not None:
+            _check_calibration(mc, calib)
+        self.mc, self.hw, self.calib, self.config = mc, hw, calib, config
+        self.shapes = Shapes.of(mc, config.num_gpus)
+        self.timer = OpTimer(hw, self.shapes, calib)
+        self.host = calib.host if calib is not None else HostParams()
+        self.loop = calib.loop if calib is not None else LoopParams()
+        self.graph_sizes = graph_batch_sizes(config.max_num_seqs) if config.cuda_graphs else []
+
+    # ---- entry points ------------------------------------------------------------------------
+    def predict_plan(self, plan: StepPlan) -> StepCost:
+        return self.predict(StepShape.from_plan(plan))
+
+    def predict(self, shape: StepShape) -> StepCost:
+        parts = {"copies": self.copy_seconds(shape)}
+        graph = False
+        if shape.num_reqs:
+            pad = self.graph_batch(shape)
+            graph = pad is not None
+            parts.update(self._graph(shape, pad) if pad is not None else self._eager(shape))
+            parts["sample"] = self.timer.keyed(_sample_op(self.shapes, shape.num_sampled),
+                                               shape.num_sampled) if shape.num_sampled else 0.0
+        loop = self.loop.seconds(shape.num_reqs, shape.num_sampled)
+        return StepCost(sum(parts.values()), loop, graph, parts)
+
+    def graph_batch(self, shape: StepShape) -> int | None:
+        """The padded batch whose graph the runner replays, or None for an eager step."""
+        if not shape.is_decode_only or shape.num_sampled != shape.num_decodes:
+            return None
+        for size in self.graph_sizes:
+            if size >= shape.num_decodes:
+                return size
+        return None
+
+    # ---- the two paths -------------------------------------------------------------------------
+    def _graph(self, shape: StepShape, pad: int) -> dict[str, float]:
+        layer = self.layer_kernels(shape, pad, graph=True)
+        head = self.head_kernels(pad, pad)
+        host = self.host.graph_s + self.host.graph_s_per_req * shape.num_reqs
+        return {"host": host, "layers": self.shapes.num_layers * sum(layer), "head": sum(head)}
+
+    def _eager(self, shape: StepShape) -> dict[str, float]:
+        t = shape.num_tokens
+        layer = self.layer_kernels(shape, t, graph=False)
+        head = self.head_kernels(t, shape.num_sampled)
+        h = self.host
+        host = h.eager_s + h.eager_s_per_req * shape.num_reqs + h.eager_s_per_token * t
+        fwd = forward_seconds(layer, self.shapes.num_layers, h.launch_s,
+                              pre_kernels=head[:1], post_kernels=head[1:])
+        return {"host": host, "forward": fwd}
+
+    def layer_kernels(self, shape: StepShape, rows: int, graph: bool) -> list[float]:
+        """Device seconds of one layer's kernels in issue order (elementwise time is spread
+        over the five elementwise kernels between the GEMMs)."""
+        s, tm = self.shapes, self.timer
+        ew = tm.keyed(layer_elementwise(s, rows), rows) / ELEMENTWISE_KERNELS
+        dims = s.gemm_dims()
+        g = {n: tm.keyed(gemm(n, rows, *dims[n], s.elem), rows) for n in _LAYER_GEMMS}
+        attn: list[float] = []  # one entry per kernel launched: the queue counts launches
+        if shape.num_decodes:
+            t = tm.decode_attention(shape.num_decodes, shape.decode_ctx_sum, graph)
+            attn += [t / DECODE_LAUNCHES] * DECODE_LAUNCHES
+        if shape.prefills:
+            attn += [tm.prefill_attention(shape.prefills) / PREFILL_LAUNCHES] * PREFILL_LAUNCHES
+        ar = []
+        if s.tp > 1:
+            ar = [tm.allreduce(allreduce(s, rows))]
+        return [ew, g["qkv"], ew, *attn, g["o"], *ar, ew, g["gate_up"], ew, ew, g["down"], *ar]
+
+    def head_kernels(self, tokens: int, logit_rows: int) -> list[float]:
+        """[embedding + final norm, lm_head] device seconds (sampling is timed apart)."""
+        s, tm = self.shapes, self.timer
+        ops = head_ops(s, tokens, logit_rows)
+        out = [tm.head_elementwise(tokens, ops[:2])]
+        if logit_rows:
+            out.append(tm.keyed(ops[2], logit_rows))
+        return out
+
+    def copy_seconds(self, shape: StepShape) -> float:
+        if not (shape.num_swap_out or shape.num_swap_in):
+            return 0.0
+        out, inn = self.copy_costs()
+        b = self.config.block_bytes
+        t = 0.0
+        if shape.num_swap_out:
+            t += out.seconds(b * shape.num_swap_out)
+        if shape.num_swap_in:
+            t += inn.seconds(b * shape.num_swap_in)
+        return t
+
+    def copy_costs(self) -> tuple[CopyCost, CopyCost]:
+        """The runner's swap path: measured, or (uncalibrated) one bulk copy each way."""
+        if self.calib is not None and self.timer.same_hw:
+            return self.calib.copy_out, self.calib.copy_in
+        return self.hw.d2h[CopyMechanism.BULK], self.hw.h2d[CopyMechanism.BULK]
+
+
+def _sample_op(s: Shapes, rows: int):
+    return head_ops(s, 0, rows)[3]
+
+
+def _check_calibration(mc: ModelConfig, calib: Calibration) -> None:
+    from kvtier.costmodel.calibration import model_dims
+
+    dims = model_dims(mc)
+    if calib.model_dims != dims:
+        raise ValueError(f"calibration of {calib.model} {calib.model_dims} does not match "
+                         f"{mc.name} {dims}")

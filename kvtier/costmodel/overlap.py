@@ -1,0 +1,72 @@
+"""Time of an eager forward pass: the host issues kernels one by one while the GPU runs behind.
+
+Kernel j is issued at host time (j+1)*c after the layer starts and runs on the GPU once it
+is issued and the previous kernel is done. When kernels are longer than their launch cost
+the GPU is the bottleneck and the host runs ahead; when they are shorter (small batches)
+the GPU idles between kernels and the forward takes the host's time. Neither max(host, GPU)
+nor their sum is right in between, so the queue is solved exactly.
+
+Every layer issues the same k kernels (times g_0..g_{k-1}). With d the GPU's lag behind the
+host at a layer's start, the lag at its end is
+
+    f(d) = max(d + G - k*c, a),   G = sum g_j,   a = max_j (sum_{i>=j} g_i - (k-1-j)*c)
+
+(the last kernel ends either behind the GPU's backlog, or behind the launch of some kernel j
+plus everything from j on). Composing f n times gives the closed form used below, so a
+forward of L layers costs O(k), not O(L*k).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def _run(kernels: Sequence[float], launch_s: float, host: float, gpu: float) -> tuple[float, float]:
+    for g in kernels:
+        host += launch_s
+        gpu = max(gpu, host) + g
+    return host, gpu
+
+
+def layer_lag_params(kernels: Sequence[float], launch_s: float) -> tuple[float, float]:
+    """(delta = G - k*c, a) of f(d) = max(d + delta, a) for one layer."""
+    k = len(kernels)
+    a, tail = float("-inf"), 0.0
+    for j in range(k - 1, -1, -1):
+        tail += kernels[j]
+        a = max(a, tail - (k - 1 - j) * launch_s)
+    return sum(kernels) - k * launch_s, a
+
+
+def lag_after(d0: float, n: int, delta: float, a: float) -> float:
+    """f applied n >= 1 times to d0: max(d0 + n*delta, a + max(0, (n-1)*delta))."""
+    return max(d0 + n * delta, a + max(0.0, (n - 1) * delta))
+
+
+def forward_seconds(
+    layer_kernels: Sequence[float],  # device seconds of one layer's kernels, in issue order
+    num_layers: int,
+    launch_s: float,
+    pre_kernels: Sequence[float] = (),  # before the layers (embedding)
+    post_kernels: Sequence[float] = (),  # after them (final norm, lm_head)
+) -> float:
+    """Seconds from the first launch until the last kernel is done."""
+    host, gpu = _run(pre_kernels, launch_s, 0.0, 0.0)
+    if num_layers > 0 and layer_kernels:
+        delta, a = layer_lag_params(layer_kernels, launch_s)
+        d = lag_after(gpu - host, num_layers, delta, a)
+        host += num_layers * len(layer_kernels) * launch_s
+        gpu = host + d
+    host, gpu = _run(post_kernels, launch_s, host, gpu)
+    return max(host, gpu)
+
+
+def forward_seconds_brute(layer_kernels: Sequence[float], num_layers: int, launch_s: float,
+                          pre_kernels: Sequence[float] = (),
+                          post_kernels: Sequence[float] = ()) -> float:
+    """The same by simulating every kernel (the test oracle)."""
+    host, gpu = _run(pre_kernels, launch_s, 0.0, 0.0)
+    for _ in range(num_layers):
+        host, gpu = _run(layer_kernels, launch_s, host, gpu)
+    host, gpu = _run(post_kernels, launch_s, host, gpu)
+    return max(host, gpu)

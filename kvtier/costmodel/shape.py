@@ -1,0 +1,79 @@
+"""What of a step plan decides its time: counts only, small enough to log for every step.
+
+Decode rows (one new token) are summarised by their count and summed context, since the
+decode kernel's time follows the KV bytes it reads; prefill rows keep (new tokens, start)
+each, since causal attention grows with the square of a chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvtier.core.plan import StepPlan
+
+
+@dataclass(frozen=True)
+class StepShape:
+    num_decodes: int = 0
+    decode_ctx_sum: int = 0  # sum of the decode rows' contexts after the step (seq_len)
+    decode_ctx_max: int = 0
+    prefills: tuple[tuple[int, int], ...] = ()  # (new tokens, start position) per row
+    num_sampled: int = 0
+    num_swap_out: int = 0  # blocks device -> host
+    num_swap_in: int = 0  # blocks host -> device
+
+    @classmethod
+    def from_plan(cls, plan: StepPlan) -> StepShape:
+        n_dec = ctx_sum = ctx_max = n_sampled = 0
+        prefills = []
+        for sr in plan.scheduled:
+            n = len(sr.token_ids)
+            if n == 1:
+                n_dec += 1
+                seq = sr.start_pos + 1
+                ctx_sum += seq
+                ctx_max = max(ctx_max, seq)
+            else:
+                prefills.append((n, sr.start_pos))
+            n_sampled += sr.sample
+        return cls(n_dec, ctx_sum, ctx_max, tuple(prefills), n_sampled,
+                   len(plan.swap_out), len(plan.swap_in))
+
+    @property
+    def num_reqs(self) -> int:
+        return self.num_decodes + len(self.prefills)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(n for n, _ in self.prefills)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_decodes + self.num_prefill_tokens
+
+    @property
+    def max_seq_len(self) -> int:
+        """What the runner passes the decode kernel to choose its splits (eager path)."""
+        return max([self.decode_ctx_max, *(n + s for n, s in self.prefills)])
+
+    @property
+    def is_decode_only(self) -> bool:
+        return not self.prefills and self.num_decodes > 0
+
+    @property
+    def kind(self) -> str:
+        if not self.num_reqs:
+            return "copy_only" if self.num_swap_in or self.num_swap_out else "empty"
+        if not self.prefills:
+            return "decode"
+        return "mixed" if self.num_decodes else "prefill"
+
+    def to_json(self) -> list:
+        return [self.num_decodes, self.decode_ctx_sum, self.decode_ctx_max,
+                [list(p) for p in self.prefills], self.num_sampled, self.num_swap_out,
+                self.num_swap_in]
+
+    @classmethod
+    def from_json(cls, row: list) -> StepShape:
+        d, cs, cm, pre, s, so, si = row
+        return cls(d, cs, cm, tuple((int(a), int(b)) for a, b in pre), s, so, si)

@@ -1,0 +1,81 @@
+"""Assembling a simulated engine: the real config, tokenizer, KV manager and scheduler (inside
+`LLMEngine`), a SimulatedExecutor in place of the model runner, a virtual clock."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+
+from kvtier.config import ConfigError, EngineConfig
+from kvtier.costmodel.calibration import Calibration
+from kvtier.costmodel.hardware import get_hardware
+from kvtier.costmodel.model import CostModel, CostModelConfig
+from kvtier.engine.args import EngineArgs
+from kvtier.engine.llm_engine import LLMEngine
+from kvtier.kv.manager import KVCacheManager
+from kvtier.model.loader import resolve_model_config
+from kvtier.policies import get_policy
+from kvtier.sim.clock import VirtualClock
+from kvtier.sim.executor import SimulatedExecutor
+from kvtier.sim.memory import sim_pool_sizes
+from kvtier.tokenizer import load_tokenizer
+
+log = logging.getLogger("kvtier")
+
+
+def build_sim_engine(
+    engine_args: EngineArgs,
+    hardware: str = "h200",
+    calibration: str | Path | Calibration | None = None,
+    num_gpus: int = 1,
+    output_lens: Mapping[str, int] | None = None,
+    record_steps: bool = False,
+) -> LLMEngine:
+    """An LLMEngine whose executor is simulated on `hardware` (see `kvtier.sim`)."""
+    config = engine_args.create_engine_config()
+    _check(config)
+    hw = get_hardware(hardware)
+    calib = Calibration.load(calibration) if isinstance(calibration, (str, Path)) else calibration
+    _, ckpt = resolve_model_config(config.model, config.load_format)
+    tokenizer = load_tokenizer(ckpt, config.tokenizer, config.model_config.vocab_size)
+    mc = config.model_config
+    if not mc.eos_token_ids or ckpt is None:  # as the real builder: dummy weights' eos
+        config = config.with_(model_config=replace(mc, eos_token_ids=tuple(tokenizer.eos_token_ids)))
+        mc = config.model_config
+    pools = sim_pool_sizes(config, hw, num_gpus, calib)
+    cache = config.cache
+    kv = KVCacheManager(num_groups=cache.num_layer_groups(mc.num_layers),
+                        block_size=cache.block_size, num_gpu_blocks=pools.num_gpu_blocks,
+                        num_host_blocks=pools.num_host_blocks)
+    cost = CostModel(mc, hw, calib, CostModelConfig(
+        cuda_graphs=not config.enforce_eager, max_num_seqs=config.scheduler.max_num_seqs,
+        block_bytes=pools.block_bytes, num_gpus=num_gpus))
+    clock = VirtualClock()
+    eos = tuple(tokenizer.eos_token_ids) + tuple(mc.eos_token_ids)
+    executor = SimulatedExecutor(cost, clock, ordinary_token(eos, mc.vocab_size),
+                                 eos[0] if eos else None, output_lens, record_steps)
+    log.info("kvtier sim: %s on %d x %s (%s), %d device + %d host KV blocks, policy %s",
+             config.model, num_gpus, hw.name,
+             f"calibrated on {calib.hardware}" if calib else "uncalibrated roofline",
+             pools.num_gpu_blocks, pools.num_host_blocks, config.kv_policy)
+    return LLMEngine(config, executor, tokenizer, kv, pools.block_bytes, clock=clock)
+
+
+def ordinary_token(eos: tuple[int, ...], vocab_size: int) -> int:
+    """A token id that ends nothing: the simulated model's every output."""
+    banned = set(eos)
+    return next(t for t in range(min(1000, vocab_size - 1), vocab_size) if t not in banned)
+
+
+def _check(config: EngineConfig) -> None:
+    """The real builder's checks that do not need a device."""
+    try:
+        get_policy(config.kv_policy)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    mc = config.model_config
+    if config.scheduler.max_model_len > mc.max_position_embeddings:
+        raise ConfigError(f"max_model_len {config.scheduler.max_model_len} exceeds the model's "
+                          f"max_position_embeddings {mc.max_position_embeddings}")

@@ -1,0 +1,59 @@
+"""The simulated executor: the model runner's interface, no tensors, a virtual clock.
+
+`execute(plan)` moves the clock forward by the cost model's prediction of the plan (the
+runner's time plus the engine loop around it) and returns a token for every sampling row.
+The token is a fixed ordinary id, so requests end where the workload says: at `max_tokens`
+(the bench sets it to the dataset's output length, with ignore_eos), or, given
+`output_lens`, with an end-of-sequence token at exactly that many output tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kvtier.core.plan import StepPlan, StepResult
+from kvtier.costmodel.model import CostModel, StepCost
+from kvtier.costmodel.shape import StepShape
+from kvtier.sim.clock import VirtualClock
+
+
+@dataclass(frozen=True)
+class SimStep:
+    start_s: float
+    shape: StepShape
+    cost: StepCost
+
+
+class SimulatedExecutor:
+    def __init__(self, cost_model: CostModel, clock: VirtualClock, token_id: int,
+                 eos_token_id: int | None = None, output_lens: Mapping[str, int] | None = None,
+                 record: bool = False):
+        """`token_id` must be no end-of-sequence or stop id; `output_lens` (request id ->
+        output tokens) needs `eos_token_id`, and only ends requests that do not ignore eos."""
+        if output_lens is not None and eos_token_id is None:
+            raise ValueError("output_lens needs an eos_token_id to end requests with")
+        self.cost_model, self.clock, self.token_id = cost_model, clock, token_id
+        self.eos_token_id = eos_token_id
+        self.output_lens = dict(output_lens) if output_lens is not None else None
+        self.record = record
+        self.steps: list[SimStep] = []
+        self.busy_s = 0.0
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        shape = StepShape.from_plan(plan)
+        cost = self.cost_model.predict(shape)
+        if self.record:
+            self.steps.append(SimStep(self.clock.now(), shape, cost))
+        self.clock.advance(cost.total_s)
+        self.busy_s += cost.total_s
+        sampled = {sr.request_id: self._token(sr.request_id, sr.num_output_tokens)
+                   for sr in plan.scheduled if sr.sample}
+        return StepResult(sampled=sampled)
+
+    def _token(self, request_id: str, num_output_tokens: int) -> int:
+        if self.output_lens is not None:
+            target = self.output_lens.get(request_id)
+            if target is not None and num_output_tokens + 1 >= target:
+                return self.eos_token_id  # type: ignore[return-value]
+        return self.token_id

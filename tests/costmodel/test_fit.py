@@ -1,0 +1,61 @@
+import math
+import random
+
+import pytest
+
+from kvtier.costmodel.calibration import Calibration
+from kvtier.costmodel.fit import fit_calibration
+from kvtier.costmodel.hardware import get_hardware
+from kvtier.costmodel.model import CostModel, CostModelConfig
+from kvtier.costmodel.shape import StepShape
+from tests.costmodel.synthetic import HOST, calibration, model_config, raw_measurements
+
+
+def synthetic_steps(seed: int = 0) -> list[dict]:
+    """Whole steps whose wall times the synthetic calibration (with HOST) predicts exactly."""
+    cm = CostModel(model_config(), get_hardware("h200"), calibration(),
+                   CostModelConfig(block_bytes=raw_measurements()["meta"]["block_bytes"]))
+    rng = random.Random(seed)
+    steps = []
+    for b in (1, 3, 8, 16, 30, 64, 100, 128, 200, 256):
+        ctx = rng.randint(100, 1500)
+        steps.append(StepShape(b, b * ctx, ctx, (), b))
+    for b in (0, 5, 40, 120):
+        for pre in ((30,), (400,), (1000, 200)):
+            ctx = rng.randint(100, 1500)
+            steps.append(StepShape(b, b * ctx, ctx, tuple((n, 0) for n in pre), b + len(pre)))
+    out = []
+    for sh in steps:
+        graph = cm.graph_batch(sh) is not None
+        n = cm.shapes.num_layers * len(cm.layer_kernels(sh, sh.num_tokens, False)) + 2
+        out.append({"shape": sh.to_json(), "wall_s": cm.predict(sh).executor_s,
+                    "issue_s": None if graph else HOST.launch_s * n})
+    return out
+
+
+def test_fit_recovers_the_host_parameters_that_made_the_steps():
+    calib = fit_calibration(raw_measurements(synthetic_steps()))
+    h = calib.host
+    assert math.isclose(h.launch_s, HOST.launch_s, rel_tol=1e-9)
+    assert h.graph_s == pytest.approx(HOST.graph_s, rel=1e-4)
+    assert h.graph_s_per_req == pytest.approx(HOST.graph_s_per_req, rel=1e-3)
+    assert h.eager_s == pytest.approx(HOST.eager_s, rel=1e-3)
+    assert h.eager_s_per_req == pytest.approx(HOST.eager_s_per_req, rel=1e-2)
+    assert calib.fit_report["steps"]["step_mape_all"] < 1e-6
+
+
+def test_fit_of_copies_prefill_and_loop():
+    calib = fit_calibration(raw_measurements(synthetic_steps()))
+    assert calib.copy_out.alpha_s_per_byte == pytest.approx(1 / 20e9, rel=1e-6)
+    assert calib.copy_out.beta_s == pytest.approx(30e-6, rel=1e-6)
+    assert calib.copy_in.alpha_s_per_byte == pytest.approx(1 / 25e9, rel=1e-6)
+    assert calib.attn_prefill.s == pytest.approx(5e-6, rel=1e-4)
+    assert calib.loop.seconds(64, 64) == pytest.approx(150e-6 + 12e-6 * 64, rel=1e-6)
+
+
+def test_round_trip_through_json(tmp_path):
+    calib = fit_calibration(raw_measurements(synthetic_steps()))
+    calib.save(tmp_path / "c.json")
+    again = Calibration.load(tmp_path / "c.json")
+    assert again.host == calib.host and again.gemm == calib.gemm
+    assert again.attn_decode_graph == calib.attn_decode_graph
