@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -37,7 +38,8 @@ def environment() -> dict[str, Any]:
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        env["git_commit"] = None
+        # The device machine gets the working tree without .git: the caller passes HEAD.
+        env["git_commit"] = os.environ.get("KVTIER_GIT_COMMIT")
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name()
         env["gpu_memory_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
