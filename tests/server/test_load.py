@@ -6,8 +6,11 @@ import asyncio
 import time
 
 import openai
+import pytest
 
-from tests.server.conftest import MODEL, assert_engine_clean
+from kvtier.policies import policy_names
+from kvtier.server.app import build_app
+from tests.server.conftest import MODEL, assert_engine_clean, make_engine, start_server
 
 NUM_REQUESTS = 200
 MAX_TOKENS = 8
@@ -35,6 +38,14 @@ async def _run_all(base_url: str) -> list:
     async with openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0,
                                   timeout=60) as client:
         return await asyncio.gather(*(_one(client, i) for i in range(NUM_REQUESTS)))
+
+
+@pytest.fixture(params=policy_names())
+def live(request, tiny_model_dir):
+    """A server per KV policy (every registered one), each on a fresh engine."""
+    srv = start_server(build_app(make_engine(tiny_model_dir, kv_policy=request.param)))
+    yield srv
+    srv.stop()
 
 
 def test_200_concurrent_streams(live):
