@@ -8,8 +8,8 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from kvtier.engine.args import EngineArgs

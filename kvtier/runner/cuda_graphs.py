@@ -10,9 +10,8 @@ its request's length, so the graphs stay valid as sequences grow.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import weakref
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
