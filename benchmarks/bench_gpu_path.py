@@ -18,6 +18,7 @@ import gc
 import os
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 
@@ -148,44 +149,41 @@ def run_prefill(model: str, lengths: list[int], kv_gb: float) -> list[dict]:
 
 
 def run_host_overhead(model: str, num_requests: int, context: int, kv_gb: float) -> dict:
-    """CPU time of a decode step outside the device work, through the real engine loop."""
+    """Host time of a decode step: a whole `engine.step()` (schedule, inputs, graph replay,
+    sampling, update, outputs) minus the device time of the same step's graph replay."""
     engine = make_engine(model, context + 256, num_requests, kv_gb, 4)
-    for i in range(num_requests):
-        engine.add_request(str(i), [1 + (i * 7 + k) % 30000 for k in range(context)], GREEDY)
-    while engine.get_stats().num_waiting or any(
-            r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running):
-        engine.step()
-    sched_s, prep_s, update_s, step_s = [], [], [], []
-    runner = engine.executor
-    graphs = runner.graphs
-    for _ in range(30):
-        t0 = time.perf_counter()
-        plan = engine.scheduler.schedule()
-        t1 = time.perf_counter()
-        from kvtier.runner.host_batch import build_host_batch
-
-        batch = build_host_batch(plan.scheduled, runner.block_tables, runner.block_size)
-        t2 = time.perf_counter()
-        logits = graphs.run(batch) if graphs is not None else None
-        assert logits is not None
-        tokens = logits.argmax(-1).tolist()
-        t3 = time.perf_counter()
-        result_ids = [s.request_id for s in plan.scheduled]
-        from kvtier.core.plan import StepResult
-
-        touched = engine.scheduler.update(plan, StepResult(dict(zip(result_ids, tokens))))
-        engine._process(touched, StepResult({}), 0)
-        t4 = time.perf_counter()
-        sched_s.append(t1 - t0)
-        prep_s.append(t2 - t1)
-        update_s.append(t4 - t3)
-        step_s.append(t4 - t0)
-    med = statistics.median
-    return {"model": model, "running_requests": num_requests, "context": context,
-            "schedule_ms": med(sched_s) * 1e3, "host_batch_ms": med(prep_s) * 1e3,
-            "update_and_outputs_ms": med(update_s) * 1e3,
-            "host_overhead_ms": (med(sched_s) + med(prep_s) + med(update_s)) * 1e3,
-            "step_ms": med(step_s) * 1e3}
+    rows = {}
+    for kind in ("final_only", "cumulative"):  # offline generate / streaming server
+        params = replace(GREEDY, output_kind=kind)
+        for i in range(num_requests):
+            engine.add_request(f"{kind}{i}", [1 + (i * 7 + k) % 30000 for k in range(context)],
+                               params)
+        while engine.get_stats().num_waiting or any(
+                r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running):
+            engine.step()
+        for _ in range(5):
+            engine.step()
+        torch.cuda.synchronize()
+        walls = []
+        for _ in range(30):
+            t0 = time.perf_counter()
+            engine.step()
+            walls.append(time.perf_counter() - t0)
+        graph = engine.executor.graphs.graphs[engine.executor.graphs.padded_size(num_requests)]
+        gpu = []
+        for _ in range(30):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            gpu.append(start.elapsed_time(end) / 1e3)
+        step, dev = statistics.median(walls), statistics.median(gpu)
+        rows[kind] = {"step_ms": step * 1e3, "device_ms": dev * 1e3,
+                      "host_overhead_ms": (step - dev) * 1e3}
+        engine.abort_request([f"{kind}{i}" for i in range(num_requests)])
+    release(engine)
+    return {"model": model, "running_requests": num_requests, "context": context, **rows}
 
 
 def main() -> None:
