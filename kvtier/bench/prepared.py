@@ -1,0 +1,36 @@
+"""Pre-tokenized workloads: requests saved as token ids, for machines without the datasets.
+
+Format (also what benchmarks/prepare_workload.py writes):
+    {"requests": [[[prompt token ids...], output_len], ...], ...anything else}
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kvtier.bench.request import BenchRequest, LengthLimits
+
+
+def load_prepared(path: Path | str, num_requests: int, limits: LengthLimits) -> list[BenchRequest]:
+    """The first `num_requests` saved requests inside `limits`, in file order, arrival 0."""
+    rows = json.loads(Path(path).read_text())["requests"]
+    requests = []
+    for ids, output_len in rows:
+        if limits.accepts(len(ids), output_len):
+            requests.append(BenchRequest(tuple(ids), int(output_len)))
+            if len(requests) == num_requests:
+                return requests
+    raise ValueError(f"{path}: only {len(requests)} of {len(rows)} requests fit {limits}; "
+                     f"asked for {num_requests}")
+
+
+def save_prepared(requests: tuple[BenchRequest, ...] | list[BenchRequest], path: Path | str,
+                  meta: dict | None = None) -> None:
+    payload = {
+        **(meta or {}),
+        "requests": [[list(r.prompt_token_ids), r.output_len] for r in requests],
+        "arrival_s": [r.arrival_s for r in requests],
+    }
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(payload, separators=(",", ":")))

@@ -1,0 +1,69 @@
+"""The comparison table printed after a benchmark: one row per policy, then each later
+policy's ratios to the first (latencies in ms)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rich.console import Console
+from rich.table import Table
+
+from kvtier.bench.experiment import PolicyResult
+
+Getter = Callable[[PolicyResult], float | None]
+
+
+def _ms(name: str, q: str) -> Getter:
+    return lambda r: (getattr(d, q) * 1000.0 if (d := getattr(r.summary, name)) is not None else None)
+
+
+def _pct(x: float | None) -> float | None:
+    return None if x is None else 100.0 * x
+
+
+# (header, getter, format)
+COLUMNS: tuple[tuple[str, Getter, str], ...] = (
+    ("req/s", lambda r: r.summary.request_throughput, "{:.2f}"),
+    ("out tok/s", lambda r: r.summary.output_throughput, "{:.1f}"),
+    ("TTFT p50", _ms("ttft_s", "p50"), "{:.0f}"),
+    ("TTFT p99", _ms("ttft_s", "p99"), "{:.0f}"),
+    ("TPOT p50", _ms("tpot_s", "p50"), "{:.1f}"),
+    ("TPOT p99", _ms("tpot_s", "p99"), "{:.1f}"),
+    ("E2E p50", _ms("e2e_s", "p50"), "{:.0f}"),
+    ("SLO %", lambda r: _pct(r.summary.slo_attainment), "{:.1f}"),
+    ("goodput", lambda r: r.goodput.rate if r.goodput else None, "{:.2f}"),
+    ("preempt", lambda r: r.engine.get("num_preemptions"), "{:.0f}"),
+    ("swap-out blk", lambda r: r.engine.get("num_swap_out_blocks"), "{:.0f}"),
+    ("recomp tok", lambda r: r.engine.get("num_recomputed_tokens"), "{:.0f}"),
+    ("KV use %", lambda r: _pct(r.engine.get("mean_gpu_kv_use")), "{:.0f}"),
+)
+
+
+def _fmt(value: float | None, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _ratio(value: float | None, base: float | None) -> str:
+    return "-" if value is None or not base else f"{value / base:.2f}x"
+
+
+def comparison_table(results: list[PolicyResult], title: str = "kvtier bench") -> Table:
+    table = Table(title=title)
+    table.add_column("policy", style="bold")
+    for header, _, _ in COLUMNS:
+        table.add_column(header, justify="right")
+    first = results[0]
+    for r in results:
+        table.add_row(r.policy, *(_fmt(get(r), fmt) for _, get, fmt in COLUMNS))
+    for r in results[1:]:
+        ratios = [_ratio(get(r), get(first)) for _, get, _ in COLUMNS]
+        table.add_row(f"{r.policy} / {first.policy}", *ratios, style="dim")
+    return table
+
+
+def print_table(results: list[PolicyResult], title: str = "kvtier bench", console: Console | None = None) -> None:
+    # Piped output (CI, logs) gets a wide table rather than rich's 80-column default.
+    console = console or Console()
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 180))
+    console.print(comparison_table(results, title))
