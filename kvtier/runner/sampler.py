@@ -30,6 +30,9 @@ class Sampled:
 
 def sample(logits: torch.Tensor, rows: list[SampleRow]) -> Sampled:
     """logits: [B, V] fp32, one row per SampleRow."""
+    if all(r.params.greedy and r.params.logprobs is None and not r.banned_ids for r in rows):
+        # The common benchmark/greedy batch: one argmax, one device->host copy.
+        return Sampled(logits.argmax(dim=-1).tolist(), [None] * len(rows))
     for i, row in enumerate(rows):
         if row.banned_ids:
             logits[i, list(row.banned_ids)] = float("-inf")
