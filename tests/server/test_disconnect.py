@@ -7,10 +7,22 @@ import json
 import time
 
 import httpx
+import pytest
 
-from tests.server.conftest import MODEL, assert_engine_clean
+from kvtier.policies import policy_names
+from kvtier.server.app import build_app
+from tests.server.conftest import MODEL, assert_engine_clean, make_engine, start_server
 
 LONG = 200  # tokens: far more than a client waits for before dropping
+
+
+@pytest.fixture(scope="module", params=policy_names())
+def live(request, tiny_model_dir):
+    """Per KV policy, on 32 blocks: too few for the requests below, so some of the aborted
+    requests are preempted ones (swapped out to host memory under `swap`)."""
+    srv = start_server(build_app(make_engine(tiny_model_dir, kv_policy=request.param, num_gpu_blocks=32)))
+    yield srv
+    srv.stop()
 
 
 def _aborted_total(base_url: str) -> float:
@@ -25,11 +37,14 @@ def _body(i: int, stream: bool) -> dict:
             "ignore_eos": True, "temperature": 0}
 
 
-async def _drop_after_first_chunk(client: httpx.AsyncClient, i: int) -> None:
+async def _drop_mid_stream(client: httpx.AsyncClient, i: int, after: int) -> None:
     async with client.stream("POST", "/v1/completions", json=_body(i, True)) as resp:
         assert resp.status_code == 200
+        num_chunks = 0
         async for line in resp.aiter_lines():
             if line.startswith("data: ") and json.loads(line[6:])["choices"][0]["text"] is not None:
+                num_chunks += 1
+            if num_chunks >= after:
                 return  # leaving the context closes the connection mid-stream
 
 
@@ -43,7 +58,8 @@ async def _drop_unstreamed(client: httpx.AsyncClient, i: int) -> None:
 
 async def _drop_all(base_url: str, n_stream: int, n_plain: int) -> None:
     async with httpx.AsyncClient(base_url=base_url, timeout=30) as client:
-        await asyncio.gather(*(_drop_after_first_chunk(client, i) for i in range(n_stream)),
+        # Dropping after 1..121 tokens: meanwhile the requests want more than 32 blocks.
+        await asyncio.gather(*(_drop_mid_stream(client, i, 1 + 8 * i) for i in range(n_stream)),
                              *(_drop_unstreamed(client, 100 + i) for i in range(n_plain)))
 
 
@@ -59,6 +75,7 @@ def test_disconnect_frees_everything(live):
     assert _aborted_total(live.base_url) - before == 20
     stats = live.call(lambda e: e.get_stats())
     assert stats.num_generation_tokens_total - tokens_before < 20 * LONG / 2
+    assert stats.num_preemptions_total > 0  # some aborted requests were preempted ones
 
 
 def test_disconnect_while_waiting(live):
