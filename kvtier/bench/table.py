@@ -62,8 +62,8 @@ def comparison_table(results: list[PolicyResult], title: str = "kvtier bench") -
 
 
 def print_table(results: list[PolicyResult], title: str = "kvtier bench", console: Console | None = None) -> None:
-    # Piped output (CI, logs) gets a wide table rather than rich's 80-column default.
-    console = console or Console()
-    if not console.is_terminal:
-        console = Console(width=max(console.width, 180))
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # piped (CI, logs): wide, not rich's 80-column default
+            console = Console(width=180)
     console.print(comparison_table(results, title))

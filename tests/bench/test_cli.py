@@ -1,0 +1,74 @@
+"""`kvtier bench` options -> workload and config; prepared workloads round-trip."""
+
+import argparse
+
+import pytest
+
+from kvtier.bench.arrivals import PAPER_AZURE_CV, ArrivalKind
+from kvtier.bench.cli import add_bench_parser, arrival_spec, bench_config, length_limits, workload_spec
+from kvtier.bench.prepared import load_prepared, save_prepared
+from kvtier.bench.request import BenchRequest, LengthLimits
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers())
+    return parser.parse_args(["bench", "--model", "tiny-llama", *argv])
+
+
+def test_defaults_and_engine_options_together():
+    a = parse("--kv-policy", "swap", "--num-gpu-blocks", "12", "--seed", "3")
+    assert a.policies == "recompute,swap" and a.workload == "sharegpt" and a.arrivals == "offline"
+    assert (a.num_gpu_blocks, a.seed, a.workload_seed) == (12, 3, 0)  # engine seed != workload seed
+    cfg = bench_config(a)
+    assert cfg.policies == ("recompute", "swap") and cfg.slo is None and cfg.sweep is None
+
+
+def test_slo_in_ms_and_sweep():
+    cfg = bench_config(parse("--slo-ttft", "250", "--slo-tpot", "40", "--goodput-sweep",
+                             "--sweep-rates", "1,2,4", "--policies", "swap, recompute"))
+    assert (cfg.slo.ttft_s, cfg.slo.tpot_s) == (0.25, 0.04)
+    assert cfg.sweep.rates == (1.0, 2.0, 4.0) and cfg.policies == ("swap", "recompute")
+
+
+def test_length_limits_follow_dataset_and_context():
+    assert length_limits(parse(), 4096) == LengthLimits(4, 4, 1024, 2048)
+    assert length_limits(parse(), 512) == LengthLimits(4, 4, 511, 512)
+    assert length_limits(parse("--workload", "leval"), 8192) == LengthLimits(4, 4, 8191, 8192)
+    custom = parse("--max-prompt-len", "100", "--max-total-len", "300", "--min-output-len", "8")
+    assert length_limits(custom, 4096) == LengthLimits(4, 8, 100, 300)
+
+
+def test_arrivals():
+    assert arrival_spec(parse()).kind is ArrivalKind.OFFLINE
+    g = arrival_spec(parse("--arrivals", "gamma", "--rate", "5"))
+    assert (g.kind, g.rate, g.cv) == (ArrivalKind.GAMMA, 5.0, PAPER_AZURE_CV)
+    p = arrival_spec(parse("--arrivals", "paper-gamma", "--rate-scale", "2"))
+    assert p.rate == pytest.approx(2 / 0.011075) and p.cv == PAPER_AZURE_CV
+    with pytest.raises(SystemExit):
+        arrival_spec(parse("--arrivals", "poisson"))
+    with pytest.raises(SystemExit):
+        arrival_spec(parse("--arrivals", "trace"))
+
+
+def test_trace_arrivals_and_replay(tmp_path):
+    csv = tmp_path / "t.csv"
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                   + "".join(f"2023-11-16 00:00:{i:02d}.0,{20 + i},{10 + i}\n" for i in range(0, 40, 2)))
+    gaps = arrival_spec(parse("--arrivals", "trace", "--trace-path", str(csv), "--rate-scale", "4"))
+    assert gaps.mean_rate == pytest.approx(2.0)
+    replay = workload_spec(parse("--workload", "azure", "--dataset-path", str(csv), "--arrivals",
+                                 "trace", "--trace-start", "5", "--num-prompts", "3"), 4096)
+    assert replay.arrivals.trace_gaps_s[:2] == (2.0, 2.0) and len(replay.arrivals.trace_gaps_s) == 14
+    assert replay.trace_start == 5 and replay.path == str(csv)
+
+
+def test_prepared_round_trip(tmp_path):
+    reqs = [BenchRequest((1, 2, 3, 4), 5, 0.0), BenchRequest(tuple(range(50)), 9, 0.1),
+            BenchRequest((7, 8, 9, 10, 11), 6, 0.3)]
+    path = tmp_path / "w.json"
+    save_prepared(reqs, path, {"spec": {"dataset": "x"}})
+    got = load_prepared(path, 2, LengthLimits(max_prompt_len=10, max_total_len=None))
+    assert got == [BenchRequest((1, 2, 3, 4), 5), BenchRequest((7, 8, 9, 10, 11), 6)]
+    with pytest.raises(ValueError, match="only 2"):
+        load_prepared(path, 3, LengthLimits(max_prompt_len=10, max_total_len=None))
