@@ -18,6 +18,7 @@ import concurrent.futures
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -48,6 +49,7 @@ class _Add:
     prompts: Sequence[tuple[str, list[int]]]  # (request_id, prompt token ids)
     params: SamplingParams
     future: concurrent.futures.Future
+    arrival_time: float | None = None  # on the engine's clock
 
 
 @dataclass
@@ -164,6 +166,11 @@ class AsyncEngine:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 30.0)
 
+    def now(self) -> float:
+        """The engine's clock (time.monotonic for a real engine), for arrival times."""
+        clock = getattr(self.engine, "clock", None)
+        return clock() if callable(clock) else time.monotonic()
+
     @property
     def is_healthy(self) -> bool:
         return self._closed is None and self._thread is not None and self._thread.is_alive()
@@ -179,10 +186,15 @@ class AsyncEngine:
 
     # ------------------------------------------------------------------ requests (loop)
     async def submit(
-        self, prompts: Sequence[tuple[str, list[int]]], params: SamplingParams
+        self,
+        prompts: Sequence[tuple[str, list[int]]],
+        params: SamplingParams,
+        arrival_time: float | None = None,
     ) -> RequestStream:
         """Add one engine request per (request_id, prompt ids); all or none are added.
 
+        `arrival_time` (from `now()`, taken when the HTTP request came in) makes the engine's
+        TTFT and E2E include tokenization and the wait for the worker.
         Raises InvalidRequestError (from the engine), ServerOverloadedError,
         ShuttingDownError or EngineDeadError.
         """
@@ -193,7 +205,7 @@ class AsyncEngine:
             self._streams[rid] = stream
             self._pending.add(rid)
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._enqueue(_Add(prompts, params, future), future)
+        self._enqueue(_Add(prompts, params, future, arrival_time), future)
         try:
             await asyncio.wrap_future(future)
         except BaseException:
@@ -320,7 +332,7 @@ class AsyncEngine:
         added: list[str] = []
         try:
             for rid, prompt_ids in cmd.prompts:
-                self.engine.add_request(rid, prompt_ids, cmd.params)
+                self.engine.add_request(rid, prompt_ids, cmd.params, cmd.arrival_time)
                 self._tracker.track(rid, stop_holdback(cmd.params.stop))
                 added.append(rid)
         except Exception as exc:  # InvalidRequestError mostly; all or none are added

@@ -33,6 +33,7 @@ from kvtier.server.streaming import (
 async def create_chat_completion(
     state: ServerState, req: ChatCompletionRequest, raw: Request
 ) -> ChatCompletionResponse | Response:
+    arrival_time = state.async_engine.now()
     model = state.resolve_model(req.model)
     prompt = await state.tokenize(chat_prompt, req, state.tokenizer, state.limits)
     # max_completion_tokens is the newer name; None lets the engine fill the context.
@@ -41,7 +42,7 @@ async def create_chat_completion(
     top_k_logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling_params(req, max_tokens, top_k_logprobs, state.limits)
     request_id = state.new_request_id("chatcmpl")
-    stream = await state.submit(request_id, [prompt], params)
+    stream = await state.submit(request_id, [prompt], params, arrival_time)
 
     def close() -> None:
         state.metrics.requests_aborted.inc(stream.close())

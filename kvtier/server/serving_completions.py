@@ -25,12 +25,13 @@ from kvtier.server.streaming import (
 async def create_completion(
     state: ServerState, req: CompletionRequest, raw: Request
 ) -> CompletionResponse | Response:
+    arrival_time = state.async_engine.now()
     model = state.resolve_model(req.model)
     prompts = await state.tokenize(completion_prompts, req, state.tokenizer, state.limits)
     check_lengths(prompts, req.max_tokens, state.limits, req.min_tokens)
     params = sampling_params(req, req.max_tokens, req.logprobs, state.limits)
     request_id = state.new_request_id("cmpl")
-    stream = await state.submit(request_id, prompts, params)
+    stream = await state.submit(request_id, prompts, params, arrival_time)
     num_prompt_tokens = sum(len(p) for p in prompts)
 
     def close() -> None:

@@ -64,12 +64,12 @@ class ServerState:
         return f"{prefix}-{uuid.uuid4().hex}"
 
     async def submit(
-        self, request_id: str, prompts: Sequence[list[int]], params: SamplingParams
+        self, request_id: str, prompts: Sequence[list[int]], params: SamplingParams, arrival_time: float
     ) -> RequestStream:
         """One engine request per prompt; engine and admission errors become API errors."""
         engine_prompts = [(f"{request_id}-{i}", p) for i, p in enumerate(prompts)]
         try:
-            return await self.async_engine.submit(engine_prompts, params)
+            return await self.async_engine.submit(engine_prompts, params, arrival_time)
         except InvalidRequestError as exc:
             raise APIError(400, str(exc), code="invalid_value") from None
         except ServerOverloadedError as exc:
