@@ -1,22 +1,30 @@
 """The runner's persistent block tables, kept in sync with the scheduler through plan diffs.
 
-One row per running request; rows are reused. Building per-step tensors is then a numpy
-fancy-index over rows instead of rebuilding Python lists of every table every step.
+One row per running request; rows are reused. The numpy table serves the host (slot
+mapping); a device mirror receives only each step's new entries (a few hundred ints, not
+the whole [groups, requests, blocks] table), and kernels read rows of it gathered on the
+device.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from kvtier.core.plan import ScheduledRequest
 
 
 class BlockTables:
-    def __init__(self, num_groups: int, max_reqs: int, max_blocks_per_req: int):
+    def __init__(self, num_groups: int, max_reqs: int, max_blocks_per_req: int,
+                 device: torch.device | None = None):
         self.table = np.zeros((num_groups, max_reqs, max_blocks_per_req), dtype=np.int32)
         self.num_blocks = np.zeros(max_reqs, dtype=np.int32)
         self.row_of: dict[str, int] = {}
         self._free_rows = list(range(max_reqs - 1, -1, -1))
+        self.device_table: torch.Tensor | None = None
+        if device is not None:
+            self.device_table = torch.zeros(self.table.shape, dtype=torch.int32, device=device)
+        self._dirty: list[tuple[int, int, int]] = []  # (row, first column, count)
 
     def apply(self, sr: ScheduledRequest) -> int:
         """Record the request's new blocks; returns its row."""
@@ -30,8 +38,28 @@ class BlockTables:
         k = len(sr.new_block_ids[0]) if sr.new_block_ids else 0
         if k:
             self.table[:, row, start : start + k] = np.asarray(sr.new_block_ids, dtype=np.int32)
+            self._dirty.append((row, start, k))
         self.num_blocks[row] = start + k
         return row
+
+    def sync_device(self) -> None:
+        """Copy this step's new entries to the device mirror: one small upload, one scatter."""
+        if self.device_table is None or not self._dirty:
+            self._dirty.clear()
+            return
+        rows = np.concatenate([np.full(k, r) for r, _, k in self._dirty])
+        cols = np.concatenate([np.arange(c, c + k) for _, c, k in self._dirty])
+        values = self.table[:, rows, cols]  # [G, N]
+        dev = self.device_table.device
+        packed = torch.from_numpy(np.stack([rows, cols]).astype(np.int64)).to(dev, non_blocking=True)
+        vals = torch.from_numpy(np.ascontiguousarray(values)).to(dev, non_blocking=True)
+        self.device_table[:, packed[0], packed[1]] = vals
+        self._dirty.clear()
+
+    def gather_device(self, rows: torch.Tensor, width: int | None = None) -> torch.Tensor:
+        """[G, len(rows), width] view of the device mirror's rows (row-contiguous)."""
+        assert self.device_table is not None
+        return self.device_table.index_select(1, rows)[:, :, :width]
 
     def remove(self, request_id: str) -> None:
         row = self.row_of.pop(request_id, None)

@@ -94,15 +94,13 @@ class DecodeGraphs:
         size = self.padded_size(b)
         if size is None:
             return None
-        tables = self.runner.block_tables.table
-        w = batch.max_blocks
+        rows = torch.from_numpy(batch.rows).to(self.input_ids.device, non_blocking=True)
         self.input_ids[:b].copy_(torch.from_numpy(batch.input_ids), non_blocking=True)
         self.positions[:b].copy_(torch.from_numpy(batch.positions), non_blocking=True)
         self.seq_lens[:b].copy_(torch.from_numpy(batch.seq_lens.astype(np.int32)),
                                 non_blocking=True)
         self.slot_mapping[:, :b].copy_(torch.from_numpy(batch.slots), non_blocking=True)
-        self.block_tables[:, :b, :w].copy_(
-            torch.from_numpy(np.ascontiguousarray(tables[:, batch.rows, :w])), non_blocking=True)
+        self.block_tables[:, :b].copy_(self.runner.block_tables.gather_device(rows))
         if size > b:  # padded rows: one token over the scratch block
             self.seq_lens[b:size].fill_(1)
             self.slot_mapping[:, b:size].fill_(self.scratch_slot)

@@ -43,6 +43,7 @@ class ModelRunner:
         self.block_tables = BlockTables(
             self.num_groups, config.scheduler.max_num_seqs,
             cdiv(config.scheduler.max_model_len, self.block_size),
+            device=device,
         )
         self.gpu_kv: torch.Tensor | None = None
         self.host_kv: torch.Tensor | None = None
@@ -116,6 +117,7 @@ class ModelRunner:
         if not plan.scheduled:
             return StepResult(sampled={})
         batch = build_host_batch(plan.scheduled, self.block_tables, self.block_size)
+        self.block_tables.sync_device()
         logits = self._logits(batch)
         if logits is None:
             return StepResult(sampled={})
@@ -169,7 +171,7 @@ class ModelRunner:
             t = torch.from_numpy(np.ascontiguousarray(a if dtype is None else a.astype(dtype)))
             return t.to(dev, non_blocking=True)
 
-        tables = self.block_tables.table[:, batch.rows, : batch.max_blocks]  # [G, B, w]
+        tables = self.block_tables.gather_device(put(batch.rows), batch.max_blocks)  # [G, B, w]
         meta = AttentionMetadata(
             num_tokens=batch.num_tokens,
             num_reqs=batch.num_reqs,
@@ -178,7 +180,7 @@ class ModelRunner:
             max_seq_len=int(batch.seq_lens.max()),
             query_start_loc=put(batch.query_start_loc, np.int32),
             seq_lens=put(batch.seq_lens, np.int32),
-            block_tables=put(tables),
+            block_tables=tables,
             slot_mapping=put(batch.slots),
             layers_per_block=self.layers_per_block,
             block_size=self.block_size,
