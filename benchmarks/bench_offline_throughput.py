@@ -15,6 +15,22 @@ from benchmarks.common import write_result
 from kvtier import LLM, SamplingParams
 
 
+def step_summary(steps: list[tuple[float, int, int]]) -> dict:
+    """Time split between decode-only steps (one token per request) and mixed ones."""
+    dec = [s for s in steps if s[2] <= s[1]]
+    mixed = [s for s in steps if s[2] > s[1]]
+
+    def part(rows: list[tuple[float, int, int]]) -> dict:
+        if not rows:
+            return {"count": 0}
+        return {"count": len(rows), "total_s": sum(r[0] for r in rows),
+                "mean_ms": 1e3 * sum(r[0] for r in rows) / len(rows),
+                "mean_tokens": sum(r[2] for r in rows) / len(rows)}
+
+    small = [s for s in dec if s[1] < 64]
+    return {"decode_only": part(dec), "mixed": part(mixed), "decode_only_batch_lt_64": part(small)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workload", required=True)
@@ -33,12 +49,21 @@ def main() -> None:
               gpu_memory_utilization=args.gpu_memory_utilization)
     warm = [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, detokenize=False)]
     llm.generate([{"prompt_token_ids": reqs[0][0]}], warm)
-    params = [SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True, detokenize=False)
-              for _, out in reqs]
+    engine = llm.engine
+    for i, (prompt, out) in enumerate(reqs):
+        engine.add_request(str(i), prompt, SamplingParams(
+            temperature=0.0, max_tokens=out, ignore_eos=True, detokenize=False,
+            output_kind="final_only"))
+    steps = []  # (wall s, requests, tokens, decode-only?) per step: where the time goes
+    n_out = 0
     t0 = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": p} for p, _ in reqs], params)
+    while engine.has_unfinished_requests():
+        s0 = time.perf_counter()
+        done = engine.step()
+        st = engine.get_stats()
+        n_out += sum(len(o.outputs[0].token_ids) for o in done)
+        steps.append((time.perf_counter() - s0, st.num_scheduled_requests, st.num_scheduled_tokens))
     elapsed = time.perf_counter() - t0
-    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
     n_in = sum(len(p) for p, _ in reqs)
     assert n_out == sum(out for _, out in reqs), "every request must produce its full output"
     stats = llm.engine.get_stats()
@@ -48,6 +73,7 @@ def main() -> None:
         "elapsed_s": elapsed, "requests_per_s": len(reqs) / elapsed,
         "output_tokens_per_s": n_out / elapsed, "total_tokens_per_s": (n_in + n_out) / elapsed,
         "num_preemptions": stats.num_preemptions_total, "gpu_blocks_total": stats.gpu_blocks_total,
+        "steps": step_summary(steps),
         "options": vars(args),
     }
     print(json.dumps(result, indent=1))

@@ -64,6 +64,7 @@ class LLMEngine:
         self._parents: dict[str, _Parent] = {}
         self._child_of: dict[str, tuple[_Parent, _Child]] = {}
         self._last_step_tokens = 0
+        self._last_step_reqs = 0
         self._last_step_time = 0.0
 
     @classmethod
@@ -162,6 +163,7 @@ class LLMEngine:
         touched = self.scheduler.update(plan, result)
         outputs = self._process(touched, result, plan.num_scheduled_tokens)
         self._last_step_tokens = plan.num_scheduled_tokens
+        self._last_step_reqs = len(plan.scheduled)
         self._last_step_time = self.clock() - t0
         return outputs
 
@@ -241,6 +243,7 @@ class LLMEngine:
             num_prompt_tokens_total=c.num_prompt_tokens,
             num_generation_tokens_total=c.num_generation_tokens,
             num_scheduled_tokens=self._last_step_tokens,
+            num_scheduled_requests=self._last_step_reqs,
             block_bytes=self.block_bytes,
             step_time_s=self._last_step_time,
         )

@@ -60,3 +60,4 @@ class EngineStats:
     num_scheduled_tokens: int  # in the last step
     block_bytes: int
     step_time_s: float  # wall time of the last step
+    num_scheduled_requests: int = 0  # in the last step

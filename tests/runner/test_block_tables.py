@@ -20,7 +20,7 @@ def test_diffs_and_resets_match_a_reference_on_host_and_device():
     rng = random.Random(0)
     bt = BlockTables(num_groups=2, max_reqs=4, max_blocks_per_req=12, device=torch.device("cpu"))
     ref: dict[str, list[list[int]]] = {}
-    for step in range(200):
+    for _ in range(200):
         rid = f"r{rng.randint(0, 5)}"
         if rid not in bt.row_of and len(bt.row_of) == 4:
             continue
