@@ -1,0 +1,37 @@
+"""`kvtier profile` end to end on the CPU path (tiny model, tiny sweeps): every sweep runs
+through the real runner, the fit succeeds, and the calibration loads into a cost model."""
+
+import argparse
+
+from kvtier.costmodel.calibrate import add_profile_parser, main
+from kvtier.costmodel.calibration import Calibration
+from kvtier.costmodel.hardware import get_hardware
+from kvtier.costmodel.model import CostModel
+from kvtier.costmodel.shape import StepShape
+from kvtier.model.loader import resolve_model_config
+
+
+def test_profile_parser_plugs_into_a_cli():
+    parser = argparse.ArgumentParser()
+    add_profile_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["profile", "llama-2-13b", "--out", "c.json"])
+    assert args.max_model_len == 4096 and args.load_format == "dummy" and callable(args.func)
+
+
+def test_profile_tiny_model_on_cpu(tmp_path):
+    out = tmp_path / "calib.json"
+    rc = main(["tiny-llama", "--out", str(out), "--hardware", "h200", "--quick",
+               "--loop-requests", "40", "--num-gpu-blocks", "256", "--max-model-len", "256",
+               "--max-num-batched-tokens", "256", "--max-num-seqs", "8"])
+    assert rc == 0
+    calib = Calibration.load(out)
+    assert set(calib.gemm) == {"qkv", "o", "gate_up", "down", "lm_head"}
+    assert calib.attn_decode_graph.rows and calib.attn_decode_eager.rows
+    assert calib.raw["steps"] and calib.raw["copies"]["out"] and calib.raw["loop"]
+    assert calib.fit_report["steps"]["num_steps"] == len(calib.raw["steps"])
+    assert calib.environment["torch"]
+    mc, _ = resolve_model_config("tiny-llama", "dummy")
+    cm = CostModel(mc, get_hardware("h200"), calib)
+    cost = cm.predict(StepShape(num_decodes=4, decode_ctx_sum=200, decode_ctx_max=60,
+                                prefills=((30, 0),), num_sampled=5))
+    assert cost.executor_s > 0 and cost.loop_s > 0
