@@ -31,7 +31,7 @@ class ArrivalSpec:
     rate: float | None = None  # requests/s (poisson, gamma)
     cv: float = 1.0  # gamma: std/mean of the gaps; 1 is Poisson, > 1 burstier
     trace_gaps_s: tuple[float, ...] | None = None  # trace: recorded gaps in seconds
-    scale: float = 1.0  # trace: rate multiplier (2.0 sends twice as fast)
+    scale: float = 1.0  # rate multiplier: 2.0 sends twice as fast (the same draws, gaps halved)
 
     def __post_init__(self) -> None:
         if self.kind in (ArrivalKind.POISSON, ArrivalKind.GAMMA) and not (self.rate and self.rate > 0):
@@ -44,21 +44,28 @@ class ArrivalSpec:
             raise ValueError(f"scale must be > 0, got {self.scale}")
 
     @property
+    def mean_gap_s(self) -> float:
+        """Mean gap of the process before scaling (poisson/gamma: 1/rate)."""
+        if self.kind is ArrivalKind.TRACE and self.trace_gaps_s:
+            return float(np.mean(self.trace_gaps_s))
+        if self.rate:
+            return 1.0 / self.rate
+        raise ValueError(f"{self.kind.value} arrivals have no mean gap")
+
+    @property
     def mean_rate(self) -> float | None:
         """Requests per second this process sends on average (None: all at once)."""
         if self.kind is ArrivalKind.OFFLINE:
             return None
-        if self.kind is ArrivalKind.TRACE:
-            return self.scale / float(np.mean(self.trace_gaps_s))
-        return self.rate
+        return self.scale / self.mean_gap_s
 
     def with_rate(self, rate: float) -> ArrivalSpec:
         """The same process sped up or slowed down to `rate` requests/s (for load sweeps)."""
         if self.kind is ArrivalKind.OFFLINE:
             raise ValueError("offline arrivals have no rate to sweep")
         if self.kind is ArrivalKind.TRACE:
-            return replace(self, scale=rate * float(np.mean(self.trace_gaps_s)))
-        return replace(self, rate=rate)
+            return replace(self, scale=rate * self.mean_gap_s)
+        return replace(self, rate=rate, scale=1.0)
 
 
 def paper_azure_gamma(workload: str, scale: float = 1.0) -> ArrivalSpec:
@@ -79,13 +86,15 @@ def arrival_gaps(spec: ArrivalSpec, num: int, seed: int) -> np.ndarray:
     if spec.kind is ArrivalKind.OFFLINE:
         return np.zeros(num)
     if spec.kind is ArrivalKind.POISSON:
-        return rng.exponential(1.0 / spec.rate, size=num)
-    if spec.kind is ArrivalKind.GAMMA:
-        return gamma_gaps(rng, num, 1.0 / spec.rate, spec.cv)
-    gaps = np.asarray(spec.trace_gaps_s, dtype=float)
-    if len(gaps) < num:
-        raise ValueError(f"the trace has {len(gaps)} gaps, {num} needed")
-    return gaps[:num] / spec.scale
+        gaps = rng.exponential(spec.mean_gap_s, size=num)
+    elif spec.kind is ArrivalKind.GAMMA:
+        gaps = gamma_gaps(rng, num, spec.mean_gap_s, spec.cv)
+    else:
+        gaps = np.asarray(spec.trace_gaps_s or (), dtype=float)
+        if len(gaps) < num:
+            raise ValueError(f"the trace has {len(gaps)} gaps, {num} needed")
+        gaps = gaps[:num]
+    return gaps / spec.scale
 
 
 def arrival_offsets(spec: ArrivalSpec, num_requests: int, seed: int) -> np.ndarray:

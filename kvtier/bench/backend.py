@@ -52,9 +52,10 @@ class RequestRecord:
     @property
     def tpot_s(self) -> float | None:
         """(e2e - ttft) / (output tokens - 1), vLLM's definition; None below 2 tokens."""
-        if not self.ok or self.output_len < 2 or self.ttft_s is None:
+        ttft, e2e = self.ttft_s, self.e2e_s
+        if not self.ok or self.output_len < 2 or ttft is None or e2e is None:
             return None
-        return (self.e2e_s - self.ttft_s) / (self.output_len - 1)
+        return (e2e - ttft) / (self.output_len - 1)
 
     def itls_s(self) -> list[float]:
         t = self.token_times_s

@@ -77,7 +77,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     a.add_argument("--rate", type=float, default=None, help="poisson/gamma: requests per second")
     a.add_argument("--cv", type=float, default=PAPER_AZURE_CV, help="gamma: CV of the gaps")
     a.add_argument("--rate-scale", type=float, default=1.0,
-                   help="paper-gamma/trace: send this many times faster (the paper sweeps 0.5-3)")
+                   help="send this many times faster, same draws (the paper sweeps 0.5-3)")
     a.add_argument("--trace-path", default=None,
                    help="Azure trace CSV for --arrivals trace (default: --dataset-path)")
     s = p.add_argument_group("goodput")
@@ -118,7 +118,8 @@ def arrival_spec(args: argparse.Namespace) -> ArrivalSpec:
         return ArrivalSpec(ArrivalKind.TRACE, trace_gaps_s=gaps, scale=args.rate_scale)
     if args.rate is None:
         raise SystemExit(f"kvtier bench: --arrivals {kind} needs --rate")
-    return ArrivalSpec(ArrivalKind(kind), rate=args.rate, cv=args.cv if kind == "gamma" else 1.0)
+    cv = args.cv if kind == "gamma" else 1.0
+    return ArrivalSpec(ArrivalKind(kind), rate=args.rate, cv=cv, scale=args.rate_scale)
 
 
 def length_limits(args: argparse.Namespace, max_model_len: int) -> LengthLimits:

@@ -13,7 +13,7 @@ from kvtier.bench.clock import Clock
 from kvtier.bench.engine_backend import EngineBackend, EngineLike
 from kvtier.bench.goodput import GoodputResult, goodput_bisect, goodput_grid
 from kvtier.bench.gpu_monitor import GpuMonitor
-from kvtier.bench.metrics import Slo, Summary, engine_summary, summarize_run
+from kvtier.bench.metrics import Slo, Summary, engine_summary, slo_attainment, summarize_run
 from kvtier.bench.request import BenchRequest
 from kvtier.bench.runner import RunOptions, RunResult, run_workload
 from kvtier.bench.workload import Workload, at_rate
@@ -108,14 +108,15 @@ def probe_figures(summary: Summary, engine: dict) -> dict:
 def sweep_goodput(factory: EngineFactory, policy: str, workload: Workload, config: BenchConfig,
                   log: Callable[[str], None], clock: Clock | None = None) -> GoodputResult:
     sweep, slo = config.sweep, config.slo
-    if slo is None:
-        raise ValueError("a goodput sweep needs SLOs (--slo-ttft and/or --slo-tpot)")
+    if sweep is None or slo is None:
+        raise ValueError("a goodput sweep needs a SweepConfig and SLOs (--slo-ttft/--slo-tpot)")
 
     def run_at(rate: float) -> tuple[float, dict]:
         result = run_once(factory, policy, at_rate(workload, rate), config, None, clock)
         summary = summarize_run(result, slo)
-        log(f"  {policy} @ {rate:.3g} req/s: SLO attainment {summary.slo_attainment:.1%}")
-        return summary.slo_attainment, probe_figures(summary, engine_summary(result))
+        attainment = slo_attainment(result.records, slo)
+        log(f"  {policy} @ {rate:.3g} req/s: SLO attainment {attainment:.1%}")
+        return attainment, probe_figures(summary, engine_summary(result))
 
     if sweep.rates:
         return goodput_grid(run_at, sweep.rates, sweep.target)

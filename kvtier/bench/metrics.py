@@ -44,7 +44,8 @@ class Slo:
         One-token requests have no TPOT and meet that half trivially."""
         if not r.ok:
             return False
-        if self.ttft_s is not None and r.ttft_s > self.ttft_s:
+        ttft = r.ttft_s
+        if self.ttft_s is not None and (ttft is None or ttft > self.ttft_s):
             return False
         tpot = r.tpot_s
         return self.tpot_s is None or tpot is None or tpot <= self.tpot_s
@@ -112,10 +113,10 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo: Slo | No
         request_throughput=per_s(len(done)),
         output_throughput=per_s(out_tokens),
         total_token_throughput=per_s(all_tokens),
-        ttft_s=Distribution.of([r.ttft_s for r in done]),
+        ttft_s=Distribution.of([t for r in done if (t := r.ttft_s) is not None]),
         tpot_s=Distribution.of([t for r in done if (t := r.tpot_s) is not None]),
         itl_s=Distribution.of([x for r in done for x in r.itls_s()]),
-        e2e_s=Distribution.of([r.e2e_s for r in done]),
+        e2e_s=Distribution.of([t for r in done if (t := r.e2e_s) is not None]),
         mean_concurrency=mean_concurrency(times, counts),
         max_concurrency=int(counts.max()) if len(counts) else 0,
         slo_attainment=attain,

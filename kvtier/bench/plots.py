@@ -35,9 +35,9 @@ def plot_latency_cdfs(runs: Mapping[str, RunResult], path: Path) -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for policy, run in runs.items():
         done = [r for r in run.records if r.ok]
-        _cdf(axes[0], [r.ttft_s for r in done], policy)
+        _cdf(axes[0], [t for r in done if (t := r.ttft_s) is not None], policy)
         _cdf(axes[1], [t for r in done if (t := r.tpot_s) is not None], policy)
-        _cdf(axes[2], [r.e2e_s for r in done], policy)
+        _cdf(axes[2], [t for r in done if (t := r.e2e_s) is not None], policy)
     for ax, name in zip(axes, ("TTFT", "TPOT", "E2E latency")):
         lo, hi = ax.dataLim.x0, ax.dataLim.x1
         if lo > 0 and hi / lo > 100:  # queueing spreads latencies over decades

@@ -15,6 +15,7 @@ from pathlib import Path
 from kvtier.bench import plots
 from kvtier.bench.environment import environment
 from kvtier.bench.experiment import PolicyResult
+from kvtier.bench.gpu_monitor import GpuSummary
 from kvtier.bench.runner import RunResult
 from kvtier.bench.workload import Workload
 from kvtier.engine.outputs import EngineStats
@@ -74,6 +75,14 @@ def write_steps_csv(run: RunResult, path: Path) -> None:
             w.writerow([s.t_s, *(stats[n] for n in names)])
 
 
+def write_gpu_csv(gpu: GpuSummary, path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["t_s", "gpu_util_pct", "mem_used_bytes", "power_w"])
+        for g in gpu.samples:
+            w.writerow([g.t_s, g.gpu_util_pct, g.mem_used_bytes, g.power_w])
+
+
 def write_plots(results: list[PolicyResult], out: Path) -> dict[str, str]:
     runs = {r.policy: r.run for r in results}
     files = {
@@ -96,6 +105,9 @@ def write_result_dir(out: Path, results: list[PolicyResult], workload: Workload,
         files["steps"][r.policy] = f"steps_{r.policy}.csv"
         write_requests_csv(r.run, out / files["requests"][r.policy])
         write_steps_csv(r.run, out / files["steps"][r.policy])
+        if r.run.gpu is not None:
+            files.setdefault("gpu", {})[r.policy] = f"gpu_{r.policy}.csv"
+            write_gpu_csv(r.run.gpu, out / files["gpu"][r.policy])
     policies = {r.policy: policy_dict(r) for r in results}
     first = results[0].policy
     doc = {

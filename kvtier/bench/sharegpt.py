@@ -27,6 +27,11 @@ def default_sharegpt_path() -> Path:
         return Path(path)
 
 
+def _skip_separators(text: str, pos: int) -> int:
+    match = _SEPARATORS.match(text, pos)  # `[\s,]*` matches everywhere, possibly empty
+    return match.end() if match else pos
+
+
 def iter_json_array(text: str) -> Iterator[dict]:
     """The objects of a top-level JSON array, one at a time.
 
@@ -36,7 +41,7 @@ def iter_json_array(text: str) -> Iterator[dict]:
     decoder = json.JSONDecoder()
     pos = text.index("[") + 1
     while True:
-        pos = _SEPARATORS.match(text, pos).end()
+        pos = _skip_separators(text, pos)
         if pos >= len(text) or text[pos] == "]":
             return
         try:

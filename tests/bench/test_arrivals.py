@@ -64,3 +64,11 @@ def test_invalid_specs():
         ArrivalSpec(ArrivalKind.GAMMA, rate=1.0, cv=0.0)
     with pytest.raises(ValueError):
         ArrivalSpec(ArrivalKind.TRACE)
+
+
+def test_scale_applies_to_every_process():
+    base = ArrivalSpec(ArrivalKind.GAMMA, rate=10.0, cv=2.0)
+    fast = ArrivalSpec(ArrivalKind.GAMMA, rate=10.0, cv=2.0, scale=2.5)
+    np.testing.assert_allclose(arrival_offsets(fast, 20, 4) * 2.5, arrival_offsets(base, 20, 4))
+    assert fast.mean_rate == pytest.approx(25.0)
+    assert fast.with_rate(5.0).mean_rate == pytest.approx(5.0)

@@ -5,7 +5,13 @@ import argparse
 import pytest
 
 from kvtier.bench.arrivals import PAPER_AZURE_CV, ArrivalKind
-from kvtier.bench.cli import add_bench_parser, arrival_spec, bench_config, length_limits, workload_spec
+from kvtier.bench.cli import (
+    add_bench_parser,
+    arrival_spec,
+    bench_config,
+    length_limits,
+    workload_spec,
+)
 from kvtier.bench.prepared import load_prepared, save_prepared
 from kvtier.bench.request import BenchRequest, LengthLimits
 

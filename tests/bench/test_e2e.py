@@ -57,3 +57,23 @@ def test_bench_recompute_vs_swap(tmp_path, one_thread, capsys):
         assert (out / f"steps_{policy}.csv").stat().st_size > 0
     for png in ("latency_cdf.png", "kv_and_running.png"):
         assert (out / png).stat().st_size > 10_000
+
+
+@pytest.mark.filterwarnings("ignore:JSON array truncated")
+def test_demo_runs_and_saves_workload(tmp_path, capsys):
+    """`make run`'s entry point, shortened (the full demo is 48 prompts, ~1 min on 2 cores)."""
+    from kvtier.bench.cli import DEMO_ARGV, demo_main
+
+    n = torch.get_num_threads()
+    try:
+        rc = demo_main(["--num-prompts", "6", "--out", str(tmp_path / "demo"),
+                        "--save-workload", str(tmp_path / "w.json"), "--no-progress"])
+    finally:
+        torch.set_num_threads(n)  # demo_main pins one thread for the process
+    assert rc == 0
+    doc = json.loads((tmp_path / "demo" / "result.json").read_text())
+    assert list(doc["policies"]) == ["recompute", "swap"]
+    assert doc["workload"]["spec"]["arrivals"]["kind"] == "gamma"
+    assert doc["command"].startswith("kvtier bench " + " ".join(DEMO_ARGV[:2]))
+    saved = json.loads((tmp_path / "w.json").read_text())
+    assert len(saved["requests"]) == 6 and saved["spec"]["dataset"] == "sharegpt"

@@ -2,7 +2,13 @@ import numpy as np
 import pytest
 
 from kvtier.bench.backend import RequestRecord
-from kvtier.bench.metrics import Distribution, Slo, concurrency_timeline, mean_concurrency, summarize
+from kvtier.bench.metrics import (
+    Distribution,
+    Slo,
+    concurrency_timeline,
+    mean_concurrency,
+    summarize,
+)
 
 
 def rec(rid, arrival, token_times, prompt_len=10, reason="length", error=None):
