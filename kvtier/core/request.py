@@ -67,11 +67,15 @@ class Request:
 
     def _check_stop(self, token_id: int) -> None:
         params = self.sampling_params
+        if self.num_output_tokens >= self.max_tokens:
+            # max_tokens is already capped at max_model_len: this bound beats min_tokens.
+            self.status = RequestStatus.FINISHED_LENGTH
+            if not params.ignore_eos and token_id in self.eos_token_ids:
+                self.status = RequestStatus.FINISHED_STOPPED
+            return
         if self.num_output_tokens < params.min_tokens:
             return
         if not params.ignore_eos and token_id in self.eos_token_ids:
             self.status = RequestStatus.FINISHED_STOPPED
         elif token_id in params.stop_token_ids:
             self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, token_id
-        elif self.num_output_tokens >= self.max_tokens:
-            self.status = RequestStatus.FINISHED_LENGTH

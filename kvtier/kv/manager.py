@@ -114,6 +114,31 @@ class KVCacheManager:
         self.host.free([b for _, _, b in on_host])
         return copies
 
+    # ---- partial caching (eLLM): drop a prefix, recompute it every step -----------------
+    def num_dropped_tokens(self, req: Request) -> int:
+        """Leading tokens whose KV is DROPPED (all layer groups): recomputed each step."""
+        table = self.tables.get(req.request_id)
+        return table.num_dropped_blocks * self.block_size if table is not None else 0
+
+    def drop_prefix(self, req: Request, num_token_blocks: int) -> int:
+        """Drop the device KV of the request's first `num_token_blocks` token blocks (every
+        layer group; only a prefix can be dropped: its recomputation needs nothing after
+        it). Returns the number of physical blocks freed."""
+        table = self.tables.get(req.request_id)
+        if table is None:
+            return 0
+        start = table.num_dropped_blocks
+        end = min(num_token_blocks, table.num_token_blocks)
+        freed = []
+        for g in range(self.num_groups):
+            for j in range(start, end):
+                assert table.placements[g][j] is Placement.GPU, "only device KV is dropped"
+                freed.append(table.block_ids[g][j])
+                table.block_ids[g][j], table.placements[g][j] = -1, Placement.DROPPED
+        table.num_dropped_blocks = max(start, end)
+        self.gpu.free(freed)
+        return len(freed)
+
     # ---- accounting ------------------------------------------------------------------
     def check_integrity(self) -> None:
         gpu_owned: list[int] = []
@@ -121,6 +146,10 @@ class KVCacheManager:
         for rid, table in self.tables.items():
             lengths = {len(ids) for ids in table.block_ids}
             assert len(lengths) == 1, f"{rid}: layer groups have different block counts"
+            for pls in table.placements:  # DROPPED entries form a prefix of every group
+                k = table.num_dropped_blocks
+                assert all(p is Placement.DROPPED for p in pls[:k]), f"{rid}: dropped prefix"
+                assert Placement.DROPPED not in pls[k:], f"{rid}: a hole after the prefix"
             gpu_owned += [b for _, _, b in table.entries(Placement.GPU)]
             host_owned += [b for _, _, b in table.entries(Placement.HOST)]
         self.gpu.check_integrity(gpu_owned)

@@ -25,6 +25,7 @@ class MapTable:
     def __init__(self, num_groups: int):
         self.block_ids: list[list[int]] = [[] for _ in range(num_groups)]
         self.placements: list[list[Placement]] = [[] for _ in range(num_groups)]
+        self.num_dropped_blocks = 0  # token blocks [0, k) are DROPPED in every group
 
     @property
     def num_token_blocks(self) -> int:

@@ -84,6 +84,13 @@ def test_min_tokens_and_eos(llm):
     assert len(out.token_ids) == 10 and eos not in out.token_ids
 
 
+def test_min_tokens_never_runs_past_max_model_len(llm):
+    # 250 prompt tokens, max_model_len 256: min_tokens asks for more than fits.
+    out = llm.generate([list(range(1, 251))], SamplingParams(
+        temperature=0.0, max_tokens=None, min_tokens=100, ignore_eos=True))[0].outputs[0]
+    assert len(out.token_ids) == 6 and out.finish_reason == "length"
+
+
 def test_logprobs_of_chosen_token(llm):
     out = llm.generate("log", greedy(5, logprobs=2))[0].outputs[0]
     assert len(out.logprobs) == 5
