@@ -77,7 +77,12 @@ class RequestRecord:
 
 
 class Backend(Protocol):
-    """Serves a workload's requests for the runner. Single-threaded use by the runner."""
+    """Serves a workload's requests for the runner. Single-threaded use by the runner.
+
+    Token times are on `time.monotonic()` unless the backend has a `clock` attribute (a
+    `kvtier.bench.clock.Clock`, e.g. a simulator's virtual time): the runner then schedules
+    arrivals and sleeps on that clock.
+    """
 
     def submit(self, request_id: str, request: BenchRequest, arrival_time: float) -> None:
         """Hand one request over. `arrival_time` is when it was due on the runner's clock
@@ -101,4 +106,6 @@ class Backend(Protocol):
         """The engine's state now, or None where the backend cannot see it."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release what serves the requests (an engine's memory, connections)."""
+        ...

@@ -17,7 +17,13 @@ from pathlib import Path
 
 from kvtier.bench.arrivals import PAPER_AZURE_CV, ArrivalKind, ArrivalSpec, paper_azure_gamma
 from kvtier.bench.azure_trace import load_azure_trace
-from kvtier.bench.experiment import BenchConfig, EngineFactory, SweepConfig, run_experiment
+from kvtier.bench.experiment import (
+    BackendFactory,
+    BenchConfig,
+    SweepConfig,
+    engine_backends,
+    run_experiment,
+)
 from kvtier.bench.metrics import Slo
 from kvtier.bench.prepared import save_prepared
 from kvtier.bench.report import write_result_dir
@@ -154,7 +160,7 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
     if not policies:
         raise SystemExit("kvtier bench: --policies is empty")
     return BenchConfig(
-        policies=policies, slo=slo, warmup_requests=args.warmup_requests, ignore_eos=args.ignore_eos,
+        policies=policies, slo=slo, warmup_requests=args.warmup_requests,
         run=RunOptions(progress=args.progress, max_duration_s=args.max_duration),
         sweep=sweep, monitor_gpu=args.gpu_monitor,
     )
@@ -170,10 +176,13 @@ def _tokenizer_and_config(engine_args):
     return load_tokenizer(ckpt, config.tokenizer, config.model_config.vocab_size), config
 
 
-def _engine_factory(engine_args) -> EngineFactory:
+def _engine_backends(engine_args, ignore_eos: bool) -> BackendFactory:
     from kvtier.engine.llm_engine import LLMEngine
 
-    return lambda policy: LLMEngine.from_engine_args(replace(engine_args, kv_policy=policy))
+    def engine(policy: str) -> LLMEngine:
+        return LLMEngine.from_engine_args(replace(engine_args, kv_policy=policy))
+
+    return engine_backends(engine, ignore_eos)
 
 
 def _bench_options(args: argparse.Namespace, engine_args) -> dict:
@@ -191,7 +200,7 @@ def run_bench(args: argparse.Namespace) -> int:
     workload = build_workload(spec, tokenizer, engine_config.model_config.vocab_size)
     if args.save_workload:
         save_prepared(workload.requests, args.save_workload, {"spec": spec.to_dict()})
-    results = run_experiment(workload, _engine_factory(engine_args), config)
+    results = run_experiment(workload, _engine_backends(engine_args, args.ignore_eos), config)
     out = Path(args.out or f"runs/bench-{datetime.now():%Y%m%d-%H%M%S}")
     command = getattr(args, "command_line", None) or shlex.join(["kvtier", *sys.argv[1:]])
     run_config = {"engine": asdict(engine_args), "bench": _bench_options(args, engine_args)}

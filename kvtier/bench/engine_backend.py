@@ -28,6 +28,11 @@ class EngineLike(Protocol):
     def get_stats(self) -> EngineStats: ...
 
 
+def _engine_clock(engine: EngineLike) -> Clock | None:
+    clock = getattr(engine, "clock", None)
+    return clock if hasattr(clock, "now") and hasattr(clock, "sleep") else None
+
+
 def bench_sampling_params(output_len: int, ignore_eos: bool) -> SamplingParams:
     # Greedy and no detokenization: the benchmark measures the KV policy, not the sampler;
     # with ignore_eos every policy generates exactly the same number of tokens.
@@ -40,29 +45,37 @@ class EngineBackend:
     """Calls `engine.step()` once per `poll`; the engine's own timestamps are the record."""
 
     def __init__(self, engine: EngineLike, ignore_eos: bool = True, clock: Clock | None = None):
-        self._engine = engine
+        """`clock` defaults to the engine's own when that is a bench Clock (a simulator's
+        virtual time), else time.monotonic, which LLMEngine stamps with."""
+        self._engine: EngineLike | None = engine
         self._ignore_eos = ignore_eos
-        self._clock = clock or MonotonicClock()
+        self.clock: Clock = clock or _engine_clock(engine) or MonotonicClock()
         self._requests: dict[str, tuple[BenchRequest, float]] = {}
         self._latest: dict[str, RequestOutput] = {}  # last output seen per unfinished request
         self._ended: list[RequestRecord] = []
+
+    @property
+    def engine(self) -> EngineLike:
+        if self._engine is None:
+            raise RuntimeError("the backend is closed")
+        return self._engine
 
     def submit(self, request_id: str, request: BenchRequest, arrival_time: float) -> None:
         self._requests[request_id] = (request, arrival_time)
         params = bench_sampling_params(request.output_len, self._ignore_eos)
         try:
-            self._engine.add_request(request_id, list(request.prompt_token_ids), params, arrival_time)
+            self.engine.add_request(request_id, list(request.prompt_token_ids), params, arrival_time)
         except InvalidRequestError as exc:
             self._ended.append(self._failed(request_id, f"rejected: {exc}"))
 
     def poll(self, timeout_s: float) -> list[RequestRecord]:
-        if self._engine.has_unfinished_requests():
-            for out in self._engine.step():
+        if self.engine.has_unfinished_requests():
+            for out in self.engine.step():
                 self._latest[out.request_id] = out
                 if out.finished:
                     self._ended.append(self._record(out))
         elif not self._ended:
-            self._clock.sleep(timeout_s)
+            self.clock.sleep(timeout_s)
         ended, self._ended = self._ended, []
         for record in ended:
             self._requests.pop(record.request_id, None)
@@ -74,18 +87,19 @@ class EngineBackend:
 
     def abort(self, request_ids: Iterable[str]) -> None:
         ids = [r for r in request_ids if r in self._requests]
-        self._engine.abort_request(ids)
+        self.engine.abort_request(ids)
         for rid in ids:
             out = self._latest.get(rid)
             record = self._record(out, "abort") if out is not None else self._failed(rid, None, "abort")
             self._ended.append(record)
 
     def stats(self) -> EngineStats | None:
-        return self._engine.get_stats()
+        return self.engine.get_stats()
 
     def close(self) -> None:
         self._requests.clear()
         self._latest.clear()
+        self._engine = None  # our reference was the last: the engine's memory can go now
 
     def _record(self, out: RequestOutput, reason: str | None = None) -> RequestRecord:
         request, arrival = self._requests[out.request_id]
@@ -104,7 +118,7 @@ class EngineBackend:
             arrival_s=m.arrival_time,
             first_token_s=m.first_token_time,
             token_times_s=tuple(m.token_times),
-            finish_s=m.finished_time if reason is None else self._clock.now(),
+            finish_s=m.finished_time if reason is None else self.clock.now(),
             finish_reason=reason or completion.finish_reason,
             num_preemptions=m.num_preemptions,
             error=error,

@@ -1,6 +1,7 @@
-"""One benchmark: the same workload under each KV policy, a fresh engine per run.
+"""One benchmark: the same workload under each KV policy, a fresh backend (engine) per run.
 
-    for policy: engine = factory(policy) -> warm-up -> timed run -> [load sweep -> goodput]
+    for policy: backend = factory(policy) -> warm-up -> timed run -> close
+                [load sweep: the same at each rate -> goodput]
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import gc
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from kvtier.bench.backend import Backend
 from kvtier.bench.clock import Clock
 from kvtier.bench.engine_backend import EngineBackend, EngineLike
 from kvtier.bench.goodput import GoodputResult, goodput_bisect, goodput_grid
@@ -18,7 +20,14 @@ from kvtier.bench.request import BenchRequest
 from kvtier.bench.runner import RunOptions, RunResult, run_workload
 from kvtier.bench.workload import Workload, at_rate
 
-EngineFactory = Callable[[str], EngineLike]  # policy name -> a fresh engine
+BackendFactory = Callable[[str], Backend]  # policy name -> a fresh backend serving it
+EngineFactory = Callable[[str], EngineLike]  # policy name -> a fresh in-process engine
+
+
+def engine_backends(factory: EngineFactory, ignore_eos: bool = True,
+                    clock: Clock | None = None) -> BackendFactory:
+    """In-process backends; `clock` is the one the engines stamp tokens with."""
+    return lambda policy: EngineBackend(factory(policy), ignore_eos, clock)
 
 
 @dataclass(frozen=True)
@@ -38,7 +47,6 @@ class BenchConfig:
     policies: tuple[str, ...]
     slo: Slo | None = None
     warmup_requests: int = 2
-    ignore_eos: bool = True
     run: RunOptions = RunOptions()
     sweep: SweepConfig | None = None
     monitor_gpu: bool = True
@@ -54,7 +62,7 @@ class PolicyResult:
 
 
 def _free_memory() -> None:
-    # Free the dropped engine's pools before the next engine claims the same GPU memory.
+    # Free the closed engine's pools before the next engine claims the same GPU memory.
     gc.collect()
     try:
         import torch
@@ -65,28 +73,24 @@ def _free_memory() -> None:
         pass
 
 
-def warm_up(engine: EngineLike, requests: tuple[BenchRequest, ...], num: int, ignore_eos: bool,
-            clock: Clock | None = None) -> None:
+def warm_up(backend: Backend, requests: tuple[BenchRequest, ...], num: int) -> None:
     """Run a few short requests to completion first: kernel compilation and allocator
     growth would otherwise land in the first measured requests' TTFT."""
     if num <= 0 or not requests:
         return
     warm = [replace(r, output_len=min(r.output_len, 8), arrival_s=0.0) for r in requests[:num]]
-    run_workload(EngineBackend(engine, ignore_eos, clock), warm,
-                 RunOptions(progress=False, id_prefix="warmup"), clock=clock)
+    run_workload(backend, warm, RunOptions(progress=False, id_prefix="warmup"))
 
 
-def run_once(factory: EngineFactory, policy: str, workload: Workload, config: BenchConfig,
-             monitor: GpuMonitor | None, clock: Clock | None = None) -> RunResult:
-    """`clock` is the one the engines stamp tokens with (None: time.monotonic)."""
-    engine = factory(policy)
+def run_once(factory: BackendFactory, policy: str, workload: Workload, config: BenchConfig,
+             monitor: GpuMonitor | None) -> RunResult:
+    backend = factory(policy)
     try:
-        warm_up(engine, workload.requests, config.warmup_requests, config.ignore_eos, clock)
+        warm_up(backend, workload.requests, config.warmup_requests)
         options = replace(config.run, id_prefix=policy)
-        return run_workload(EngineBackend(engine, config.ignore_eos, clock), workload.requests,
-                            options, clock=clock, monitor=monitor)
+        return run_workload(backend, workload.requests, options, monitor=monitor)
     finally:
-        del engine  # the only reference: the engine and its KV pools go now
+        backend.close()
         _free_memory()
 
 
@@ -105,33 +109,33 @@ def probe_figures(summary: Summary, engine: dict) -> dict:
     }
 
 
-def sweep_goodput(factory: EngineFactory, policy: str, workload: Workload, config: BenchConfig,
-                  log: Callable[[str], None], clock: Clock | None = None) -> GoodputResult:
+def sweep_goodput(factory: BackendFactory, policy: str, workload: Workload, config: BenchConfig,
+                  log: Callable[[str], None]) -> GoodputResult:
     sweep, slo = config.sweep, config.slo
     if sweep is None or slo is None:
         raise ValueError("a goodput sweep needs a SweepConfig and SLOs (--slo-ttft/--slo-tpot)")
 
     def run_at(rate: float) -> tuple[float, dict]:
-        result = run_once(factory, policy, at_rate(workload, rate), config, None, clock)
-        summary = summarize_run(result, slo)
+        result = run_once(factory, policy, at_rate(workload, rate), config, None)
         attainment = slo_attainment(result.records, slo)
         log(f"  {policy} @ {rate:.3g} req/s: SLO attainment {attainment:.1%}")
-        return attainment, probe_figures(summary, engine_summary(result))
+        return attainment, probe_figures(summarize_run(result, slo), engine_summary(result))
 
     if sweep.rates:
         return goodput_grid(run_at, sweep.rates, sweep.target)
     return goodput_bisect(run_at, sweep.low, sweep.high, sweep.target, sweep.rel_tol)
 
 
-def run_experiment(workload: Workload, factory: EngineFactory, config: BenchConfig,
-                   log: Callable[[str], None] = print, clock: Clock | None = None) -> list[PolicyResult]:
+def run_experiment(workload: Workload, factory: BackendFactory, config: BenchConfig,
+                   log: Callable[[str], None] = print) -> list[PolicyResult]:
     monitor = GpuMonitor.create() if config.monitor_gpu else None
     results = []
     for policy in config.policies:
         log(f"[{policy}] {len(workload.requests)} requests")
-        run = run_once(factory, policy, workload, config, monitor, clock)
+        run = run_once(factory, policy, workload, config, monitor)
         goodput = None
         if config.sweep is not None:
-            goodput = sweep_goodput(factory, policy, workload, config, log, clock)
-        results.append(PolicyResult(policy, run, summarize_run(run, config.slo), engine_summary(run), goodput))
+            goodput = sweep_goodput(factory, policy, workload, config, log)
+        summary = summarize_run(run, config.slo)
+        results.append(PolicyResult(policy, run, summary, engine_summary(run), goodput))
     return results

@@ -56,14 +56,17 @@ def run_workload(
     clock: Clock | None = None,
     monitor: GpuMonitor | None = None,
 ) -> RunResult:
-    clock = clock or MonotonicClock()
+    """`clock`: the one the backend stamps tokens with; default the backend's own `clock`
+    attribute, else time.monotonic."""
+    clock = clock or getattr(backend, "clock", None) or MonotonicClock()
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
     pending = deque(order)
     ids = [f"{options.id_prefix}-{i}" for i in range(len(requests))]
     ended: dict[str, RequestRecord] = {}
     steps: list[StepSample] = []
     baseline = backend.stats()
-    bar = tqdm(total=len(requests), unit="req", disable=not options.progress, leave=False)
+    bar = tqdm(total=len(requests), unit="req", desc=options.id_prefix, disable=not options.progress,
+               leave=False)
     if monitor is not None:
         monitor.start()
     t0 = clock.now()

@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 
 from kvtier.bench.arrivals import ArrivalKind, ArrivalSpec
-from kvtier.bench.experiment import BenchConfig, SweepConfig, run_experiment
+from kvtier.bench.experiment import BenchConfig, SweepConfig, engine_backends, run_experiment
 from kvtier.bench.metrics import Slo
 from kvtier.bench.report import flatten, ratios, write_result_dir
 from kvtier.bench.runner import RunOptions
@@ -28,12 +28,12 @@ def experiment():
                         seed=3, input_len=12, output_len=20, range_ratio=0.5)
     workload = build_workload(spec, WordTokenizer(), 1000)
     clock = VirtualClock()
-    factory = lambda policy: FakeEngine(clock, num_blocks=12, block_size=4,  # noqa: E731
+    engines = lambda policy: FakeEngine(clock, num_blocks=12, block_size=4,  # noqa: E731
                                         base_s=SPEEDS[policy], per_token_s=1e-4)
     config = BenchConfig(policies=("fast", "slow"), slo=Slo(ttft_s=0.05, tpot_s=0.01),
                          run=RunOptions(progress=False), sweep=SweepConfig(rates=(2.0, 10.0, 40.0)),
                          monitor_gpu=False)
-    results = run_experiment(workload, factory, config, log=lambda s: None, clock=clock)
+    results = run_experiment(workload, engine_backends(engines, clock=clock), config, log=lambda s: None)
     return workload, results
 
 

@@ -62,7 +62,7 @@ def test_goodput_of_fake_engine(word_tokenizer):
         clock = VirtualClock()
         engine = FakeEngine(clock, num_blocks=1000, max_num_seqs=1)
         result = run_workload(EngineBackend(engine, clock=clock), at_rate(workload, rate).requests,
-                              RunOptions(progress=False), clock=clock)
+                              RunOptions(progress=False))
         s = summarize_run(result, slo)
         return s.slo_attainment, {"ttft_p90": s.ttft_s.p90}
 

@@ -10,7 +10,7 @@ QUIET = RunOptions(progress=False)
 
 
 def run(engine, clock, requests, options=QUIET):
-    return run_workload(EngineBackend(engine, clock=clock), requests, options, clock=clock)
+    return run_workload(EngineBackend(engine, clock=clock), requests, options)
 
 
 def test_timestamps_exact_on_virtual_clock():
@@ -92,3 +92,19 @@ def test_time_limit_before_later_arrivals():
     first, unsent = result.records
     assert first.finish_reason == "abort" and 0 < first.output_len < 50
     assert unsent.error == "not sent before the run's time limit" and unsent.arrival_s == 100.0
+
+
+def test_backend_uses_the_engines_own_virtual_clock():
+    import time
+
+    from kvtier.bench.clock import MonotonicClock
+
+    clock = VirtualClock()
+    engine = FakeEngine(clock)  # has .clock with now()/sleep(), like the simulator's engines
+    backend = EngineBackend(engine)
+    assert backend.clock is clock
+    result = run_workload(backend, [BenchRequest((1, 2), 2, arrival_s=5.0)], QUIET)
+    assert result.records[0].arrival_s == pytest.approx(5.0)  # slept 5 s of virtual time
+
+    engine.clock = time.monotonic  # LLMEngine's default: a plain function
+    assert isinstance(EngineBackend(engine).clock, MonotonicClock)
