@@ -22,6 +22,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -103,8 +104,11 @@ def memory_figures(engine: LLMEngine) -> dict:
     return out
 
 
-def profile_engine(engine: LLMEngine, hardware: str, quick: bool = False, log: Log = print) -> dict:
-    """Every sweep on a freshly built engine's runner; returns the raw measurements."""
+@torch.inference_mode()
+def profile_engine(engine: LLMEngine, hardware: str, quick: bool = False, log: Log = print,
+                   checkpoint: Callable[[dict], None] = lambda raw: None) -> dict:
+    """Every sweep on a freshly built engine's runner; returns the raw measurements
+    (`checkpoint` sees them after each sweep, so a run cut short keeps what it measured)."""
     runner, sched = engine.executor, engine.config.scheduler
     timer = DeviceTimer(runner.device, reps=2 if quick else 5)
     if runner.device.type == "cuda":
@@ -119,16 +123,21 @@ def profile_engine(engine: LLMEngine, hardware: str, quick: bool = False, log: L
     raw: dict = {"meta": profile_meta(engine, hardware)}
     t0 = time.perf_counter()
     raw["gemm"] = ops.gemms(rows)
+    checkpoint(raw)
     raw["elementwise"] = ops.elementwise(tokens)
     raw["head_elementwise"] = ops.head_elementwise(tokens)
+    checkpoint(raw)
     raw["sample"] = ops.sample([s for s in q.get("sample", SAMPLE_ROWS) if s <= sched.max_num_seqs])
     raw["attn_decode_graph"] = ops.decode_grid(batches, contexts, graph_splits=True)
     raw["attn_decode_eager"] = ops.decode_grid(batches, contexts, graph_splits=False)
+    checkpoint(raw)
     cases = prefill_cases(t_max, max_len)
     raw["attn_prefill"] = ops.prefill_cases(cases[:4] if quick else cases)
+    checkpoint(raw)
     log(f"operators: {time.perf_counter() - t0:.1f} s")
     steps = StepSweeper(runner, timer, ops.builder, log)
     raw["copies"] = steps.copies(q.get("copies", COPY_BLOCKS))
+    checkpoint(raw)
     pool_tokens = ops.builder.num_blocks // runner.num_groups * runner.block_size
     all_cases = step_cases(sched.max_num_seqs, t_max, max_len, pool_tokens)
     raw["steps"] = steps.steps(all_cases[::8] if quick else all_cases)
@@ -175,7 +184,10 @@ def run_profile(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     engine = LLMEngine.from_engine_args(eargs)
     print(f"engine built in {time.perf_counter() - t0:.1f} s", flush=True)
-    raw = profile_engine(engine, hardware, args.quick, lambda s: print(s, flush=True))
+    partial = Path(args.out + ".partial")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    raw = profile_engine(engine, hardware, args.quick, lambda s: print(s, flush=True),
+                         lambda r: partial.write_text(json.dumps(r)))
     del engine
     if args.loop_requests:
         from kvtier.sim.loop_overhead import measure_loop_overhead
@@ -183,6 +195,7 @@ def run_profile(args: argparse.Namespace) -> int:
         raw["loop"] = measure_loop_overhead(replace(eargs, device="cpu"), args.loop_requests)
     calib: Calibration = fit_calibration(raw, environment())
     calib.save(args.out)
+    partial.unlink(missing_ok=True)
     print(json.dumps(calib.fit_report, indent=1))
     print(f"wrote {args.out} ({time.perf_counter() - t0:.1f} s)")
     return 0

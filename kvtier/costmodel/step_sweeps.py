@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 import time
 
+import torch
+
 from kvtier.core.plan import BlockCopy, StepPlan
 from kvtier.costmodel.plans import PlanBuilder, finish_plan
 from kvtier.costmodel.shape import StepShape
@@ -71,15 +73,17 @@ class StepSweeper:
         """Host time to issue an eager forward (the call returns before the GPU is done)."""
         r = self.runner
         batch = build_host_batch(plan.scheduled, r.block_tables, r.block_size)
+        r.block_tables.sync_device()  # as ModelRunner.execute does before its inputs
         ids, pos, meta = r._device_inputs(batch)
         ctx = ForwardContext(r.ops, r.attention, r.gpu_kv, meta, r.cos_sin)
         times = []
-        for _ in range(self.timer.reps):
-            self.timer.sync()
-            t0 = time.perf_counter()
-            r.model(ids, pos, ctx)
-            times.append(time.perf_counter() - t0)
-            self.timer.sync()
+        with torch.inference_mode():
+            for _ in range(self.timer.reps):
+                self.timer.sync()
+                t0 = time.perf_counter()
+                r.model(ids, pos, ctx)
+                times.append(time.perf_counter() - t0)
+                self.timer.sync()
         times.sort()
         return times[len(times) // 2]
 

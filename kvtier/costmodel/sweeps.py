@@ -19,6 +19,10 @@ Log = Callable[[str], None]
 
 
 class OpSweeper:
+    """Each timed callable drops every output before the next call: inside a CUDA graph
+    capture, outputs kept alive would each take their own memory (40 layers x a 8192-token
+    MLP output is gigabytes, beyond what the KV pool leaves free)."""
+
     def __init__(self, runner, timer: DeviceTimer, log: Log = print):
         self.runner, self.timer, self.log = runner, timer, log
         self.model = runner.model
@@ -52,7 +56,12 @@ class OpSweeper:
 
     def _gemm(self, ws: list, m: int) -> float:
         x = self._randn(m, ws[0][0].shape[1])
-        return self.timer.graph_seconds(lambda: [F.linear(x, w, b) for w, b in ws]) / len(ws)
+
+        def run() -> None:
+            for w, b in ws:
+                F.linear(x, w, b)
+
+        return self.timer.graph_seconds(run) / len(ws)
 
     # ---- elementwise ---------------------------------------------------------------------------
     def elementwise(self, tokens: list[int]) -> list[list[float]]:
@@ -78,7 +87,11 @@ class OpSweeper:
             g, u = gu.split(mc.intermediate_size, dim=-1)
             return F.silu(g) * u
 
-        return self.timer.graph_seconds(lambda: [layer(a, b) for a, b in norms]) / self.L
+        def run() -> None:
+            for a, b in norms:
+                layer(a, b)
+
+        return self.timer.graph_seconds(run) / self.L
 
     def head_elementwise(self, tokens: list[int]) -> list[list[float]]:
         """Embedding gather + final norm."""
@@ -118,6 +131,7 @@ class OpSweeper:
         install, _ = b.decode_rows(contexts)
         rows = install + b.prefill_rows(prefills)
         batch = build_host_batch(rows, runner.block_tables, runner.block_size)
+        runner.block_tables.sync_device()  # as ModelRunner.execute does before its inputs
         _, _, meta = runner._device_inputs(batch)
         if graph_splits:  # graphs pass max_model_len: splits fixed for every batch
             meta = dataclasses.replace(meta, max_seq_len=runner.config.scheduler.max_model_len)
@@ -126,9 +140,13 @@ class OpSweeper:
         k, v = self._randn(t, mc.num_kv_heads, mc.head_dim), self._randn(t, mc.num_kv_heads, mc.head_dim)
         scale = mc.head_dim ** -0.5
         attn, kv = runner.attention, runner.gpu_kv
+
+        def run() -> None:
+            for i in range(self.L):
+                attn.forward(i, q, k, v, kv, meta, scale)
+
         try:
-            return self.timer.graph_seconds(
-                lambda: [attn.forward(i, q, k, v, kv, meta, scale) for i in range(self.L)]) / self.L
+            return self.timer.graph_seconds(run) / self.L
         finally:
             runner.execute(finish_plan(rows))
 

@@ -63,7 +63,7 @@ def drive(engine: LLMEngine, jobs: list[Job]) -> tuple[list[tuple], dict[str, li
 
 def workload(seed: int, n: int = 14) -> list[tuple[int, str, list[int], int]]:
     rng = random.Random(seed)
-    return [(rng.randint(0, 15), f"r{i}", [rng.randrange(100, 50000) for _ in range(rng.randint(5, 90))],
+    return [(rng.randint(0, 15), f"r{i}", [rng.randrange(100, 4000) for _ in range(rng.randint(5, 90))],
              rng.randint(3, 60)) for i in range(n)]
 
 
