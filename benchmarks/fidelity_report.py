@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -104,7 +105,7 @@ def run_real(args: argparse.Namespace) -> None:
     cfg.update(num_gpu_blocks=kv.gpu.num_blocks, num_host_blocks=kv.host.num_blocks)
     summary = summarize_run(result)
     write_result(args.out, {
-        "config": cfg, "workload": workload, "summary": summary.to_dict(),
+        "git_commit_env": os.environ.get("KVTIER_GIT_COMMIT"), "config": cfg, "workload": workload, "summary": summary.to_dict(),
         "engine": engine_summary(result), "max_submit_lag_s": result.max_submit_lag_s,
         "requests": request_rows(result), "steps": [r.to_json() for r in recorder.records]})
     print(f"real: {summary.request_throughput:.2f} req/s, {len(recorder.records)} steps, "

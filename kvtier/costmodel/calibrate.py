@@ -18,6 +18,7 @@ import argparse
 import datetime as dt
 import json
 import logging
+import os
 import platform
 import subprocess
 import sys
@@ -142,6 +143,7 @@ def profile_engine(engine: LLMEngine, hardware: str, quick: bool = False, log: L
     all_cases = step_cases(sched.max_num_seqs, t_max, max_len, pool_tokens)
     raw["steps"] = steps.steps(all_cases[::8] if quick else all_cases)
     raw["memory"] = memory_figures(engine)
+    raw["meta"]["graph_capture_fallbacks"] = timer.fallbacks
     log(f"operators + steps: {time.perf_counter() - t0:.1f} s")
     return raw
 
@@ -160,7 +162,7 @@ def environment() -> dict:
         env["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
                                            text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        env["git_commit"] = None
+        env["git_commit"] = os.environ.get("KVTIER_GIT_COMMIT")  # a copy without .git
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name()
     return env

@@ -15,6 +15,7 @@ class DeviceTimer:
     def __init__(self, device: torch.device, reps: int = 5):
         self.device, self.reps = device, reps
         self.cuda = device.type == "cuda"
+        self.fallbacks: list[str] = []  # captures that failed (reported in the calibration)
 
     def sync(self) -> None:
         if self.cuda:
@@ -27,8 +28,12 @@ class DeviceTimer:
         if not self.cuda:
             return self.wall_seconds(fn)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
+        try:
+            with torch.cuda.graph(graph):
+                fn()
+        except RuntimeError as e:  # not capturable: time it eagerly (launch costs included)
+            self.fallbacks.append(str(e).splitlines()[0][:200])
+            return self.wall_seconds(fn)
         graph.replay()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         times = []
