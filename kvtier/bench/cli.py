@@ -74,7 +74,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     w.add_argument("--range-ratio", type=float, default=0.0, help="synthetic: lengths +- this fraction")
     w.add_argument("--leval-max-document-tokens", type=int, default=None,
                    help="L-Eval: keep the first N tokens of each document")
-    w.add_argument("--trace-start", type=int, default=0, help="Azure trace: first request of the window")
+    w.add_argument("--trace-start", type=int, default=0,
+                   help="Azure trace: first request of the window (lengths and gaps)")
     w.add_argument("--save-workload", default=None, help="also write the workload's token ids here")
     a = p.add_argument_group("arrivals")
     a.add_argument("--arrivals", choices=ARRIVALS, default="offline",
@@ -119,8 +120,7 @@ def arrival_spec(args: argparse.Namespace) -> ArrivalSpec:
         if path is None:
             raise SystemExit("kvtier bench: --arrivals trace needs --trace-path")
         trace = load_azure_trace(path)
-        start = args.trace_start if args.workload == "azure" else 0
-        gaps = tuple(float(g) for g in trace.gaps_s()[start:])
+        gaps = tuple(float(g) for g in trace.gaps_s()[args.trace_start:])
         return ArrivalSpec(ArrivalKind.TRACE, trace_gaps_s=gaps, scale=args.rate_scale)
     if args.rate is None:
         raise SystemExit(f"kvtier bench: --arrivals {kind} needs --rate")
@@ -154,6 +154,10 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
         slo = Slo(ttft_s=ms(args.slo_ttft), tpot_s=ms(args.slo_tpot))
     sweep = None
     if args.goodput_sweep:
+        if slo is None:
+            raise SystemExit("kvtier bench: --goodput-sweep needs --slo-ttft and/or --slo-tpot")
+        if args.arrivals == "offline":
+            raise SystemExit("kvtier bench: --goodput-sweep needs arrivals with a rate, not offline")
         sweep = SweepConfig(rates=tuple(args.sweep_rates), low=args.sweep_low, high=args.sweep_high,
                             target=args.goodput_target)
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())

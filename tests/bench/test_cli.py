@@ -32,9 +32,17 @@ def test_defaults_and_engine_options_together():
 
 def test_slo_in_ms_and_sweep():
     cfg = bench_config(parse("--slo-ttft", "250", "--slo-tpot", "40", "--goodput-sweep",
-                             "--sweep-rates", "1,2,4", "--policies", "swap, recompute"))
+                             "--sweep-rates", "1,2,4", "--policies", "swap, recompute",
+                             "--arrivals", "poisson", "--rate", "1"))
     assert (cfg.slo.ttft_s, cfg.slo.tpot_s) == (0.25, 0.04)
     assert cfg.sweep.rates == (1.0, 2.0, 4.0) and cfg.policies == ("swap", "recompute")
+
+
+def test_sweep_needs_slo_and_a_rate():
+    with pytest.raises(SystemExit, match="slo"):
+        bench_config(parse("--goodput-sweep", "--arrivals", "poisson", "--rate", "1"))
+    with pytest.raises(SystemExit, match="offline"):
+        bench_config(parse("--goodput-sweep", "--slo-ttft", "100"))
 
 
 def test_length_limits_follow_dataset_and_context():
