@@ -180,6 +180,15 @@ def _tokenizer_and_config(engine_args):
     return load_tokenizer(ckpt, config.tokenizer, config.model_config.vocab_size), config
 
 
+def _check_policies(policies: tuple[str, ...]) -> None:
+    """Fail before the first run, not after an hour of it, on a misspelt policy."""
+    from kvtier.policies import policy_names
+
+    unknown = [p for p in policies if p not in policy_names()]
+    if unknown:
+        raise SystemExit(f"kvtier bench: unknown policies {unknown}; known: {sorted(policy_names())}")
+
+
 def _engine_backends(engine_args, ignore_eos: bool) -> BackendFactory:
     from kvtier.engine.llm_engine import LLMEngine
 
@@ -199,6 +208,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
     engine_args = EngineArgs.from_cli_args(args)
     config = bench_config(args)
+    _check_policies(config.policies)
     tokenizer, engine_config = _tokenizer_and_config(engine_args)
     spec = workload_spec(args, engine_config.scheduler.max_model_len)
     workload = build_workload(spec, tokenizer, engine_config.model_config.vocab_size)

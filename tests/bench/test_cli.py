@@ -86,3 +86,10 @@ def test_prepared_round_trip(tmp_path):
     assert got == [BenchRequest((1, 2, 3, 4), 5), BenchRequest((7, 8, 9, 10, 11), 6)]
     with pytest.raises(ValueError, match="only 2"):
         load_prepared(path, 3, LengthLimits(max_prompt_len=10, max_total_len=None))
+
+
+def test_unknown_policy_fails_before_running():
+    from kvtier.bench.cli import run_bench
+
+    with pytest.raises(SystemExit, match="unknown policies"):
+        run_bench(parse("--policies", "recompute,swapp", "--load-format", "dummy"))

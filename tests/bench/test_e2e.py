@@ -18,7 +18,6 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-@pytest.mark.filterwarnings("ignore:JSON array truncated")  # the wheel's file is cut short
 def test_bench_recompute_vs_swap(tmp_path, one_thread, capsys):
     from kvtier.cli import main
 
@@ -59,7 +58,6 @@ def test_bench_recompute_vs_swap(tmp_path, one_thread, capsys):
         assert (out / png).stat().st_size > 10_000
 
 
-@pytest.mark.filterwarnings("ignore:JSON array truncated")
 def test_demo_runs_and_saves_workload(tmp_path, capsys):
     """`make run`'s entry point, shortened (the full demo is 48 prompts, ~1 min on 2 cores)."""
     from kvtier.bench.cli import DEMO_ARGV, demo_main
@@ -79,7 +77,6 @@ def test_demo_runs_and_saves_workload(tmp_path, capsys):
     assert len(saved["requests"]) == 6 and saved["spec"]["dataset"] == "sharegpt"
 
 
-@pytest.mark.filterwarnings("ignore:JSON array truncated")
 def test_bench_goodput_sweep(tmp_path, one_thread):
     """The load sweep on the real engine. The pool holds about two requests: at 1000 req/s
     all eight arrive at once and queue or get preempted; at 2 req/s most find it free."""

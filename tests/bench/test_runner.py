@@ -108,3 +108,14 @@ def test_backend_uses_the_engines_own_virtual_clock():
 
     engine.clock = time.monotonic  # LLMEngine's default: a plain function
     assert isinstance(EngineBackend(engine).clock, MonotonicClock)
+
+
+def test_request_dropped_by_engine_fails_instead_of_hanging():
+    clock = VirtualClock()
+    engine = FakeEngine(clock)
+    backend = EngineBackend(engine)
+    backend.submit("a", BenchRequest((1, 2), 3), clock.now())
+    engine.abort_request("a")  # behind the backend's back
+    (record,) = backend.poll(0.1)
+    assert record.error == "the engine dropped the request unfinished" and not record.ok
+    assert backend.num_unfinished() == 0
