@@ -51,10 +51,10 @@ QUICK = {"gemm": [1, 8, 64], "tokens": [1, 16, 64], "sample": [1, 8], "batches":
 
 
 def prefill_cases(max_tokens: int, max_len: int) -> list[list[tuple[int, int]]]:
-    single = [[(n, 0)] for n in (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)]
+    single = [[(n, 0)] for n in (16, 64, 128, 256, 512, 1024, 2048, 4000, 8000)]
     batched = [[(128, 0)] * 4, [(256, 0)] * 8, [(64, 0)] * 16, [(1024, 0)] * 2,
                [(300, 0), (50, 0), (900, 0)], [(600, 0), (200, 0)]]
-    chunked = [[(512, 1024)], [(2048, 2048)], [(1024, 3072)], [(256, 512)]]
+    chunked = [[(512, 1024)], [(2000, 2000)], [(1000, 3000)], [(256, 512)]]
     return [c for c in single + batched + chunked
             if sum(n for n, _ in c) <= max_tokens and all(n + s < max_len for n, s in c)]
 
