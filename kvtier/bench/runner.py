@@ -65,8 +65,9 @@ def run_workload(
     ended: dict[str, RequestRecord] = {}
     steps: list[StepSample] = []
     baseline = backend.stats()
-    bar = tqdm(total=len(requests), unit="req", desc=options.id_prefix, disable=not options.progress,
-               leave=False)
+    # disable=None: tqdm shows the bar on a terminal only, not in piped logs.
+    bar = tqdm(total=len(requests), unit="req", desc=options.id_prefix,
+               disable=None if options.progress else True, leave=False)
     if monitor is not None:
         monitor.start()
     t0 = clock.now()

@@ -59,7 +59,7 @@ def test_bench_recompute_vs_swap(tmp_path, one_thread, capsys):
 
 
 def test_demo_runs_and_saves_workload(tmp_path, capsys):
-    """`make run`'s entry point, shortened (the full demo is 48 prompts, ~1 min on 2 cores)."""
+    """`make run`'s entry point, shortened (the full demo: 60 prompts, 20 s to 2 min on 2 cores)."""
     from kvtier.bench.cli import DEMO_ARGV, demo_main
 
     n = torch.get_num_threads()
