@@ -162,12 +162,30 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class PolicyOptions:
+    """Knobs of the policies that have them (the others ignore them)."""
+
+    # eLLM: a fixed uncached ratio r for every running request (the paper's cache-ratio
+    # sweep), or None to drop prefixes only under memory pressure, up to max_uncached_ratio.
+    uncached_ratio: float | None = None
+    max_uncached_ratio: float = 0.5
+    max_recompute_tokens: int = 4096  # dropped-prefix tokens recomputed per step, at most
+
+    def __post_init__(self) -> None:
+        for name in ("uncached_ratio", "max_uncached_ratio"):
+            v = getattr(self, name)
+            if v is not None and not 0.0 <= v < 1.0:
+                raise ConfigError(f"{name} must be in [0, 1), got {v}")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: str
     model_config: ModelConfig
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     kv_policy: str = "recompute"
+    policy_options: PolicyOptions = field(default_factory=PolicyOptions)
     dtype: str = "auto"  # resolved: float32 on CPU, bfloat16 on GPU unless given
     device: str = "auto"
     load_format: str = "auto"  # auto | safetensors | dummy

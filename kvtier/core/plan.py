@@ -23,6 +23,9 @@ class ScheduledRequest:
     sample: bool  # this step reaches num_tokens: sample the next token
     sampling_params: SamplingParams
     num_output_tokens: int  # before this step (min_tokens, seeded sampling offsets)
+    # eLLM partial caching: the KV of positions [0, len(prefix_token_ids)) was dropped; the
+    # runner recomputes it this step (through every layer, not stored) for this attention.
+    prefix_token_ids: list[int] = field(default_factory=list)
 
     @property
     def num_new_tokens(self) -> int:

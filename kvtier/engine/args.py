@@ -7,7 +7,7 @@ import argparse
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from kvtier.config import CacheConfig, EngineConfig, SchedulerConfig
+from kvtier.config import CacheConfig, EngineConfig, PolicyOptions, SchedulerConfig
 from kvtier.model.loader import resolve_model_config
 
 
@@ -36,6 +36,10 @@ class EngineArgs:
     num_host_blocks: int | None = field(
         default=None, metadata={"help": "override the host pool's block count"})
     kv_policy: str = field(default="recompute", metadata={"help": "KV-memory policy"})
+    ellm_uncached_ratio: float | None = field(
+        default=None, metadata={"help": "ellm: fixed uncached ratio r for every request"})
+    ellm_max_uncached_ratio: float = field(
+        default=0.5, metadata={"help": "ellm: cap on r when prefixes are dropped on demand"})
     attention_backend: str = field(default="auto", metadata={"help": "auto|torch|triton"})
     enforce_eager: bool = field(default=False, metadata={"help": "disable CUDA graphs"})
     served_model_name: str | None = field(default=None, metadata={"help": "name in the API"})
@@ -64,7 +68,11 @@ class EngineArgs:
         )
         return EngineConfig(
             model=self.model, model_config=model_config, cache=cache, scheduler=sched,
-            kv_policy=self.kv_policy, dtype=self.dtype, device=self.device,
+            kv_policy=self.kv_policy, dtype=self.dtype,
+            policy_options=PolicyOptions(
+                uncached_ratio=self.ellm_uncached_ratio,
+                max_uncached_ratio=self.ellm_max_uncached_ratio,
+                max_recompute_tokens=sched.max_num_batched_tokens // 2), device=self.device,
             load_format=self.load_format, tokenizer=self.tokenizer, seed=self.seed,
             attention_backend=self.attention_backend, enforce_eager=self.enforce_eager,
             served_model_name=self.served_model_name,

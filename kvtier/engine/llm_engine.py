@@ -60,7 +60,8 @@ class LLMEngine:
         self.executor = executor
         self.tokenizer = tokenizer
         self.block_bytes = block_bytes
-        self.scheduler = Scheduler(config.scheduler, kv, get_policy(config.kv_policy))
+        self.scheduler = Scheduler(config.scheduler, kv,
+                                   get_policy(config.kv_policy, config.policy_options))
         self._parents: dict[str, _Parent] = {}
         self._child_of: dict[str, tuple[_Parent, _Child]] = {}
         self._last_step_tokens = 0
@@ -244,6 +245,8 @@ class LLMEngine:
             num_generation_tokens_total=c.num_generation_tokens,
             num_scheduled_tokens=self._last_step_tokens,
             num_scheduled_requests=self._last_step_reqs,
+            num_prefix_recompute_tokens_total=c.num_prefix_recompute_tokens,
+            num_dropped_tokens=sum(kv.num_dropped_tokens(r) for r in s.running),
             block_bytes=self.block_bytes,
             step_time_s=self._last_step_time,
         )

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from kvtier.config import PolicyOptions
 from kvtier.core.plan import BlockCopy
 from kvtier.core.request import Request, RequestStatus
 from kvtier.kv.manager import KVCacheManager
@@ -29,9 +30,21 @@ class Preemption:
 class KVPolicy(ABC):
     name: ClassVar[str]
 
+    def __init__(self, options: PolicyOptions):
+        self.options = options
+
     @abstractmethod
     def preempt(self, req: Request, kv: KVCacheManager) -> Preemption:
         """Take `req`'s KV off the device. Sets req.status to WAITING or SWAPPED."""
+
+    def before_step(self, running: list[Request], kv: KVCacheManager) -> None:
+        """Called at the start of every schedule(): proactive placement changes."""
+        return None  # most policies act only when memory runs out
+
+    def make_room(self, running: list[Request], kv: KVCacheManager, num_blocks: int) -> bool:
+        """Free at least `num_blocks` device blocks without preempting anyone, if the policy
+        can (True), before the scheduler falls back to preemption (False)."""
+        return False
 
     def resume(self, req: Request, kv: KVCacheManager) -> list[BlockCopy]:
         """Bring a SWAPPED request's KV back; the caller checked kv.can_swap_in."""
@@ -47,7 +60,7 @@ def drop_kv(req: Request, kv: KVCacheManager) -> Preemption:
     return Preemption(PreemptionKind.RECOMPUTE, num_dropped_tokens=dropped)
 
 
-_REGISTRY: dict[str, Callable[[], KVPolicy]] = {}
+_REGISTRY: dict[str, Callable[..., KVPolicy]] = {}
 
 
 def register_policy(name: str) -> Callable[[type[KVPolicy]], type[KVPolicy]]:
@@ -59,10 +72,10 @@ def register_policy(name: str) -> Callable[[type[KVPolicy]], type[KVPolicy]]:
     return deco
 
 
-def get_policy(name: str) -> KVPolicy:
+def get_policy(name: str, options: PolicyOptions | None = None) -> KVPolicy:
     if name not in _REGISTRY:
         raise ValueError(f"unknown kv policy {name!r}; available: {', '.join(policy_names())}")
-    return _REGISTRY[name]()
+    return _REGISTRY[name](options or PolicyOptions())
 
 
 def policy_names() -> list[str]:

@@ -26,6 +26,12 @@ class HostBatch:
     logits_idx: np.ndarray  # [num sampling requests] token index of each one's last token
     num_decodes: int
     max_blocks: int  # block-table columns the batch needs
+    # eLLM: dropped-prefix rows appended after the main rows (None: no request has one)
+    prefix_start_loc: np.ndarray | None = None  # [B + 1] int64, relative to the main rows
+
+    @property
+    def has_prefix(self) -> bool:
+        return self.prefix_start_loc is not None
 
     @property
     def num_tokens(self) -> int:
@@ -68,9 +74,27 @@ def build_host_batch(
     slots = blocks.astype(np.int64) * block_size + positions % block_size
     sample_mask = np.fromiter((sr.sample for sr in scheduled), dtype=bool, count=len(scheduled))
     not_decode = np.flatnonzero(q_lens != 1)
-    return HostBatch(
+    batch = HostBatch(
         input_ids=input_ids, positions=positions, query_lens=q_lens, seq_lens=seq_lens,
         query_start_loc=cu, rows=rows, slots=slots, logits_idx=cu[1:][sample_mask] - 1,
         num_decodes=int(not_decode[0]) if len(not_decode) else len(scheduled),
         max_blocks=-(-int(seq_lens.max()) // block_size),
     )
+    if any(sr.prefix_token_ids for sr in scheduled):
+        _append_prefix_rows(batch, scheduled)
+    return batch
+
+
+def _append_prefix_rows(batch: HostBatch, scheduled: list[ScheduledRequest]) -> None:
+    """Rows that recompute dropped prefixes: token ids 0..s-1 of each request, positions
+    0..s-1, after the main rows (they own no slot: their K/V is never stored)."""
+    lens = np.fromiter((len(sr.prefix_token_ids) for sr in scheduled), dtype=np.int64,
+                       count=len(scheduled))
+    loc = np.zeros(len(scheduled) + 1, dtype=np.int64)
+    np.cumsum(lens, out=loc[1:])
+    ids = np.fromiter((t for sr in scheduled for t in sr.prefix_token_ids), dtype=np.int64,
+                      count=int(loc[-1]))
+    positions = np.arange(int(loc[-1])) - np.repeat(loc[:-1], lens)
+    batch.input_ids = np.concatenate((batch.input_ids, ids))
+    batch.positions = np.concatenate((batch.positions, positions))
+    batch.prefix_start_loc = loc

@@ -129,7 +129,8 @@ class ModelRunner:
 
     def _logits(self, batch: HostBatch) -> torch.Tensor | None:
         """Logits of the sampling requests' last tokens ([num_sampling, vocab] fp32)."""
-        if self.graphs is not None and batch.is_decode_only and len(batch.logits_idx) == batch.num_reqs:
+        if (self.graphs is not None and batch.is_decode_only and not batch.has_prefix
+                and len(batch.logits_idx) == batch.num_reqs):
             logits = self.graphs.run(batch)
             if logits is not None:
                 return logits
@@ -187,4 +188,7 @@ class ModelRunner:
             query_lens_cpu=batch.query_lens.tolist(),
             seq_lens_cpu=batch.seq_lens.tolist(),
         )
+        if batch.prefix_start_loc is not None:
+            meta.prefix_start_loc = put(batch.prefix_start_loc, np.int32)
+            meta.prefix_lens_cpu = np.diff(batch.prefix_start_loc).tolist()
         return put(batch.input_ids), put(batch.positions), meta

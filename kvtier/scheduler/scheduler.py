@@ -30,6 +30,7 @@ class SchedulerCounters:
     num_recomputed_tokens: int = 0  # KV dropped by preemption, to be computed again
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
+    num_prefix_recompute_tokens: int = 0  # eLLM: dropped-prefix tokens recomputed, all steps
 
 
 class _StepBuilder:
@@ -37,14 +38,16 @@ class _StepBuilder:
 
     def __init__(self, budget: int):
         self.budget = budget
-        self.entries: list[tuple[Request, int, tuple[tuple[int, ...], ...], bool]] = []
+        self.entries: list[tuple[Request, int, tuple[tuple[int, ...], ...], bool, int]] = []
         self.swap_out: list[BlockCopy] = []
         self.swap_in: list[BlockCopy] = []
         self.preempted: list[Request] = []
 
-    def add(self, req: Request, n: int, blocks: tuple[tuple[int, ...], ...], reset: bool) -> None:
-        self.entries.append((req, n, blocks, reset))
-        self.budget -= n
+    def add(self, req: Request, n: int, blocks: tuple[tuple[int, ...], ...], reset: bool,
+            recompute: int = 0) -> None:
+        """`recompute`: dropped-prefix tokens this request recomputes (they cost budget)."""
+        self.entries.append((req, n, blocks, reset, recompute))
+        self.budget -= n + recompute
 
 
 class Scheduler:
@@ -93,6 +96,7 @@ class Scheduler:
     # ---- one step ------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         step = _StepBuilder(self.config.max_num_batched_tokens)
+        self.policy.before_step(self.running, self.kv)
         self._schedule_running(step)
         if not step.preempted:
             self._schedule_swapped(step)
@@ -103,9 +107,17 @@ class Scheduler:
         i = 0
         while i < len(self.running) and step.budget > 0:
             req = self.running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, step.budget)
+            recompute = self.kv.num_dropped_tokens(req)
+            n = min(req.num_tokens - req.num_computed_tokens, step.budget - recompute)
+            if n <= 0:
+                break  # its prefix recomputation does not fit this step's budget
             blocks = self.kv.allocate_slots(req, n)
             while blocks is None:
+                # A policy may free memory without preempting (eLLM drops KV prefixes; the
+                # requests it picks pay by recomputing them, counted from their next step).
+                if self.policy.make_room(self.running, self.kv, self.kv.blocks_needed(req, n)):
+                    blocks = self.kv.allocate_slots(req, n)
+                    continue
                 victim = self.running.pop()  # the newest: it has the least work to lose
                 self._preempt(victim, step)
                 if victim is req:
@@ -113,7 +125,7 @@ class Scheduler:
                 blocks = self.kv.allocate_slots(req, n)
             if blocks is None:
                 break  # req itself was preempted and was the last one
-            step.add(req, n, blocks, reset=False)
+            step.add(req, n, blocks, reset=False, recompute=self.kv.num_dropped_tokens(req))
             i += 1
 
     def _schedule_swapped(self, step: _StepBuilder) -> None:
@@ -165,8 +177,10 @@ class Scheduler:
 
     def _make_plan(self, step: _StepBuilder) -> StepPlan:
         scheduled = []
-        for req, n, blocks, reset in step.entries:
+        for req, n, blocks, reset, _ in step.entries:
             start = req.num_computed_tokens
+            dropped = self.kv.num_dropped_tokens(req)
+            self.counters.num_prefix_recompute_tokens += dropped
             req.num_computed_tokens += n
             if start < req.num_prompt_tokens:
                 self.counters.num_prompt_tokens += min(n, req.num_prompt_tokens - start)
@@ -179,6 +193,7 @@ class Scheduler:
                 sample=req.num_computed_tokens == req.num_tokens,
                 sampling_params=req.sampling_params,
                 num_output_tokens=req.num_output_tokens,
+                prefix_token_ids=req.token_ids_slice(0, dropped) if dropped else [],
             ))
         # Decodes first: attention kernels split the batch at num_decodes without a sync.
         scheduled.sort(key=lambda s: s.num_new_tokens != 1)

@@ -59,3 +59,22 @@ def test_forced_preemption_does_not_change_outputs(tiny, policy):
         assert stats.num_swap_in_blocks_total == stats.num_swap_out_blocks_total
     else:
         assert stats.num_recomputed_tokens_total > 0
+
+
+@pytest.mark.parametrize("ratio", [0.3, 0.6])
+def test_ellm_fixed_uncached_ratio_is_exact(tiny, ratio):
+    path, expected = tiny
+    got, stats = run_kvtier(path, kv_policy="ellm", ellm_uncached_ratio=ratio, block_size=4,
+                            layers_per_block=2)
+    assert got == expected
+    assert stats.num_prefix_recompute_tokens_total > 0
+
+
+def test_ellm_under_memory_pressure_is_exact_and_drops_instead_of_preempting(tiny):
+    path, expected = tiny
+    small = dict(num_gpu_blocks=26, block_size=8, layers_per_block=2, max_model_len=96)
+    got, stats = run_kvtier(path, kv_policy="ellm", ellm_max_uncached_ratio=0.7, **small)
+    assert got == expected
+    assert stats.num_prefix_recompute_tokens_total > 0
+    _, base = run_kvtier(path, kv_policy="recompute", **small)
+    assert stats.num_preemptions_total < base.num_preemptions_total

@@ -1,0 +1,67 @@
+"""eLLM adaptive KV caching (EuroSys'26): token-partial caching with exact recomputation.
+
+A running request of n tokens may keep KV only for tokens [s, n); its prefix [0, s) is
+recomputed every step, through every layer, from its token ids (the prefix depends on
+nothing after it, so this is exact). The uncached ratio r = s / n trades compute for memory:
+
+  * fixed mode (`uncached_ratio=r`): every request in decode keeps ~(1-r) of its KV — the
+    paper's cache-ratio sweep;
+  * adaptive mode (default): prefixes are dropped only when blocks run out, from the
+    requests holding the most KV, each up to `max_uncached_ratio`, and within a per-step
+    recompute budget; only when that cannot free enough does the scheduler preempt
+    (recompute mode, as vLLM V1).
+Whole token blocks are dropped, in every layer group at once, and the last (partial) block
+is always kept.
+"""
+
+from __future__ import annotations
+
+from kvtier.core.request import Request
+from kvtier.kv.manager import KVCacheManager
+from kvtier.policies.base import KVPolicy, Preemption, drop_kv, register_policy
+
+
+def _in_decode(req: Request) -> bool:
+    return req.num_computed_tokens >= req.num_prompt_tokens
+
+
+@register_policy("ellm")
+class EllmPolicy(KVPolicy):
+    def preempt(self, req: Request, kv: KVCacheManager) -> Preemption:
+        return drop_kv(req, kv)
+
+    def _cap_blocks(self, req: Request, kv: KVCacheManager, ratio: float) -> int:
+        """Token blocks of `req` that may be dropped at uncached ratio `ratio`."""
+        full_blocks = (req.num_computed_tokens - 1) // kv.block_size  # keep the last block
+        return max(0, min(full_blocks, int(ratio * req.num_computed_tokens) // kv.block_size))
+
+    def _recompute_load(self, running: list[Request], kv: KVCacheManager) -> int:
+        return sum(kv.num_dropped_tokens(r) for r in running)
+
+    def before_step(self, running: list[Request], kv: KVCacheManager) -> None:
+        r = self.options.uncached_ratio
+        if r is None:
+            return
+        for req in running:
+            if _in_decode(req):
+                kv.drop_prefix(req, self._cap_blocks(req, kv, r))
+
+    def make_room(self, running: list[Request], kv: KVCacheManager, num_blocks: int) -> bool:
+        budget = self.options.max_recompute_tokens - self._recompute_load(running, kv)
+        freed = 0
+        # The requests holding the most device KV give first: each dropped block is worth
+        # the same memory, and a long request's prefix is a smaller share of its attention.
+        for req in sorted(running, key=lambda r: -r.num_computed_tokens):
+            if freed >= num_blocks or budget < kv.block_size:
+                break
+            if not _in_decode(req):
+                continue
+            have = kv.num_dropped_tokens(req) // kv.block_size
+            cap = self._cap_blocks(req, kv, self.options.max_uncached_ratio)
+            want_blocks = -(-(num_blocks - freed) // kv.num_groups)
+            extra = min(cap - have, want_blocks, budget // kv.block_size)
+            if extra <= 0:
+                continue
+            freed += kv.drop_prefix(req, have + extra)
+            budget -= extra * kv.block_size
+        return freed >= num_blocks
