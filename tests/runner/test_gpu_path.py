@@ -50,3 +50,15 @@ def test_gpu_bf16_runs_and_agrees_mostly(tmp_path):
     bf16 = [o.outputs[0].token_ids for o in outs]
     first = [a[0] == b[0] for a, b in zip(cpu, bf16)]
     assert sum(first) >= 3  # bf16 rounding may flip late tokens, rarely the first
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["llama-gqa", "qwen3"])
+def test_gpu_ellm_dropped_prefixes_equal_cpu_fp32(tmp_path, kind):
+    # Decode rows read the recomputed prefix as the Triton kernel's dense source.
+    path = save_tiny_model(kind, tmp_path)
+    cpu, _ = greedy_tokens(path, device="cpu")
+    gpu, stats = greedy_tokens(path, device="cuda", kv_policy="ellm", ellm_uncached_ratio=0.5,
+                               block_size=4, layers_per_block=2)
+    assert stats.num_prefix_recompute_tokens_total > 0
+    assert gpu == cpu
