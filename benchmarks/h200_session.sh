@@ -10,11 +10,11 @@ python3 -m pytest -q tests/runner -p no:cacheprovider 2>&1 | tail -4 | tee $R/gp
 timeout 120 python3 benchmarks/bench_offline_throughput.py \
   --workload .carry/sharegpt_llama31_1000.json --out $R/offline_sharegpt_h200.json 2>&1 \
   | grep -E "tokens_per_s|elapsed|mean_ms|Error"
-timeout 150 python3 benchmarks/bench_gpu_path.py --parts host,decode \
+timeout 120 python3 benchmarks/bench_gpu_path.py --parts host,decode \
   --out $R/gpu_path_h200_decode.json 2>&1 | grep -v "^{'model'" | tail -3
-timeout 240 python3 -m kvtier.cli bench --model llama-2-13b --load-format dummy \
+timeout 270 python3 -m kvtier.cli bench --model llama-2-13b --load-format dummy \
   --policies recompute,swap,ellm --workload prepared \
   --dataset-path .carry/sharegpt_llama2_13b_1500.json --num-prompts 600 \
   --arrivals paper-gamma --slo-ttft 2000 --slo-tpot 100 --kv-cache-gb 20 --swap-space 24 \
-  --max-model-len 2048 --max-duration 70 --gpu-monitor --out $R/bench_13b_sharegpt 2>&1 | tail -12
+  --max-model-len 2048 --max-num-seqs 128 --max-duration 55 --gpu-monitor --out $R/bench_13b_sharegpt 2>&1 | tail -12
 tar -C $OUT -czf $OUT/results.tar.gz r && rm -rf $R

@@ -25,7 +25,7 @@ from kvtier.bench.experiment import (
     run_experiment,
 )
 from kvtier.bench.metrics import Slo
-from kvtier.bench.prepared import save_prepared
+from kvtier.bench.prepared import prepared_dataset, save_prepared
 from kvtier.bench.report import write_result_dir
 from kvtier.bench.request import LengthLimits
 from kvtier.bench.runner import RunOptions
@@ -76,7 +76,10 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    help="L-Eval: keep the first N tokens of each document")
     w.add_argument("--trace-start", type=int, default=0,
                    help="Azure trace: first request of the window (lengths and gaps)")
-    w.add_argument("--save-workload", default=None, help="also write the workload's token ids here")
+    w.add_argument("--save-workload", default=None,
+                   help="write the workload's token ids here (replay: --workload prepared)")
+    w.add_argument("--prepare-only", action="store_true",
+                   help="with --save-workload: write the workload and exit without running")
     a = p.add_argument_group("arrivals")
     a.add_argument("--arrivals", choices=ARRIVALS, default="offline",
                    help="paper-gamma: the eLLM paper's Azure-trace gaps (mean 22.15 ms, CV 1.69), "
@@ -114,7 +117,7 @@ def arrival_spec(args: argparse.Namespace) -> ArrivalSpec:
     if kind == "offline":
         return ArrivalSpec(ArrivalKind.OFFLINE)
     if kind == "paper-gamma":
-        return paper_azure_gamma(args.workload, args.rate_scale)
+        return paper_azure_gamma(_source_dataset(args), args.rate_scale)
     if kind == "trace":
         path = args.trace_path or (args.dataset_path if args.workload == "azure" else None)
         if path is None:
@@ -126,6 +129,13 @@ def arrival_spec(args: argparse.Namespace) -> ArrivalSpec:
         raise SystemExit(f"kvtier bench: --arrivals {kind} needs --rate")
     cv = args.cv if kind == "gamma" else 1.0
     return ArrivalSpec(ArrivalKind(kind), rate=args.rate, cv=cv, scale=args.rate_scale)
+
+
+def _source_dataset(args: argparse.Namespace) -> str:
+    """The dataset behind the workload: a prepared file's own, which sets the paper's gaps."""
+    if args.workload == "prepared" and args.dataset_path:
+        return prepared_dataset(args.dataset_path) or "prepared"
+    return args.workload
 
 
 def length_limits(args: argparse.Namespace, max_model_len: int) -> LengthLimits:
@@ -214,6 +224,9 @@ def run_bench(args: argparse.Namespace) -> int:
     workload = build_workload(spec, tokenizer, engine_config.model_config.vocab_size)
     if args.save_workload:
         save_prepared(workload.requests, args.save_workload, {"spec": spec.to_dict()})
+        print(f"workload: {_describe(workload)} -> {args.save_workload}")
+    if args.prepare_only:
+        return 0
     results = run_experiment(workload, _engine_backends(engine_args, args.ignore_eos), config)
     out = Path(args.out or f"runs/bench-{datetime.now():%Y%m%d-%H%M%S}")
     command = getattr(args, "command_line", None) or shlex.join(["kvtier", *sys.argv[1:]])

@@ -25,6 +25,18 @@ def load_prepared(path: Path | str, num_requests: int, limits: LengthLimits) -> 
                      f"asked for {num_requests}")
 
 
+def prepared_dataset(path: Path | str) -> str | None:
+    """The dataset a prepared file was sampled from ("sharegpt", "leval", ...), if it says."""
+    doc = json.loads(Path(path).read_text())
+    name = (doc.get("spec") or {}).get("dataset") or doc.get("dataset")
+    if not isinstance(name, str):
+        return None
+    for known in ("sharegpt", "leval", "azure", "synthetic"):
+        if name.lower().startswith(known):
+            return known
+    return None
+
+
 def save_prepared(requests: tuple[BenchRequest, ...] | list[BenchRequest], path: Path | str,
                   meta: dict | None = None) -> None:
     payload = {

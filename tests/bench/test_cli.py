@@ -93,3 +93,17 @@ def test_unknown_policy_fails_before_running():
 
     with pytest.raises(SystemExit, match="unknown policies"):
         run_bench(parse("--policies", "recompute,swapp", "--load-format", "dummy"))
+
+
+def test_prepared_keeps_the_papers_gaps(tmp_path, word_tokenizer):
+    from kvtier.bench.cli import run_bench
+
+    path = tmp_path / "w.json"
+    rc = run_bench(parse("--load-format", "dummy", "--workload", "synthetic", "--num-prompts", "5",
+                         "--save-workload", str(path), "--prepare-only"))
+    assert rc == 0 and len(load_prepared(path, 5, LengthLimits())) == 5
+    sharegpt = tmp_path / "s.json"
+    save_prepared([BenchRequest((1, 2, 3, 4), 5)], sharegpt, {"dataset": "sharegpt-v3 (first turn)"})
+    spec = arrival_spec(parse("--workload", "prepared", "--dataset-path", str(sharegpt),
+                              "--arrivals", "paper-gamma"))
+    assert 1 / spec.rate == pytest.approx(0.011075)  # ShareGPT's halved gaps
