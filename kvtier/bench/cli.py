@@ -221,7 +221,10 @@ def run_bench(args: argparse.Namespace) -> int:
     _check_policies(config.policies)
     tokenizer, engine_config = _tokenizer_and_config(engine_args)
     spec = workload_spec(args, engine_config.scheduler.max_model_len)
-    workload = build_workload(spec, tokenizer, engine_config.model_config.vocab_size)
+    try:
+        workload = build_workload(spec, tokenizer, engine_config.model_config.vocab_size)
+    except (ValueError, OSError) as e:  # too few requests fit, a missing or malformed file
+        raise SystemExit(f"kvtier bench: {e}") from e
     if args.save_workload:
         save_prepared(workload.requests, args.save_workload, {"spec": spec.to_dict()})
         print(f"workload: {_describe(workload)} -> {args.save_workload}")

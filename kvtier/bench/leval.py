@@ -72,5 +72,8 @@ def sample_leval(
             if num_requests is not None and len(requests) == num_requests:
                 return requests
     if num_requests is not None:
-        raise ValueError(f"only {len(requests)} L-Eval requests fit {limits}; asked for {num_requests}")
+        raise ValueError(
+            f"only {len(requests)} L-Eval requests fit {limits}; asked for {num_requests} "
+            "(raise --max-model-len / --max-total-len or cut documents: --leval-max-document-tokens)"
+        )
     return requests
