@@ -24,19 +24,13 @@ def _cdf(ax, values, label, style):
         ax.plot(v, np.arange(1, len(v) + 1) / len(v), style, label=label)
 
 
-def _steps_panel(ax, real: dict, report: dict) -> None:
-    from benchmarks.fidelity_report import engine_args
-
-    engine = build_sim_engine(engine_args(real["config"]), "h200",
-                              Calibration.load(report["calibration"]))
-    cm = engine.executor.cost_model
-    recs = [StepRecord.from_json(r) for r in real["steps"]]
+def _steps_panel(ax, cm, records: list[StepRecord], step_time: dict) -> None:
     pts: dict[str, list[tuple[float, float]]] = {}
-    for rec in recs:
+    for rec in records:
         pts.setdefault(step_kind(cm, rec), []).append((rec.execute_s, cm.predict(rec.shape).executor_s))
     for kind, p in sorted(pts.items()):
         a = np.array(p) * 1e3
-        mape = report["step_time"].get(kind, {}).get("mape")
+        mape = step_time.get(kind, {}).get("mape")
         ax.scatter(a[:, 0], a[:, 1], s=4, alpha=0.5, color=_COLORS.get(kind, "k"),
                    label=f"{kind} (n={len(a)}, MAPE {mape:.1%})" if mape is not None else kind)
     lo = min(min(x for x, _ in p) for p in pts.values()) * 1e3
@@ -47,28 +41,34 @@ def _steps_panel(ax, real: dict, report: dict) -> None:
     ax.legend(fontsize=7)
 
 
-def plot_fidelity(real: dict, report: dict, path: str) -> None:
+def plot_fidelity(real: dict, calib: Calibration, records: list[StepRecord], sim_rows: list,
+                  errors: dict, step_time: dict, what: str, path: str) -> None:
+    """Four panels: step times of `records` predicted with `calib`, TTFT and TPOT CDFs and
+    completions over time of the real run against `sim_rows`."""
+    from benchmarks.fidelity_report import engine_args
+
+    cm = build_sim_engine(engine_args(real["config"]), "h200", calib).executor.cost_model
     fig, axes = plt.subplots(2, 2, figsize=(11, 9))
-    _steps_panel(axes[0, 0], real, report)
-    real_rows, sim_rows = real["requests"], report["sim"]["requests"]
-    err = report["errors"]
+    _steps_panel(axes[0, 0], cm, records, step_time)
+    real_rows = real["requests"]
     for ax, col, name, key in ((axes[0, 1], 3, "TTFT (s)", "ttft_p50"),
                                (axes[1, 0], 4, "TPOT (s)", "tpot_p50")):
         _cdf(ax, [r[col] for r in real_rows], "real H200", "-")
         _cdf(ax, [r[col] for r in sim_rows], "simulated", "--")
         ax.set(xlabel=name, ylabel="fraction of requests",
-               title=f"{name}: p50 error {err[key]:+.1%}" if err.get(key) is not None else name)
+               title=f"{name}: p50 error {errors[key]:+.1%}" if errors.get(key) is not None else name)
         ax.legend()
     ax = axes[1, 1]
     for rows, label, style in ((real_rows, "real H200", "-"), (sim_rows, "simulated", "--")):
         ends = np.sort([r[2] + r[5] for r in rows if r[5] is not None])
         ax.plot(ends, np.arange(1, len(ends) + 1), style, label=label)
     ax.set(xlabel="time since start (s)", ylabel="completed requests",
-           title=f"throughput error {err['request_throughput']:+.1%}")
+           title=f"throughput error {errors['request_throughput']:+.1%}")
     ax.legend()
-    wl = report["workload"]
-    fig.suptitle(f"{report['config']['model']} on H200: {wl['num_requests']} ShareGPT requests, "
-                 f"gamma arrivals {wl['rate']} req/s (CV {wl['cv']:.2f})")
+    wl = real["workload"]
+    fig.suptitle(f"{real['config']['model']} on H200: {wl['num_requests']} ShareGPT requests, "
+                 f"gamma {wl['rate']} req/s (CV {wl['cv']:.2f})\n{what}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
     print(f"wrote {path}")

@@ -10,7 +10,11 @@
       --model llama-2-13b --num-requests 400 --rate 6 --out $OUT/fidelity_real.json
   python benchmarks/fidelity_report.py sim --real benchmarks/results/fidelity_real_h200.json \
       --calibration benchmarks/results/calib_h200_llama-2-13b.json \
-      --out benchmarks/results/fidelity_h200.json
+      --workload .carry/sharegpt_llama2-13b_1000.json \
+      --out benchmarks/results/fidelity_h200.json --plot benchmarks/results/fidelity_h200.png
+
+(`.carry/sharegpt_llama2-13b_1000.json` is `prepare_workload.py --model llama-2-13b
+--num-prompts 1000 --seed 0`, deterministic, not committed.)
 
 The calibration is fitted only to `kvtier profile`'s synthetic sweeps; the trace's steps
 are held out, so the step-time errors here are out-of-sample.
@@ -55,36 +59,9 @@ def request_rows(result: RunResult) -> list[list]:
 
 
 # ---- real ------------------------------------------------------------------------------------------
-def warm_decode_splits(engine) -> int:
-    """Compile every split count the eager decode kernel can pick in this run, so no Triton
-    compilation lands inside the timed trace (a server would do this at start-up)."""
-    import torch
-
-    from kvtier.kernels import paged_decode_attention as pda
-    from kvtier.kernels.launch import num_sms
-
-    r, mc, sched = engine.executor, engine.model_config, engine.config.scheduler
-    if r.device.type != "cuda":
-        return 0
-    sms = num_sms(r.device)
-    elem = torch.empty((), dtype=r.dtype).element_size()
-    per_sm = pda._programs_per_sm(pda._default_block_n(mc.head_dim, r.dtype), mc.head_dim, elem, 3)
-    splits = set()
-    for b in range(1, sched.max_num_seqs + 1):
-        for s in range(16, sched.max_model_len + 16, 16):
-            splits.add(pda.default_num_splits(b, mc.num_kv_heads, s, sms, per_sm))
-    q = torch.randn(1, mc.num_heads, mc.head_dim, dtype=r.dtype, device=r.device)
-    tables = torch.zeros(1, 64, dtype=torch.int32, device=r.device)
-    lens = torch.full((1,), 16 * 64, dtype=torch.int32, device=r.device)
-    for n in sorted(splits):
-        pda.paged_decode_attention(q, r.gpu_kv[:, 0], tables, lens, 1.0, num_splits=n,
-                                   max_seq_len=16 * 64)
-    torch.cuda.synchronize()
-    return len(splits)
-
-
 def run_real(args: argparse.Namespace) -> None:
     from kvtier.costmodel.recording import RecordingExecutor
+    from kvtier.costmodel.warmup import warm_decode_splits
     from kvtier.engine.llm_engine import LLMEngine
 
     cfg = {"model": args.model, "max_model_len": args.max_model_len,
@@ -96,7 +73,8 @@ def run_real(args: argparse.Namespace) -> None:
     engine = LLMEngine.from_engine_args(engine_args(cfg))
     warm = [replace(r, output_len=8, arrival_s=0.0) for r in reqs[:4]]
     run_workload(EngineBackend(engine), warm, RunOptions(progress=False, id_prefix="warmup"))
-    n_splits = warm_decode_splits(engine)
+    sched = engine.config.scheduler
+    n_splits = warm_decode_splits(engine.executor, sched.max_num_seqs, sched.max_model_len)
     print(f"engine ready in {time.perf_counter() - t0:.1f} s ({n_splits} split variants)", flush=True)
     recorder = RecordingExecutor(engine.executor)
     engine.executor = recorder
@@ -117,13 +95,35 @@ def run_sim(args: argparse.Namespace) -> None:
     from benchmarks.fidelity_scoring import score_report
 
     real = json.loads(Path(args.real).read_text())
+    if args.workload:  # the prepared workload where it lies here (the real run's path was there)
+        real["workload"]["path"] = args.workload
     report = score_report(real, args.calibration, args.real)
     write_result(args.out, report)
     if args.plot:
-        from benchmarks.fidelity_plots import plot_fidelity
-
-        plot_fidelity(real, report, args.plot)
+        plot_both(real, report, args.plot)
     print(json.dumps(report["errors"], indent=1))
+
+
+def plot_both(real: dict, report: dict, path: str) -> None:
+    """The headline (profile calibration, every step held out) and the diagnostic (host
+    refit on the trace's first half; its second half's steps)."""
+    from dataclasses import replace
+
+    from benchmarks.fidelity_plots import plot_fidelity
+    from kvtier.costmodel.calibration import Calibration, HostParams
+    from kvtier.costmodel.recording import StepRecord
+
+    calib = Calibration.load(report["calibration"])
+    records = [StepRecord.from_json(r) for r in real["steps"]]
+    plot_fidelity(real, calib, records, report["sim"]["requests"], report["errors"],
+                  report["step_time"], "calibration: kvtier profile (every trace step held out)",
+                  path)
+    diag = report["diagnostic_serving_host_fit"]
+    refit = replace(calib, host=HostParams(**diag["host"]))
+    plot_fidelity(real, refit, records[len(records) // 2:], diag["requests"],
+                  diag["errors_all_requests"], diag["held_out_steps"],
+                  "diagnostic: host terms refit on the trace's first half; steps of its second half",
+                  path.replace(".png", "_serving_host.png"))
 
 
 def main() -> None:
@@ -146,6 +146,7 @@ def main() -> None:
     s.add_argument("--calibration", required=True)
     s.add_argument("--out", required=True)
     s.add_argument("--plot", help="PNG to write")
+    s.add_argument("--workload", help="the prepare_workload.py JSON, if not at the recorded path")
     s.set_defaults(func=run_sim)
     args = ap.parse_args()
     args.func(args)

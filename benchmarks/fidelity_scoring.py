@@ -81,22 +81,43 @@ def simulate(real: dict, calib: Calibration):
     return engine, result
 
 
+def summary_errors(real_summary: dict, sim_summary: dict) -> dict:
+    errors = {}
+    for path, name in FIGURES.items():
+        r, s = figure(real_summary, path), figure(sim_summary, path)
+        errors[name] = None if not r or s is None else (s - r) / r
+    return errors
+
+
+def latency_errors(real_rows: list[list], sim_rows: list[list], keep: list[int]) -> dict:
+    """TTFT/TPOT percentile errors over the requests `keep` (rows of request_rows)."""
+    out = {}
+    for col, name in ((3, "ttft"), (4, "tpot")):
+        r = [real_rows[i][col] for i in keep if real_rows[i][col] is not None]
+        s = [sim_rows[i][col] for i in keep if sim_rows[i][col] is not None]
+        for q in (50, 90):
+            rq, sq = np.percentile(r, q), np.percentile(s, q)
+            out[f"{name}_p{q}"] = float((sq - rq) / rq)
+    out["num_requests"] = len(keep)
+    return out
+
+
 def score_report(real: dict, calib_path: str, real_path: str) -> dict:
+    from benchmarks.fidelity_diagnostic import serving_host_diagnostic
+
     calib = Calibration.load(calib_path)
     engine, result = simulate(real, calib)
     cm: CostModel = engine.executor.cost_model
     steps = [StepRecord.from_json(r) for r in real["steps"]]
     sim_summary = summarize_run(result).to_dict()
-    errors = {}
-    for path, name in FIGURES.items():
-        r, s = figure(real["summary"], path), figure(sim_summary, path)
-        errors[name] = None if not r or s is None else (s - r) / r
     own = sim_pool_sizes(replace_blocks(engine_args(real["config"])).create_engine_config(),
                          get_hardware("h200"), 1, calib)
     return {
         "real_run": real_path, "calibration": calib_path, "config": real["config"],
-        "workload": real["workload"], "errors": errors,
+        "workload": real["workload"],
+        "errors": summary_errors(real["summary"], sim_summary),
         "step_time": score_steps(cm, steps),
+        "diagnostic_serving_host_fit": serving_host_diagnostic(real, calib, cm),
         "real": {"summary": real["summary"], "engine": real["engine"]},
         "sim": {"summary": sim_summary, "engine": engine_summary(result),
                 "requests": request_rows(result)},

@@ -9,6 +9,9 @@ this GPU, fit the cost model's calibration, write it.
     copies      the runner's swap-out / swap-in of 1..256 blocks
     steps       whole `ModelRunner.execute` calls on decode-only (graph), mixed and prefill
                 plans, plus the host time to issue an eager forward
+    serving     a short synthetic trace served by the engine, every step recorded: the host
+                parameters are fitted to these (the host's launch cost while serving is not
+                what back-to-back repetitions of one step show), the sweep steps check them
     loop        the engine loop's host time around the executor (CPU only)
 """
 
@@ -29,14 +32,19 @@ from pathlib import Path
 
 import torch
 
+from kvtier.bench.engine_backend import EngineBackend
+from kvtier.bench.runner import RunOptions, run_workload
 from kvtier.costmodel.calibration import Calibration, model_dims
 from kvtier.costmodel.fit import fit_calibration
+from kvtier.costmodel.recording import RecordingExecutor
 from kvtier.costmodel.step_sweeps import StepSweeper, step_cases
 from kvtier.costmodel.sweeps import Log, OpSweeper
 from kvtier.costmodel.timing import DeviceTimer
+from kvtier.costmodel.warmup import warm_decode_splits
 from kvtier.engine.args import EngineArgs
 from kvtier.engine.llm_engine import LLMEngine
 from kvtier.model.presets import preset_config
+from kvtier.sim.loop_overhead import loop_workload, measure_loop_overhead
 
 GEMM_ROWS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224,
              240, 256, 288, 320, 384, 448, 512, 640, 768, 1024, 1536, 2048, 3072, 4096, 6144,
@@ -107,7 +115,8 @@ def memory_figures(engine: LLMEngine) -> dict:
 
 @torch.inference_mode()
 def profile_engine(engine: LLMEngine, hardware: str, quick: bool = False, log: Log = print,
-                   checkpoint: Callable[[dict], None] = lambda raw: None) -> dict:
+                   checkpoint: Callable[[dict], None] = lambda raw: None,
+                   serve_requests: int = 0) -> dict:
     """Every sweep on a freshly built engine's runner; returns the raw measurements
     (`checkpoint` sees them after each sweep, so a run cut short keeps what it measured)."""
     runner, sched = engine.executor, engine.config.scheduler
@@ -142,10 +151,33 @@ def profile_engine(engine: LLMEngine, hardware: str, quick: bool = False, log: L
     pool_tokens = ops.builder.num_blocks // runner.num_groups * runner.block_size
     all_cases = step_cases(sched.max_num_seqs, t_max, max_len, pool_tokens)
     raw["steps"] = steps.steps(all_cases[::8] if quick else all_cases)
+    if serve_requests:
+        raw["serving_steps"] = serving_steps(engine, serve_requests, log)
+        checkpoint(raw)
     raw["memory"] = memory_figures(engine)
     raw["meta"]["graph_capture_fallbacks"] = timer.fallbacks
     log(f"operators + steps: {time.perf_counter() - t0:.1f} s")
     return raw
+
+
+def serving_steps(engine: LLMEngine, num_requests: int, log: Log = print) -> list[dict]:
+    """Serve a synthetic trace (ShareGPT-like lengths, arrivals faster than the engine) and
+    record every step's shape and execute time."""
+    sched = engine.config.scheduler
+    n = warm_decode_splits(engine.executor, sched.max_num_seqs, sched.max_model_len)
+    reqs = loop_workload(num_requests, engine.model_config.vocab_size, sched.max_model_len, seed=1)
+    recorder = RecordingExecutor(engine.executor)
+    engine.executor = recorder
+    t0 = time.perf_counter()
+    try:
+        run_workload(EngineBackend(engine), reqs, RunOptions(progress=False, id_prefix="calib"))
+    finally:
+        engine.executor = recorder.inner
+    steps = [{"shape": r.shape.to_json(), "wall_s": r.execute_s, "issue_s": None}
+             for r in recorder.records if r.shape.num_reqs]
+    log(f"serving: {num_requests} requests, {len(steps)} steps in "
+        f"{time.perf_counter() - t0:.1f} s ({n} decode split variants warmed)")
+    return steps
 
 
 def environment() -> dict:
@@ -175,6 +207,9 @@ def add_profile_parser(subparsers) -> None:
     p.add_argument("--out", required=True, help="calibration JSON to write")
     p.add_argument("--hardware", default="auto", help="profile name (default: from the GPU)")
     p.add_argument("--quick", action="store_true", help="tiny sweeps (smoke test)")
+    p.add_argument("--serve-requests", type=int, default=200,
+                   help="requests of the serving trace the host parameters are fitted to (0: "
+                        "fit them to the sweep steps)")
     p.add_argument("--loop-requests", type=int, default=600,
                    help="requests of the engine-loop overhead measurement (0: skip)")
     p.set_defaults(func=run_profile, max_model_len=4096, load_format="dummy")
@@ -189,11 +224,9 @@ def run_profile(args: argparse.Namespace) -> int:
     partial = Path(args.out + ".partial")
     partial.parent.mkdir(parents=True, exist_ok=True)
     raw = profile_engine(engine, hardware, args.quick, lambda s: print(s, flush=True),
-                         lambda r: partial.write_text(json.dumps(r)))
+                         lambda r: partial.write_text(json.dumps(r)), args.serve_requests)
     del engine
     if args.loop_requests:
-        from kvtier.sim.loop_overhead import measure_loop_overhead
-
         raw["loop"] = measure_loop_overhead(replace(eargs, device="cpu"), args.loop_requests)
     calib: Calibration = fit_calibration(raw, environment())
     calib.save(args.out)

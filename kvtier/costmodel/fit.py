@@ -10,7 +10,6 @@ range from 5 ms to 500 ms and each should count alike.
 from __future__ import annotations
 
 import argparse
-import statistics
 from dataclasses import replace
 from typing import Any
 
@@ -21,9 +20,9 @@ from kvtier.config import ModelConfig
 from kvtier.costmodel.calibration import Calibration, HostParams, LoopParams, PrefillFit
 from kvtier.costmodel.curves import Curve, Grid
 from kvtier.costmodel.hardware import CopyCost, get_hardware
+from kvtier.costmodel.host_fit import fit_host, score_host
 from kvtier.costmodel.model import CostModel, CostModelConfig
 from kvtier.costmodel.operators import Shapes, attn_prefill
-from kvtier.costmodel.shape import StepShape
 
 
 def relative_nnls(features: np.ndarray, seconds: np.ndarray) -> np.ndarray:
@@ -76,52 +75,6 @@ def _model(calib: Calibration, meta: dict) -> CostModel:
                                      block_bytes=meta["block_bytes"]))
 
 
-def fit_host(calib: Calibration, meta: dict, steps: list[dict]) -> tuple[HostParams, dict]:
-    """Host parameters so that operator curves + host = measured whole-step wall times."""
-    cm = _model(calib, meta)
-    shapes = [StepShape.from_json(s["shape"]) for s in steps]
-    walls = np.array([s["wall_s"] for s in steps])
-    graph = [cm.graph_batch(sh) is not None for sh in shapes]
-    # Host issue cost per kernel, from the eager forwards' measured issue times.
-    per_kernel = []
-    for sh, st, g in zip(shapes, steps, graph):
-        if not g and st.get("issue_s"):
-            n = cm.shapes.num_layers * len(cm.layer_kernels(sh, sh.num_tokens, False)) + 2
-            per_kernel.append(st["issue_s"] / n)
-    launch = statistics.median(per_kernel) if per_kernel else calib.host.launch_s
-    host = replace(calib.host, launch_s=launch)
-    cm = _model(replace(calib, host=replace(host, graph_s=0, graph_s_per_req=0, eager_s=0,
-                                            eager_s_per_req=0, eager_s_per_token=0)), meta)
-    base = np.array([cm.predict(sh).executor_s for sh in shapes])
-    g_idx = [i for i, g in enumerate(graph) if g]
-    e_idx = [i for i, g in enumerate(graph) if not g]
-    if g_idx:
-        a = np.array([[1.0, shapes[i].num_reqs] for i in g_idx])
-        x = _host_nnls(a, walls[g_idx] - base[g_idx], walls[g_idx])
-        host = replace(host, graph_s=float(x[0]), graph_s_per_req=float(x[1]))
-    if e_idx:
-        a = np.array([[1.0, shapes[i].num_reqs, shapes[i].num_tokens] for i in e_idx])
-        x = _host_nnls(a, walls[e_idx] - base[e_idx], walls[e_idx])
-        host = replace(host, eager_s=float(x[0]), eager_s_per_req=float(x[1]),
-                       eager_s_per_token=float(x[2]))
-    final = _model(replace(calib, host=host), meta)
-    pred = np.array([final.predict(sh).executor_s for sh in shapes])
-    report = {"launch_s_samples": len(per_kernel),
-              "step_mape_all": mape(pred, walls),
-              "step_mape_graph": mape(pred[g_idx], walls[g_idx]) if g_idx else None,
-              "step_mape_eager": mape(pred[e_idx], walls[e_idx]) if e_idx else None,
-              "num_steps": len(steps)}
-    return host, report
-
-
-def _host_nnls(a: np.ndarray, residual: np.ndarray, walls: np.ndarray) -> np.ndarray:
-    """Non-negative host parameters for residual = wall - device time, each row weighted by
-    its step's wall time (relative error of the step, not of the residual)."""
-    w = 1.0 / walls
-    x, _ = nnls(a * w[:, None], residual * w)
-    return x
-
-
 def fit_calibration(raw: dict[str, Any], environment: dict | None = None) -> Calibration:
     meta = raw["meta"]
     shapes = Shapes.of(meta_model_config(meta))
@@ -142,9 +95,15 @@ def fit_calibration(raw: dict[str, Any], environment: dict | None = None) -> Cal
         copy_in=copy_in, memory=raw.get("memory", {}), raw=raw,
         environment=environment or {},
     )
-    host, host_report = fit_host(calib, meta, raw["steps"])
+    make = lambda c: _model(c, meta)  # noqa: E731
+    serving = raw.get("serving_steps")
+    host, host_report = fit_host(calib, make, serving or raw["steps"])
     report = {"attn_prefill_mape": prefill_err, "copy_out_mape": out_err,
-              "copy_in_mape": in_err, "loop_mape": loop_err, "steps": host_report}
+              "copy_in_mape": in_err, "loop_mape": loop_err,
+              "host_fitted_on": "serving steps" if serving else "sweep steps",
+              "steps": host_report}
+    if serving:  # the synthetic sweep steps become a check
+        report["sweep_steps_check"] = score_host(replace(calib, host=host), make, raw["steps"])
     return replace(calib, host=host, fit_report=report)
 
 

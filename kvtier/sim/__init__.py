@@ -25,10 +25,16 @@ With the bench harness (`kvtier/bench/`), the virtual clock is also the runner's
     result = run_workload(backend, workload.requests, RunOptions(progress=False), clock=clock)
     summarize_run(result, slo)                    # the same metrics as a real run
 
-(`run_workload` "sleeps" on the virtual clock between arrivals, which jumps instead.) An
-`EngineFactory` for `run_experiment` is `lambda policy: build_sim_engine(replace(args,
-kv_policy=policy), hw, calib, n)`; its runs must also pass the engine's clock to
-`EngineBackend`/`run_workload`, which `run_once` does not do yet (see the issue-6 report).
+(`run_workload` "sleeps" on the virtual clock between arrivals, which jumps instead.) For
+`kvtier/bench/experiment.py`, share one clock between the engines and the runner:
+
+    clock = VirtualClock()
+    factory = lambda policy: build_sim_engine(replace(args, kv_policy=policy), "h200",
+                                              calib, num_gpus, clock=clock)
+    backends = engine_backends(factory, ignore_eos, clock)   # EngineBackend(..., clock)
+
+and `run_once`/`warm_up` must hand that clock to `run_workload` too (they use the monotonic
+clock today, which would make the runner sleep in real time between virtual arrivals).
 
 `SimulatedExecutor(cost_model, clock, token_id, eos_token_id, output_lens)` is the executor
 alone; `output_lens` (request id -> tokens) ends requests with eos at those lengths for

@@ -32,8 +32,10 @@ def build_sim_engine(
     num_gpus: int = 1,
     output_lens: Mapping[str, int] | None = None,
     record_steps: bool = False,
+    clock: VirtualClock | None = None,
 ) -> LLMEngine:
-    """An LLMEngine whose executor is simulated on `hardware` (see `kvtier.sim`)."""
+    """An LLMEngine whose executor is simulated on `hardware` (see `kvtier.sim`). Engines
+    built one after another may share one `clock` (the bench runner's)."""
     config = engine_args.create_engine_config()
     _check(config)
     hw = get_hardware(hardware)
@@ -52,7 +54,7 @@ def build_sim_engine(
     cost = CostModel(mc, hw, calib, CostModelConfig(
         cuda_graphs=not config.enforce_eager, max_num_seqs=config.scheduler.max_num_seqs,
         block_bytes=pools.block_bytes, num_gpus=num_gpus))
-    clock = VirtualClock()
+    clock = clock if clock is not None else VirtualClock()
     eos = tuple(tokenizer.eos_token_ids) + tuple(mc.eos_token_ids)
     executor = SimulatedExecutor(cost, clock, ordinary_token(eos, mc.vocab_size),
                                  eos[0] if eos else None, output_lens, record_steps)

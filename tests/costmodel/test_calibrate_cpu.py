@@ -21,14 +21,16 @@ def test_profile_parser_plugs_into_a_cli():
 def test_profile_tiny_model_on_cpu(tmp_path):
     out = tmp_path / "calib.json"
     rc = main(["tiny-llama", "--out", str(out), "--hardware", "h200", "--quick",
-               "--loop-requests", "40", "--num-gpu-blocks", "256", "--max-model-len", "256",
+               "--loop-requests", "40", "--serve-requests", "6", "--num-gpu-blocks", "256", "--max-model-len", "256",
                "--max-num-batched-tokens", "256", "--max-num-seqs", "8"])
     assert rc == 0
     calib = Calibration.load(out)
     assert set(calib.gemm) == {"qkv", "o", "gate_up", "down", "lm_head"}
     assert calib.attn_decode_graph.rows and calib.attn_decode_eager.rows
     assert calib.raw["steps"] and calib.raw["copies"]["out"] and calib.raw["loop"]
-    assert calib.fit_report["steps"]["num_steps"] == len(calib.raw["steps"])
+    assert calib.fit_report["host_fitted_on"] == "serving steps"
+    assert calib.fit_report["steps"]["num_steps"] == len(calib.raw["serving_steps"]) > 6
+    assert calib.fit_report["sweep_steps_check"]["num_steps"] == len(calib.raw["steps"])
     assert calib.environment["torch"]
     mc, _ = resolve_model_config("tiny-llama", "dummy")
     cm = CostModel(mc, get_hardware("h200"), calib)

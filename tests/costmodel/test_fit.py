@@ -59,3 +59,13 @@ def test_round_trip_through_json(tmp_path):
     again = Calibration.load(tmp_path / "c.json")
     assert again.host == calib.host and again.gemm == calib.gemm
     assert again.attn_decode_graph == calib.attn_decode_graph
+
+
+def test_launch_cost_is_found_from_wall_times_alone():
+    """Serving steps carry no issue times: the launch cost comes from a grid search."""
+    steps = [dict(s, issue_s=None) for s in synthetic_steps(seed=3)]
+    calib = fit_calibration(dict(raw_measurements(steps), serving_steps=steps))
+    assert calib.fit_report["host_fitted_on"] == "serving steps"
+    assert calib.fit_report["steps"]["launch_from"] == "grid search on walls"
+    assert calib.host.launch_s == pytest.approx(HOST.launch_s, abs=0.5e-6)
+    assert calib.fit_report["steps"]["step_mape_eager"] < 0.01
