@@ -181,9 +181,10 @@ def serving_steps(engine: LLMEngine, num_requests: int, log: Log = print) -> lis
 
 
 def environment() -> dict:
-    env = {"command": " ".join(["kvtier profile", *sys.argv[1:]]),
-           "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-           "python": platform.python_version(), "torch": torch.__version__}
+    env: dict[str, str | None] = {
+        "command": " ".join(["kvtier profile", *sys.argv[1:]]),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(), "torch": torch.__version__}
     try:
         import triton
 
@@ -223,8 +224,12 @@ def run_profile(args: argparse.Namespace) -> int:
     print(f"engine built in {time.perf_counter() - t0:.1f} s", flush=True)
     partial = Path(args.out + ".partial")
     partial.parent.mkdir(parents=True, exist_ok=True)
+
+    def checkpoint(r: dict) -> None:
+        partial.write_text(json.dumps(r))
+
     raw = profile_engine(engine, hardware, args.quick, lambda s: print(s, flush=True),
-                         lambda r: partial.write_text(json.dumps(r)), args.serve_requests)
+                         checkpoint, args.serve_requests)
     del engine
     if args.loop_requests:
         raw["loop"] = measure_loop_overhead(replace(eargs, device="cpu"), args.loop_requests)

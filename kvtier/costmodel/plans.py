@@ -48,14 +48,16 @@ class PlanBuilder:
 
     def decode_rows(self, contexts: list[int]) -> tuple[list[ScheduledRequest], list[ScheduledRequest]]:
         """(rows that install the block tables, the same rows as a steady decode step)."""
-        install, steady = [], []
-        nothing = ((),) * self.num_groups
+        install: list[ScheduledRequest] = []
+        steady: list[ScheduledRequest] = []
+        nothing: tuple[tuple[int, ...], ...] = ((),) * self.num_groups
         for c in contexts:
-            common = dict(request_id=self._id("d"), token_ids=self._tokens(1), start_pos=c - 1,
-                          sample=True, sampling_params=GREEDY, num_output_tokens=1)
-            install.append(ScheduledRequest(new_block_ids=self._blocks(c), reset_blocks=True,
-                                            **common))
-            steady.append(ScheduledRequest(new_block_ids=nothing, reset_blocks=False, **common))
+            rid, tokens = self._id("d"), self._tokens(1)
+            for blocks, reset, out in ((self._blocks(c), True, install), (nothing, False, steady)):
+                out.append(ScheduledRequest(
+                    request_id=rid, token_ids=tokens, start_pos=c - 1, new_block_ids=blocks,
+                    reset_blocks=reset, sample=True, sampling_params=GREEDY,
+                    num_output_tokens=1))
         return install, steady
 
     def prefill_rows(self, prefills: list[tuple[int, int]]) -> list[ScheduledRequest]:

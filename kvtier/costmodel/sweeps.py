@@ -163,11 +163,12 @@ class OpSweeper:
         return res
 
     def prefill_cases(self, cases: list[list[tuple[int, int]]]) -> list[list]:
-        res = []
+        """Rows [[[new, start], ...], seconds]."""
+        res: list[tuple[list[tuple[int, int]], float]] = []
         for pre in cases:
             sec = self.attention([], pre, graph_splits=False)
             if sec is not None:
-                res.append([[list(p) for p in pre], sec])
+                res.append((pre, sec))
         self.log("  prefill attention: " + ", ".join(
             f"{'+'.join(str(n) for n, _ in p)}:{s * 1e6:.0f}us" for p, s in res))
-        return res
+        return [[[list(c) for c in p], s] for p, s in res]

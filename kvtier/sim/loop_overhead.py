@@ -14,6 +14,7 @@ from kvtier.bench.request import BenchRequest
 from kvtier.bench.runner import RunOptions, run_workload
 from kvtier.costmodel.recording import RecordingExecutor, loop_overheads
 from kvtier.engine.args import EngineArgs
+from kvtier.sim.clock import VirtualClock
 from kvtier.sim.engine import build_sim_engine
 
 _BIN = 16  # requests per bin: medians per bin keep GC pauses out of the fit
@@ -35,10 +36,10 @@ def loop_workload(num_requests: int, vocab: int, max_len: int, seed: int = 0) ->
 def measure_loop_overhead(args: EngineArgs, num_requests: int = 600,
                           seed: int = 0) -> list[list[float]]:
     """Rows [scheduled requests, sampled requests, seconds]: per-bin medians."""
-    engine = build_sim_engine(replace(args, device="cpu"), "h200")
+    clock = VirtualClock()
+    engine = build_sim_engine(replace(args, device="cpu"), "h200", clock=clock)
     recorder = RecordingExecutor(engine.executor)
     engine.executor = recorder
-    clock = engine.clock
     reqs = loop_workload(num_requests, engine.model_config.vocab_size,
                          engine.config.scheduler.max_model_len, seed)
     run_workload(EngineBackend(engine, ignore_eos=True, clock=clock), reqs,
