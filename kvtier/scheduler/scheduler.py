@@ -5,7 +5,8 @@ Each step, in order (vLLM V1's order):
      up to the remaining budget); when blocks run out, the newest running request is
      preempted until the allocation fits (possibly the request itself);
   2. if nobody was preempted: swapped requests come back (FCFS) while they fit;
-  3. if nobody was preempted: waiting requests are admitted (FCFS) while they fit.
+  3. if nobody was preempted and nothing is still swapped out: waiting requests are
+     admitted (FCFS) while they fit — swapped requests arrived first (vLLM V0's rule).
 The result is one StepPlan of ids and counts; no tensors are touched here.
 """
 
@@ -100,7 +101,8 @@ class Scheduler:
         self._schedule_running(step)
         if not step.preempted:
             self._schedule_swapped(step)
-            self._schedule_waiting(step)
+            if not self.swapped:  # vLLM V0: no new prefill while a swapped request waits
+                self._schedule_waiting(step)
         return self._make_plan(step)
 
     def _schedule_running(self, step: _StepBuilder) -> None:
