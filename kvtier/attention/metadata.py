@@ -18,12 +18,6 @@ Batch layout: requests are packed back to back in the token dimension; request b
 tokens are `query_start_loc[b]:query_start_loc[b+1]` and sit at absolute positions
 `seq_lens[b] - query_len_b .. seq_lens[b] - 1`. Decode requests (query_len == 1) come first:
 `num_decodes` of them, so kernels can split the batch without a host sync.
-
-Dropped prefixes (eLLM): request b may have no KV for positions [0, s_b). Its prefix tokens
-are recomputed in the same forward as extra rows after the `num_tokens` main rows: rows
-`num_tokens + prefix_start_loc[b] ..` + s_b, at positions 0..s_b-1. Their K/V exist only for
-the current layer (never written to the pool); they attend causally among themselves, and
-request b's main rows attend over [their K/V] + [paged positions s_b .. seq_len).
 """
 
 from __future__ import annotations
@@ -49,13 +43,6 @@ class AttentionMetadata:
     # Host copies for the pure-torch path (no device sync needed to read them).
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
-    # Dropped-prefix recomputation; None when no request in the batch has one.
-    prefix_start_loc: torch.Tensor | None = None  # [num_reqs + 1] int32, rows after num_tokens
-    prefix_lens_cpu: list[int] | None = None
-
-    @property
-    def has_prefix(self) -> bool:
-        return self.prefix_start_loc is not None
 
     def layer_slot(self, layer_idx: int) -> tuple[int, int]:
         """(layer group, slot in block) of a layer."""

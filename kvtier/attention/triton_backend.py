@@ -6,9 +6,8 @@ from __future__ import annotations
 import torch
 
 from kvtier.attention.metadata import AttentionMetadata
-from kvtier.attention.torch_backend import attend
 from kvtier.kernels.kv_write import kv_write
-from kvtier.kernels.paged_decode_attention import DenseSegment, paged_decode_attention
+from kvtier.kernels.paged_decode_attention import paged_decode_attention
 from kvtier.kernels.paged_prefill_attention import paged_prefill_attention
 
 
@@ -32,11 +31,10 @@ class TritonAttentionBackend:
         kv_write(layer_cache, k[:n], v[:n], meta.slot_mapping[group])
         out = torch.empty_like(q)
         nd = meta.num_decodes  # decode rows come first, one token each: tokens [0, nd)
-        prefix = self._recompute_prefixes(q, k, v, out, meta, scale) if meta.has_prefix else None
         if nd > 0:
             paged_decode_attention(
                 q[:nd], layer_cache, block_tables[:nd], meta.seq_lens[:nd], scale,
-                out=out[:nd], max_seq_len=meta.max_seq_len, prefix=prefix,
+                out=out[:nd], max_seq_len=meta.max_seq_len,
             )
         if nd < meta.num_reqs:
             paged_prefill_attention(
@@ -45,22 +43,3 @@ class TritonAttentionBackend:
                 num_tokens=n - nd, q_base=nd, out=out,
             )
         return out
-
-    @staticmethod
-    def _recompute_prefixes(q, k, v, out, meta: AttentionMetadata, scale: float) -> DenseSegment:
-        """Dropped-prefix rows (after the main rows): causal attention among themselves, and
-        their K/V as the decode kernel's dense source. Prefixes belong to decode rows only
-        (eLLM drops prefixes of requests in decode), so prefill rows never see one."""
-        n, lens = meta.num_tokens, meta.prefix_lens_cpu or []
-        if any(lens[meta.num_decodes :]):
-            raise NotImplementedError("a dropped prefix on a prefill row")
-        start = n
-        for s in lens:
-            if s:
-                rows = slice(start, start + s)
-                out[rows] = attend(q[rows], k[rows], v[rows], scale)
-                start += s
-        assert meta.prefix_start_loc is not None
-        # Equal strides for the kernel: k comes out of rotary fresh, v is a view of qkv.
-        return DenseSegment(k[n:].contiguous(), v[n:].contiguous(),
-                            meta.prefix_start_loc[: meta.num_decodes + 1])

@@ -74,8 +74,12 @@ class Calibration:
     attn_prefill: PrefillFit
     host: HostParams
     loop: LoopParams
-    copy_out: CopyCost  # the runner's swap-out path: per block copy = alpha*bytes + beta
+    copy_out: CopyCost  # the runner's swap-out path, affine summary: alpha*bytes + beta
     copy_in: CopyCost
+    # What the cost model uses: measured seconds of one swap call over its block count (the
+    # runner stages through freshly allocated pageable memory, which is far from affine).
+    copy_out_blocks: Curve | None = None
+    copy_in_blocks: Curve | None = None
     memory: dict[str, float] = field(default_factory=dict)  # measured pool sizing inputs
     fit_report: dict[str, Any] = field(default_factory=dict)  # residuals of each fit
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -94,7 +98,10 @@ class Calibration:
             "attn_decode_eager": self.attn_decode_eager.to_json(),
             "attn_prefill": asdict(self.attn_prefill), "host": asdict(self.host),
             "loop": asdict(self.loop), "copy_out": asdict(self.copy_out),
-            "copy_in": asdict(self.copy_in), "memory": self.memory,
+            "copy_in": asdict(self.copy_in),
+            "copy_out_blocks": self.copy_out_blocks.to_json() if self.copy_out_blocks else None,
+            "copy_in_blocks": self.copy_in_blocks.to_json() if self.copy_in_blocks else None,
+            "memory": self.memory,
             "fit_report": self.fit_report, "environment": self.environment, "raw": self.raw,
         }
 
@@ -113,7 +120,9 @@ class Calibration:
             attn_decode_eager=Grid.from_json(d["attn_decode_eager"]),
             attn_prefill=PrefillFit(**d["attn_prefill"]), host=HostParams(**d["host"]),
             loop=LoopParams(**d["loop"]), copy_out=CopyCost(**d["copy_out"]),
-            copy_in=CopyCost(**d["copy_in"]), memory=d.get("memory", {}),
+            copy_in=CopyCost(**d["copy_in"]),
+            copy_out_blocks=_curve(d.get("copy_out_blocks")),
+            copy_in_blocks=_curve(d.get("copy_in_blocks")), memory=d.get("memory", {}),
             fit_report=d.get("fit_report", {}), raw=d.get("raw", {}),
             environment=d.get("environment", {}),
         )
@@ -126,6 +135,10 @@ class Calibration:
     @classmethod
     def load(cls, path: str | Path) -> Calibration:
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def _curve(rows: list | None) -> Curve | None:
+    return Curve.from_json(rows) if rows else None
 
 
 def model_dims(mc) -> dict[str, int]:

@@ -50,9 +50,11 @@ def fit_prefill(raw: list, shapes: Shapes) -> tuple[PrefillFit, float]:
 
 
 def fit_copy(raw: list, block_bytes: int) -> tuple[CopyCost, float]:
+    """Affine summary alpha*bytes + beta of the swap path, least squares in absolute time
+    (the large copies a preemption makes matter; the measured curve is what predicts)."""
     a = np.array([[n * block_bytes, 1.0] for n, _ in raw], float)
     s = np.array([t for _, t in raw], float)
-    x = relative_nnls(a, s)
+    x, _ = nnls(a, s)
     return CopyCost(float(x[0]), float(x[1])), mape(a @ x, s)
 
 
@@ -92,14 +94,15 @@ def fit_calibration(raw: dict[str, Any], environment: dict | None = None) -> Cal
         attn_decode_graph=Grid.from_json(raw["attn_decode_graph"]),
         attn_decode_eager=Grid.from_json(raw["attn_decode_eager"]),
         attn_prefill=prefill, host=HostParams(), loop=loop, copy_out=copy_out,
-        copy_in=copy_in, memory=raw.get("memory", {}), raw=raw,
+        copy_in=copy_in, copy_out_blocks=Curve.from_json(raw["copies"]["out"]),
+        copy_in_blocks=Curve.from_json(raw["copies"]["in"]), memory=raw.get("memory", {}), raw=raw,
         environment=environment or {},
     )
     make = lambda c: _model(c, meta)  # noqa: E731
     serving = raw.get("serving_steps")
     host, host_report = fit_host(calib, make, serving or raw["steps"])
-    report = {"attn_prefill_mape": prefill_err, "copy_out_mape": out_err,
-              "copy_in_mape": in_err, "loop_mape": loop_err,
+    report = {"attn_prefill_mape": prefill_err, "copy_out_affine_mape": out_err,
+              "copy_in_affine_mape": in_err, "loop_mape": loop_err,
               "host_fitted_on": "serving steps" if serving else "sweep steps",
               "steps": host_report}
     if serving:  # the synthetic sweep steps become a check

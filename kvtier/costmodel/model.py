@@ -139,19 +139,18 @@ class CostModel:
         return out
 
     def copy_seconds(self, shape: StepShape) -> float:
-        if not (shape.num_swap_out or shape.num_swap_in):
-            return 0.0
+        """Swap-outs then swap-ins, one call each way (the runner's `_copy_blocks`)."""
+        c = self.calib
+        if c is not None and self.timer.same_hw and c.copy_out_blocks and c.copy_in_blocks:
+            return ((c.copy_out_blocks.at(shape.num_swap_out) if shape.num_swap_out else 0.0)
+                    + (c.copy_in_blocks.at(shape.num_swap_in) if shape.num_swap_in else 0.0))
         out, inn = self.copy_costs()
         b = self.config.block_bytes
-        t = 0.0
-        if shape.num_swap_out:
-            t += out.seconds(b * shape.num_swap_out)
-        if shape.num_swap_in:
-            t += inn.seconds(b * shape.num_swap_in)
-        return t
+        return ((out.seconds(b * shape.num_swap_out) if shape.num_swap_out else 0.0)
+                + (inn.seconds(b * shape.num_swap_in) if shape.num_swap_in else 0.0))
 
     def copy_costs(self) -> tuple[CopyCost, CopyCost]:
-        """The runner's swap path: measured, or (uncalibrated) one bulk copy each way."""
+        """The runner's swap path, affine: measured, or (uncalibrated) one bulk copy each way."""
         if self.calib is not None and self.timer.same_hw:
             return self.calib.copy_out, self.calib.copy_in
         return self.hw.d2h[CopyMechanism.BULK], self.hw.h2d[CopyMechanism.BULK]

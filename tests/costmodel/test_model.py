@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from kvtier.costmodel.hardware import get_hardware
+from kvtier.costmodel.hardware import CopyMechanism, get_hardware
 from kvtier.costmodel.model import CostModel, CostModelConfig
 from kvtier.costmodel.operators import Shapes, gemm, step_ops, totals
 from kvtier.costmodel.shape import StepShape
@@ -95,3 +95,19 @@ def test_calibration_of_another_model_is_refused():
 
     with pytest.raises(ValueError):
         CostModel(resolve_model_config("llama-3.1-8b", "dummy")[0], H200, calibration())
+
+
+def test_measured_swap_curve_beats_the_affine_summary_when_present():
+    from dataclasses import replace
+
+    from kvtier.costmodel.curves import Curve
+
+    calib = replace(calibration(), copy_out_blocks=Curve.from_points([(1, 1e-3), (64, 64e-3)]),
+                    copy_in_blocks=Curve.from_points([(1, 0.5e-3), (64, 16e-3)]))
+    cm = model(calib=calib)
+    t = cm.copy_seconds(StepShape(num_swap_out=128, num_swap_in=64))
+    assert t == pytest.approx(128e-3 + 16e-3)
+    # Simulated on another GPU the measured curve does not apply: the link's bulk copy does.
+    a = model(A100, calib)
+    t = a.copy_seconds(StepShape(num_swap_out=10))
+    assert t == pytest.approx(A100.d2h[CopyMechanism.BULK].seconds(10 * BLOCK))
