@@ -21,16 +21,13 @@ def write_kv(
 
 
 def gather_kv(
-    layer_cache: torch.Tensor, block_ids: torch.Tensor, seq_len: int, start: int = 0
+    layer_cache: torch.Tensor, block_ids: torch.Tensor, seq_len: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A request's contiguous K and V of positions [start, seq_len) ([n, H, D]) from its
-    block table row (indexed by absolute position; blocks before `start` are not read)."""
-    bs = layer_cache.shape[2]
-    first = start // bs
-    kv = layer_cache[block_ids[first:]]  # [nb, 2, bs, H, D]
+    """A request's contiguous K and V ([seq_len, H, D]) from its block table row."""
+    kv = layer_cache[block_ids]  # [nb, 2, bs, H, D]
     h, d = kv.shape[-2:]
-    k = kv[:, 0].reshape(-1, h, d)[start - first * bs : seq_len - first * bs]
-    v = kv[:, 1].reshape(-1, h, d)[start - first * bs : seq_len - first * bs]
+    k = kv[:, 0].reshape(-1, h, d)[:seq_len]
+    v = kv[:, 1].reshape(-1, h, d)[:seq_len]
     return k, v
 
 
@@ -65,20 +62,12 @@ class TorchAttentionBackend:
     ) -> torch.Tensor:
         group, slot = meta.layer_slot(layer_idx)
         layer_cache = kv_cache[:, slot]
-        n = meta.num_tokens
-        write_kv(layer_cache, k[:n], v[:n], meta.slot_mapping[group])
+        write_kv(layer_cache, k, v, meta.slot_mapping[group])
         out = torch.empty_like(q)
-        prefix_lens = meta.prefix_lens_cpu or [0] * meta.num_reqs
-        start, p0 = 0, n
+        start = 0
         for b, (q_len, seq_len) in enumerate(zip(meta.query_lens_cpu, meta.seq_lens_cpu)):
-            s = prefix_lens[b]
             nb = -(-seq_len // meta.block_size)
-            kb, vb = gather_kv(layer_cache, meta.block_tables[group, b, :nb].long(), seq_len, s)
-            if s:  # recomputed prefix: causal among itself, then a source for the main rows
-                pk, pv = k[p0 : p0 + s], v[p0 : p0 + s]
-                out[p0 : p0 + s] = attend(q[p0 : p0 + s], pk, pv, scale)
-                kb, vb = torch.cat((pk.to(kb.dtype), kb)), torch.cat((pv.to(vb.dtype), vb))
-                p0 += s
+            kb, vb = gather_kv(layer_cache, meta.block_tables[group, b, :nb].long(), seq_len)
             out[start : start + q_len] = attend(q[start : start + q_len], kb, vb, scale)
             start += q_len
         return out

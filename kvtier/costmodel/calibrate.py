@@ -203,7 +203,12 @@ def environment() -> dict:
 
 # ---- CLI -----------------------------------------------------------------------------------------
 def add_profile_parser(subparsers) -> None:
-    p = subparsers.add_parser("profile", help="calibrate the cost model on this GPU")
+    p = subparsers.add_parser(
+        "profile", help="calibrate the cost model on this GPU",
+        description="Measure MODEL's operators, whole steps and a short serving trace on this "
+                    "GPU and write the cost model's calibration. Defaults here: --max-model-len "
+                    "4096 (decode graphs pick their splits from it) and --load-format dummy "
+                    "(timings do not depend on weight values).")
     EngineArgs.add_cli_args(p)
     p.add_argument("--out", required=True, help="calibration JSON to write")
     p.add_argument("--hardware", default="auto", help="profile name (default: from the GPU)")

@@ -45,16 +45,26 @@ def build_engine(args: EngineArgs) -> LLMEngine:
 
     runner = ModelRunner(config, ckpt, device, dtype)
     peak = runner.profile_activation_peak()
-    pools = size_pools(config, device, dtype, peak)
-    runner.allocate_kv(pools.num_gpu_blocks, pools.num_host_blocks)
+    scratch = recompute_scratch_blocks(config)  # eLLM's M_o: from the same memory
+    pools = size_pools(config, device, dtype, peak, reserved_blocks=scratch)
+    num_gpu = pools.num_gpu_blocks
+    runner.allocate_kv(num_gpu, pools.num_host_blocks, scratch)
     kv = KVCacheManager(
         num_groups=runner.num_groups, block_size=config.cache.block_size,
-        num_gpu_blocks=pools.num_gpu_blocks, num_host_blocks=pools.num_host_blocks,
+        num_gpu_blocks=num_gpu, num_host_blocks=pools.num_host_blocks,
     )
     log.info("kvtier: %s on %s (%s), %d device + %d host KV blocks of %d KiB, policy %s",
-             config.model, device, dtype, pools.num_gpu_blocks, pools.num_host_blocks,
+             config.model, device, dtype, num_gpu, pools.num_host_blocks,
              pools.block_bytes // 1024, config.kv_policy)
     return LLMEngine(config, runner, tokenizer, kv, pools.block_bytes)
+
+
+def recompute_scratch_blocks(config) -> int:
+    """Device blocks lent to dropped-prefix recomputation each step (eLLM only): enough for
+    the most prefix tokens the policy lets the running requests drop."""
+    if config.kv_policy != "ellm":
+        return 0
+    return -(-config.policy_options.max_recompute_tokens // config.cache.block_size)
 
 
 def _with_eos(mc, eos: tuple[int, ...]):

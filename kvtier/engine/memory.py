@@ -54,8 +54,11 @@ def _host_available_bytes() -> int:
 
 
 def size_pools(
-    config: EngineConfig, device: torch.device, dtype: torch.dtype, activation_peak: int
+    config: EngineConfig, device: torch.device, dtype: torch.dtype, activation_peak: int,
+    reserved_blocks: int = 0,
 ) -> PoolSizes:
+    """`reserved_blocks`: device blocks taken from the same memory for other uses (eLLM's
+    recompute scratch); an explicit block count is the KV pool alone."""
     cache, mc = config.cache, config.model_config
     block_bytes = cache.block_bytes(mc, dtype_bytes(dtype))
     if cache.num_gpu_blocks is not None:
@@ -77,6 +80,8 @@ def size_pools(
             )
     else:
         num_gpu = int(CPU_DEFAULT_KV_GB * GiB // block_bytes)
+    if cache.num_gpu_blocks is None:
+        num_gpu -= reserved_blocks
     if cache.num_host_blocks is not None:
         num_host = cache.num_host_blocks
     else:

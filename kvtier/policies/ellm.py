@@ -42,9 +42,16 @@ class EllmPolicy(KVPolicy):
         r = self.options.uncached_ratio
         if r is None:
             return
+        # Within the per-step recompute budget (the runner's scratch holds no more).
+        budget = self.options.max_recompute_tokens - self._recompute_load(running, kv)
         for req in running:
-            if _in_decode(req):
-                kv.drop_prefix(req, self._cap_blocks(req, kv, r))
+            if not _in_decode(req):
+                continue
+            have = kv.num_dropped_tokens(req) // kv.block_size
+            extra = min(self._cap_blocks(req, kv, r) - have, budget // kv.block_size)
+            if extra > 0:
+                kv.drop_prefix(req, have + extra)
+                budget -= extra * kv.block_size
 
     def make_room(self, running: list[Request], kv: KVCacheManager, num_blocks: int) -> bool:
         budget = self.options.max_recompute_tokens - self._recompute_load(running, kv)

@@ -42,6 +42,13 @@ class BlockTables:
         self.num_blocks[row] = start + k
         return row
 
+    def point_prefix(self, row: int, blocks: range) -> None:
+        """Point a row's first len(blocks) columns (a dropped prefix) at `blocks`, in every
+        layer group (eLLM's recompute scratch; those columns are read nowhere else)."""
+        k = len(blocks)
+        self.table[:, row, :k] = np.arange(blocks.start, blocks.stop, dtype=np.int32)
+        self._dirty.append((row, 0, k))
+
     def sync_device(self) -> None:
         """Copy this step's new entries to the device mirror: one small upload, one scatter."""
         if self.device_table is None or not self._dirty:

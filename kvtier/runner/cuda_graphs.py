@@ -11,7 +11,7 @@ its request's length, so the graphs stay valid as sequences grow.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -49,7 +49,7 @@ class DecodeGraphs:
         self.slot_mapping = torch.full((g, m), self.scratch_slot, dtype=torch.int64, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
-        self.pool = None
+        self.pool: Any = None  # the graphs share one memory pool
 
     def _meta(self, b: int) -> AttentionMetadata:
         r = self.runner

@@ -26,12 +26,6 @@ class HostBatch:
     logits_idx: np.ndarray  # [num sampling requests] token index of each one's last token
     num_decodes: int
     max_blocks: int  # block-table columns the batch needs
-    # eLLM: dropped-prefix rows appended after the main rows (None: no request has one)
-    prefix_start_loc: np.ndarray | None = None  # [B + 1] int64, relative to the main rows
-
-    @property
-    def has_prefix(self) -> bool:
-        return self.prefix_start_loc is not None
 
     @property
     def num_tokens(self) -> int:
@@ -47,54 +41,70 @@ class HostBatch:
 
 
 def build_host_batch(
-    scheduled: list[ScheduledRequest], tables: BlockTables, block_size: int
+    scheduled: list[ScheduledRequest], tables: BlockTables, block_size: int,
+    scratch: range = range(0),
 ) -> HostBatch:
-    rows = np.fromiter((tables.apply(sr) for sr in scheduled), dtype=np.int64,
-                       count=len(scheduled))
-    q_lens = np.fromiter((sr.num_new_tokens for sr in scheduled), dtype=np.int64,
-                         count=len(scheduled))
-    starts = np.fromiter((sr.start_pos for sr in scheduled), dtype=np.int64,
-                         count=len(scheduled))
+    """`scratch`: device blocks lent to dropped-prefix recomputation this step (eLLM)."""
+    rows = [tables.apply(sr) for sr in scheduled]
+    token_ids = [sr.token_ids for sr in scheduled]
+    starts = [sr.start_pos for sr in scheduled]
+    sample = [sr.sample for sr in scheduled]
+    if any(sr.prefix_token_ids for sr in scheduled):
+        _add_prefix_rows(scheduled, rows, token_ids, starts, sample, tables, block_size, scratch)
+    return _batch(np.asarray(rows, dtype=np.int64), token_ids, np.asarray(starts, dtype=np.int64),
+                  np.asarray(sample, dtype=bool), tables, block_size)
+
+
+def _add_prefix_rows(scheduled, rows, token_ids, starts, sample, tables: BlockTables,
+                     block_size: int, scratch: range) -> None:
+    """eLLM: a request whose KV prefix [0, s) was dropped gets it recomputed this step.
+
+    Its prefix tokens join the batch as one more prefill-like entry (positions 0..s-1, no
+    sampling) over the same block-table row, whose first s/B columns now point at scratch
+    blocks. Every layer writes the prefix K/V into its own slot of those blocks and reads
+    it back at once: the request's attention sees scratch [0, s) + cached [s, n) through
+    the ordinary paged kernels, and layer l+F overwrites layer l's slot only after layer l
+    is done, so s tokens of one layer group is all the memory the recompute needs.
+    """
+    nxt = scratch.start
+    for i, sr in enumerate(scheduled):
+        k = len(sr.prefix_token_ids) // block_size
+        if not k:
+            continue
+        if nxt + k > scratch.stop:
+            raise RuntimeError("dropped prefixes exceed the recompute scratch blocks")
+        tables.point_prefix(rows[i], range(nxt, nxt + k))
+        nxt += k
+        rows.append(rows[i])
+        token_ids.append(sr.prefix_token_ids)
+        starts.append(0)
+        sample.append(False)
+
+
+def _batch(rows: np.ndarray, token_ids: list[list[int]], starts: np.ndarray,
+           sample_mask: np.ndarray, tables: BlockTables, block_size: int) -> HostBatch:
+    n = len(rows)
+    q_lens = np.fromiter((len(t) for t in token_ids), dtype=np.int64, count=n)
     seq_lens = starts + q_lens
-    cu = np.zeros(len(scheduled) + 1, dtype=np.int64)
+    cu = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(q_lens, out=cu[1:])
     num_tokens = int(cu[-1])
-    if num_tokens == len(scheduled):  # all decodes: skip the per-token expansion
+    if num_tokens == n:  # all decodes: skip the per-token expansion
         positions = starts
         token_rows = rows
-        input_ids = np.fromiter((sr.token_ids[0] for sr in scheduled), dtype=np.int64,
-                                count=num_tokens)
+        input_ids = np.fromiter((t[0] for t in token_ids), dtype=np.int64, count=num_tokens)
     else:
-        token_req = np.repeat(np.arange(len(scheduled)), q_lens)
+        token_req = np.repeat(np.arange(n), q_lens)
         positions = starts[token_req] + (np.arange(num_tokens) - cu[:-1][token_req])
         token_rows = rows[token_req]
-        input_ids = np.fromiter((t for sr in scheduled for t in sr.token_ids), dtype=np.int64,
+        input_ids = np.fromiter((t for ids in token_ids for t in ids), dtype=np.int64,
                                 count=num_tokens)
     blocks = tables.table[:, token_rows, positions // block_size]  # [G, T]
     slots = blocks.astype(np.int64) * block_size + positions % block_size
-    sample_mask = np.fromiter((sr.sample for sr in scheduled), dtype=bool, count=len(scheduled))
     not_decode = np.flatnonzero(q_lens != 1)
-    batch = HostBatch(
+    return HostBatch(
         input_ids=input_ids, positions=positions, query_lens=q_lens, seq_lens=seq_lens,
         query_start_loc=cu, rows=rows, slots=slots, logits_idx=cu[1:][sample_mask] - 1,
-        num_decodes=int(not_decode[0]) if len(not_decode) else len(scheduled),
+        num_decodes=int(not_decode[0]) if len(not_decode) else n,
         max_blocks=-(-int(seq_lens.max()) // block_size),
     )
-    if any(sr.prefix_token_ids for sr in scheduled):
-        _append_prefix_rows(batch, scheduled)
-    return batch
-
-
-def _append_prefix_rows(batch: HostBatch, scheduled: list[ScheduledRequest]) -> None:
-    """Rows that recompute dropped prefixes: token ids 0..s-1 of each request, positions
-    0..s-1, after the main rows (they own no slot: their K/V is never stored)."""
-    lens = np.fromiter((len(sr.prefix_token_ids) for sr in scheduled), dtype=np.int64,
-                       count=len(scheduled))
-    loc = np.zeros(len(scheduled) + 1, dtype=np.int64)
-    np.cumsum(lens, out=loc[1:])
-    ids = np.fromiter((t for sr in scheduled for t in sr.prefix_token_ids), dtype=np.int64,
-                      count=int(loc[-1]))
-    positions = np.arange(int(loc[-1])) - np.repeat(loc[:-1], lens)
-    batch.input_ids = np.concatenate((batch.input_ids, ids))
-    batch.positions = np.concatenate((batch.positions, positions))
-    batch.prefix_start_loc = loc

@@ -48,6 +48,7 @@ class ModelRunner:
         self.gpu_kv: torch.Tensor | None = None
         self.host_kv: torch.Tensor | None = None
         self.graphs: DecodeGraphs | None = None
+        self.recompute_scratch = range(0)
 
     @property
     def use_cuda_graphs(self) -> bool:
@@ -59,17 +60,20 @@ class ModelRunner:
         mc = self.model_config
         return (self.layers_per_block, 2, self.block_size, mc.num_kv_heads, mc.head_dim)
 
-    def allocate_kv(self, num_gpu_blocks: int, num_host_blocks: int) -> None:
-        """Device pool (plus one scratch block for padded graph rows) and host pool.
+    def allocate_kv(self, num_gpu_blocks: int, num_host_blocks: int,
+                    num_recompute_blocks: int = 0) -> None:
+        """Device pool, then blocks the KV manager never hands out: `num_recompute_blocks`
+        of scratch for dropped-prefix recomputation (eLLM) and one for padded graph rows.
         Zeroed on the device: padded rows may read a block nobody wrote."""
         shape = self.block_shape()
         extra = 1 if self.use_cuda_graphs else 0
-        self.gpu_kv = torch.zeros((num_gpu_blocks + extra, *shape), dtype=self.dtype,
-                                  device=self.device)
+        self.recompute_scratch = range(num_gpu_blocks, num_gpu_blocks + num_recompute_blocks)
+        total = num_gpu_blocks + num_recompute_blocks + extra
+        self.gpu_kv = torch.zeros((total, *shape), dtype=self.dtype, device=self.device)
         pin = self.device.type == "cuda"
         self.host_kv = torch.empty((num_host_blocks, *shape), dtype=self.dtype, pin_memory=pin)
         if extra:
-            self.graphs = DecodeGraphs(self, scratch_block=num_gpu_blocks)
+            self.graphs = DecodeGraphs(self, scratch_block=total - 1)
             self.graphs.capture()
 
     @torch.inference_mode()
@@ -116,7 +120,8 @@ class ModelRunner:
         self._copy_blocks(plan.swap_out, plan.swap_in)
         if not plan.scheduled:
             return StepResult(sampled={})
-        batch = build_host_batch(plan.scheduled, self.block_tables, self.block_size)
+        batch = build_host_batch(plan.scheduled, self.block_tables, self.block_size,
+                                 self.recompute_scratch)
         self.block_tables.sync_device()
         logits = self._logits(batch)
         if logits is None:
@@ -129,7 +134,7 @@ class ModelRunner:
 
     def _logits(self, batch: HostBatch) -> torch.Tensor | None:
         """Logits of the sampling requests' last tokens ([num_sampling, vocab] fp32)."""
-        if (self.graphs is not None and batch.is_decode_only and not batch.has_prefix
+        if (self.graphs is not None and batch.is_decode_only
                 and len(batch.logits_idx) == batch.num_reqs):
             logits = self.graphs.run(batch)
             if logits is not None:
@@ -188,7 +193,4 @@ class ModelRunner:
             query_lens_cpu=batch.query_lens.tolist(),
             seq_lens_cpu=batch.seq_lens.tolist(),
         )
-        if batch.prefix_start_loc is not None:
-            meta.prefix_start_loc = put(batch.prefix_start_loc, np.int32)
-            meta.prefix_lens_cpu = np.diff(batch.prefix_start_loc).tolist()
         return put(batch.input_ids), put(batch.positions), meta

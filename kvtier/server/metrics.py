@@ -97,6 +97,11 @@ class _EngineCollector(Collector):
         yield _per_tier(f"{P}kv_blocks_total", "KV blocks in the pool.", s.gpu_blocks_total, s.host_blocks_total)
         yield GaugeMetricFamily(f"{P}num_scheduled_tokens", "Tokens computed in the last step.",
                                 value=s.num_scheduled_tokens)
+        yield GaugeMetricFamily(f"{P}num_scheduled_requests", "Requests computed in the last step.",
+                                value=s.num_scheduled_requests)
+        yield GaugeMetricFamily(f"{P}num_dropped_tokens",
+                                "Tokens of running requests whose KV prefix is dropped (eLLM).",
+                                value=s.num_dropped_tokens)
         yield GaugeMetricFamily(f"{P}step_time_seconds", "Wall time of the last step.", value=s.step_time_s)
         yield GaugeMetricFamily(f"{P}kv_block_bytes", "Bytes of one KV block.", value=s.block_bytes)
         usage = s.gpu_blocks_used / s.gpu_blocks_total if s.gpu_blocks_total else 0.0
@@ -108,6 +113,8 @@ class _EngineCollector(Collector):
             "swap_in_blocks": ("Blocks swapped in from host.", s.num_swap_in_blocks_total),
             "prompt_tokens": ("Prompt tokens processed.", s.num_prompt_tokens_total),
             "generation_tokens": ("Generated tokens.", s.num_generation_tokens_total),
+            "prefix_recompute_tokens": ("Dropped-prefix tokens recomputed (eLLM).",
+                                        s.num_prefix_recompute_tokens_total),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(f"{P}{name}", doc, value=value)
@@ -143,6 +150,9 @@ def stats_from_metrics(text: str) -> EngineStats | None:
         num_scheduled_tokens=v("num_scheduled_tokens"),
         block_bytes=v("kv_block_bytes"),
         step_time_s=values.get(f"{P}step_time_seconds", 0.0),
+        num_scheduled_requests=v("num_scheduled_requests"),
+        num_prefix_recompute_tokens_total=v("prefix_recompute_tokens_total"),
+        num_dropped_tokens=v("num_dropped_tokens"),
     )
 
 
