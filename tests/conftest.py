@@ -12,6 +12,13 @@ if not os.environ.get("CUDA_VISIBLE_DEVICES_FORCE_GPU"):
 
 import pytest  # noqa: E402
 
+try:  # tiny test models: one thread beats two fighting over a 2-core machine
+    import torch as _torch
+
+    _torch.set_num_threads(1)
+except ImportError:
+    pass
+
 
 def pytest_collection_modifyitems(config, items):
     import torch

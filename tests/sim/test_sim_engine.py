@@ -83,3 +83,13 @@ def test_a_faster_gpu_finishes_sooner():
     h = run_simulation(build_sim_engine(args13(), "h200"), reqs)
     a = run_simulation(build_sim_engine(args13(), "a100-80gb"), reqs)
     assert max(t.finish_s for t in h) < max(t.finish_s for t in a)
+
+
+def test_ellm_lends_scratch_blocks_from_the_pool_as_the_real_builder_does():
+    from kvtier.engine.builder import recompute_scratch_blocks
+
+    base = build_sim_engine(args13(), "h200")
+    ellm = build_sim_engine(args13(kv_policy="ellm"), "h200")
+    scratch = recompute_scratch_blocks(ellm.config)
+    assert scratch > 0
+    assert ellm.scheduler.kv.gpu.num_blocks == base.scheduler.kv.gpu.num_blocks - scratch
