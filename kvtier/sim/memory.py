@@ -11,6 +11,7 @@ from __future__ import annotations
 from kvtier.config import ConfigError, EngineConfig
 from kvtier.costmodel.calibration import Calibration
 from kvtier.costmodel.hardware import GiB, HardwareProfile
+from kvtier.engine.builder import recompute_scratch_blocks
 from kvtier.engine.memory import PoolSizes
 from kvtier.kv.manager import cdiv
 
@@ -51,6 +52,8 @@ def sim_pool_sizes(config: EngineConfig, hw: HardwareProfile, num_gpus: int = 1,
     else:
         act = _activation(config, num_gpus, calib, hw)
         num_gpu = int((per_gpu_budget - weights - act) // (block_bytes / num_gpus))
+    if cache.num_gpu_blocks is None:
+        num_gpu -= recompute_scratch_blocks(config)  # eLLM's M_o, as the real builder
     if cache.num_host_blocks is not None:
         num_host = cache.num_host_blocks
     else:
