@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     _add_optional(sub, "kvtier.server.cli", "add_serve_parser")
     _add_optional(sub, "kvtier.bench.cli", "add_bench_parser")
+    _add_optional(sub, "kvtier.costmodel.calibrate", "add_profile_parser")
     demo = sub.add_parser("demo", help="`make run`: the built-in default comparison on CPU")
     demo.set_defaults(func=_run_demo)
     return parser

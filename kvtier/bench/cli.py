@@ -45,6 +45,15 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--policies", default="recompute,swap",
                    help="comma-separated KV policies, run in this order; ratios are to the first")
     g.add_argument("--out", default=None, help="result directory (default runs/bench-<time>)")
+    g.add_argument("--simulate", action="store_true",
+                   help="run the simulator (real scheduler, cost model, virtual time)")
+    g.add_argument("--gpu", default="h200", help="simulated GPU: h200 | a100-80gb")
+    g.add_argument("--num-gpus", type=int, default=1, help="simulated tensor-parallel GPUs")
+    g.add_argument("--calibration", default=None,
+                   help="cost-model calibration JSON (kvtier profile); default: roofline")
+    g.add_argument("--base-url", default=None,
+                   help="drive a running `kvtier serve` over HTTP instead of an in-process "
+                        "engine (its policy is the server's; --policies only labels the run)")
     g.add_argument("--slo-ttft", type=float, default=None, help="TTFT SLO in ms")
     g.add_argument("--slo-tpot", type=float, default=None, help="TPOT SLO in ms")
     g.add_argument("--warmup-requests", type=int, default=2,
@@ -208,6 +217,33 @@ def _engine_backends(engine_args, ignore_eos: bool) -> BackendFactory:
     return engine_backends(engine, ignore_eos)
 
 
+def _sim_backends(engine_args, args: argparse.Namespace) -> BackendFactory:
+    """Simulated engines on one virtual clock, which the runner then also uses."""
+    from kvtier.sim import VirtualClock, build_sim_engine
+
+    clock = VirtualClock()
+
+    def engine(policy: str):
+        return build_sim_engine(replace(engine_args, kv_policy=policy), args.gpu,
+                                args.calibration, args.num_gpus, clock=clock)
+
+    return engine_backends(engine, args.ignore_eos, clock)
+
+
+def _http_backends(args: argparse.Namespace) -> BackendFactory:
+    from kvtier.bench.http_backend import HTTPBackend
+
+    return lambda policy: HTTPBackend(args.base_url, ignore_eos=args.ignore_eos)
+
+
+def _backends(engine_args, args: argparse.Namespace) -> BackendFactory:
+    if args.base_url:
+        return _http_backends(args)
+    if args.simulate:
+        return _sim_backends(engine_args, args)
+    return _engine_backends(engine_args, args.ignore_eos)
+
+
 def _bench_options(args: argparse.Namespace, engine_args) -> dict:
     engine_keys = set(asdict(engine_args))
     return {k: v for k, v in vars(args).items() if k not in engine_keys and not callable(v)}
@@ -230,7 +266,7 @@ def run_bench(args: argparse.Namespace) -> int:
         print(f"workload: {_describe(workload)} -> {args.save_workload}")
     if args.prepare_only:
         return 0
-    results = run_experiment(workload, _engine_backends(engine_args, args.ignore_eos), config)
+    results = run_experiment(workload, _backends(engine_args, args), config)
     out = Path(args.out or f"runs/bench-{datetime.now():%Y%m%d-%H%M%S}")
     command = getattr(args, "command_line", None) or shlex.join(["kvtier", *sys.argv[1:]])
     run_config = {"engine": asdict(engine_args), "bench": _bench_options(args, engine_args)}
