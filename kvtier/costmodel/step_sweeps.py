@@ -14,7 +14,6 @@ from kvtier.costmodel.shape import StepShape
 from kvtier.costmodel.sweeps import Log
 from kvtier.costmodel.timing import DeviceTimer
 from kvtier.model.llama import ForwardContext
-from kvtier.runner.host_batch import build_host_batch
 
 Case = tuple[list[int], list[tuple[int, int]]]  # (decode contexts, prefill chunks)
 
@@ -72,9 +71,8 @@ class StepSweeper:
     def issue_seconds(self, plan: StepPlan) -> float:
         """Host time to issue an eager forward (the call returns before the GPU is done)."""
         r = self.runner
-        batch = build_host_batch(plan.scheduled, r.block_tables, r.block_size)
-        r.block_tables.sync_device()  # as ModelRunner.execute does before its inputs
-        ids, pos, meta = r._device_inputs(batch)
+        batch = r.prepare_batch(plan.scheduled)
+        ids, pos, meta = r.device_inputs(batch)
         ctx = ForwardContext(r.ops, r.attention, r.gpu_kv, meta, r.cos_sin)
         times = []
         with torch.inference_mode():

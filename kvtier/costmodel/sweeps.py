@@ -12,7 +12,6 @@ import torch.nn.functional as F
 
 from kvtier.costmodel.plans import GREEDY, PlanBuilder, finish_plan
 from kvtier.costmodel.timing import DeviceTimer
-from kvtier.runner.host_batch import build_host_batch
 from kvtier.runner.sampler import SampleRow, sample
 
 Log = Callable[[str], None]
@@ -130,9 +129,8 @@ class OpSweeper:
             return None
         install, _ = b.decode_rows(contexts)
         rows = install + b.prefill_rows(prefills)
-        batch = build_host_batch(rows, runner.block_tables, runner.block_size)
-        runner.block_tables.sync_device()  # as ModelRunner.execute does before its inputs
-        _, _, meta = runner._device_inputs(batch)
+        batch = runner.prepare_batch(rows)
+        _, _, meta = runner.device_inputs(batch)
         if graph_splits:  # graphs pass max_model_len: splits fixed for every batch
             meta = dataclasses.replace(meta, max_seq_len=runner.config.scheduler.max_model_len)
         t = batch.num_tokens
