@@ -80,6 +80,15 @@ def size_pools(
             )
     else:
         num_gpu = int(CPU_DEFAULT_KV_GB * GiB // block_bytes)
+    return complete_pools(config, num_gpu, block_bytes, reserved_blocks)
+
+
+def complete_pools(config: EngineConfig, num_gpu: int, block_bytes: int,
+                   reserved_blocks: int = 0) -> PoolSizes:
+    """From the device blocks memory allows: take out `reserved_blocks` (unless the count
+    was given explicitly), size the host pool, and refuse a pool smaller than one request
+    of max_model_len. Shared by the real engine and the simulator."""
+    cache, mc = config.cache, config.model_config
     if cache.num_gpu_blocks is None:
         num_gpu -= reserved_blocks
     if cache.num_host_blocks is not None:

@@ -12,7 +12,7 @@ from kvtier.config import ConfigError, EngineConfig
 from kvtier.costmodel.calibration import Calibration
 from kvtier.costmodel.hardware import GiB, HardwareProfile
 from kvtier.engine.builder import recompute_scratch_blocks
-from kvtier.engine.memory import PoolSizes
+from kvtier.engine.memory import PoolSizes, complete_pools
 from kvtier.kv.manager import cdiv
 
 BF16 = 2
@@ -52,19 +52,7 @@ def sim_pool_sizes(config: EngineConfig, hw: HardwareProfile, num_gpus: int = 1,
     else:
         act = _activation(config, num_gpus, calib, hw)
         num_gpu = int((per_gpu_budget - weights - act) // (block_bytes / num_gpus))
-    if cache.num_gpu_blocks is None:
-        num_gpu -= recompute_scratch_blocks(config)  # eLLM's M_o, as the real builder
-    if cache.num_host_blocks is not None:
-        num_host = cache.num_host_blocks
-    else:
-        num_host = int(cache.swap_space_gb * GiB // block_bytes)
-    groups = cache.num_layer_groups(mc.num_layers)
-    need = groups * cdiv(config.scheduler.max_model_len, cache.block_size)
-    if num_gpu < need:
-        raise ConfigError(
-            f"the simulated KV pool holds {max(num_gpu, 0)} blocks, fewer than one request of "
-            f"max_model_len={config.scheduler.max_model_len} needs ({need} blocks)")
-    return PoolSizes(num_gpu, num_host, block_bytes)
+    return complete_pools(config, num_gpu, block_bytes, recompute_scratch_blocks(config))
 
 
 def _activation(config: EngineConfig, num_gpus: int, calib: Calibration | None,
