@@ -1,0 +1,1 @@
+"""Planners that choose memory-policy parameters from the cost of a step."""

@@ -1,0 +1,116 @@
+"""eLLM's request-level planner: batch size b and uncached ratio r that maximise b / T(b, r).
+
+    max_{b, r}  b / T(b, r)
+    s.t.        T(b, r) + max_wait <= TPOT SLO
+                b * s * (1 - r) * kv_bytes  +  M_o(b, r)  <=  KV memory budget
+                1 <= b <= B,   0 <= r <= r_max
+
+solved with SciPy's SLSQP. Unlike the paper's FLOPs-only T, ours is a roofline: each part of
+a step costs the larger of its FLOPs over the bf16 peak and its bytes over HBM bandwidth, so
+the planner knows the ridge point — while b plus the recomputed tokens stay under ~180 per
+step the linear layers are bandwidth-bound and the recomputation rides along almost free;
+past it every recomputed token costs full price. `max` is smoothed (an 8-norm) so SLSQP sees
+a differentiable problem. M_o is the recompute scratch: one layer group's KV of the
+recomputed tokens (kvtier keeps only that much alive, `kvtier/runner/host_batch.py`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import minimize
+
+from kvtier.config import ModelConfig
+
+_P = 8.0  # smooth max: (x^p + y^p)^(1/p) is within 9 % of max(x, y), and differentiable
+
+
+def _smax(x: float, y: float) -> float:
+    return float((x**_P + y**_P) ** (1.0 / _P))
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    hbm_bytes_per_s: float  # e.g. 4.24e12 on the H200 (copy bandwidth)
+    bf16_flops: float  # e.g. 761e12
+    kv_budget_bytes: float  # device memory for cached KV and the recompute scratch
+    tpot_slo_s: float
+    max_batch: int = 256
+    max_uncached_ratio: float = 0.9
+    layers_per_block: int = 4
+    step_overhead_s: float = 0.5e-3  # launches and host work not hidden behind the GPU
+    dtype_bytes: int = 2
+
+
+@dataclass(frozen=True)
+class Decision:
+    batch: int
+    uncached_ratio: float
+    step_time_s: float
+    feasible: bool
+    solve_time_s: float
+
+
+class RequestLevelPlanner:
+    def __init__(self, model: ModelConfig, cfg: PlannerConfig):
+        self.m, self.cfg = model, cfg
+        d = cfg.dtype_bytes
+        embed = model.vocab_size * model.hidden_size
+        self.linear_params = model.num_params() - embed * (1 if model.tie_word_embeddings else 2)
+        self.lm_head_params = embed
+        self.kv_bytes_per_token = model.kv_bytes_per_token(d)
+        layers_in_group = min(cfg.layers_per_block, model.num_layers)
+        self.scratch_bytes_per_token = self.kv_bytes_per_token * layers_in_group / model.num_layers
+
+    # ---- the model of one step -------------------------------------------------------
+    def step_time(self, b: float, r: float, s: float) -> float:
+        """Seconds of a decode step of b requests of context s with a fraction r of each
+        context dropped and recomputed (b * s * r extra tokens through the whole model)."""
+        c, m, d = self.cfg, self.m, self.cfg.dtype_bytes
+        recomputed = b * s * r
+        tokens = b + recomputed
+        linear = _smax(self.linear_params * d / c.hbm_bytes_per_s,
+                       2.0 * self.linear_params * tokens / c.bf16_flops)
+        head = _smax(self.lm_head_params * d / c.hbm_bytes_per_s,
+                     2.0 * self.lm_head_params * b / c.bf16_flops)
+        # Attention: decode rows read the cached KV; the recomputed prefix is a causal prefill
+        # (its KV is written and read back from scratch, L2-resident in practice).
+        kv_read = b * s * (1.0 - r) * self.kv_bytes_per_token
+        attn_flops = 4.0 * m.num_layers * m.q_size * (b * s + b * (s * r) ** 2 / 2.0)
+        attn = _smax(kv_read / c.hbm_bytes_per_s, attn_flops / c.bf16_flops)
+        return linear + head + attn + c.step_overhead_s
+
+    def memory(self, b: float, r: float, s: float) -> float:
+        cached = b * s * (1.0 - r) * self.kv_bytes_per_token
+        scratch = b * s * r * self.scratch_bytes_per_token  # M_o
+        return cached + scratch
+
+    # ---- the solve -------------------------------------------------------------------
+    def solve(self, contexts: list[int], max_wait_s: float = 0.0) -> Decision:
+        """`contexts`: the lengths of the requests that could run (running, then waiting)."""
+        t0 = time.perf_counter()
+        c = self.cfg
+        n = max(1, min(c.max_batch, len(contexts)))
+        s = float(np.mean(contexts)) if contexts else 1.0
+        budget = c.tpot_slo_s - max_wait_s
+        cons = [
+            {"type": "ineq", "fun": lambda x: (budget - self.step_time(x[0], x[1], s)) / budget},
+            {"type": "ineq",
+             "fun": lambda x: (c.kv_budget_bytes - self.memory(x[0], x[1], s)) / c.kv_budget_bytes},
+        ]
+        bounds = [(1.0, float(n)), (0.0, c.max_uncached_ratio)]
+        best = None
+        for x0 in ((float(n), 0.0), (1.0, 0.0), (float(n), c.max_uncached_ratio)):
+            res = minimize(lambda x: -x[0] / self.step_time(x[0], x[1], s), np.array(x0),
+                           method="SLSQP", bounds=bounds, constraints=cons,
+                           options={"maxiter": 100, "ftol": 1e-9})
+            ok = res.success and all(con["fun"](res.x) >= -1e-6 for con in cons)
+            if ok and (best is None or res.fun < best.fun):
+                best = res
+        if best is None:  # even one request at r_max misses a bound: run one, drop most
+            b, r, feasible = 1, c.max_uncached_ratio, False
+        else:
+            b, r, feasible = int(np.floor(best.x[0] + 1e-6)), float(best.x[1]), True
+        return Decision(b, r, self.step_time(b, r, s), feasible, time.perf_counter() - t0)

@@ -1,0 +1,65 @@
+"""The request-level planner on hand-checkable situations (llama-2-13b on H200 figures)."""
+
+from kvtier.config import ModelConfig
+from kvtier.model.presets import preset_config
+from kvtier.planner.request_level import PlannerConfig, RequestLevelPlanner
+
+M13 = ModelConfig.from_hf(preset_config("llama-2-13b"))
+GiB = 1 << 30
+
+
+def planner(kv_gb: float, slo_ms: float = 100.0, max_batch: int = 256) -> RequestLevelPlanner:
+    return RequestLevelPlanner(M13, PlannerConfig(
+        hbm_bytes_per_s=4.24e12, bf16_flops=761e12, kv_budget_bytes=kv_gb * GiB,
+        tpot_slo_s=slo_ms / 1e3, max_batch=max_batch))
+
+
+def test_step_time_is_a_roofline():
+    p = planner(40)
+    read = (p.linear_params + p.lm_head_params) * 2  # bytes of weights a step reads
+    t1 = p.step_time(1, 0.0, 512)
+    assert read / 4.24e12 < t1 < 1.2 * read / 4.24e12 + 1e-3  # batch 1: weight-bound
+    # Past the ridge point extra recomputed tokens cost FLOPs: 64 requests at r = 0.5 of 2048
+    # recompute 65k tokens, ~1.7 PFLOP of linear work: over 2 s.
+    assert p.step_time(64, 0.5, 2048) > 2.0
+    # Below it they are nearly free: 8 requests dropping one 16-token block each put
+    # 8 + 128 = 136 tokens through the weights, under the ~180 of the ridge point.
+    assert p.step_time(8, 16 / 512, 512) < 1.15 * p.step_time(8, 0.0, 512)
+
+
+def test_plenty_of_memory_caches_everything():
+    d = planner(kv_gb=100).solve([600] * 100)
+    assert d.feasible and d.batch == 100 and d.uncached_ratio < 0.01
+
+
+def test_below_the_ridge_recompute_buys_batch():
+    # 64-token contexts, KV room for 4 requests: the step is weight-bound (4 tokens), so
+    # recomputed prefix tokens ride along almost free up to ~180 tokens a step, and dropping
+    # half of each context doubles the batch for a small rise in step time.
+    kv_gb = 4 * 64 * M13.kv_bytes_per_token(2) / GiB
+    p = planner(kv_gb=kv_gb, slo_ms=100, max_batch=64)
+    d = p.solve([64] * 64)
+    assert d.feasible and d.uncached_ratio > 0.2 and d.batch > 4
+    assert d.batch / d.step_time_s > 4 / p.step_time(4, 0.0, 64)
+    assert p.memory(d.batch, d.uncached_ratio, 64) <= kv_gb * GiB * 1.001
+
+
+def test_past_the_ridge_recompute_does_not_pay():
+    # 1500-token contexts, KV room for ~17: recomputing even 10 % of 1500 tokens per request
+    # per step puts thousands of tokens through the model each step, so the planner keeps
+    # everything cached and runs the batch memory allows: the physics cap on eLLM here.
+    full = int(20 * GiB // (1500 * M13.kv_bytes_per_token(2)))
+    d = planner(kv_gb=20, slo_ms=200).solve([1500] * 200)
+    assert d.feasible and d.uncached_ratio < 0.01 and d.batch == full
+
+
+def test_slo_caps_the_batch():
+    loose = planner(kv_gb=100, slo_ms=1000).solve([2000] * 256)
+    tight = planner(kv_gb=100, slo_ms=30).solve([2000] * 256)
+    assert tight.batch < loose.batch
+    assert tight.step_time_s <= 0.030 + 1e-6
+
+
+def test_infeasible_slo_is_reported():
+    d = planner(kv_gb=40, slo_ms=1).solve([1000] * 10)
+    assert not d.feasible and d.batch == 1
