@@ -287,7 +287,7 @@ def _describe(workload: Workload) -> str:
 # `make run`: tiny model on CPU, a KV pool small enough that requests get preempted.
 DEMO_ARGV = [
     "--model", "tiny-llama", "--load-format", "dummy", "--device", "cpu",
-    "--policies", "recompute,swap", "--workload", "sharegpt", "--num-prompts", "60",
+    "--policies", "recompute,swap,ellm", "--workload", "sharegpt", "--num-prompts", "60",
     "--max-prompt-len", "192", "--max-total-len", "384", "--max-model-len", "384",
     "--arrivals", "gamma", "--rate", "12", "--cv", f"{PAPER_AZURE_CV:.4f}",
     "--num-gpu-blocks", "36", "--num-host-blocks", "512", "--slo-ttft", "1000", "--slo-tpot", "50",

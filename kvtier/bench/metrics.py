@@ -137,6 +137,7 @@ _COUNTERS = (
     "num_recomputed_tokens_total",
     "num_prompt_tokens_total",
     "num_generation_tokens_total",
+    "num_prefix_recompute_tokens_total",
 )
 
 

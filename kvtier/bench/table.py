@@ -35,6 +35,7 @@ COLUMNS: tuple[tuple[str, Getter, str], ...] = (
     ("preempt", lambda r: r.engine.get("num_preemptions"), "{:.0f}"),
     ("swap-out blk", lambda r: r.engine.get("num_swap_out_blocks"), "{:.0f}"),
     ("recomp tok", lambda r: r.engine.get("num_recomputed_tokens"), "{:.0f}"),
+    ("prefix tok", lambda r: r.engine.get("num_prefix_recompute_tokens"), "{:.0f}"),
     ("KV use %", lambda r: _pct(r.engine.get("mean_gpu_kv_use")), "{:.0f}"),
 )
 

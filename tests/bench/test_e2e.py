@@ -70,7 +70,7 @@ def test_demo_runs_and_saves_workload(tmp_path, capsys):
         torch.set_num_threads(n)  # demo_main pins one thread for the process
     assert rc == 0
     doc = json.loads((tmp_path / "demo" / "result.json").read_text())
-    assert list(doc["policies"]) == ["recompute", "swap"]
+    assert list(doc["policies"]) == ["recompute", "swap", "ellm"]
     assert doc["workload"]["spec"]["arrivals"]["kind"] == "gamma"
     assert doc["command"].startswith("kvtier bench " + " ".join(DEMO_ARGV[:2]))
     saved = json.loads((tmp_path / "w.json").read_text())
