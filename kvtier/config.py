@@ -170,6 +170,10 @@ class PolicyOptions:
     uncached_ratio: float | None = None
     max_uncached_ratio: float = 0.5
     max_recompute_tokens: int = 4096  # dropped-prefix tokens recomputed per step, at most
+    # eLLM planned mode: a kvtier.planner.request_level.RequestLevelPlanner that re-chooses
+    # r from the running requests every `replan_every` steps (built once pools are sized).
+    planner: Any = None
+    replan_every: int = 32
 
     def __post_init__(self) -> None:
         for name in ("uncached_ratio", "max_uncached_ratio"):

@@ -40,6 +40,10 @@ class EngineArgs:
         default=None, metadata={"help": "ellm: fixed uncached ratio r for every request"})
     ellm_max_uncached_ratio: float = field(
         default=0.5, metadata={"help": "ellm: cap on r when prefixes are dropped on demand"})
+    ellm_planner: bool = field(
+        default=False, metadata={"help": "ellm: r from the request-level planner (SLSQP)"})
+    ellm_tpot_slo_ms: float = field(
+        default=100.0, metadata={"help": "ellm planner: the TPOT SLO it plans for"})
     attention_backend: str = field(default="auto", metadata={"help": "auto|torch|triton"})
     enforce_eager: bool = field(default=False, metadata={"help": "disable CUDA graphs"})
     served_model_name: str | None = field(default=None, metadata={"help": "name in the API"})

@@ -49,6 +49,8 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     pools = size_pools(config, device, dtype, peak, reserved_blocks=scratch)
     num_gpu = pools.num_gpu_blocks
     runner.allocate_kv(num_gpu, pools.num_host_blocks, scratch)
+    if args.ellm_planner:
+        config = _with_planner(config, args, num_gpu * pools.block_bytes)
     kv = KVCacheManager(
         num_groups=runner.num_groups, block_size=config.cache.block_size,
         num_gpu_blocks=num_gpu, num_host_blocks=pools.num_host_blocks,
@@ -65,6 +67,25 @@ def recompute_scratch_blocks(config) -> int:
     if config.kv_policy != "ellm":
         return 0
     return -(-config.policy_options.max_recompute_tokens // config.cache.block_size)
+
+
+def _with_planner(config, args: EngineArgs, kv_bytes: int):
+    """eLLM's planned mode: the planner sees the pool just sized. Its roofline uses the
+    H200's measured ceilings (the only GPU measured here), whatever runs the engine."""
+    from dataclasses import replace
+
+    from kvtier.costmodel.hardware import get_hardware
+    from kvtier.planner.request_level import PlannerConfig, RequestLevelPlanner
+
+    if config.kv_policy != "ellm":
+        raise ConfigError("--ellm-planner needs --kv-policy ellm")
+    hw = get_hardware("h200")
+    planner = RequestLevelPlanner(config.model_config, PlannerConfig(
+        hbm_bytes_per_s=hw.hbm_bytes_per_s, bf16_flops=hw.bf16_flops, kv_budget_bytes=kv_bytes,
+        tpot_slo_s=args.ellm_tpot_slo_ms / 1e3, max_batch=config.scheduler.max_num_seqs,
+        max_uncached_ratio=config.policy_options.max_uncached_ratio,
+        layers_per_block=config.cache.layers_per_block))
+    return config.with_(policy_options=replace(config.policy_options, planner=planner))
 
 
 def _with_eos(mc, eos: tuple[int, ...]):

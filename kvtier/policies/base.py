@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -37,7 +37,8 @@ class KVPolicy(ABC):
     def preempt(self, req: Request, kv: KVCacheManager) -> Preemption:
         """Take `req`'s KV off the device. Sets req.status to WAITING or SWAPPED."""
 
-    def before_step(self, running: list[Request], kv: KVCacheManager) -> None:
+    def before_step(self, running: list[Request], kv: KVCacheManager,
+                    waiting: Iterable[Request] = ()) -> None:
         """Called at the start of every schedule(): proactive placement changes."""
         return None  # most policies act only when memory runs out
 

@@ -6,6 +6,9 @@ nothing after it, so this is exact). The uncached ratio r = s / n trades compute
 
   * fixed mode (`uncached_ratio=r`): every request in decode keeps ~(1-r) of its KV — the
     paper's cache-ratio sweep;
+  * planned mode (`planner`): the request-level planner (SLSQP over the batch size and r,
+    kvtier/planner/request_level.py) re-chooses r from the running requests' contexts every
+    `replan_every` steps, and every request is brought to it as in fixed mode;
   * adaptive mode (default): prefixes are dropped only when blocks run out, from the
     requests holding the most KV, each up to `max_uncached_ratio`, and within a per-step
     recompute budget; only when that cannot free enough does the scheduler preempt
@@ -15,6 +18,8 @@ is always kept.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from kvtier.core.request import Request
 from kvtier.kv.manager import KVCacheManager
@@ -27,6 +32,23 @@ def _in_decode(req: Request) -> bool:
 
 @register_policy("ellm")
 class EllmPolicy(KVPolicy):
+    def __init__(self, options):
+        super().__init__(options)
+        self._steps = 0
+        self._planned_ratio: float | None = None
+
+    def target_ratio(self, running: list[Request], waiting: Iterable[Request]) -> float | None:
+        """The uncached ratio every request is brought to this step (None: on demand only).
+        The planner sees the requests that could run: running ones, then the waiting."""
+        if self.options.planner is None:
+            return self.options.uncached_ratio
+        if self._steps % self.options.replan_every == 0 and running:
+            contexts = [r.num_tokens for r in running] + [r.num_tokens for r in waiting]
+            decision = self.options.planner.solve(contexts)
+            self._planned_ratio = min(decision.uncached_ratio, self.options.max_uncached_ratio)
+        self._steps += 1
+        return self._planned_ratio
+
     def preempt(self, req: Request, kv: KVCacheManager) -> Preemption:
         return drop_kv(req, kv)
 
@@ -38,9 +60,10 @@ class EllmPolicy(KVPolicy):
     def _recompute_load(self, running: list[Request], kv: KVCacheManager) -> int:
         return sum(kv.num_dropped_tokens(r) for r in running)
 
-    def before_step(self, running: list[Request], kv: KVCacheManager) -> None:
-        r = self.options.uncached_ratio
-        if r is None:
+    def before_step(self, running: list[Request], kv: KVCacheManager,
+                    waiting: Iterable[Request] = ()) -> None:
+        r = self.target_ratio(running, waiting)
+        if not r:
             return
         # Within the per-step recompute budget (the runner's scratch holds no more).
         budget = self.options.max_recompute_tokens - self._recompute_load(running, kv)

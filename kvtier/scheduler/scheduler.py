@@ -97,7 +97,7 @@ class Scheduler:
     # ---- one step ------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         step = _StepBuilder(self.config.max_num_batched_tokens)
-        self.policy.before_step(self.running, self.kv)
+        self.policy.before_step(self.running, self.kv, self.waiting)
         self._schedule_running(step)
         if not step.preempted:
             self._schedule_swapped(step)

@@ -87,3 +87,13 @@ def test_ellm_under_memory_pressure_is_exact_and_drops_instead_of_preempting(tin
     assert stats.num_prefix_recompute_tokens_total > 0
     _, base = run_kvtier(path, kv_policy="recompute", **small)
     assert stats.num_preemptions_total < base.num_preemptions_total
+
+
+def test_ellm_planned_ratio_is_exact(tiny):
+    # A tiny model's step is all overhead on the H200 roofline: recomputation looks free, so
+    # with a pool too small for the queue the planner chooses r > 0 for everyone.
+    path, expected = tiny
+    got, stats = run_kvtier(path, kv_policy="ellm", ellm_planner=True, ellm_max_uncached_ratio=0.6,
+                            num_gpu_blocks=26, block_size=8, layers_per_block=2, max_model_len=96)
+    assert got == expected
+    assert stats.num_prefix_recompute_tokens_total > 0
