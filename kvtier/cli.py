@@ -1,4 +1,4 @@
-"""`kvtier generate | serve | bench | demo`."""
+"""`kvtier generate | serve | bench | profile | demo`."""
 
 from __future__ import annotations
 
@@ -56,51 +56,25 @@ def _run_generate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from kvtier.bench.cli import add_bench_parser
+    from kvtier.costmodel.calibrate import add_profile_parser
+    from kvtier.server.cli import add_serve_parser
+
     parser = argparse.ArgumentParser(prog="kvtier", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
-    _add_optional(sub, "kvtier.server.cli", "add_serve_parser")
-    _add_optional(sub, "kvtier.bench.cli", "add_bench_parser")
-    _add_optional(sub, "kvtier.costmodel.calibrate", "add_profile_parser")
-    demo = sub.add_parser("demo", help="`make run`: the built-in default comparison on CPU")
+    add_serve_parser(sub)
+    add_bench_parser(sub)
+    add_profile_parser(sub)
+    demo = sub.add_parser("demo", help="`make run`: recompute vs swap vs ellm on CPU, tiny model")
     demo.set_defaults(func=_run_demo)
     return parser
 
 
-def _add_optional(sub, module: str, fn: str) -> None:
-    import importlib
-
-    try:
-        getattr(importlib.import_module(module), fn)(sub)
-    except (ImportError, AttributeError):
-        pass  # that subsystem is not installed in this build
-
-
 def _run_demo(args: argparse.Namespace) -> int:
-    try:
-        from kvtier.bench.cli import demo_main
-    except ImportError:
-        demo_main = None
-    if demo_main is not None:
-        return int(demo_main() or 0)
-    return _generate_demo()
+    from kvtier.bench.cli import demo_main
 
-
-def _generate_demo() -> int:
-    from kvtier.entrypoints.llm import LLM
-    from kvtier.sampling_params import SamplingParams
-
-    prompts = ["The memory hierarchy of a GPU", "KV cache", "Preemption in LLM serving is"] * 4
-    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
-    for policy in ("recompute", "swap"):
-        llm = LLM("tiny-llama", load_format="dummy", kv_policy=policy, num_gpu_blocks=64,
-                  max_model_len=256)
-        t0 = time.perf_counter()
-        outs = llm.generate(prompts, params)
-        s = llm.engine.get_stats()
-        print(f"{policy:>10}: {sum(len(o.outputs[0].token_ids) for o in outs)} tokens in "
-              f"{time.perf_counter() - t0:.2f} s, {s.num_preemptions_total} preemptions")
-    return 0
+    return int(demo_main() or 0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -95,18 +95,20 @@ class RequestLevelPlanner:
         n = max(1, min(c.max_batch, len(contexts)))
         s = float(np.mean(contexts)) if contexts else 1.0
         budget = c.tpot_slo_s - max_wait_s
-        cons = [
-            {"type": "ineq", "fun": lambda x: (budget - self.step_time(x[0], x[1], s)) / budget},
-            {"type": "ineq",
-             "fun": lambda x: (c.kv_budget_bytes - self.memory(x[0], x[1], s)) / c.kv_budget_bytes},
-        ]
+        def slo_slack(x: np.ndarray) -> float:
+            return (budget - self.step_time(x[0], x[1], s)) / budget
+
+        def memory_slack(x: np.ndarray) -> float:
+            return (c.kv_budget_bytes - self.memory(x[0], x[1], s)) / c.kv_budget_bytes
+
+        cons = [{"type": "ineq", "fun": slo_slack}, {"type": "ineq", "fun": memory_slack}]
         bounds = [(1.0, float(n)), (0.0, c.max_uncached_ratio)]
         best = None
         for x0 in ((float(n), 0.0), (1.0, 0.0), (float(n), c.max_uncached_ratio)):
             res = minimize(lambda x: -x[0] / self.step_time(x[0], x[1], s), np.array(x0),
                            method="SLSQP", bounds=bounds, constraints=cons,
                            options={"maxiter": 100, "ftol": 1e-9})
-            ok = res.success and all(con["fun"](res.x) >= -1e-6 for con in cons)
+            ok = res.success and min(slo_slack(res.x), memory_slack(res.x)) >= -1e-6
             if ok and (best is None or res.fun < best.fun):
                 best = res
         if best is None:  # even one request at r_max misses a bound: run one, drop most

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from kvtier.config import PolicyOptions
 from kvtier.core.request import Request
 from kvtier.kv.manager import KVCacheManager
 from kvtier.policies.base import KVPolicy, Preemption, drop_kv, register_policy
@@ -32,7 +33,7 @@ def _in_decode(req: Request) -> bool:
 
 @register_policy("ellm")
 class EllmPolicy(KVPolicy):
-    def __init__(self, options):
+    def __init__(self, options: PolicyOptions):
         super().__init__(options)
         self._steps = 0
         self._planned_ratio: float | None = None
