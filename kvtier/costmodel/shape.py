@@ -35,6 +35,8 @@ class StepShape:
                 ctx_max = max(ctx_max, seq)
             else:
                 prefills.append((n, sr.start_pos))
+            if sr.prefix_token_ids:  # eLLM: the runner recomputes it as one more prefill row
+                prefills.append((len(sr.prefix_token_ids), 0))
             n_sampled += sr.sample
         return cls(n_dec, ctx_sum, ctx_max, tuple(prefills), n_sampled,
                    len(plan.swap_out), len(plan.swap_in))
