@@ -40,6 +40,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
     num_preemptions: int = 0
+    num_prompt_tokens_seen: int = 0  # prompt tokens computed at least once (not recomputes)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvtier.config import EngineConfig
 from kvtier.core.plan import StepResult
@@ -98,7 +98,6 @@ class LLMEngine:
         for i in range(params.n):
             child_params = params
             if params.n > 1 and params.seed is not None:
-                from dataclasses import replace
                 child_params = replace(params, seed=params.seed + i)
             rid = request_id if params.n == 1 else f"{request_id}#{i}"
             req = Request(rid, list(prompt_ids), child_params, max_tokens, eos,
@@ -162,13 +161,13 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         result: StepResult = self.executor.execute(plan)
         touched = self.scheduler.update(plan, result)
-        outputs = self._process(touched, result, plan.num_scheduled_tokens)
+        outputs = self._process(touched, result)
         self._last_step_tokens = plan.num_scheduled_tokens
         self._last_step_reqs = len(plan.scheduled)
         self._last_step_time = self.clock() - t0
         return outputs
 
-    def _process(self, touched: list[Request], result: StepResult, _n: int) -> list[RequestOutput]:
+    def _process(self, touched: list[Request], result: StepResult) -> list[RequestOutput]:
         now = self.clock()
         changed: dict[str, _Parent] = {}
         for req in touched:

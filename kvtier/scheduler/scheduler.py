@@ -184,8 +184,10 @@ class Scheduler:
             dropped = self.kv.num_dropped_tokens(req)
             self.counters.num_prefix_recompute_tokens += dropped
             req.num_computed_tokens += n
-            if start < req.num_prompt_tokens:
-                self.counters.num_prompt_tokens += min(n, req.num_prompt_tokens - start)
+            first_time = min(start + n, req.num_prompt_tokens) - req.num_prompt_tokens_seen
+            if first_time > 0:  # a re-prefill after preemption counts as recomputed instead
+                self.counters.num_prompt_tokens += first_time
+                req.num_prompt_tokens_seen += first_time
             scheduled.append(ScheduledRequest(
                 request_id=req.request_id,
                 token_ids=req.token_ids_slice(start, start + n),

@@ -63,6 +63,7 @@ def test_forced_preemption_does_not_change_outputs(tiny, policy):
                             layers_per_block=2, max_model_len=96)
     assert got == expected
     assert stats.num_preemptions_total >= 3
+    assert stats.num_prompt_tokens_total == sum(map(len, PROMPTS))  # re-prefills not counted
     if policy == "swap":
         assert stats.num_swap_out_blocks_total > 0
         assert stats.num_swap_in_blocks_total == stats.num_swap_out_blocks_total
