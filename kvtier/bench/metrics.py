@@ -138,6 +138,7 @@ _COUNTERS = (
     "num_prompt_tokens_total",
     "num_generation_tokens_total",
     "num_prefix_recompute_tokens_total",
+    "num_restored_tokens_total",
 )
 
 

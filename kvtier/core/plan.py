@@ -26,6 +26,8 @@ class ScheduledRequest:
     # eLLM partial caching: the KV of positions [0, len(prefix_token_ids)) was dropped; the
     # runner recomputes it this step (through every layer, not stored) for this attention.
     prefix_token_ids: list[int] = field(default_factory=list)
+    # HCache: hidden-state blocks added this step (all of them when reset_blocks)
+    new_hidden_ids: tuple[int, ...] = ()
 
     @property
     def num_new_tokens(self) -> int:
@@ -46,10 +48,20 @@ class BlockCopy:
 
 
 @dataclass(frozen=True)
+class HiddenRestore:
+    """Rebuild the KV of a request's first `num_tokens` tokens from its hidden states (one
+    K/V projection per layer) into its device blocks, before this step's forward."""
+
+    request_id: str
+    num_tokens: int
+
+
+@dataclass(frozen=True)
 class StepPlan:
     scheduled: list[ScheduledRequest]  # requests with one query token first (decodes)
     swap_out: list[BlockCopy] = field(default_factory=list)  # device -> host
     swap_in: list[BlockCopy] = field(default_factory=list)  # host -> device
+    restores: list[HiddenRestore] = field(default_factory=list)  # after copies, before forward
     finished_ids: list[str] = field(default_factory=list)  # since the previous plan
     preempted_ids: list[str] = field(default_factory=list)  # runner forgets their tables
 

@@ -36,6 +36,8 @@ class EngineArgs:
     num_host_blocks: int | None = field(
         default=None, metadata={"help": "override the host pool's block count"})
     kv_policy: str = field(default="recompute", metadata={"help": "KV-memory policy"})
+    num_hidden_blocks: int | None = field(
+        default=None, metadata={"help": "hcache: host hidden-state blocks (default: --swap-space)"})
     ellm_uncached_ratio: float | None = field(
         default=None, metadata={"help": "ellm: fixed uncached ratio r for every request"})
     ellm_max_uncached_ratio: float = field(

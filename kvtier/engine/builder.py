@@ -47,18 +47,33 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     peak = runner.profile_activation_peak()
     scratch = recompute_scratch_blocks(config)  # eLLM's M_o: from the same memory
     pools = size_pools(config, device, dtype, peak, reserved_blocks=scratch)
-    num_gpu = pools.num_gpu_blocks
-    runner.allocate_kv(num_gpu, pools.num_host_blocks, scratch)
+    num_gpu, num_host = pools.num_gpu_blocks, pools.num_host_blocks
+    num_hidden = None
+    if get_policy(config.kv_policy).keeps_hidden_states:
+        # HCache keeps hidden states, not KV, in host memory: the swap space holds them.
+        num_hidden = args.num_hidden_blocks or hidden_blocks_for(config, dtype)
+        num_host = 0
+        runner.allocate_hidden(num_hidden)
+    runner.allocate_kv(num_gpu, num_host, scratch)
     if args.ellm_planner:
         config = _with_planner(config, args, num_gpu * pools.block_bytes)
     kv = KVCacheManager(
         num_groups=runner.num_groups, block_size=config.cache.block_size,
-        num_gpu_blocks=num_gpu, num_host_blocks=pools.num_host_blocks,
+        num_gpu_blocks=num_gpu, num_host_blocks=num_host, num_hidden_blocks=num_hidden,
     )
     log.info("kvtier: %s on %s (%s), %d device + %d host KV blocks of %d KiB, policy %s",
-             config.model, device, dtype, num_gpu, pools.num_host_blocks,
+             config.model, device, dtype, num_gpu, num_host,
              pools.block_bytes // 1024, config.kv_policy)
     return LLMEngine(config, runner, tokenizer, kv, pools.block_bytes)
+
+
+def hidden_blocks_for(config, dtype) -> int:
+    """Hidden-state blocks (every layer x block_size tokens x hidden) in the swap space."""
+    from kvtier.engine.memory import GiB, dtype_bytes
+
+    mc, bs = config.model_config, config.cache.block_size
+    block_bytes = mc.num_layers * bs * mc.hidden_size * dtype_bytes(dtype)
+    return max(1, int(config.cache.swap_space_gb * GiB // block_bytes))
 
 
 def recompute_scratch_blocks(config) -> int:

@@ -246,6 +246,7 @@ class LLMEngine:
             num_scheduled_requests=self._last_step_reqs,
             num_prefix_recompute_tokens_total=c.num_prefix_recompute_tokens,
             num_dropped_tokens=sum(kv.num_dropped_tokens(r) for r in s.running),
+            num_restored_tokens_total=c.num_restored_tokens,
             block_bytes=self.block_bytes,
             step_time_s=self._last_step_time,
         )

@@ -63,3 +63,4 @@ class EngineStats:
     num_scheduled_requests: int = 0  # in the last step
     num_prefix_recompute_tokens_total: int = 0  # eLLM: dropped-prefix tokens recomputed
     num_dropped_tokens: int = 0  # eLLM: tokens of running requests whose KV is dropped now
+    num_restored_tokens_total: int = 0  # HCache: tokens whose KV was re-projected

@@ -10,6 +10,7 @@ from __future__ import annotations
 from kvtier.core.plan import BlockCopy
 from kvtier.core.request import Request
 from kvtier.kv.block_pool import BlockPool
+from kvtier.kv.hidden import HiddenStore
 from kvtier.kv.map_table import MapTable, Placement
 
 
@@ -25,8 +26,11 @@ class KVCacheManager:
         num_gpu_blocks: int,
         num_host_blocks: int,
         watermark: float = 0.01,
+        num_hidden_blocks: int | None = None,
     ):
+        """`num_hidden_blocks`: a HiddenStore of that many blocks (HCache), or None."""
         self.num_groups, self.block_size = num_groups, block_size
+        self.hidden = HiddenStore(num_hidden_blocks, block_size) if num_hidden_blocks else None
         self.gpu = BlockPool(num_gpu_blocks, "gpu")
         self.host = BlockPool(num_host_blocks, "host")
         # Admission keeps this many blocks spare so a new request does not force an
@@ -73,6 +77,8 @@ class KVCacheManager:
         return tuple(tuple(ids) for ids in table.block_ids)
 
     def free(self, req: Request) -> None:
+        if self.hidden is not None:
+            self.hidden.free(req.request_id)
         table = self.tables.pop(req.request_id, None)
         if table is None:
             return
@@ -114,6 +120,35 @@ class KVCacheManager:
         self.host.free([b for _, _, b in on_host])
         return copies
 
+    # ---- hidden states instead of KV (HCache) ------------------------------------------
+    def hide(self, req: Request) -> None:
+        """Free the request's device KV; its hidden states (which must cover every computed
+        token) stand in for it until `unhide`."""
+        assert self.hidden is not None and self.hidden.covers(req.request_id,
+                                                              req.num_computed_tokens)
+        table = self.tables.get(req.request_id)
+        if table is None:
+            return
+        on_gpu = table.entries(Placement.GPU)
+        for g, j, _ in on_gpu:
+            table.block_ids[g][j], table.placements[g][j] = -1, Placement.HIDDEN
+        self.gpu.free([b for _, _, b in on_gpu])
+
+    def can_unhide(self, req: Request, extra_tokens: int) -> bool:
+        table = self.tables.get(req.request_id)
+        hidden = len(table.entries(Placement.HIDDEN)) if table else 0
+        need = hidden + self.blocks_needed(req, extra_tokens)
+        return self.gpu.num_free - need >= self.watermark_blocks
+
+    def unhide(self, req: Request) -> None:
+        """Device blocks for every HIDDEN entry again; the runner re-projects their KV."""
+        table = self.tables.get(req.request_id)
+        if table is None:
+            return
+        hidden = table.entries(Placement.HIDDEN)
+        for (g, j, _), b in zip(hidden, self.gpu.allocate(len(hidden))):
+            table.block_ids[g][j], table.placements[g][j] = b, Placement.GPU
+
     # ---- partial caching (eLLM): drop a prefix, recompute it every step -----------------
     def num_dropped_tokens(self, req: Request) -> int:
         """Leading tokens whose KV is DROPPED (all layer groups): recomputed each step."""
@@ -154,6 +189,11 @@ class KVCacheManager:
             host_owned += [b for _, _, b in table.entries(Placement.HOST)]
         self.gpu.check_integrity(gpu_owned)
         self.host.check_integrity(host_owned)
+        if self.hidden is not None:
+            self.hidden.check_integrity()
+            assert set(self.hidden.ids) <= set(self.tables), "hidden blocks of a freed request"
 
     def all_free(self) -> bool:
-        return not self.tables and self.gpu.num_used == 0 and self.host.num_used == 0
+        hidden_used = self.hidden.pool.num_used if self.hidden is not None else 0
+        return (not self.tables and self.gpu.num_used == 0 and self.host.num_used == 0
+                and hidden_used == 0)

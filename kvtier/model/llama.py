@@ -7,6 +7,8 @@ HF checkpoint's separate weights into them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -49,6 +51,23 @@ class Attention(nn.Module):
         return F.linear(out.reshape(-1, cfg.q_size), self.o_weight)
 
 
+    def project_kv(
+        self, x: torch.Tensor, positions: torch.Tensor, ops: TorchOps, cos_sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K (normed, rotated) and V of tokens whose attention input `x` ([n, hidden], after
+        the layer's RMSNorm) is known: HCache's restore, the K/V projection alone."""
+        cfg = self.cfg
+        rows = slice(cfg.q_size, None)
+        bias = self.qkv_bias[rows] if self.qkv_bias is not None else None
+        k, v = F.linear(x, self.qkv_weight[rows], bias).split([cfg.kv_size, cfg.kv_size], dim=-1)
+        k = k.reshape(-1, cfg.num_kv_heads, cfg.head_dim)
+        v = v.reshape(-1, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            k = ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps)
+        _, k = ops.rotary(k, k, positions, cos_sin)  # rotates its first argument too: unused
+        return k, v
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
         super().__init__()
@@ -82,6 +101,8 @@ class DecoderLayer(nn.Module):
             residual, x = x, ops.rms_norm(x, self.input_norm, self.eps)
         else:
             x, residual = ops.fused_add_rms_norm(x, residual, self.input_norm, self.eps)
+        if ctx.hidden_sink is not None:  # HCache keeps every layer's attention input
+            ctx.hidden_sink(self.attn.layer_idx, x)
         x = self.attn(x, positions, ctx)
         x, residual = ops.fused_add_rms_norm(x, residual, self.post_attn_norm, self.eps)
         return self.mlp(x), residual
@@ -97,9 +118,11 @@ class ForwardContext:
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         cos_sin_cache: torch.Tensor,
+        hidden_sink: Callable[[int, torch.Tensor], None] | None = None,
     ):
         self.ops, self.attention, self.kv_cache = ops, attention, kv_cache
         self.meta, self.cos_sin_cache = meta, cos_sin_cache
+        self.hidden_sink = hidden_sink
 
 
 class LlamaForCausalLM(nn.Module):

@@ -18,6 +18,7 @@ from kvtier.kv.manager import KVCacheManager
 class PreemptionKind(enum.Enum):
     RECOMPUTE = "recompute"  # KV dropped; the request re-prefills prompt + output later
     SWAP = "swap"  # KV moved to the host pool; copied back before it runs again
+    HIDDEN = "hidden"  # KV dropped, hidden states kept; KV re-projected before it runs
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class Preemption:
 
 class KVPolicy(ABC):
     name: ClassVar[str]
+    keeps_hidden_states: ClassVar[bool] = False  # needs a HiddenStore (HCache)
 
     def __init__(self, options: PolicyOptions):
         self.options = options
@@ -47,9 +49,18 @@ class KVPolicy(ABC):
         can (True), before the scheduler falls back to preemption (False)."""
         return False
 
-    def resume(self, req: Request, kv: KVCacheManager) -> list[BlockCopy]:
-        """Bring a SWAPPED request's KV back; the caller checked kv.can_swap_in."""
-        return kv.swap_in(req)
+    def can_resume(self, req: Request, kv: KVCacheManager, num_new_tokens: int) -> bool:
+        return kv.can_swap_in(req, num_new_tokens)
+
+    def resume(self, req: Request, kv: KVCacheManager) -> Resume:
+        """Bring a SWAPPED request's KV back; the caller checked can_resume."""
+        return Resume(copies=kv.swap_in(req))
+
+
+@dataclass(frozen=True)
+class Resume:
+    copies: list[BlockCopy] = field(default_factory=list)  # host -> device
+    restore_tokens: int = 0  # tokens whose KV the runner re-projects from hidden states
 
 
 def drop_kv(req: Request, kv: KVCacheManager) -> Preemption:

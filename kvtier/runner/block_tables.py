@@ -28,16 +28,20 @@ class BlockTables:
 
     def apply(self, sr: ScheduledRequest) -> int:
         """Record the request's new blocks; returns its row."""
-        row = self.row_of.get(sr.request_id)
+        return self.apply_ids(sr.request_id, sr.new_block_ids, sr.reset_blocks)
+
+    def apply_ids(self, request_id: str, new_ids: tuple[tuple[int, ...], ...], reset: bool) -> int:
+        """New block ids per group (the whole row again if `reset`); returns the row."""
+        row = self.row_of.get(request_id)
         if row is None:
             if not self._free_rows:
                 raise RuntimeError("more running requests than block-table rows")
             row = self._free_rows.pop()
-            self.row_of[sr.request_id] = row
-        start = 0 if sr.reset_blocks else int(self.num_blocks[row])
-        k = len(sr.new_block_ids[0]) if sr.new_block_ids else 0
+            self.row_of[request_id] = row
+        start = 0 if reset else int(self.num_blocks[row])
+        k = len(new_ids[0]) if new_ids else 0
         if k:
-            self.table[:, row, start : start + k] = np.asarray(sr.new_block_ids, dtype=np.int32)
+            self.table[:, row, start : start + k] = np.asarray(new_ids, dtype=np.int32)
             self._dirty.append((row, start, k))
         self.num_blocks[row] = start + k
         return row

@@ -20,6 +20,7 @@ from kvtier.model.rope import cos_sin_cache
 from kvtier.runner.block_tables import BlockTables
 from kvtier.runner.cuda_graphs import DecodeGraphs
 from kvtier.runner.device import make_attention_backend, make_ops
+from kvtier.runner.hidden_states import HiddenStates
 from kvtier.runner.host_batch import HostBatch, build_host_batch
 from kvtier.runner.sampler import SampleRow, sample
 from kvtier.sampling_params import SamplingParams
@@ -49,11 +50,21 @@ class ModelRunner:
         self.host_kv: torch.Tensor | None = None
         self.graphs: DecodeGraphs | None = None
         self.recompute_scratch = range(0)
+        self.hidden: HiddenStates | None = None  # HCache's hidden-state store
 
     @property
     def use_cuda_graphs(self) -> bool:
+        # HCache captures hidden states from every layer: its steps run eagerly.
         return (self.device.type == "cuda" and not self.config.enforce_eager
-                and self.attention.name == "triton")
+                and self.attention.name == "triton" and self.hidden is None)
+
+    def allocate_hidden(self, num_blocks: int) -> None:
+        """HCache: the host pool of per-layer hidden states (before allocate_kv)."""
+        sched = self.config.scheduler
+        self.hidden = HiddenStates(
+            self.model, num_blocks, self.block_size, sched.max_num_seqs,
+            self.block_tables.table.shape[2], sched.max_num_batched_tokens, self.dtype,
+            self.device)
 
     # ---- memory ------------------------------------------------------------------------
     def block_shape(self) -> tuple[int, ...]:
@@ -117,11 +128,20 @@ class ModelRunner:
     def execute(self, plan: StepPlan) -> StepResult:
         for rid in (*plan.finished_ids, *plan.preempted_ids):
             self.block_tables.remove(rid)
+            if self.hidden is not None:
+                self.hidden.forget(rid)
         self._copy_blocks(plan.swap_out, plan.swap_in)
         if not plan.scheduled:
             return StepResult(sampled={})
         batch = self.prepare_batch(plan.scheduled)
+        if self.hidden is not None:
+            self.hidden.apply(plan.scheduled)
+            assert self.gpu_kv is not None
+            self.hidden.restore(plan.restores, self.block_tables, self.gpu_kv, self.ops,
+                                self.cos_sin, self.layers_per_block)
         logits = self._logits(batch)
+        if self.hidden is not None:
+            self.hidden.store(plan.scheduled, batch)
         if logits is None:
             return StepResult(sampled={})
         sampling = [sr for sr in plan.scheduled if sr.sample]
@@ -147,7 +167,8 @@ class ModelRunner:
                 return logits
         input_ids, positions, meta = self.device_inputs(batch)
         assert self.gpu_kv is not None, "allocate_kv first"
-        ctx = ForwardContext(self.ops, self.attention, self.gpu_kv, meta, self.cos_sin)
+        sink = self.hidden.sink(batch.num_tokens) if self.hidden is not None else None
+        ctx = ForwardContext(self.ops, self.attention, self.gpu_kv, meta, self.cos_sin, sink)
         hidden = self.model(input_ids, positions, ctx)
         if len(batch.logits_idx) == 0:
             return None

@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from kvtier.config import SchedulerConfig
-from kvtier.core.plan import BlockCopy, ScheduledRequest, StepPlan, StepResult
+from kvtier.core.plan import BlockCopy, HiddenRestore, ScheduledRequest, StepPlan, StepResult
 from kvtier.core.request import Request, RequestStatus
 from kvtier.kv.manager import KVCacheManager
 from kvtier.policies.base import KVPolicy, PreemptionKind
@@ -32,6 +32,7 @@ class SchedulerCounters:
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
     num_prefix_recompute_tokens: int = 0  # eLLM: dropped-prefix tokens recomputed, all steps
+    num_restored_tokens: int = 0  # HCache: tokens whose KV was re-projected from hidden states
 
 
 class _StepBuilder:
@@ -42,6 +43,7 @@ class _StepBuilder:
         self.entries: list[tuple[Request, int, tuple[tuple[int, ...], ...], bool, int]] = []
         self.swap_out: list[BlockCopy] = []
         self.swap_in: list[BlockCopy] = []
+        self.restores: list[HiddenRestore] = []
         self.preempted: list[Request] = []
 
     def add(self, req: Request, n: int, blocks: tuple[tuple[int, ...], ...], reset: bool,
@@ -134,14 +136,17 @@ class Scheduler:
         while self.swapped and step.budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.swapped[0]
             n = min(req.num_tokens - req.num_computed_tokens, step.budget)
-            if not self.kv.can_swap_in(req, n):
+            if not self.policy.can_resume(req, self.kv, n):
                 break
-            copies = self.policy.resume(req, self.kv)
+            work = self.policy.resume(req, self.kv)
             blocks = self.kv.allocate_slots(req, n)
-            assert blocks is not None, "can_swap_in promised room"
+            assert blocks is not None, "can_resume promised room"
             self.swapped.popleft()
-            step.swap_in += copies
-            self.counters.num_swap_in_blocks += len(copies)
+            step.swap_in += work.copies
+            self.counters.num_swap_in_blocks += len(work.copies)
+            if work.restore_tokens:
+                step.restores.append(HiddenRestore(req.request_id, work.restore_tokens))
+                self.counters.num_restored_tokens += work.restore_tokens
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             step.add(req, n, self.kv.block_table(req), reset=True)
@@ -170,7 +175,7 @@ class Scheduler:
         self.counters.num_recomputed_tokens += result.num_dropped_tokens
         step.preempted.append(req)
         self._preempted_ids.append(req.request_id)
-        if result.kind is PreemptionKind.SWAP:
+        if result.kind in (PreemptionKind.SWAP, PreemptionKind.HIDDEN):
             step.swap_out += result.copies
             self.counters.num_swap_out_blocks += len(result.copies)
             self.swapped.appendleft(req)  # it ran before every other swapped request
@@ -188,6 +193,10 @@ class Scheduler:
             if first_time > 0:  # a re-prefill after preemption counts as recomputed instead
                 self.counters.num_prompt_tokens += first_time
                 req.num_prompt_tokens_seen += first_time
+            hidden: tuple[int, ...] = ()
+            if self.kv.hidden is not None:  # HCache keeps every computed token's hidden states
+                new_hidden = self.kv.hidden.extend(req.request_id, start + n)
+                hidden = tuple(self.kv.hidden.ids.get(req.request_id, ())) if reset else new_hidden
             scheduled.append(ScheduledRequest(
                 request_id=req.request_id,
                 token_ids=req.token_ids_slice(start, start + n),
@@ -198,11 +207,13 @@ class Scheduler:
                 sampling_params=req.sampling_params,
                 num_output_tokens=req.num_output_tokens,
                 prefix_token_ids=req.token_ids_slice(0, dropped) if dropped else [],
+                new_hidden_ids=hidden,
             ))
         # Decodes first: attention kernels split the batch at num_decodes without a sync.
         scheduled.sort(key=lambda s: s.num_new_tokens != 1)
         plan = StepPlan(
             scheduled=scheduled, swap_out=step.swap_out, swap_in=step.swap_in,
+            restores=step.restores,
             finished_ids=self._finished_ids, preempted_ids=self._preempted_ids,
         )
         self._finished_ids, self._preempted_ids = [], []

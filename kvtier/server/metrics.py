@@ -115,6 +115,8 @@ class _EngineCollector(Collector):
             "generation_tokens": ("Generated tokens.", s.num_generation_tokens_total),
             "prefix_recompute_tokens": ("Dropped-prefix tokens recomputed (eLLM).",
                                         s.num_prefix_recompute_tokens_total),
+            "restored_tokens": ("Tokens whose KV was re-projected from hidden states (HCache).",
+                                s.num_restored_tokens_total),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(f"{P}{name}", doc, value=value)
@@ -153,6 +155,7 @@ def stats_from_metrics(text: str) -> EngineStats | None:
         num_scheduled_requests=v("num_scheduled_requests"),
         num_prefix_recompute_tokens_total=v("prefix_recompute_tokens_total"),
         num_dropped_tokens=v("num_dropped_tokens"),
+        num_restored_tokens_total=v("restored_tokens_total"),
     )
 
 

@@ -187,9 +187,9 @@ def test_unknown_policy_and_dtype():
 
 # ---- randomized workloads through the real model ---------------------------------------
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.function_scoped_fixture])
-@given(policy=st.sampled_from(["recompute", "swap"]), seed=st.integers(0, 1000),
+@given(policy=st.sampled_from(["recompute", "swap", "ellm", "hcache"]), seed=st.integers(0, 1000),
        layers_per_block=st.sampled_from([1, 2, 4]))
 def test_random_workload_integrity_every_step(policy, seed, layers_per_block):
     import random

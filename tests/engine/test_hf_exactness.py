@@ -98,3 +98,13 @@ def test_ellm_planned_ratio_is_exact(tiny):
                             num_gpu_blocks=26, block_size=8, layers_per_block=2, max_model_len=96)
     assert got == expected
     assert stats.num_prefix_recompute_tokens_total > 0
+
+
+def test_hcache_restores_kv_from_hidden_states_exactly(tiny):
+    path, expected = tiny
+    small = dict(num_gpu_blocks=14, block_size=16, layers_per_block=2, max_model_len=96)
+    got, stats = run_kvtier(path, kv_policy="hcache", **small)
+    assert got == expected
+    assert stats.num_preemptions_total >= 3
+    assert stats.num_recomputed_tokens_total == 0  # every victim came back by re-projection
+    assert stats.num_restored_tokens_total > 0

@@ -29,10 +29,13 @@ class FakeExecutor:
             self.host[c.dst] = self.device.pop(c.src)
         for c in plan.swap_in:
             self.device[c.dst] = self.host.pop(c.src)
+        rows = [self.tables.apply(sr) for sr in plan.scheduled]
+        for r in plan.restores:  # HCache: KV re-projected from hidden states
+            self._write(r.request_id, self.tables.row_of[r.request_id], 0, r.num_tokens)
         sampled = {}
-        for sr in plan.scheduled:
-            row = self.tables.apply(sr)
-            self._check_and_write(sr.request_id, row, sr.start_pos, sr.seq_len)
+        for sr, row in zip(plan.scheduled, rows):
+            dropped = len(sr.prefix_token_ids)  # eLLM: recomputed this step, not read
+            self._check_and_write(sr.request_id, row, sr.start_pos, sr.seq_len, dropped)
             if sr.sample:
                 sampled[sr.request_id] = self.token_for(sr.request_id, sr.seq_len)
         return StepResult(sampled=sampled)
@@ -40,11 +43,17 @@ class FakeExecutor:
     def token_for(self, request_id: str, position: int) -> int:
         return (hash((request_id, position)) % (self.vocab - 10)) + 10  # never an eos (< 10)
 
-    def _check_and_write(self, rid: str, row: int, start: int, end: int) -> None:
+    def _write(self, rid: str, row: int, start: int, end: int) -> None:
+        bs = self.block_size
+        for g in range(self.num_groups):
+            for j in range(start // bs, -(-end // bs)):
+                self.device[int(self.tables.table[g, row, j])] = (rid, g, j, min(bs, end - j * bs))
+
+    def _check_and_write(self, rid: str, row: int, start: int, end: int, dropped: int = 0) -> None:
         bs = self.block_size
         assert self.tables.num_blocks[row] * bs >= end, f"{rid}: table too short for {end}"
         for g in range(self.num_groups):
-            for j in range(-(-end // bs)):
+            for j in range(dropped // bs, -(-end // bs)):
                 block = int(self.tables.table[g, row, j])
                 filled_before = max(0, min(bs, start - j * bs))
                 if filled_before:

@@ -7,7 +7,7 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvtier.config import SchedulerConfig
+from kvtier.config import PolicyOptions, SchedulerConfig
 from kvtier.core.request import Request, RequestStatus
 from kvtier.kv.manager import KVCacheManager, cdiv
 from kvtier.policies import get_policy
@@ -18,9 +18,12 @@ from tests.scheduler.fake_executor import FakeExecutor
 
 def make(policy: str, num_groups=2, block_size=4, gpu_blocks=24, host_blocks=24, budget=32,
          max_seqs=8, max_len=40):
-    kv = KVCacheManager(num_groups, block_size, gpu_blocks, host_blocks, watermark=0.0)
+    hidden = host_blocks if policy == "hcache" else None
+    kv = KVCacheManager(num_groups, block_size, gpu_blocks, host_blocks, watermark=0.0,
+                        num_hidden_blocks=hidden)
+    options = PolicyOptions(max_uncached_ratio=0.6, max_recompute_tokens=budget // 2)
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs,
-                                      max_model_len=max_len), kv, get_policy(policy))
+                                      max_model_len=max_len), kv, get_policy(policy, options))
     ex = FakeExecutor(num_groups, block_size, max_seqs, cdiv(max_len, block_size))
     return sched, ex
 
@@ -110,7 +113,7 @@ def test_swap_falls_back_to_recompute_when_host_is_full():
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    policy=st.sampled_from(["recompute", "swap"]),
+    policy=st.sampled_from(["recompute", "swap", "ellm", "hcache"]),
     num_groups=st.integers(1, 3),
     block_size=st.sampled_from([2, 4, 8]),
     extra_blocks=st.integers(0, 30),
