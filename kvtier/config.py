@@ -64,6 +64,10 @@ class ModelConfig:
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return 2 * self.num_layers * self.kv_size * dtype_bytes
 
+    def hidden_bytes_per_token(self, dtype_bytes: int) -> int:
+        """What HCache keeps instead of KV: every layer's attention input."""
+        return self.num_layers * self.hidden_size * dtype_bytes
+
     @classmethod
     def from_hf(cls, cfg: dict[str, Any], name: str = "model") -> ModelConfig:
         archs = cfg.get("architectures") or []
