@@ -27,6 +27,8 @@ class EngineLike(Protocol):
 
     def get_stats(self) -> EngineStats: ...
 
+    def close(self) -> None: ...
+
 
 def _engine_clock(engine: EngineLike) -> Clock | None:
     clock = getattr(engine, "clock", None)
@@ -103,7 +105,9 @@ class EngineBackend:
     def close(self) -> None:
         self._requests.clear()
         self._latest.clear()
-        self._engine = None  # our reference was the last: the engine's memory can go now
+        if self._engine is not None:
+            self._engine.close()  # its GPU memory goes now, before the next engine is built
+        self._engine = None
 
     def _record(self, out: RequestOutput, reason: str | None = None) -> RequestRecord:
         request, arrival = self._requests[out.request_id]

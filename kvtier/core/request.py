@@ -23,8 +23,10 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
-                        RequestStatus.FINISHED_ABORTED)
+        return self.value in _FINISHED_VALUES
+
+
+_FINISHED_VALUES = frozenset({"stop", "length", "abort"})
 
 
 @dataclass(eq=False)

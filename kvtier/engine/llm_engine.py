@@ -46,6 +46,8 @@ class _Parent:
 
     @property
     def finished(self) -> bool:
+        if len(self.children) == 1:  # the common case, on the per-token path
+            return self.children[0].finish_reason is not None
         return all(c.finish_reason is not None for c in self.children)
 
 
@@ -250,6 +252,14 @@ class LLMEngine:
             block_bytes=self.block_bytes,
             step_time_s=self._last_step_time,
         )
+
+    def close(self) -> None:
+        """Abort what is left and release the executor's memory now (a benchmark building
+        one engine after another must not wait for the garbage collector)."""
+        self.abort_request(list(self._parents))
+        close = getattr(self.executor, "close", None)
+        if close is not None:
+            close()
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()

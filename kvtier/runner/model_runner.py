@@ -123,6 +123,15 @@ class ModelRunner:
         torch.cuda.empty_cache()
         return int(peak)
 
+    def close(self) -> None:
+        """Drop every tensor this runner owns (weights, pools, graphs) and return the memory."""
+        self.graphs = None
+        self.gpu_kv = self.host_kv = None
+        self.hidden = None
+        self.model = None  # type: ignore[assignment]
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     # ---- one step ----------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult:

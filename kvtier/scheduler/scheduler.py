@@ -121,6 +121,7 @@ class Scheduler:
                 # requests it picks pay by recomputing them, counted from their next step).
                 if self.policy.make_room(self.running, self.kv, self.kv.blocks_needed(req, n)):
                     blocks = self.kv.allocate_slots(req, n)
+                    recompute = self.kv.num_dropped_tokens(req)  # it may have dropped more
                     continue
                 victim = self.running.pop()  # the newest: it has the least work to lose
                 self._preempt(victim, step)
@@ -129,7 +130,7 @@ class Scheduler:
                 blocks = self.kv.allocate_slots(req, n)
             if blocks is None:
                 break  # req itself was preempted and was the last one
-            step.add(req, n, blocks, reset=False, recompute=self.kv.num_dropped_tokens(req))
+            step.add(req, n, blocks, reset=False, recompute=recompute)
             i += 1
 
     def _schedule_swapped(self, step: _StepBuilder) -> None:

@@ -114,6 +114,9 @@ class FakeEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def close(self) -> None:
+        self.closed = True
+
     def get_stats(self) -> EngineStats:
         return EngineStats(
             num_running=len(self.running), num_waiting=len(self.waiting), num_swapped=0,

@@ -213,3 +213,13 @@ def test_random_workload_integrity_every_step(policy, seed, layers_per_block):
         steps += 1
         assert steps < 1000
     assert eng.scheduler.kv.all_free()
+
+
+def test_close_aborts_and_releases():
+    eng = LLMEngine.from_engine_args(EngineArgs(model="tiny-llama", load_format="dummy",
+                                                max_model_len=64, num_gpu_blocks=40))
+    eng.add_request("a", "some prompt", greedy(4))
+    eng.step()
+    eng.close()
+    assert not eng.has_unfinished_requests() and eng.scheduler.kv.all_free()
+    assert eng.executor.gpu_kv is None and eng.executor.model is None
