@@ -75,6 +75,8 @@ class CostModel:
 
     def predict(self, shape: StepShape) -> StepCost:
         parts = {"copies": self.copy_seconds(shape)}
+        if shape.num_restored_tokens or shape.num_captured_tokens:
+            parts["hidden_states"] = self.hidden_state_seconds(shape)
         graph = False
         if shape.num_reqs:
             pad = self.graph_batch(shape)
@@ -84,6 +86,27 @@ class CostModel:
                                                shape.num_sampled) if shape.num_sampled else 0.0
         loop = self.loop.seconds(shape.num_reqs, shape.num_sampled)
         return StepCost(sum(parts.values()), loop, graph, parts)
+
+    def hidden_state_seconds(self, shape: StepShape) -> float:
+        """HCache's two costs, in the runner's order on one stream: restoring KV (hidden
+        rows over PCIe, then per layer the K/V projection GEMM and its KV write) and sending
+        every computed token's hidden states to the host (one copy per layer)."""
+        m, hw, d = self.mc, self.hw, 2
+        bulk_in = hw.h2d[CopyMechanism.BULK]
+        bulk_out = hw.d2h[CopyMechanism.BULK]
+        per_token_layer = m.hidden_size * d
+        t = 0.0
+        n = shape.num_restored_tokens
+        if n:
+            flops = 2.0 * n * m.hidden_size * 2 * m.kv_size * m.num_layers
+            weights = m.num_layers * m.hidden_size * 2 * m.kv_size * d
+            moved = n * (m.num_layers * per_token_layer + m.kv_bytes_per_token(d))
+            t += bulk_in.seconds(n * m.num_layers * per_token_layer, m.num_layers)
+            t += hw.roofline_s(flops, weights + moved) + 4 * m.num_layers * self.host.launch_s
+        c = shape.num_captured_tokens
+        if c:
+            t += bulk_out.seconds(c * m.num_layers * per_token_layer, m.num_layers)
+        return t
 
     def graph_batch(self, shape: StepShape) -> int | None:
         """The padded batch whose graph the runner replays, or None for an eager step."""

@@ -21,9 +21,11 @@ class StepShape:
     num_sampled: int = 0
     num_swap_out: int = 0  # blocks device -> host
     num_swap_in: int = 0  # blocks host -> device
+    num_restored_tokens: int = 0  # HCache: KV re-projected from hidden states before the step
+    num_captured_tokens: int = 0  # HCache: tokens whose hidden states go to the host
 
     @classmethod
-    def from_plan(cls, plan: StepPlan) -> StepShape:
+    def from_plan(cls, plan: StepPlan, captures_hidden: bool = False) -> StepShape:
         n_dec = ctx_sum = ctx_max = n_sampled = 0
         prefills = []
         for sr in plan.scheduled:
@@ -38,8 +40,10 @@ class StepShape:
             if sr.prefix_token_ids:  # eLLM: the runner recomputes it as one more prefill row
                 prefills.append((len(sr.prefix_token_ids), 0))
             n_sampled += sr.sample
+        restored = sum(r.num_tokens for r in plan.restores)
+        captured = sum(len(sr.token_ids) for sr in plan.scheduled) if captures_hidden else 0
         return cls(n_dec, ctx_sum, ctx_max, tuple(prefills), n_sampled,
-                   len(plan.swap_out), len(plan.swap_in))
+                   len(plan.swap_out), len(plan.swap_in), restored, captured)
 
     @property
     def num_reqs(self) -> int:
@@ -73,9 +77,9 @@ class StepShape:
     def to_json(self) -> list:
         return [self.num_decodes, self.decode_ctx_sum, self.decode_ctx_max,
                 [list(p) for p in self.prefills], self.num_sampled, self.num_swap_out,
-                self.num_swap_in]
+                self.num_swap_in, self.num_restored_tokens, self.num_captured_tokens]
 
     @classmethod
     def from_json(cls, row: list) -> StepShape:
-        d, cs, cm, pre, s, so, si = row
-        return cls(d, cs, cm, tuple((int(a), int(b)) for a, b in pre), s, so, si)
+        d, cs, cm, pre, s, so, si, *hidden = row  # logs from before HCache have 7 fields
+        return cls(d, cs, cm, tuple((int(a), int(b)) for a, b in pre), s, so, si, *hidden)

@@ -8,11 +8,14 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+
 from kvtier.config import ConfigError, EngineConfig
 from kvtier.costmodel.calibration import Calibration
 from kvtier.costmodel.hardware import get_hardware
 from kvtier.costmodel.model import CostModel, CostModelConfig
 from kvtier.engine.args import EngineArgs
+from kvtier.engine.builder import hidden_blocks_for
 from kvtier.engine.llm_engine import LLMEngine
 from kvtier.kv.manager import KVCacheManager
 from kvtier.model.loader import resolve_model_config
@@ -48,16 +51,22 @@ def build_sim_engine(
         mc = config.model_config
     pools = sim_pool_sizes(config, hw, num_gpus, calib)
     cache = config.cache
+    hidden = get_policy(config.kv_policy).keeps_hidden_states  # as the real builder: HCache
     kv = KVCacheManager(num_groups=cache.num_layer_groups(mc.num_layers),
                         block_size=cache.block_size, num_gpu_blocks=pools.num_gpu_blocks,
-                        num_host_blocks=pools.num_host_blocks)
+                        num_host_blocks=0 if hidden else pools.num_host_blocks,
+                        num_hidden_blocks=(engine_args.num_hidden_blocks
+                                           or hidden_blocks_for(config, torch.bfloat16))
+                        if hidden else None)
     cost = CostModel(mc, hw, calib, CostModelConfig(
-        cuda_graphs=not config.enforce_eager, max_num_seqs=config.scheduler.max_num_seqs,
+        cuda_graphs=not config.enforce_eager and not hidden,  # the runner's rule
+        max_num_seqs=config.scheduler.max_num_seqs,
         block_bytes=pools.block_bytes, num_gpus=num_gpus))
     clock = clock if clock is not None else VirtualClock()
     eos = tuple(tokenizer.eos_token_ids) + tuple(mc.eos_token_ids)
     executor = SimulatedExecutor(cost, clock, ordinary_token(eos, mc.vocab_size),
-                                 eos[0] if eos else None, output_lens, record_steps)
+                                 eos[0] if eos else None, output_lens, record_steps,
+                                 captures_hidden=hidden)
     log.info("kvtier sim: %s on %d x %s (%s), %d device + %d host KV blocks, policy %s",
              config.model, num_gpus, hw.name,
              f"calibrated on {calib.hardware}" if calib else "uncalibrated roofline",

@@ -28,7 +28,7 @@ class SimStep:
 class SimulatedExecutor:
     def __init__(self, cost_model: CostModel, clock: VirtualClock, token_id: int,
                  eos_token_id: int | None = None, output_lens: Mapping[str, int] | None = None,
-                 record: bool = False):
+                 record: bool = False, captures_hidden: bool = False):
         """`token_id` must be no end-of-sequence or stop id; `output_lens` (request id ->
         output tokens) needs `eos_token_id`, and only ends requests that do not ignore eos."""
         if output_lens is not None and eos_token_id is None:
@@ -37,11 +37,12 @@ class SimulatedExecutor:
         self.eos_token_id = eos_token_id
         self.output_lens = dict(output_lens) if output_lens is not None else None
         self.record = record
+        self.captures_hidden = captures_hidden  # HCache: the runner stores hidden states
         self.steps: list[SimStep] = []
         self.busy_s = 0.0
 
     def execute(self, plan: StepPlan) -> StepResult:
-        shape = StepShape.from_plan(plan)
+        shape = StepShape.from_plan(plan, self.captures_hidden)
         cost = self.cost_model.predict(shape)
         if self.record:
             self.steps.append(SimStep(self.clock.now(), shape, cost))

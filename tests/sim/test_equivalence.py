@@ -19,9 +19,11 @@ from kvtier.sim.engine import build_sim_engine
 
 def decision(plan: StepPlan) -> tuple:
     return (tuple((s.request_id, len(s.token_ids), s.start_pos, s.sample, s.reset_blocks,
-                   s.new_block_ids) for s in plan.scheduled),
+                   s.new_block_ids, len(s.prefix_token_ids), s.new_hidden_ids)
+                  for s in plan.scheduled),
             tuple((c.src, c.dst) for c in plan.swap_out),
             tuple((c.src, c.dst) for c in plan.swap_in),
+            tuple((r.request_id, r.num_tokens) for r in plan.restores),
             tuple(plan.preempted_ids), tuple(plan.finished_ids))
 
 
@@ -97,6 +99,8 @@ def real_run(policy: str, host_blocks: int, seed: int):
 @pytest.mark.parametrize("policy,host_blocks,seed", [
     ("recompute", 0, 0), ("recompute", 0, 1), ("swap", 64, 0), ("swap", 64, 2),
     ("swap", 6, 3),  # a small host pool: some victims fall back to recompute
+    ("ellm", 0, 0), ("ellm", 0, 4),  # prefixes dropped on demand, recomputed every step
+    ("hcache", 0, 0), ("hcache", 0, 5),  # victims come back from their hidden states
 ])
 def test_simulator_makes_the_real_schedulers_decisions(policy, host_blocks, seed):
     jobs, real_plans, real_out = real_run(policy, host_blocks, seed)
@@ -107,10 +111,14 @@ def test_simulator_makes_the_real_schedulers_decisions(policy, host_blocks, seed
         temperature=0.0, max_tokens=j.params.max_tokens, detokenize=False)) for j in jobs]
     sim_plans, sim_out = drive(sim, sim_jobs)
     assert {rid: len(t) for rid, t in sim_out.items()} == lengths
-    preempted = sum(len(p[3]) for p in real_plans)
-    assert preempted > 0, "the workload must preempt"
+    preempted = sum(len(p[4]) for p in real_plans)
+    assert preempted > 0 or policy == "ellm", "the workload must preempt"
     if policy == "swap":
         assert any(p[1] for p in real_plans), "the workload must swap"
+    if policy == "ellm":
+        assert any(s[6] for p in real_plans for s in p[0]), "the workload must drop prefixes"
+    if policy == "hcache":
+        assert any(p[3] for p in real_plans), "the workload must restore from hidden states"
     assert len(sim_plans) == len(real_plans)
     for i, (r, s) in enumerate(zip(real_plans, sim_plans)):
         assert r == s, f"step {i} differs"
