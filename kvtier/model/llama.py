@@ -36,8 +36,11 @@ class Attention(nn.Module):
             self.k_norm = _param(cfg.head_dim, dtype=dtype)
         self.scale = cfg.head_dim**-0.5
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        cfg, ops = self.cfg, ctx.ops
+    def project_qkv(
+        self, x: torch.Tensor, positions: torch.Tensor, ops: TorchOps, cos_sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, Hq, D], k and v [T, Hkv, D]: normed (Qwen3) and rotated, ready to attend."""
+        cfg = self.cfg
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [T, q + 2kv]
         q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         q = q.view(-1, cfg.num_heads, cfg.head_dim)
@@ -46,10 +49,11 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             q = ops.rms_norm(q, self.q_norm, cfg.rms_norm_eps)
             k = ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps)
-        q, k = ops.rotary(q, k, positions, ctx.cos_sin_cache)
-        out = ctx.attention.forward(self.layer_idx, q, k, v, ctx.kv_cache, ctx.meta, self.scale)
-        return F.linear(out.reshape(-1, cfg.q_size), self.o_weight)
+        q, k = ops.rotary(q, k, positions, cos_sin)
+        return q, k, v
 
+    def project_out(self, out: torch.Tensor) -> torch.Tensor:
+        return F.linear(out.reshape(-1, self.cfg.q_size), self.o_weight)
 
     def project_kv(
         self, x: torch.Tensor, positions: torch.Tensor, ops: TorchOps, cos_sin: torch.Tensor
@@ -96,6 +100,20 @@ class DecoderLayer(nn.Module):
         positions: torch.Tensor,
         ctx: ForwardContext,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        q, k, v, residual = self.before_attention(x, residual, positions, ctx)
+        out = ctx.attention.forward(self.attn.layer_idx, q, k, v, ctx.kv_cache, ctx.meta,
+                                    self.attn.scale)
+        return self.after_attention(out, residual, ctx.ops)
+
+    # The layer in two pieces around attention, so the runner can capture each piece as a
+    # CUDA graph at a padded token count while attention (varlen metadata) runs eagerly.
+    def before_attention(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        ctx: ForwardContext,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         ops = ctx.ops
         if residual is None:
             residual, x = x, ops.rms_norm(x, self.input_norm, self.eps)
@@ -103,7 +121,13 @@ class DecoderLayer(nn.Module):
             x, residual = ops.fused_add_rms_norm(x, residual, self.input_norm, self.eps)
         if ctx.hidden_sink is not None:  # HCache keeps every layer's attention input
             ctx.hidden_sink(self.attn.layer_idx, x)
-        x = self.attn(x, positions, ctx)
+        q, k, v = self.attn.project_qkv(x, positions, ops, ctx.cos_sin_cache)
+        return q, k, v, residual
+
+    def after_attention(
+        self, out: torch.Tensor, residual: torch.Tensor, ops: TorchOps
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.attn.project_out(out)
         x, residual = ops.fused_add_rms_norm(x, residual, self.post_attn_norm, self.eps)
         return self.mlp(x), residual
 
