@@ -201,6 +201,7 @@ class EngineConfig:
     seed: int = 0
     attention_backend: str = "auto"  # auto | torch | triton
     enforce_eager: bool = False  # no CUDA graphs
+    piecewise_graphs: bool = False  # graphs around attention for steps with prefill rows
     served_model_name: str | None = None
 
     def with_(self, **kw: Any) -> EngineConfig:

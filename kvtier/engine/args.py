@@ -48,6 +48,8 @@ class EngineArgs:
         default=100.0, metadata={"help": "ellm planner: the TPOT SLO it plans for"})
     attention_backend: str = field(default="auto", metadata={"help": "auto|torch|triton"})
     enforce_eager: bool = field(default=False, metadata={"help": "disable CUDA graphs"})
+    piecewise_graphs: bool = field(
+        default=False, metadata={"help": "CUDA graphs around attention for mixed steps"})
     served_model_name: str | None = field(default=None, metadata={"help": "name in the API"})
     max_waiting_requests: int | None = field(
         default=None, metadata={"help": "bound on queued requests (server back-pressure)"})
@@ -81,6 +83,7 @@ class EngineArgs:
                 max_recompute_tokens=sched.max_num_batched_tokens // 2), device=self.device,
             load_format=self.load_format, tokenizer=self.tokenizer, seed=self.seed,
             attention_backend=self.attention_backend, enforce_eager=self.enforce_eager,
+            piecewise_graphs=self.piecewise_graphs,
             served_model_name=self.served_model_name,
         )
 

@@ -22,6 +22,7 @@ from kvtier.runner.cuda_graphs import DecodeGraphs
 from kvtier.runner.device import make_attention_backend, make_ops
 from kvtier.runner.hidden_states import HiddenStates
 from kvtier.runner.host_batch import HostBatch, build_host_batch
+from kvtier.runner.piecewise_graphs import PiecewiseGraphs
 from kvtier.runner.sampler import SampleRow, sample
 from kvtier.sampling_params import SamplingParams
 
@@ -51,6 +52,7 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.recompute_scratch = range(0)
         self.hidden: HiddenStates | None = None  # HCache's hidden-state store
+        self.piecewise: PiecewiseGraphs | None = None  # steps with prefill rows
 
     @property
     def use_cuda_graphs(self) -> bool:
@@ -86,6 +88,9 @@ class ModelRunner:
         if extra:
             self.graphs = DecodeGraphs(self, scratch_block=total - 1)
             self.graphs.capture()
+        if self.config.piecewise_graphs and self.hidden is None:
+            self.piecewise = PiecewiseGraphs(self, capture=self.use_cuda_graphs)
+            self.piecewise.capture()
 
     @torch.inference_mode()
     def profile_activation_peak(self) -> int:
@@ -176,9 +181,13 @@ class ModelRunner:
                 return logits
         input_ids, positions, meta = self.device_inputs(batch)
         assert self.gpu_kv is not None, "allocate_kv first"
-        sink = self.hidden.sink(batch.num_tokens) if self.hidden is not None else None
-        ctx = ForwardContext(self.ops, self.attention, self.gpu_kv, meta, self.cos_sin, sink)
-        hidden = self.model(input_ids, positions, ctx)
+        hidden = None
+        if self.piecewise is not None:
+            hidden = self.piecewise.forward(input_ids, positions, meta)
+        if hidden is None:
+            sink = self.hidden.sink(batch.num_tokens) if self.hidden is not None else None
+            ctx = ForwardContext(self.ops, self.attention, self.gpu_kv, meta, self.cos_sin, sink)
+            hidden = self.model(input_ids, positions, ctx)
         if len(batch.logits_idx) == 0:
             return None
         idx = torch.from_numpy(batch.logits_idx).to(self.device, non_blocking=True)

@@ -108,3 +108,13 @@ def test_hcache_restores_kv_from_hidden_states_exactly(tiny):
     assert stats.num_preemptions_total >= 3
     assert stats.num_recomputed_tokens_total == 0  # every victim came back by re-projection
     assert stats.num_restored_tokens_total > 0
+
+
+@pytest.mark.parametrize("policy", ["recompute", "ellm"])
+def test_piecewise_pieces_are_exact(tiny, policy):
+    # On the CPU the pieces run eagerly through the static buffers the GPU graphs use.
+    path, expected = tiny
+    extra = dict(ellm_uncached_ratio=0.5) if policy == "ellm" else {}
+    got, _ = run_kvtier(path, kv_policy=policy, piecewise_graphs=True, block_size=4,
+                        max_num_batched_tokens=40, **extra)
+    assert got == expected

@@ -62,3 +62,16 @@ def test_gpu_ellm_dropped_prefixes_equal_cpu_fp32(tmp_path, kind):
                                block_size=4, layers_per_block=2)
     assert stats.num_prefix_recompute_tokens_total > 0
     assert gpu == cpu
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("policy", ["recompute", "ellm"])
+def test_gpu_piecewise_graphs_equal_cpu_fp32(tmp_path, policy):
+    # Mixed steps (chunked prefill beside decodes, eLLM's recomputed prefixes) replay the
+    # captured pieces around eager attention.
+    path = save_tiny_model("llama-gqa", tmp_path)
+    cpu, _ = greedy_tokens(path, device="cpu")
+    extra = dict(ellm_uncached_ratio=0.5, block_size=4) if policy == "ellm" else {}
+    gpu, _ = greedy_tokens(path, device="cuda", kv_policy=policy, piecewise_graphs=True,
+                           max_num_batched_tokens=40, **extra)
+    assert gpu == cpu
