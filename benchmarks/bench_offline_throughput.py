@@ -40,13 +40,16 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--layers-per-block", type=int, default=4)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    ap.add_argument("--piecewise-graphs", action="store_true",
+                    help="CUDA graphs around attention for mixed steps")
     args = ap.parse_args()
     work = json.load(open(args.workload))
     reqs = work["requests"]
     llm = LLM(args.model, load_format="dummy", dtype="bfloat16", max_model_len=4096,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               layers_per_block=args.layers_per_block, swap_space=1,
-              gpu_memory_utilization=args.gpu_memory_utilization)
+              gpu_memory_utilization=args.gpu_memory_utilization,
+              piecewise_graphs=args.piecewise_graphs)
     warm = [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, detokenize=False)]
     llm.generate([{"prompt_token_ids": reqs[0][0]}], warm)
     engine = llm.engine

@@ -10,6 +10,7 @@ python3 -m pytest -q tests/runner -p no:cacheprovider 2>&1 | tail -4 | tee $R/gp
 timeout 120 python3 benchmarks/bench_offline_throughput.py \
   --workload .carry/sharegpt_llama31_1000.json --out $R/offline_sharegpt_h200.json 2>&1 \
   | grep -E "tokens_per_s|elapsed|mean_ms|Error"
+# Next: the same with --piecewise-graphs --out $R/offline_sharegpt_h200_piecewise.json
 timeout 120 python3 benchmarks/bench_gpu_path.py --parts host,decode \
   --out $R/gpu_path_h200_decode.json 2>&1 | grep -v "^{'model'" | tail -3
 timeout 270 python3 -m kvtier.cli bench --model llama-2-13b --load-format dummy \
