@@ -56,7 +56,7 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         runner.allocate_hidden(num_hidden)
     runner.allocate_kv(num_gpu, num_host, scratch)
     if args.ellm_planner:
-        config = _with_planner(config, args, num_gpu * pools.block_bytes)
+        config = with_planner(config, args, num_gpu * pools.block_bytes)
     kv = KVCacheManager(
         num_groups=runner.num_groups, block_size=config.cache.block_size,
         num_gpu_blocks=num_gpu, num_host_blocks=num_host, num_hidden_blocks=num_hidden,
@@ -84,9 +84,9 @@ def recompute_scratch_blocks(config) -> int:
     return -(-config.policy_options.max_recompute_tokens // config.cache.block_size)
 
 
-def _with_planner(config, args: EngineArgs, kv_bytes: int):
-    """eLLM's planned mode: the planner sees the pool just sized. Its roofline uses the
-    H200's measured ceilings (the only GPU measured here), whatever runs the engine."""
+def with_planner(config, args: EngineArgs, kv_bytes: int, hw=None):
+    """eLLM's planned mode: the planner sees the pool just sized. Its roofline uses `hw`, by
+    default the H200's measured ceilings (the only GPU measured here)."""
     from dataclasses import replace
 
     from kvtier.costmodel.hardware import get_hardware
@@ -94,7 +94,7 @@ def _with_planner(config, args: EngineArgs, kv_bytes: int):
 
     if config.kv_policy != "ellm":
         raise ConfigError("--ellm-planner needs --kv-policy ellm")
-    hw = get_hardware("h200")
+    hw = hw or get_hardware("h200")
     planner = RequestLevelPlanner(config.model_config, PlannerConfig(
         hbm_bytes_per_s=hw.hbm_bytes_per_s, bf16_flops=hw.bf16_flops, kv_budget_bytes=kv_bytes,
         tpot_slo_s=args.ellm_tpot_slo_ms / 1e3, max_batch=config.scheduler.max_num_seqs,

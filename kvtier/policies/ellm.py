@@ -50,6 +50,15 @@ class EllmPolicy(KVPolicy):
         self._steps += 1
         return self._planned_ratio
 
+    def _on_demand_cap(self) -> float:
+        """How far make_room may drop a request: the planner's or the fixed ratio when one
+        is set (they are what every request should keep), else max_uncached_ratio."""
+        if self.options.planner is not None:
+            return self._planned_ratio or 0.0
+        if self.options.uncached_ratio is not None:
+            return self.options.uncached_ratio
+        return self.options.max_uncached_ratio
+
     def preempt(self, req: Request, kv: KVCacheManager) -> Preemption:
         return drop_kv(req, kv)
 
@@ -88,7 +97,7 @@ class EllmPolicy(KVPolicy):
             if not _in_decode(req):
                 continue
             have = kv.num_dropped_tokens(req) // kv.block_size
-            cap = self._cap_blocks(req, kv, self.options.max_uncached_ratio)
+            cap = self._cap_blocks(req, kv, self._on_demand_cap())
             want_blocks = -(-(num_blocks - freed) // kv.num_groups)
             extra = min(cap - have, want_blocks, budget // kv.block_size)
             if extra <= 0:

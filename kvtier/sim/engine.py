@@ -12,10 +12,10 @@ import torch
 
 from kvtier.config import ConfigError, EngineConfig
 from kvtier.costmodel.calibration import Calibration
-from kvtier.costmodel.hardware import get_hardware
+from kvtier.costmodel.hardware import HardwareProfile, get_hardware
 from kvtier.costmodel.model import CostModel, CostModelConfig
 from kvtier.engine.args import EngineArgs
-from kvtier.engine.builder import hidden_blocks_for
+from kvtier.engine.builder import hidden_blocks_for, with_planner
 from kvtier.engine.llm_engine import LLMEngine
 from kvtier.kv.manager import KVCacheManager
 from kvtier.model.loader import resolve_model_config
@@ -36,9 +36,12 @@ def build_sim_engine(
     output_lens: Mapping[str, int] | None = None,
     record_steps: bool = False,
     clock: VirtualClock | None = None,
+    planner_hardware: HardwareProfile | None = None,
 ) -> LLMEngine:
     """An LLMEngine whose executor is simulated on `hardware` (see `kvtier.sim`). Engines
-    built one after another may share one `clock` (the bench runner's)."""
+    built one after another may share one `clock` (the bench runner's). With
+    `--ellm-planner`, the planner plans for `planner_hardware` (default: the simulated GPU;
+    a perturbed profile shows how much a wrong cost model costs)."""
     config = engine_args.create_engine_config()
     _check(config)
     hw = get_hardware(hardware)
@@ -58,6 +61,9 @@ def build_sim_engine(
                         num_hidden_blocks=(engine_args.num_hidden_blocks
                                            or hidden_blocks_for(config, torch.bfloat16))
                         if hidden else None)
+    if engine_args.ellm_planner:
+        config = with_planner(config, engine_args, pools.num_gpu_blocks * pools.block_bytes,
+                              planner_hardware or hw)
     cost = CostModel(mc, hw, calib, CostModelConfig(
         cuda_graphs=not config.enforce_eager and not hidden,  # the runner's rule
         max_num_seqs=config.scheduler.max_num_seqs,
