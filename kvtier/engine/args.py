@@ -42,6 +42,9 @@ class EngineArgs:
         default=None, metadata={"help": "ellm: fixed uncached ratio r for every request"})
     ellm_max_uncached_ratio: float = field(
         default=0.5, metadata={"help": "ellm: cap on r when prefixes are dropped on demand"})
+    ellm_max_recompute_tokens: int | None = field(
+        default=None, metadata={"help": "ellm: prefix tokens recomputed per step at most "
+                                        "(default: half the step's token budget)"})
     ellm_planner: bool = field(
         default=False, metadata={"help": "ellm: r from the request-level planner (SLSQP)"})
     ellm_tpot_slo_ms: float = field(
@@ -80,7 +83,8 @@ class EngineArgs:
             policy_options=PolicyOptions(
                 uncached_ratio=self.ellm_uncached_ratio,
                 max_uncached_ratio=self.ellm_max_uncached_ratio,
-                max_recompute_tokens=sched.max_num_batched_tokens // 2), device=self.device,
+                max_recompute_tokens=self.ellm_max_recompute_tokens
+                or sched.max_num_batched_tokens // 2), device=self.device,
             load_format=self.load_format, tokenizer=self.tokenizer, seed=self.seed,
             attention_backend=self.attention_backend, enforce_eager=self.enforce_eager,
             piecewise_graphs=self.piecewise_graphs,
