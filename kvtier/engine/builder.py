@@ -19,8 +19,8 @@ from kvtier.tokenizer import load_tokenizer
 log = logging.getLogger("kvtier")
 
 
-def build_engine(args: EngineArgs) -> LLMEngine:
-    config = args.create_engine_config()
+def check_config(config) -> None:
+    """The checks that need no device (the simulator runs them too)."""
     try:
         get_policy(config.kv_policy)
     except ValueError as e:
@@ -31,7 +31,14 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     if (config.scheduler.max_model_len > mc.max_position_embeddings
             and os.environ.get("KVTIER_ALLOW_LONG_MAX_MODEL_LEN") != "1"):
         raise ConfigError(f"max_model_len {config.scheduler.max_model_len} exceeds the model's "
-                          f"max_position_embeddings {mc.max_position_embeddings}")
+                          f"max_position_embeddings {mc.max_position_embeddings} (set "
+                          "KVTIER_ALLOW_LONG_MAX_MODEL_LEN=1 to run past it anyway)")
+
+
+def build_engine(args: EngineArgs) -> LLMEngine:
+    config = args.create_engine_config()
+    check_config(config)
+    mc = config.model_config
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     check_weights_fit(config, device, dtype)

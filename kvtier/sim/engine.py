@@ -10,12 +10,11 @@ from pathlib import Path
 
 import torch
 
-from kvtier.config import ConfigError, EngineConfig
 from kvtier.costmodel.calibration import Calibration
 from kvtier.costmodel.hardware import HardwareProfile, get_hardware
 from kvtier.costmodel.model import CostModel, CostModelConfig
 from kvtier.engine.args import EngineArgs
-from kvtier.engine.builder import hidden_blocks_for, with_planner
+from kvtier.engine.builder import check_config, hidden_blocks_for, with_planner
 from kvtier.engine.llm_engine import LLMEngine
 from kvtier.kv.manager import KVCacheManager
 from kvtier.model.loader import resolve_model_config
@@ -43,7 +42,7 @@ def build_sim_engine(
     `--ellm-planner`, the planner plans for `planner_hardware` (default: the simulated GPU;
     a perturbed profile shows how much a wrong cost model costs)."""
     config = engine_args.create_engine_config()
-    _check(config)
+    check_config(config)  # the real builder's checks that need no device
     hw = get_hardware(hardware)
     calib = Calibration.load(calibration) if isinstance(calibration, (str, Path)) else calibration
     _, ckpt = resolve_model_config(config.model, config.load_format)
@@ -84,15 +83,3 @@ def ordinary_token(eos: tuple[int, ...], vocab_size: int) -> int:
     """A token id that ends nothing: the simulated model's every output."""
     banned = set(eos)
     return next(t for t in range(min(1000, vocab_size - 1), vocab_size) if t not in banned)
-
-
-def _check(config: EngineConfig) -> None:
-    """The real builder's checks that do not need a device."""
-    try:
-        get_policy(config.kv_policy)
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
-    mc = config.model_config
-    if config.scheduler.max_model_len > mc.max_position_embeddings:
-        raise ConfigError(f"max_model_len {config.scheduler.max_model_len} exceeds the model's "
-                          f"max_position_embeddings {mc.max_position_embeddings}")
