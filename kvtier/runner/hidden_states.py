@@ -67,17 +67,28 @@ class HiddenStates:
 
     def restore(self, restores: list[HiddenRestore], block_tables: BlockTables,
                 gpu_kv: torch.Tensor, ops, cos_sin: torch.Tensor, layers_per_block: int) -> None:
+        """All of this step's restores together: per layer one gather of hidden rows, one
+        host-to-device copy, one K/V projection GEMM and one KV write."""
+        if not restores:
+            return
         bs = self.block_size
+        # Per restored token: its hidden (block, offset), its position, its block-table row.
+        hid_rows, positions, kv_rows = [], [], []
         for r in restores:
-            n = r.num_tokens
-            hrow, row = self.tables.row_of[r.request_id], block_tables.row_of[r.request_id]
-            hidden_blocks = torch.from_numpy(self.tables.table[0, hrow, : -(-n // bs)].astype(np.int64))
-            pos = np.arange(n)
-            positions = torch.from_numpy(pos).to(self.device)
-            for layer_idx, layer in enumerate(self.model.layers):
-                assert isinstance(layer, DecoderLayer)
-                x = self.pool[hidden_blocks, layer_idx].reshape(-1, self.pool.shape[-1])[:n]
-                k, v = layer.attn.project_kv(x.to(self.device), positions, ops, cos_sin)
-                group, slot = divmod(layer_idx, layers_per_block)
-                slots = block_tables.table[group, row, pos // bs].astype(np.int64) * bs + pos % bs
-                write_kv(gpu_kv[:, slot], k, v, torch.from_numpy(slots).to(self.device))
+            pos = np.arange(r.num_tokens)
+            hrow = self.tables.row_of[r.request_id]
+            hid_rows.append(self.tables.table[0, hrow, pos // bs].astype(np.int64) * bs + pos % bs)
+            positions.append(pos)
+            kv_rows.append(np.full(r.num_tokens, block_tables.row_of[r.request_id]))
+        hid = np.concatenate(hid_rows)
+        hid_blocks, hid_offsets = torch.from_numpy(hid // bs), torch.from_numpy(hid % bs)
+        pos_np, rows = np.concatenate(positions), np.concatenate(kv_rows)
+        pos_dev = torch.from_numpy(pos_np).to(self.device)
+        for layer_idx, layer in enumerate(self.model.layers):
+            assert isinstance(layer, DecoderLayer)
+            x = self.pool[hid_blocks, layer_idx, hid_offsets]  # [tokens, hidden]: only these rows
+            k, v = layer.attn.project_kv(x.to(self.device, non_blocking=True), pos_dev, ops, cos_sin)
+            group, slot = divmod(layer_idx, layers_per_block)
+            blocks = block_tables.table[group, rows, pos_np // bs].astype(np.int64)
+            slots = torch.from_numpy(blocks * bs + pos_np % bs).to(self.device)
+            write_kv(gpu_kv[:, slot], k, v, slots)
