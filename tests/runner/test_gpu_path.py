@@ -75,3 +75,14 @@ def test_gpu_piecewise_graphs_equal_cpu_fp32(tmp_path, policy):
     gpu, _ = greedy_tokens(path, device="cuda", kv_policy=policy, piecewise_graphs=True,
                            max_num_batched_tokens=40, **extra)
     assert gpu == cpu
+
+
+@pytest.mark.gpu
+def test_gpu_hcache_equals_cpu_fp32(tmp_path):
+    # Hidden states staged through pinned memory, restored by K/V projection on the GPU.
+    path = save_tiny_model("llama-gqa", tmp_path)
+    cpu, _ = greedy_tokens(path, device="cpu")
+    gpu, stats = greedy_tokens(path, device="cuda", kv_policy="hcache", num_gpu_blocks=18,
+                               layers_per_block=2, max_num_batched_tokens=24)
+    assert stats.num_restored_tokens_total > 0
+    assert gpu == cpu
