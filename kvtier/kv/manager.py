@@ -86,39 +86,47 @@ class KVCacheManager:
         self.host.free([b for _, _, b in table.entries(Placement.HOST)])
 
     # ---- moving whole requests between tiers ------------------------------------------
+    @staticmethod
+    def _relocate(table: MapTable, src: Placement, dst: Placement,
+                  new_ids: list[int]) -> list[tuple[int, int]]:
+        """Give every `src` entry the next of `new_ids` (-1 for nowhere) and placement `dst`;
+        returns (old block, new block) per entry."""
+        moves = []
+        for (g, j, old), new in zip(table.entries(src), new_ids):
+            table.block_ids[g][j], table.placements[g][j] = new, dst
+            moves.append((old, new))
+        return moves
+
+    def _can_bring_back(self, req: Request, placement: Placement, extra_tokens: int) -> bool:
+        """Room on the device for every `placement` entry plus `extra_tokens` more tokens,
+        above the watermark."""
+        table = self.tables.get(req.request_id)
+        away = len(table.entries(placement)) if table else 0
+        need = away + self.blocks_needed(req, extra_tokens)
+        return self.gpu.num_free - need >= self.watermark_blocks
+
     def swap_out(self, req: Request) -> list[BlockCopy] | None:
         table = self.tables.get(req.request_id)
         if table is None:
             return []
-        on_gpu = table.entries(Placement.GPU)
-        if not self.host.can_allocate(len(on_gpu)):
+        n = len(table.entries(Placement.GPU))
+        if not self.host.can_allocate(n):
             return None
-        host_ids = self.host.allocate(len(on_gpu))
-        copies = []
-        for (g, j, gpu_b), host_b in zip(on_gpu, host_ids):
-            table.block_ids[g][j], table.placements[g][j] = host_b, Placement.HOST
-            copies.append(BlockCopy(src=gpu_b, dst=host_b))
-        self.gpu.free([b for _, _, b in on_gpu])
-        return copies
+        moves = self._relocate(table, Placement.GPU, Placement.HOST, self.host.allocate(n))
+        self.gpu.free([old for old, _ in moves])
+        return [BlockCopy(src=old, dst=new) for old, new in moves]
 
     def can_swap_in(self, req: Request, extra_tokens: int) -> bool:
-        table = self.tables.get(req.request_id)
-        on_host = len(table.entries(Placement.HOST)) if table else 0
-        need = on_host + self.blocks_needed(req, extra_tokens)
-        return self.gpu.num_free - need >= self.watermark_blocks
+        return self._can_bring_back(req, Placement.HOST, extra_tokens)
 
     def swap_in(self, req: Request) -> list[BlockCopy]:
         table = self.tables.get(req.request_id)
         if table is None:
             return []
-        on_host = table.entries(Placement.HOST)
-        gpu_ids = self.gpu.allocate(len(on_host))
-        copies = []
-        for (g, j, host_b), gpu_b in zip(on_host, gpu_ids):
-            table.block_ids[g][j], table.placements[g][j] = gpu_b, Placement.GPU
-            copies.append(BlockCopy(src=host_b, dst=gpu_b))
-        self.host.free([b for _, _, b in on_host])
-        return copies
+        n = len(table.entries(Placement.HOST))
+        moves = self._relocate(table, Placement.HOST, Placement.GPU, self.gpu.allocate(n))
+        self.host.free([old for old, _ in moves])
+        return [BlockCopy(src=old, dst=new) for old, new in moves]
 
     # ---- hidden states instead of KV (HCache) ------------------------------------------
     def hide(self, req: Request) -> None:
@@ -129,25 +137,20 @@ class KVCacheManager:
         table = self.tables.get(req.request_id)
         if table is None:
             return
-        on_gpu = table.entries(Placement.GPU)
-        for g, j, _ in on_gpu:
-            table.block_ids[g][j], table.placements[g][j] = -1, Placement.HIDDEN
-        self.gpu.free([b for _, _, b in on_gpu])
+        n = len(table.entries(Placement.GPU))
+        moves = self._relocate(table, Placement.GPU, Placement.HIDDEN, [-1] * n)
+        self.gpu.free([old for old, _ in moves])
 
     def can_unhide(self, req: Request, extra_tokens: int) -> bool:
-        table = self.tables.get(req.request_id)
-        hidden = len(table.entries(Placement.HIDDEN)) if table else 0
-        need = hidden + self.blocks_needed(req, extra_tokens)
-        return self.gpu.num_free - need >= self.watermark_blocks
+        return self._can_bring_back(req, Placement.HIDDEN, extra_tokens)
 
     def unhide(self, req: Request) -> None:
         """Device blocks for every HIDDEN entry again; the runner re-projects their KV."""
         table = self.tables.get(req.request_id)
         if table is None:
             return
-        hidden = table.entries(Placement.HIDDEN)
-        for (g, j, _), b in zip(hidden, self.gpu.allocate(len(hidden))):
-            table.block_ids[g][j], table.placements[g][j] = b, Placement.GPU
+        n = len(table.entries(Placement.HIDDEN))
+        self._relocate(table, Placement.HIDDEN, Placement.GPU, self.gpu.allocate(n))
 
     # ---- partial caching (eLLM): drop a prefix, recompute it every step -----------------
     def num_dropped_tokens(self, req: Request) -> int:
