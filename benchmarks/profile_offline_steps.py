@@ -35,13 +35,12 @@ def busy_us(intervals: list[tuple[float, float]]) -> float:
 
 
 def summarize(events, windows: list[dict]) -> list[dict]:
-    """Attribute every kernel to the step window its launch fell in (by CPU timestamps of
-    the step ranges and the kernels' correlated launch)."""
+    """Attribute every kernel to the step whose window it started in: a step ends by
+    reading its sampled tokens back, so its kernels are done before the next one starts."""
     kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     out = []
     for w in windows:
-        ks = [k for k in kernels if w["t0"] <= k.time_range.start < w["t1"] + 200_000]
-        ks = [k for k in ks if k.time_range.start >= w["t0"]]
+        ks = [k for k in kernels if w["t0"] <= k.time_range.start < w["t1"]]
         w = dict(w)
         by_name: dict[str, float] = defaultdict(float)
         for k in ks:
@@ -93,7 +92,7 @@ def main() -> None:
     kern = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     for w in windows:
         ks = [(k.time_range.start, k.time_range.end) for k in kern
-              if w["t0"] <= k.time_range.start <= w["t1"] + 100_000]
+              if w["t0"] <= k.time_range.start < w["t1"]]
         w["gpu_busy_ms"] = busy_us(ks) / 1e3
     steps = summarize(events, windows)
     cpu = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
