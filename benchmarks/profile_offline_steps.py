@@ -52,6 +52,32 @@ def summarize(events, windows: list[dict]) -> list[dict]:
     return out
 
 
+def python_profile(engine, args) -> None:
+    """cProfile over the window: where the host's time goes, per Python function."""
+    import cProfile
+    import io
+    import pstats
+
+    walls = []
+    prof = cProfile.Profile()
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        prof.enable()
+        engine.step()
+        prof.disable()
+        st = engine.get_stats()
+        walls.append((1e3 * (time.perf_counter() - t0), st.num_scheduled_requests,
+                      st.num_scheduled_tokens))
+    tables = {}
+    for key in ("tottime", "cumtime"):
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(45)
+        tables[key] = buf.getvalue()
+        print(tables[key])
+    print(walls)
+    write_result(args.out, {"options": vars(args), "steps": walls, **tables})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workload", required=True)
@@ -59,6 +85,8 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=40)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--piecewise-graphs", action="store_true")
+    ap.add_argument("--cprofile", action="store_true",
+                    help="Python profile of the window (cProfile) instead of torch.profiler")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     reqs = json.load(open(args.workload))["requests"]
@@ -73,6 +101,9 @@ def main() -> None:
     for _ in range(args.skip):
         engine.step()
     torch.cuda.synchronize()
+    if args.cprofile:
+        python_profile(engine, args)
+        return
     windows = []
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for i in range(args.steps):
