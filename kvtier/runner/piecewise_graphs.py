@@ -1,10 +1,12 @@
 """Piecewise CUDA graphs for steps that carry prefill rows (mixed, prefill, eLLM recompute).
 
 Such a step's attention has varlen metadata, so the whole forward cannot be one graph; but
-everything else in a layer can. Each layer's two pieces — before attention (norm, qkv GEMM,
-q/k norm, rotary) and after it (o GEMM, norm, MLP) — are captured at padded token counts and
-replayed around an eager attention call: per layer two graph launches and the attention
-kernels, instead of ~15 launches each paying Python's launch cost. Measured on the H200,
+everything else in a layer can. Everything between two attentions — layer l-1 after
+its attention (o GEMM, norm, MLP) and layer l before its own (norm, qkv GEMM, q/k norm,
+rotary) — is one piece, captured at padded token counts and replayed around an eager
+attention call: per layer one graph launch and the attention kernels, instead of ~15
+launches each paying Python's launch cost (and cuBLAS's per-shape heuristics, ~80 µs a GEMM
+at a token count not seen before). Measured on the H200,
 eager mixed steps were host-launch-bound (~40 ms for ~20 ms of GPU work,
 benchmarks/results/offline_sharegpt_h200.json); this is the fix, opt-in
 (`--piecewise-graphs`) until it is measured there.
@@ -32,10 +34,14 @@ if TYPE_CHECKING:
 
 
 def piecewise_sizes(max_tokens: int) -> list[int]:
-    sizes, t = [], 64
+    """Padded token counts the pieces are captured at: every 32 up to 512, then a step of
+    1/16 to 1/8 of the size (64 to 1024, 128 to 2048, ...). A step pads to the next size, so
+    at most ~12 % of its GEMM rows are padding (powers of two wasted up to half: a 532-token
+    mixed step ran as 1024)."""
+    sizes, t = [], 32
     while t < max_tokens:
         sizes.append(t)
-        t *= 2
+        t += max(32, 1 << max(0, (t - 1).bit_length() - 4))
     return [*sizes, max_tokens]
 
 
@@ -53,7 +59,7 @@ class PiecewiseGraphs:
         self.v = torch.zeros(m, cfg.num_kv_heads, cfg.head_dim, dtype=dt, device=dev)
         self.attn_out = torch.zeros(m, cfg.num_heads, cfg.head_dim, dtype=dt, device=dev)
         self.capture_graphs = capture
-        self.graphs: dict[tuple[int, int, str], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (piece, size)
         self.pool: Any = None
 
     def _ctx(self) -> ForwardContext:
@@ -76,13 +82,18 @@ class PiecewiseGraphs:
         self.hidden[:t].copy_(x)
         self.residual[:t].copy_(res)
 
-    def _piece(self, layer_idx: int, t: int, which: str, ctx: ForwardContext) -> None:
-        layer = self.runner.model.layers[layer_idx]
-        assert isinstance(layer, DecoderLayer)
-        if which == "before":
-            self._before(layer, layer_idx == 0, t, ctx)
-        else:
-            self._after(layer, t, ctx)
+    def _piece(self, k: int, t: int, ctx: ForwardContext) -> None:
+        """Piece k: layer k-1 after its attention, then layer k up to its attention (the
+        first piece has no layer before it, the last none after); L + 1 pieces in all."""
+        layers = self.runner.model.layers
+        if k > 0:
+            prev = layers[k - 1]
+            assert isinstance(prev, DecoderLayer)
+            self._after(prev, t, ctx)
+        if k < len(layers):
+            layer = layers[k]
+            assert isinstance(layer, DecoderLayer)
+            self._before(layer, k == 0, t, ctx)
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -91,16 +102,15 @@ class PiecewiseGraphs:
         ctx = self._ctx()
         num_layers = len(self.runner.model.layers)
         for t in reversed(self.sizes):
-            for layer_idx in range(num_layers):
-                for which in ("before", "after"):
-                    self._piece(layer_idx, t, which, ctx)  # warm-up: Triton compiles here
-                    torch.cuda.synchronize()
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=self.pool):
-                        self._piece(layer_idx, t, which, ctx)
-                    if self.pool is None:
-                        self.pool = graph.pool()
-                    self.graphs[(layer_idx, t, which)] = graph
+            for k in range(num_layers + 1):
+                self._piece(k, t, ctx)  # warm-up: Triton compiles here
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool):
+                    self._piece(k, t, ctx)
+                if self.pool is None:
+                    self.pool = graph.pool()
+                self.graphs[(k, t)] = graph
         torch.cuda.synchronize()
 
     def padded(self, num_tokens: int) -> int | None:
@@ -120,20 +130,20 @@ class PiecewiseGraphs:
         self.hidden[:n] = F.embedding(input_ids, model.embed)
         self.positions[:n].copy_(positions)
         self.positions[n:t].zero_()
+        self._run(0, t, ctx)
         for layer_idx, layer in enumerate(model.layers):
             assert isinstance(layer, DecoderLayer)
-            self._run(layer_idx, t, "before", ctx)
             out = r.attention.forward(layer_idx, self.q[:n], self.k[:n], self.v[:n], r.gpu_kv,
                                       meta, layer.attn.scale)
             self.attn_out[:n].copy_(out)
-            self._run(layer_idx, t, "after", ctx)
+            self._run(layer_idx + 1, t, ctx)
         x, _ = r.ops.fused_add_rms_norm(self.hidden[:n], self.residual[:n], model.final_norm,
                                         model.cfg.rms_norm_eps)
         return x
 
-    def _run(self, layer_idx: int, t: int, which: str, ctx: ForwardContext) -> None:
-        graph = self.graphs.get((layer_idx, t, which))
+    def _run(self, k: int, t: int, ctx: ForwardContext) -> None:
+        graph = self.graphs.get((k, t))
         if graph is not None:
             graph.replay()
         else:
-            self._piece(layer_idx, t, which, ctx)
+            self._piece(k, t, ctx)
