@@ -59,10 +59,9 @@ class DenseSegment:
     start_loc: torch.Tensor  # [B + 1] int32
 
 
-# Values that change from step to step are runtime arguments and never specialized on, so
-# the eager path compiles each kernel once instead of once per (splits, table width) seen.
-@triton.jit(do_not_specialize=["stride_bt", "num_splits"])
-def _decode_split_kernel(
+@triton.jit
+def decode_split(
+    b, kv_head, split, num_kv_heads,  # which (request, KV head, split); Hkv
     q_ptr, stride_qb, stride_qh,  # [B, Hq, D]
     kv_ptr, stride_kv_block, stride_kv_kv, stride_kv_tok, stride_kv_head,
     block_tables_ptr, stride_bt,  # [B, max_blocks]
@@ -75,9 +74,8 @@ def _decode_split_kernel(
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
     HAS_PREFIX: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
+    """One (request, KV head, split) of the decode: the body of `_decode_split_kernel`, shared
+    with the horizontally fused kernel (kvtier/kernels/fused_attention.py)."""
     seq_len = tl.load(seq_lens_ptr + b)
     # Each request cuts its own context into num_splits tile-aligned ranges: the grid depends
     # only on (B, Hkv, num_splits), so a captured CUDA graph stays valid as lengths grow.
@@ -136,10 +134,38 @@ def _decode_split_kernel(
         dst = out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :]
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=w_mask)
     else:
-        row = (b * (G * tl.num_programs(1)) + heads) * num_splits + split  # [G_PAD]
+        row = (b * (G * num_kv_heads) + heads) * num_splits + split  # [G_PAD]
         tl.store(part_ptr + row[:, None] * HEAD_DIM + d[None, :], o, mask=w_mask)
         tl.store(lse_ptr + row, tl.where(has, m + tl.log2(tl.where(has, l_i, 1.0)),
                                          float("-inf")), mask=g_ok)
+
+
+# Values that change from step to step are runtime arguments and never specialized on, so
+# the eager path compiles each kernel once instead of once per (splits, table width) seen.
+@triton.jit(do_not_specialize=["stride_bt", "num_splits"])
+def _decode_split_kernel(
+    q_ptr, stride_qb, stride_qh,  # [B, Hq, D]
+    kv_ptr, stride_kv_block, stride_kv_kv, stride_kv_tok, stride_kv_head,
+    block_tables_ptr, stride_bt,  # [B, max_blocks]
+    seq_lens_ptr,  # [B]
+    pk_ptr, pv_ptr, stride_p_tok, stride_p_head, prefix_loc_ptr,  # dense prefix (optional)
+    out_ptr, stride_ob, stride_oh,  # [B, Hq, D] (SINGLE_SPLIT)
+    part_ptr, lse_ptr,  # [B, Hq, num_splits, D] fp32, [B, Hq, num_splits] fp32
+    qk_scale, num_splits,
+    G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
+    HAS_PREFIX: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):
+    decode_split(
+        tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(1),
+        q_ptr, stride_qb, stride_qh,
+        kv_ptr, stride_kv_block, stride_kv_kv, stride_kv_tok, stride_kv_head,
+        block_tables_ptr, stride_bt, seq_lens_ptr,
+        pk_ptr, pv_ptr, stride_p_tok, stride_p_head, prefix_loc_ptr,
+        out_ptr, stride_ob, stride_oh, part_ptr, lse_ptr, qk_scale, num_splits,
+        G, G_PAD, HEAD_DIM, D_PAD, BLOCK_SIZE, BLOCK_N, SINGLE_SPLIT, HAS_PREFIX, UPCAST,
+        PRECISION,
+    )
 
 
 @triton.jit(do_not_specialize=["num_splits"])

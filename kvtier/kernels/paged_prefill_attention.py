@@ -50,6 +50,78 @@ def _find_request(query_start_loc_ptr, tile, num_reqs, q_base, BLOCK_Q: tl.const
     return lo - 1
 
 
+@triton.jit
+def prefill_tile(
+    tile, kv_head,  # which query tile (see the module docstring) and which KV head
+    q_ptr, stride_qt, stride_qh,  # [T, Hq, D]
+    kv_ptr, stride_kv_block, stride_kv_kv, stride_kv_tok, stride_kv_head,
+    block_tables_ptr, stride_bt,  # [R, max_blocks]
+    seq_lens_ptr, query_start_loc_ptr,  # [R], [R + 1] (absolute token offsets)
+    out_ptr, stride_ot, stride_oh,  # [T, Hq, D]
+    qk_scale, num_reqs, q_base,
+    G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """One (query tile, KV head) of the varlen prefill: the body of `_prefill_kernel`, shared
+    with the horizontally fused kernel (kvtier/kernels/fused_attention.py). A tile past its
+    request's last query token (the at most one spare tile per request) does nothing; that is
+    an `if`, not an early return, so the function can sit inside a persistent loop."""
+    b = _find_request(query_start_loc_ptr, tile, num_reqs, q_base, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + b)
+    q_len = tl.load(query_start_loc_ptr + b + 1) - q_start
+    local = tile - ((q_start - q_base) // BLOCK_Q + b)
+    if local * BLOCK_Q < q_len:
+        seq_len = tl.load(seq_lens_ptr + b)
+        ctx = seq_len - q_len
+
+        r = tl.arange(0, BLOCK_M)  # BLOCK_M = BLOCK_Q * G_PAD
+        t = local * BLOCK_Q + r // G_PAD  # query token within the request
+        g = r % G_PAD
+        row_ok = (t < q_len) & (g < G)
+        d = tl.arange(0, D_PAD)
+        d_ok = d < HEAD_DIM
+        q_off = (q_start + t).to(tl.int64) * stride_qt + (kv_head * G + g) * stride_qh
+        q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=row_ok[:, None] & d_ok[None, :],
+                    other=0.0)  # [BLOCK_M, D_PAD]
+        if UPCAST:
+            q = q.to(tl.float32)
+        q_pos = ctx + t  # [BLOCK_M] absolute positions (padding rows past q_len see everything)
+
+        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+        n = tl.arange(0, BLOCK_N)
+        bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+        first_q_pos = ctx + local * BLOCK_Q
+        # Phase 1: whole tiles of keys before the tile's first query position: no mask needed.
+        unmasked_end = (first_q_pos // BLOCK_N) * BLOCK_N
+        all_rows = tl.full([1, BLOCK_N], 1, tl.int1)
+        for start in range(0, unmasked_end, BLOCK_N):
+            pos = start + n
+            k, v = load_paged_kv_tile(kv_ptr, bt_row, pos, pos < unmasked_end, d, d_ok, kv_head,
+                                      stride_kv_block, stride_kv_kv, stride_kv_tok,
+                                      stride_kv_head, BLOCK_SIZE, UPCAST)
+            m, l_i, acc = online_softmax_update(q, k, v, m, l_i, acc, all_rows, qk_scale,
+                                                PRECISION)
+        # Phase 2: the diagonal, up to the tile's last query position.
+        kv_end = tl.minimum(seq_len, first_q_pos + BLOCK_Q)
+        for start in range(unmasked_end, kv_end, BLOCK_N):
+            pos = start + n
+            valid = pos < kv_end
+            k, v = load_paged_kv_tile(kv_ptr, bt_row, pos, valid, d, d_ok, kv_head,
+                                      stride_kv_block, stride_kv_kv, stride_kv_tok,
+                                      stride_kv_head, BLOCK_SIZE, UPCAST)
+            causal = valid[None, :] & (pos[None, :] <= q_pos[:, None])
+            m, l_i, acc = online_softmax_update(q, k, v, m, l_i, acc, causal, qk_scale,
+                                                PRECISION)
+
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        o_off = (q_start + t).to(tl.int64) * stride_ot + (kv_head * G + g) * stride_oh
+        tl.store(out_ptr + o_off[:, None] + d[None, :], o.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & d_ok[None, :])
+
+
 # Per-step values (request count, row offset, table width) are not specialized on: one compile
 # serves every batch instead of one per divisibility class seen.
 @triton.jit(do_not_specialize=["stride_bt", "num_reqs", "q_base"])
@@ -66,60 +138,14 @@ def _prefill_kernel(
 ):
     # Reversed, so the heaviest tiles (late in a long prompt, they see the most keys) start
     # first and the light ones fill the tail of the launch.
-    tile = tl.num_programs(0) - 1 - tl.program_id(0)
-    kv_head = tl.program_id(1)
-    b = _find_request(query_start_loc_ptr, tile, num_reqs, q_base, BLOCK_Q)
-    q_start = tl.load(query_start_loc_ptr + b)
-    q_len = tl.load(query_start_loc_ptr + b + 1) - q_start
-    local = tile - ((q_start - q_base) // BLOCK_Q + b)
-    if local * BLOCK_Q >= q_len:
-        return
-    seq_len = tl.load(seq_lens_ptr + b)
-    ctx = seq_len - q_len
-
-    r = tl.arange(0, BLOCK_M)  # BLOCK_M = BLOCK_Q * G_PAD
-    t = local * BLOCK_Q + r // G_PAD  # query token within the request
-    g = r % G_PAD
-    row_ok = (t < q_len) & (g < G)
-    d = tl.arange(0, D_PAD)
-    d_ok = d < HEAD_DIM
-    q_off = (q_start + t).to(tl.int64) * stride_qt + (kv_head * G + g) * stride_qh
-    q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=row_ok[:, None] & d_ok[None, :],
-                other=0.0)  # [BLOCK_M, D_PAD]
-    if UPCAST:
-        q = q.to(tl.float32)
-    q_pos = ctx + t  # [BLOCK_M] absolute positions (padding rows past q_len see everything)
-
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-    n = tl.arange(0, BLOCK_N)
-    bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
-    first_q_pos = ctx + local * BLOCK_Q
-    # Phase 1: whole tiles of keys before the tile's first query position: no mask needed.
-    unmasked_end = (first_q_pos // BLOCK_N) * BLOCK_N
-    all_rows = tl.full([1, BLOCK_N], 1, tl.int1)
-    for start in range(0, unmasked_end, BLOCK_N):
-        pos = start + n
-        k, v = load_paged_kv_tile(kv_ptr, bt_row, pos, pos < unmasked_end, d, d_ok, kv_head,
-                                  stride_kv_block, stride_kv_kv, stride_kv_tok, stride_kv_head,
-                                  BLOCK_SIZE, UPCAST)
-        m, l_i, acc = online_softmax_update(q, k, v, m, l_i, acc, all_rows, qk_scale, PRECISION)
-    # Phase 2: the diagonal, up to the tile's last query position.
-    kv_end = tl.minimum(seq_len, first_q_pos + BLOCK_Q)
-    for start in range(unmasked_end, kv_end, BLOCK_N):
-        pos = start + n
-        valid = pos < kv_end
-        k, v = load_paged_kv_tile(kv_ptr, bt_row, pos, valid, d, d_ok, kv_head,
-                                  stride_kv_block, stride_kv_kv, stride_kv_tok, stride_kv_head,
-                                  BLOCK_SIZE, UPCAST)
-        causal = valid[None, :] & (pos[None, :] <= q_pos[:, None])
-        m, l_i, acc = online_softmax_update(q, k, v, m, l_i, acc, causal, qk_scale, PRECISION)
-
-    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    o_off = (q_start + t).to(tl.int64) * stride_ot + (kv_head * G + g) * stride_oh
-    tl.store(out_ptr + o_off[:, None] + d[None, :], o.to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & d_ok[None, :])
+    prefill_tile(
+        tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1),
+        q_ptr, stride_qt, stride_qh,
+        kv_ptr, stride_kv_block, stride_kv_kv, stride_kv_tok, stride_kv_head,
+        block_tables_ptr, stride_bt, seq_lens_ptr, query_start_loc_ptr,
+        out_ptr, stride_ot, stride_oh, qk_scale, num_reqs, q_base,
+        G, G_PAD, HEAD_DIM, D_PAD, BLOCK_SIZE, BLOCK_Q, BLOCK_M, BLOCK_N, UPCAST, PRECISION,
+    )
 
 
 def _default_tiles(G: int, dtype: torch.dtype, interpret: bool) -> tuple[int, int]:
