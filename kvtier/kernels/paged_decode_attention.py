@@ -228,6 +228,57 @@ def _default_block_n(head_dim: int, dtype: torch.dtype) -> int:
     return n // 2 if dtype == torch.float32 else n
 
 
+def check_decode_args(
+    q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+    seq_lens: torch.Tensor, out: torch.Tensor | None, prefix: DenseSegment | None,
+) -> torch.Tensor:
+    """Shape, dtype and stride checks of a decode problem; returns `out`, allocated if None."""
+    B, Hq, D = q.shape
+    _, two, block_size, Hkv, Dk = kv_cache.shape
+    check(two == 2 and Dk == D, f"kv_cache {tuple(kv_cache.shape)} does not match q {q.shape}")
+    check(Hq % Hkv == 0, f"Hq={Hq} is not a multiple of Hkv={Hkv}")
+    check(block_tables.dim() == 2 and block_tables.shape[0] >= B, "block_tables: [B, max_blocks]")
+    check(block_tables.dtype == torch.int32 and seq_lens.dtype == torch.int32,
+          "block_tables and seq_lens must be int32")
+    check(seq_lens.shape[0] >= B and seq_lens.is_contiguous(), "seq_lens: contiguous [B]")
+    check(block_tables.stride(1) == 1, "block_tables rows must be contiguous")
+    check(kv_cache.dtype == q.dtype, f"dtype mismatch: q {q.dtype}, kv {kv_cache.dtype}")
+    for name, t in (("q", q), ("kv_cache", kv_cache)):
+        check_last_dim_contiguous(name, t)
+    if out is None:
+        out = torch.empty_like(q)
+    check(out.shape == q.shape and out.stride(-1) == 1, "out: [B, Hq, D], last dim contiguous")
+    if prefix is not None:
+        check(prefix.k.shape[1:] == (Hkv, D) and prefix.v.shape == prefix.k.shape,
+              "prefix k/v: [rows, Hkv, D]")
+        check(prefix.k.stride() == prefix.v.stride() and prefix.k.stride(-1) == 1,
+              "prefix k and v need equal strides, last dim contiguous")
+        check(prefix.k.dtype == q.dtype and prefix.start_loc.dtype == torch.int32,
+              "prefix: same dtype as q, int32 start_loc")
+    return out
+
+
+def split_partials(out: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 partial outputs [B, Hq, num_splits, D] and their log2-sum-exp [B, Hq, num_splits];
+    with one split the kernel writes `out` directly and these are placeholders."""
+    if num_splits == 1:
+        return out, out
+    B, Hq, D = out.shape
+    part = torch.empty(B, Hq, num_splits, D, dtype=torch.float32, device=out.device)
+    lse = torch.empty(B, Hq, num_splits, dtype=torch.float32, device=out.device)
+    return part, lse
+
+
+def reduce_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> None:
+    """Merges the splits' partial outputs into `out` [B, Hq, D] (one small launch)."""
+    B, Hq, num_splits, D = part.shape
+    _reduce_splits_kernel[(B, Hq)](
+        part, lse, out, out.stride(0), out.stride(1),
+        num_splits, S_PAD=next_pow2(num_splits), HEAD_DIM=D, D_PAD=next_pow2(D),
+        num_warps=4,
+    )
+
+
 def paged_decode_attention(
     q: torch.Tensor,  # [B, Hq, D]
     kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D] (one layer's view)
@@ -244,29 +295,10 @@ def paged_decode_attention(
     num_stages: int = 3,
 ) -> torch.Tensor:  # [B, Hq, D]
     B, Hq, D = q.shape
-    _, two, block_size, Hkv, Dk = kv_cache.shape
-    check(two == 2 and Dk == D, f"kv_cache {tuple(kv_cache.shape)} does not match q {q.shape}")
-    check(Hq % Hkv == 0, f"Hq={Hq} is not a multiple of Hkv={Hkv}")
-    check(block_tables.dim() == 2 and block_tables.shape[0] >= B, "block_tables: [B, max_blocks]")
-    check(block_tables.dtype == torch.int32 and seq_lens.dtype == torch.int32,
-          "block_tables and seq_lens must be int32")
-    check(seq_lens.shape[0] >= B and seq_lens.is_contiguous(), "seq_lens: contiguous [B]")
-    check(block_tables.stride(1) == 1, "block_tables rows must be contiguous")
-    check(kv_cache.dtype == q.dtype, f"dtype mismatch: q {q.dtype}, kv {kv_cache.dtype}")
-    for name, t in (("q", q), ("kv_cache", kv_cache)):
-        check_last_dim_contiguous(name, t)
-    if out is None:
-        out = torch.empty_like(q)
-    check(out.shape == q.shape and out.stride(-1) == 1, "out: [B, Hq, D], last dim contiguous")
+    block_size, Hkv = kv_cache.shape[2], kv_cache.shape[3]
+    out = check_decode_args(q, kv_cache, block_tables, seq_lens, out, prefix)
     if B == 0:
         return out
-    if prefix is not None:
-        check(prefix.k.shape[1:] == (Hkv, D) and prefix.v.shape == prefix.k.shape,
-              "prefix k/v: [rows, Hkv, D]")
-        check(prefix.k.stride() == prefix.v.stride() and prefix.k.stride(-1) == 1,
-              "prefix k and v need equal strides, last dim contiguous")
-        check(prefix.k.dtype == q.dtype and prefix.start_loc.dtype == torch.int32,
-              "prefix: same dtype as q, int32 start_loc")
     block_n = block_n or _default_block_n(D, q.dtype)
     if num_splits is None:
         if max_seq_len is None:
@@ -275,11 +307,7 @@ def paged_decode_attention(
         num_splits = default_num_splits(B, Hkv, max_seq_len, num_sms(q.device), per_sm)
     G = Hq // Hkv
     D_PAD = next_pow2(D)
-    if num_splits > 1:
-        part = torch.empty(B, Hq, num_splits, D, dtype=torch.float32, device=q.device)
-        lse = torch.empty(B, Hq, num_splits, dtype=torch.float32, device=q.device)
-    else:
-        part = lse = out  # unused
+    part, lse = split_partials(out, num_splits)
     pk = prefix.k if prefix is not None else q
     pv = prefix.v if prefix is not None else q
     ploc = prefix.start_loc if prefix is not None else seq_lens
@@ -298,11 +326,7 @@ def paged_decode_attention(
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
-        _reduce_splits_kernel[(B, Hq)](
-            part, lse, out, out.stride(0), out.stride(1),
-            num_splits, S_PAD=next_pow2(num_splits), HEAD_DIM=D, D_PAD=D_PAD,
-            num_warps=4,
-        )
+        reduce_splits(part, lse, out)
     return out
 
 

@@ -161,22 +161,11 @@ def _default_tiles(G: int, dtype: torch.dtype, interpret: bool) -> tuple[int, in
     return 64, 64
 
 
-def paged_prefill_attention(
-    q: torch.Tensor,  # [T, Hq, D]
-    kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D] (one layer's view)
-    block_tables: torch.Tensor,  # [R, max_blocks] int32
-    seq_lens: torch.Tensor,  # [R] int32, context length after this step
-    query_start_loc: torch.Tensor,  # [R + 1] int32, absolute offsets into q's rows
-    scale: float,
-    *,
-    num_tokens: int | None = None,  # host count of rows from query_start_loc[0] (no sync)
-    q_base: int = 0,  # host copy of query_start_loc[0]
-    out: torch.Tensor | None = None,  # [T, Hq, D]; only the rows of these requests are written
-    block_m: int | None = None,
-    block_n: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int = 2,
+def check_prefill_args(
+    q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+    seq_lens: torch.Tensor, query_start_loc: torch.Tensor, out: torch.Tensor | None,
 ) -> torch.Tensor:
+    """Shape, dtype and stride checks of a prefill problem; returns `out`, allocated if None."""
     T, Hq, D = q.shape
     _, two, block_size, Hkv, Dk = kv_cache.shape
     R = seq_lens.shape[0]
@@ -196,16 +185,50 @@ def paged_prefill_attention(
     if out is None:
         out = torch.empty_like(q)
     check(out.shape == q.shape and out.stride(-1) == 1, "out: [T, Hq, D], last dim contiguous")
+    return out
+
+
+def prefill_tile_shape(G: int, q: torch.Tensor, block_m: int | None,
+                       block_n: int | None) -> tuple[int, int]:
+    """(BLOCK_Q query tokens per tile, BLOCK_N keys per tile); a tile has BLOCK_Q * G_PAD rows."""
+    default_m, default_n = _default_tiles(G, q.dtype, q.device.type == "cpu")
+    block_m, block_n = block_m or default_m, block_n or default_n
+    block_q = max(1, block_m // next_pow2(G))
+    check(block_q * next_pow2(G) >= 16, "BLOCK_M must cover at least 16 rows for tl.dot")
+    return block_q, block_n
+
+
+def num_tiles(num_tokens: int, num_reqs: int, block_q: int) -> int:
+    """Query tiles of a batch, without a sync: an upper bound, at most one spare per request."""
+    return num_tokens // block_q + num_reqs
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,  # [T, Hq, D]
+    kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D] (one layer's view)
+    block_tables: torch.Tensor,  # [R, max_blocks] int32
+    seq_lens: torch.Tensor,  # [R] int32, context length after this step
+    query_start_loc: torch.Tensor,  # [R + 1] int32, absolute offsets into q's rows
+    scale: float,
+    *,
+    num_tokens: int | None = None,  # host count of rows from query_start_loc[0] (no sync)
+    q_base: int = 0,  # host copy of query_start_loc[0]
+    out: torch.Tensor | None = None,  # [T, Hq, D]; only the rows of these requests are written
+    block_m: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int = 2,
+) -> torch.Tensor:
+    T, Hq, D = q.shape
+    block_size, Hkv, R = kv_cache.shape[2], kv_cache.shape[3], seq_lens.shape[0]
+    out = check_prefill_args(q, kv_cache, block_tables, seq_lens, query_start_loc, out)
     if num_tokens is None:
         num_tokens = T - q_base
     if R == 0 or num_tokens == 0:
         return out
     G, G_PAD = Hq // Hkv, next_pow2(Hq // Hkv)
-    default_m, default_n = _default_tiles(G, q.dtype, q.device.type == "cpu")
-    block_m, block_n = block_m or default_m, block_n or default_n
-    block_q = max(1, block_m // G_PAD)
-    check(block_q * G_PAD >= 16, "BLOCK_M must cover at least 16 rows for tl.dot")
-    grid = (num_tokens // block_q + R, Hkv)
+    block_q, block_n = prefill_tile_shape(G, q, block_m, block_n)
+    grid = (num_tiles(num_tokens, R, block_q), Hkv)
     _prefill_kernel[grid](
         q, q.stride(0), q.stride(1),
         kv_cache, kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
