@@ -7,6 +7,7 @@ import torch
 
 from kvtier.kernels import rms_norm as _rms
 from kvtier.kernels import rotary as _rot
+from kvtier.kernels import silu_and_mul as _act
 
 
 class TritonOps:
@@ -30,3 +31,7 @@ class TritonOps:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Neox-style rotary (rotate halves); out-of-place, like TorchOps."""
         return _rot.rotary(q, k, positions, cos_sin_cache)
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of a fused [..., 2I] gate_up projection."""
+        return _act.silu_and_mul(gate_up)

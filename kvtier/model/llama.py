@@ -79,9 +79,8 @@ class MLP(nn.Module):
         self.gate_up_weight = _param(2 * cfg.intermediate_size, cfg.hidden_size, dtype=dtype)
         self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size, dtype=dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up_weight).split(self.inter, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_weight)
+    def forward(self, x: torch.Tensor, ops: TorchOps) -> torch.Tensor:
+        return F.linear(ops.silu_and_mul(F.linear(x, self.gate_up_weight)), self.down_weight)
 
 
 class DecoderLayer(nn.Module):
@@ -129,7 +128,7 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.attn.project_out(out)
         x, residual = ops.fused_add_rms_norm(x, residual, self.post_attn_norm, self.eps)
-        return self.mlp(x), residual
+        return self.mlp(x, ops), residual
 
 
 class ForwardContext:
