@@ -9,7 +9,7 @@ recompute attention), two layer views of one paged pool. For each variant:
   loop_us  back-to-back calls, events around the loop: max(host, GPU) as a step sees it
 plus each kernel alone, so `sum` (sequential) and `max` (perfect overlap) are on record.
 
-  python benchmarks/bench_hfusion.py --out benchmarks/results/hfusion_h200.json   (~40 s)
+  python -m benchmarks.bench_hfusion --out benchmarks/results/hfusion_h200.json   (~30 s)
 """
 
 from __future__ import annotations
@@ -128,15 +128,14 @@ def bench_case(model: str, batch: int, ctx: int, prefix: int, reps: int) -> dict
     sms = num_sms(dev)
     splits: dict[str, Any] = {}
 
-    def fused(prefill_programs: int | None = None) -> Callable[[], None]:
+    def fused(key: str, **kw: Any) -> Callable[[], None]:
         def call() -> None:
-            _, _, split = fused_paged_attention(prefill, decode, scale,
-                                                prefill_programs=prefill_programs)
-            splits[str(prefill_programs)] = split.__dict__
+            _, _, split = fused_paged_attention(prefill, decode, scale, **kw)
+            splits[key] = split.__dict__
         return call
 
     # Correctness of this very case before timing it.
-    fused()()
+    fused("check")()
     ref_dec, ref_pre = dec_out.clone(), pre_out.clone()
     sequential()
     err = max(((a.float() - b.float()).norm() / b.float().norm()).item()
@@ -147,15 +146,18 @@ def bench_case(model: str, batch: int, ctx: int, prefix: int, reps: int) -> dict
         "prefill_alone": run_prefill,
         "sequential": sequential,
         "two_streams": two_streams,
-        "fused": fused(),
-        "fused_one_prefill_per_sm": fused(sms),
+        "fused": fused("fused"),  # one program per item, interleaved
+        "fused_stages3": fused("fused_stages3", num_stages=3),
+        "fused_persistent": fused("fused_persistent", persistent=True),  # FLOP/byte split
+        "fused_persistent_one_prefill_per_sm": fused(
+            "fused_persistent_one_prefill_per_sm", persistent=True, prefill_programs=sms),
     }
     times = {name: measure(fn, reps) for name, fn in variants.items()}
     out = {
         "model": model, "batch": batch, "ctx": ctx, "prefix": prefix, "prefill_reqs": n_pre,
         "prefill_tflop": round(flops / 1e12, 4), "decode_gb": round(nbytes / 1e9, 3),
         "fused_vs_reference_rel_err": err,
-        "split": splits["None"], "split_one_prefill_per_sm": splits[str(sms)],
+        "splits": {k: v for k, v in splits.items() if k != "check"},
         **{f"{k}": v for k, v in times.items()},
         "speedup_fused_vs_sequential_gpu": round(
             times["sequential"]["gpu_us"] / times["fused"]["gpu_us"], 3),
@@ -181,13 +183,16 @@ def main() -> None:
         for batch, ctx, prefix in QUICK_CASES if args.quick else CASES:
             r = bench_case(model, batch, ctx, prefix, args.reps)
             rows.append(r)
+            sp = r["splits"]["fused_persistent"]
             torch.cuda.empty_cache()
             print(f"{model:13s} B={batch:3d} ctx={ctx:4d} prefix={prefix:3d} "
-                  f"split={r['split']['prefill_programs']}/{r['split']['decode_programs']} "
+                  f"pers.split={sp['prefill_programs']}/{sp['decode_programs']} "
                   f"err={r['fused_vs_reference_rel_err']:.1e} | gpu us: "
                   f"dec {r['decode_alone']['gpu_us']:.0f} pre {r['prefill_alone']['gpu_us']:.0f} "
                   f"seq {r['sequential']['gpu_us']:.0f} 2str {r['two_streams']['gpu_us']:.0f} "
-                  f"fused {r['fused']['gpu_us']:.0f} fused/sm {r['fused_one_prefill_per_sm']['gpu_us']:.0f}"
+                  f"fused {r['fused']['gpu_us']:.0f} s3 {r['fused_stages3']['gpu_us']:.0f} "
+                  f"pers {r['fused_persistent']['gpu_us']:.0f} "
+                  f"pers/sm {r['fused_persistent_one_prefill_per_sm']['gpu_us']:.0f}"
                   f" | host us: seq {r['sequential']['host_us']:.0f} "
                   f"2str {r['two_streams']['host_us']:.0f} fused {r['fused']['host_us']:.0f}",
                   flush=True)

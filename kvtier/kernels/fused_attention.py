@@ -6,22 +6,27 @@ layer. The two problems are independent (own q, KV view, block tables, lengths, 
 compute-bound and one memory-bound, so they share the GPU better side by side than one after
 the other, and one launch instead of two saves ~45-95 us of host time per layer.
 
-Program split (persistent programs, one wave):
+Work items: prefill item w -> (query tile num_tiles - 1 - w // Hkv, KV head w % Hkv), the
+heaviest tiles first as in `_prefill_kernel`; decode item w -> (request, KV head, split),
+split fastest. Two schedules map programs to items:
 
-    program p:  [0, P_prefill)                    prefill: work items p, p + P_prefill, ...
-                [P_prefill, P_prefill + P_decode)  decode:  work items p - P_prefill, + P_decode, ...
+    interleaved (default)  one program per item, N = P + D programs; program p is a prefill
+                           item iff floor((p+1) P / N) > floor(p P / N). The hardware issues
+                           programs in order, so both parts progress at the same pace and
+                           every SM holds a mix of compute-bound and memory-bound programs.
+    persistent             PROGRAMS_PER_SM x SMs programs, [0, P_prefill) loop over prefill
+                           items, the rest over decode items (the paper's SM split).
+                           `split_programs` divides them by the two parts' estimated times
+                           (FLOPs at the prefill kernel's rate, bytes at the decode kernel's),
+                           rounded to whole programs. Measured slower than the interleaved
+                           schedule on the H200 (benchmarks/bench_hfusion.py): a static split
+                           misjudges small prefills, and fewer resident decode programs cannot
+                           keep HBM busy.
 
-    prefill work item w -> (query tile num_tiles - 1 - w // Hkv, KV head w % Hkv)
-                           (heaviest tiles first, as in `_prefill_kernel`)
-    decode work item  w -> (request, KV head, split), split fastest
-
-The bodies are the same @triton.jit functions the standalone kernels call
-(`prefill_tile`, `decode_split`), so the fused kernel is exact wherever they are. The total
-program count is about the number of resident slots (2 per SM), so both parts are on the
-GPU together; `split_programs` divides it by the two parts' estimated times (FLOPs at the
-prefill kernel's measured rate, bytes at the decode kernel's), rounded to whole programs.
-Decode splits > 1 (only when the batch is too small to feed its programs) are merged by the
-decode kernel's reduce, a second small launch.
+The bodies are the same @triton.jit functions the standalone kernels call (`prefill_tile`,
+`decode_split`), so the fused kernel is exact wherever they are. Decode splits > 1 (only
+when the batch is too small to fill the GPU) are merged by the decode kernel's reduce, a
+second small launch.
 """
 
 from __future__ import annotations
@@ -38,8 +43,10 @@ from kvtier.kernels.paged_decode_attention import (
     MIN_TOKENS_PER_SPLIT,
     DenseSegment,
     _default_block_n,
+    _programs_per_sm,
     check_decode_args,
     decode_split,
+    default_num_splits,
     paged_decode_attention_ref,
     reduce_splits,
     split_partials,
@@ -141,11 +148,22 @@ def _fused_attention_kernel(
     P_G: tl.constexpr, P_G_PAD: tl.constexpr, P_BLOCK_Q: tl.constexpr,
     P_BLOCK_M: tl.constexpr, P_BLOCK_N: tl.constexpr,
     D_G: tl.constexpr, D_G_PAD: tl.constexpr, D_BLOCK_N: tl.constexpr,
-    D_SINGLE_SPLIT: tl.constexpr, D_HAS_PREFIX: tl.constexpr,
+    D_SINGLE_SPLIT: tl.constexpr, D_HAS_PREFIX: tl.constexpr, PERSISTENT: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    if pid < p_programs:
-        for w in range(pid, p_work, p_programs):
+    if PERSISTENT:  # programs [0, p_programs) prefill, the rest decode, each looping
+        is_prefill = pid < p_programs
+        p_first, p_end, p_step = pid, p_work, p_programs
+        d_first, d_end, d_step = pid - p_programs, d_work, d_programs
+    else:  # one item per program; program p is prefill iff c(p + 1) > c(p), c(p) = p * P / N
+        n = p_work + d_work
+        c0 = (pid.to(tl.int64) * p_work // n).to(tl.int32)  # prefill items before p
+        c1 = ((pid + 1).to(tl.int64) * p_work // n).to(tl.int32)
+        is_prefill = c1 > c0
+        p_first, p_end, p_step = c0, c0 + 1, 1
+        d_first, d_end, d_step = pid - c0, pid - c0 + 1, 1
+    if is_prefill:
+        for w in range(p_first, p_end, p_step):
             prefill_tile(
                 p_tiles - 1 - w // p_num_kv_heads, w % p_num_kv_heads,
                 p_q_ptr, p_stride_qt, p_stride_qh,
@@ -156,7 +174,7 @@ def _fused_attention_kernel(
                 UPCAST, PRECISION,
             )
     else:
-        for w in range(pid - p_programs, d_work, d_programs):
+        for w in range(d_first, d_end, d_step):
             split = w % d_num_splits
             bh = w // d_num_splits
             decode_split(
@@ -188,8 +206,9 @@ def fused_paged_attention(
     decode: DecodeProblem | None,
     scale: float,
     *,
-    num_programs: int | None = None,  # total; default PROGRAMS_PER_SM per SM
-    prefill_programs: int | None = None,  # override the FLOP/byte split
+    persistent: bool = False,  # static SM split by the FLOP/byte ratio (see module doc)
+    num_programs: int | None = None,  # persistent: total; default PROGRAMS_PER_SM per SM
+    prefill_programs: int | None = None,  # persistent: override the FLOP/byte split
     prefill_block_m: int | None = None,
     prefill_block_n: int | None = None,
     decode_block_n: int | None = None,
@@ -219,6 +238,7 @@ def fused_paged_attention(
     p_work = d_work = 0
     p_time = d_time = 0.0
     d_splits = d_max_splits = 1
+    d_max_seq_len = 0
     p_warps = d_warps = 4
 
     if prefill is not None:
@@ -269,22 +289,31 @@ def fused_paged_attention(
             nbytes = decode_bytes(decode.seq_lens[:B].tolist(), Hkv, D, q.element_size())
         d_time = (nbytes or 0.0) / DECODE_BYTES_PER_S
         d_work = B * Hkv  # (request, head) pairs; times the splits below
+        d_max_seq_len = max_seq_len or 0
         if decode.num_splits is None:  # up to one split per MIN_TOKENS_PER_SPLIT tokens
-            d_max_splits = max(1, triton.cdiv(max_seq_len or 0, MIN_TOKENS_PER_SPLIT))
+            d_max_splits = max(1, triton.cdiv(d_max_seq_len, MIN_TOKENS_PER_SPLIT))
 
-    total = num_programs or PROGRAMS_PER_SM * num_sms(device)
-    if prefill_programs is not None:
-        p_progs = min(prefill_programs, p_work)
-        d_progs = min(total - p_progs, d_work * d_max_splits)
-    else:
-        p_progs, d_progs = split_programs(p_time, d_time, total, p_work, d_work * d_max_splits)
-    if d_work > 0:
-        if decode is not None and decode.num_splits is None:
+    if persistent:
+        total = num_programs or PROGRAMS_PER_SM * num_sms(device)
+        if prefill_programs is not None:
+            p_progs = min(prefill_programs, p_work)
+            d_progs = min(total - p_progs, d_work * d_max_splits)
+        else:
+            p_progs, d_progs = split_programs(p_time, d_time, total, p_work,
+                                              d_work * d_max_splits)
+        if d_work > 0 and decode is not None and decode.num_splits is None:
             # The fewest splits that give every decode program a work item: more splits
             # only add partial-output traffic.
             d_splits = min(d_max_splits, triton.cdiv(d_progs, d_work))
-        d_work *= d_splits
-        d_progs = min(max(d_progs, 1), d_work)
+    elif d_work > 0 and decode is not None and decode.num_splits is None:
+        # One program per item: split as the standalone decode would for the whole GPU.
+        per_sm = _programs_per_sm(d_meta["D_BLOCK_N"], D, dtype.itemsize, num_stages)
+        d_splits = default_num_splits(d_work, 1, d_max_seq_len, num_sms(device), per_sm)
+    d_work *= d_splits
+    if persistent:
+        d_progs = min(max(d_progs, 1), d_work) if d_work else 0
+    else:
+        p_progs, d_progs = p_work, d_work
     split = FusedSplit(p_progs, d_progs, p_work, d_work, d_splits)
     if p_progs + d_progs == 0:
         return p_out, d_out, split
@@ -327,6 +356,7 @@ def fused_paged_attention(
         HEAD_DIM=D, D_PAD=next_pow2(D), BLOCK_SIZE=block_size,
         UPCAST=upcast(dtype), PRECISION=dot_precision(dtype),
         **p_meta, **d_meta,
+        PERSISTENT=persistent,
         num_warps=num_warps or max(p_warps, d_warps), num_stages=num_stages,
     )
     if decode is not None and d_splits > 1:

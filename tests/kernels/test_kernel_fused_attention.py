@@ -55,32 +55,38 @@ def _check(prefill: PrefillProblem | None, decode: DecodeProblem | None, d: int,
         assert d_out is None and split.decode_programs == 0
 
 
+@pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("hq,hkv,d", [(4, 2, 64), (2, 2, 64), (8, 1, 128)])
-def test_fused_both_parts(dtype: torch.dtype, hq: int, hkv: int, d: int) -> None:
+def test_fused_both_parts(dtype: torch.dtype, hq: int, hkv: int, d: int,
+                          persistent: bool) -> None:
     # Different pools and layer views (F=4 slot 2 vs F=2 slot 1): strides and bases differ.
     prefill = _prefill([1, 20, 37, 5], [7, 50, 37, 60], hq, hkv, d, dtype,
                        layers_per_block=4, slot=2)
     decode = _decode([1, 16, 70, 33], hq, hkv, d, dtype, prefix_lens=[0, 5, 37, 0])
-    _check(prefill, decode, d)
+    _check(prefill, decode, d, persistent=persistent)
 
 
+@pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_prefill_only(dtype: torch.dtype) -> None:
-    _check(_prefill([3, 40, 17], [33, 40, 90], 4, 2, 64, dtype), None, 64)
+def test_fused_prefill_only(dtype: torch.dtype, persistent: bool) -> None:
+    _check(_prefill([3, 40, 17], [33, 40, 90], 4, 2, 64, dtype), None, 64,
+           persistent=persistent)
 
 
+@pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_decode_only(dtype: torch.dtype) -> None:
-    _check(None, _decode([20, 9, 75, 40], 4, 2, 64, dtype), 64)
+def test_fused_decode_only(dtype: torch.dtype, persistent: bool) -> None:
+    _check(None, _decode([20, 9, 75, 40], 4, 2, 64, dtype), 64, persistent=persistent)
 
 
+@pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("num_splits", [None, 3])
-def test_fused_decode_splits_and_reduce(num_splits: int | None) -> None:
+def test_fused_decode_splits_and_reduce(num_splits: int | None, persistent: bool) -> None:
     # One request x 2 heads < the decode programs: the default cuts each context in splits.
     decode = _decode([600], 4, 2, 64, torch.float32, num_splits=num_splits)
     prefill = _prefill([9], [30], 4, 2, 64, torch.float32)
-    p_out, d_out, split = fused_paged_attention(prefill, decode, 0.125)
+    p_out, d_out, split = fused_paged_attention(prefill, decode, 0.125, persistent=persistent)
     assert split.decode_splits == (num_splits or 3)  # cdiv(600, 256) caps the default
     p_ref, d_ref = fused_paged_attention_ref(prefill, decode, 0.125)
     assert_close(d_out, d_ref)  # type: ignore[arg-type]
@@ -92,7 +98,8 @@ def test_fused_program_counts(num_programs: int, prefill_programs: int | None) -
     """Few programs: each loops over many work items of its part."""
     prefill = _prefill([1, 20, 37], [7, 50, 37], 4, 2, 64, torch.float32)
     decode = _decode([1, 16, 70, 33, 5], 4, 2, 64, torch.float32)
-    _check(prefill, decode, 64, num_programs=num_programs, prefill_programs=prefill_programs)
+    _check(prefill, decode, 64, persistent=True, num_programs=num_programs,
+           prefill_programs=prefill_programs)
 
 
 def test_fused_mixed_step_same_layer() -> None:
@@ -107,7 +114,8 @@ def test_fused_mixed_step_same_layer() -> None:
                            out=out[:nd], max_seq_len=max(seq_lens))
     prefill = PrefillProblem(q, kv.layer, kv.block_tables[nd:], kv.seq_lens[nd:], qsl[nd:],
                              out=out, num_tokens=int(qsl[-1]) - nd, q_base=nd)
-    fused_paged_attention(prefill, decode, d**-0.5)
+    _, _, split = fused_paged_attention(prefill, decode, d**-0.5)
+    assert (split.prefill_programs, split.decode_programs) == (split.prefill_work, 3 * 2)
     p_ref, d_ref = fused_paged_attention_ref(prefill, decode, d**-0.5)
     assert p_ref is not None and d_ref is not None
     assert_close(out[:nd], d_ref)
@@ -135,6 +143,7 @@ def test_fused_gpu(dtype: torch.dtype, hq: int, hkv: int, d: int) -> None:
     ctx = [900, 0, 2000, 0, 1371, 16]
     prefill = _prefill(q_lens, [c + n for c, n in zip(ctx, q_lens)], hq, hkv, d, dtype,
                        layers_per_block=4, slot=3)
-    _check(prefill, decode, d)
-    _check(prefill, None, d)
-    _check(None, decode, d)
+    for persistent in (False, True):
+        _check(prefill, decode, d, persistent=persistent)
+        _check(prefill, None, d, persistent=persistent)
+        _check(None, decode, d, persistent=persistent)
