@@ -49,7 +49,8 @@ def engine_args(a: dict) -> EngineArgs:
     return EngineArgs(model=a["model"], load_format="dummy", max_model_len=a["max_model_len"],
                       max_num_seqs=a["max_num_seqs"], kv_policy=a["kv_policy"],
                       num_gpu_blocks=a.get("num_gpu_blocks"),
-                      num_host_blocks=a.get("num_host_blocks"))
+                      num_host_blocks=a.get("num_host_blocks"),
+                      piecewise_graphs=a.get("piecewise_graphs", False))
 
 
 def request_rows(result: RunResult) -> list[list]:
@@ -65,7 +66,8 @@ def run_real(args: argparse.Namespace) -> None:
     from kvtier.engine.llm_engine import LLMEngine
 
     cfg = {"model": args.model, "max_model_len": args.max_model_len,
-           "max_num_seqs": args.max_num_seqs, "kv_policy": args.kv_policy}
+           "max_num_seqs": args.max_num_seqs, "kv_policy": args.kv_policy,
+           "piecewise_graphs": args.piecewise_graphs}
     workload = {"path": args.workload, "num_requests": args.num_requests, "rate": args.rate,
                 "cv": args.cv, "seed": args.seed}
     reqs = load_requests(args.workload, args.num_requests, args.rate, args.cv, args.seed)
@@ -139,6 +141,8 @@ def main() -> None:
     r.add_argument("--max-model-len", type=int, default=4096)
     r.add_argument("--max-num-seqs", type=int, default=256)
     r.add_argument("--kv-policy", default="recompute")
+    r.add_argument("--piecewise-graphs", action="store_true",
+                   help="piecewise CUDA graphs for mixed steps (the sim phase follows the record)")
     r.add_argument("--out", required=True)
     r.set_defaults(func=run_real)
     s = sub.add_parser("sim")

@@ -8,7 +8,11 @@ this GPU, fit the cost model's calibration, write it.
                 prefill chunks alone, batched and after a cached prefix
     copies      the runner's swap-out / swap-in of 1..256 blocks
     steps       whole `ModelRunner.execute` calls on decode-only (graph), mixed and prefill
-                plans, plus the host time to issue an eager forward
+                plans (through piecewise graphs when the engine has them on:
+                --piecewise-graphs), plus the host time to issue an eager forward (and a
+                piecewise one)
+    launches    host time of the launches a piecewise step issues: a piece's graph replay,
+                the attention backend's wrappers, a torch copy
     serving     a short synthetic trace served by the engine, every step recorded: the host
                 parameters are fitted to these (the host's launch cost while serving is not
                 what back-to-back repetitions of one step show), the sweep steps check them
@@ -92,6 +96,10 @@ def profile_meta(engine: LLMEngine, hardware: str) -> dict:
         "max_num_batched_tokens": c.scheduler.max_num_batched_tokens,
         "block_size": c.cache.block_size, "layers_per_block": c.cache.layers_per_block,
         "block_bytes": engine.block_bytes, "cuda_graphs": runner.graphs is not None,
+        # the setting (the cost model prices pieces only with cuda_graphs, as the runner
+        # captures them) and whether this runner ran its mixed steps through them
+        "piecewise_graphs": bool(c.piecewise_graphs),
+        "piecewise_captured": bool(runner.piecewise is not None and runner.piecewise.graphs),
         "device": str(runner.device), "dtype": str(runner.dtype),
     }
 
@@ -128,6 +136,10 @@ def profile_engine(engine: LLMEngine, hardware: str, quick: bool = False, log: L
     t_max, max_len = sched.max_num_batched_tokens, sched.max_model_len
     rows = [m for m in q.get("gemm", GEMM_ROWS) if m <= t_max]
     tokens = [t for t in q.get("tokens", ELEMENTWISE_TOKENS) if t <= t_max]
+    if runner.piecewise is not None and runner.piecewise.graphs and not quick:
+        # pieces run their GEMMs and elementwise kernels at these padded counts exactly
+        rows = sorted({*rows, *runner.piecewise.sizes})
+        tokens = sorted({*tokens, *runner.piecewise.sizes})
     batches = [b for b in q.get("batches", DECODE_BATCHES) if b <= sched.max_num_seqs]
     contexts = [c for c in q.get("contexts", DECODE_CONTEXTS) if c < max_len]
     raw: dict = {"meta": profile_meta(engine, hardware)}
@@ -145,6 +157,7 @@ def profile_engine(engine: LLMEngine, hardware: str, quick: bool = False, log: L
     raw["attn_prefill"] = ops.prefill_cases(cases[:4] if quick else cases)
     checkpoint(raw)
     log(f"operators: {time.perf_counter() - t0:.1f} s")
+    raw["host_launches"] = ops.host_launches()
     steps = StepSweeper(runner, timer, ops.builder, log)
     raw["copies"] = steps.copies(q.get("copies", COPY_BLOCKS))
     checkpoint(raw)

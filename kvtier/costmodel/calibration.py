@@ -33,6 +33,15 @@ class HostParams:
     eager_s_per_req: float = 3e-6
     eager_s_per_token: float = 0.05e-6
     launch_s: float = 8e-6  # host time to issue one kernel in eager mode
+    # Piecewise CUDA graphs (steps with prefill rows, `EngineConfig.piecewise_graphs`): the
+    # same input preparation (eager_s...), then per layer the eager attention's launches, the
+    # copy of its output into the static buffer and one graph replay; see `CostModel`.
+    # Defaults: the wrappers' host cost measured on the H200 host (launch_overhead).
+    replay_s: float = 10e-6  # one piece's graph replay (CUDAGraph.replay)
+    attn_write_s: float = 45e-6  # the attention call up to kv_write, kv_write included
+    attn_decode_s: float = 96e-6  # the split-K decode wrapper (kernel + merge of the splits)
+    attn_prefill_s: float = 45e-6  # the varlen prefill wrapper
+    op_launch_s: float = 10e-6  # one torch op (a copy into a static buffer, the embedding)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from kvtier.config import ModelConfig
 from kvtier.costmodel.calibration import Calibration, HostParams, LoopParams, PrefillFit
 from kvtier.costmodel.curves import Curve, Grid
 from kvtier.costmodel.hardware import CopyCost, get_hardware
-from kvtier.costmodel.host_fit import fit_host, score_host
+from kvtier.costmodel.host_fit import fit_host, issue_launch_s, score_host
 from kvtier.costmodel.model import CostModel, CostModelConfig
 from kvtier.costmodel.operators import Shapes, attn_prefill
 
@@ -65,6 +65,25 @@ def fit_loop(raw: list) -> tuple[LoopParams, float]:
     return LoopParams(*map(float, x)), mape(a @ x, s)
 
 
+def launch_params(measured: dict | None) -> dict[str, float]:
+    """HostParams' piecewise launch costs from the profiler's `host_launches` sweep: the
+    attention call's host time over decode rows (D), prefill rows (P) and both (M) gives
+    kv_write and the rest of the call (P + D - M), the decode wrapper (M - P), the prefill
+    wrapper (M - D). Missing figures keep their defaults."""
+    if not measured:
+        return {}
+    out: dict[str, float] = {}
+    d, p, m = (measured.get(f"attn_{k}_s") for k in ("decode", "prefill", "mixed"))
+    if d is not None and p is not None and m is not None:
+        out.update(attn_write_s=max(0.0, p + d - m), attn_decode_s=max(0.0, m - p),
+                   attn_prefill_s=max(0.0, m - d))
+    if measured.get("op_s") is not None:
+        out["op_launch_s"] = float(measured["op_s"])
+    if measured.get("replay_s") is not None:
+        out["replay_s"] = float(measured["replay_s"])
+    return out
+
+
 def meta_model_config(meta: dict) -> ModelConfig:
     """The profiled model's architecture, as the raw measurements recorded it."""
     return ModelConfig.from_hf(meta["hf_config"], name=meta["model"])
@@ -74,7 +93,9 @@ def _model(calib: Calibration, meta: dict) -> CostModel:
     return CostModel(meta_model_config(meta), get_hardware(calib.hardware), calib,
                      CostModelConfig(cuda_graphs=meta["cuda_graphs"],
                                      max_num_seqs=meta["max_num_seqs"],
-                                     block_bytes=meta["block_bytes"]))
+                                     block_bytes=meta["block_bytes"],
+                                     piecewise_graphs=meta.get("piecewise_graphs", False),
+                                     max_num_batched_tokens=meta["max_num_batched_tokens"]))
 
 
 def fit_calibration(raw: dict[str, Any], environment: dict | None = None) -> Calibration:
@@ -93,15 +114,21 @@ def fit_calibration(raw: dict[str, Any], environment: dict | None = None) -> Cal
         sample=Curve.from_json(raw["sample"]),
         attn_decode_graph=Grid.from_json(raw["attn_decode_graph"]),
         attn_decode_eager=Grid.from_json(raw["attn_decode_eager"]),
-        attn_prefill=prefill, host=HostParams(), loop=loop, copy_out=copy_out,
+        attn_prefill=prefill, host=HostParams(**launch_params(raw.get("host_launches"))),
+        loop=loop, copy_out=copy_out,
         copy_in=copy_in, copy_out_blocks=Curve.from_json(raw["copies"]["out"]),
         copy_in_blocks=Curve.from_json(raw["copies"]["in"]), memory=raw.get("memory", {}), raw=raw,
         environment=environment or {},
     )
     make = lambda c: _model(c, meta)  # noqa: E731
     serving = raw.get("serving_steps")
+    if serving:  # serving steps have walls only: the sweep steps' issue times give launch_s
+        launch = issue_launch_s(calib, make, raw["steps"])  # (kept if serving has no eager step)
+        if launch is not None:
+            calib = replace(calib, host=replace(calib.host, launch_s=launch))
     host, host_report = fit_host(calib, make, serving or raw["steps"])
-    report = {"attn_prefill_mape": prefill_err, "copy_out_affine_mape": out_err,
+    report = {"host_launches": launch_params(raw.get("host_launches")),
+              "attn_prefill_mape": prefill_err, "copy_out_affine_mape": out_err,
               "copy_in_affine_mape": in_err, "loop_mape": loop_err,
               "host_fitted_on": "serving steps" if serving else "sweep steps",
               "steps": host_report}

@@ -5,10 +5,14 @@ The device part of a step comes from the operator curves; what the host adds is 
     graph steps   wall = graph_s + graph_s_per_req * B + device
     eager steps   wall = eager_s + eager_s_per_req * B + eager_s_per_token * T
                          + launch queue (launch_s per kernel, device kernels behind it)
+    piecewise     wall = the same eager_s terms (same input preparation)
+                         + launch queue (attention wrappers, copies, graph replays: their
+                           host costs measured by the profiler's host_launches sweep)
 
 `launch_s` comes from measured issue times when there are some (the profiler's synthetic
-steps), else it is searched on a grid (steps recorded while serving have only walls). Steps
-off by more than 4x after a first fit (a JIT compile, a GC pause) are dropped once.
+steps), else it is searched on a grid over the eager steps (steps recorded while serving have
+only walls; with piecewise graphs on there may be none: the value given is kept). Steps off
+by more than 4x after a first fit (a JIT compile, a GC pause) are dropped once.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ class HostFitter:
         self.shapes, self.walls = shapes, walls
         cm = make_model(calib)
         self.graph = np.array([cm.graph_batch(s) is not None for s in shapes], bool)
+        self.piecewise = np.array([not g and cm.piecewise_size(s) is not None
+                                   for g, s in zip(self.graph, shapes)], bool)
         self.kernels_per_step = [
             cm.shapes.num_layers * len(cm.layer_kernels(s, s.num_tokens, False)) + 2
             for s in shapes]
@@ -84,7 +90,7 @@ class HostFitter:
     def search_launch(self, keep: np.ndarray) -> float:
         """The launch cost whose fitted host terms give the eager steps the least MAPE:
         a coarse grid, then a fine one around its best point."""
-        e = ~self.graph & keep
+        e = ~self.graph & ~self.piecewise & keep  # launch_s prices eager steps only
         if not e.any():
             return self.calib.host.launch_s
         coarse = min(LAUNCH_GRID_S, key=lambda c: self._eager_mape(float(c), e))
@@ -107,13 +113,47 @@ def fit_host(calib: Calibration, make_model: MakeModel, steps: list[dict]) -> tu
         ratio = pred / walls
         keep = (ratio < _OUTLIER) & (ratio > 1 / _OUTLIER)
     rel = np.abs(pred - walls) / walls
-    g, e = f.graph, ~f.graph
     report = {"num_steps": len(steps), "dropped_outliers": int((~keep).sum()),
-              "launch_from": "issue times" if issue else "grid search on walls",
-              "step_mape_all": float(rel.mean()),
-              "step_mape_graph": float(rel[g].mean()) if g.any() else None,
-              "step_mape_eager": float(rel[e].mean()) if e.any() else None}
+              "launch_from": "issue times" if issue else (
+                  "grid search on walls" if (~f.graph & ~f.piecewise).any() else "given"),
+              **_mapes(rel, f.graph, f.piecewise),
+              **piecewise_issue_check(f.make_model(replace(calib, host=host)), steps)}
     return host, report
+
+
+def _mapes(rel: np.ndarray, graph: np.ndarray, piecewise: np.ndarray) -> dict:
+    eager = ~graph & ~piecewise
+    return {"step_mape_all": float(rel.mean()),
+            "step_mape_graph": float(rel[graph].mean()) if graph.any() else None,
+            "step_mape_eager": float(rel[eager].mean()) if eager.any() else None,
+            "step_mape_piecewise": float(rel[piecewise].mean()) if piecewise.any() else None}
+
+
+def piecewise_issue_check(cm: CostModel, steps: list[dict]) -> dict:
+    """The model's host chain of piecewise steps against the profiler's measured issue times
+    (steps that carry `issue_piecewise_s`); empty when there are none."""
+    pairs = []
+    for st in steps:
+        if st.get("issue_piecewise_s"):
+            shape = StepShape.from_json(st["shape"])
+            t = cm.piecewise_size(shape)
+            if t is not None:
+                pairs.append((cm.piecewise_issue_seconds(shape, t), st["issue_piecewise_s"]))
+    if not pairs:
+        return {}
+    p, m = np.array(pairs).T
+    return {"piecewise_issue_mape": float(np.mean(np.abs(p - m) / m)),
+            "piecewise_issue_bias": float(np.mean((p - m) / m)),
+            "piecewise_issue_steps": len(pairs)}
+
+
+def issue_launch_s(calib: Calibration, make_model: MakeModel, steps: list[dict]) -> float | None:
+    """The eager launch cost from steps' measured eager issue times, or None without any."""
+    cm = make_model(calib)
+    per = [st["issue_s"] / (cm.shapes.num_layers * len(cm.layer_kernels(sh, sh.num_tokens, False)) + 2)
+           for st in steps if st.get("issue_s")
+           for sh in [StepShape.from_json(st["shape"])] if cm.graph_batch(sh) is None]
+    return statistics.median(per) if per else None
 
 
 def score_host(calib: Calibration, make_model: MakeModel, steps: list[dict]) -> dict:
@@ -121,9 +161,10 @@ def score_host(calib: Calibration, make_model: MakeModel, steps: list[dict]) -> 
     shapes = [StepShape.from_json(s["shape"]) for s in steps]
     walls = np.array([s["wall_s"] for s in steps], float)
     cm = make_model(calib)
-    pred = np.array([cm.predict(s).executor_s for s in shapes])
-    graph = np.array([cm.graph_batch(s) is not None for s in shapes], bool)
+    costs = [cm.predict(s) for s in shapes]
+    pred = np.array([c.executor_s for c in costs])
+    graph = np.array([c.graph for c in costs], bool)
+    piecewise = np.array([c.piecewise for c in costs], bool)
     rel = np.abs(pred - walls) / walls
-    return {"num_steps": len(steps), "step_mape_all": float(rel.mean()),
-            "step_mape_graph": float(rel[graph].mean()) if graph.any() else None,
-            "step_mape_eager": float(rel[~graph].mean()) if (~graph).any() else None}
+    return {"num_steps": len(steps), **_mapes(rel, graph, piecewise),
+            **piecewise_issue_check(cm, steps)}

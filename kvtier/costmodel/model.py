@@ -2,6 +2,8 @@
 
     step = copies (swap out, then in)
          + decode-only and graph-eligible:  host_graph(B) + L * layer(B_pad) + head(B_pad)
+           piecewise graphs on, T <= max:   host_eager(B, T) + queue(pieces at T_pad,
+                                                                     attention at the real rows)
            otherwise (eager):               host_eager(B, T) + overlap(launches, kernels)
          + sample(S)                        (fp32 logits, argmax, the host sync)
     loop = schedule + update + outputs      (the engine loop around the executor)
@@ -9,6 +11,17 @@
 `layer` is the sum of the layer's operator times (GEMMs at the padded batch, decode and
 prefill attention, elementwise kernels, all-reduces under tensor parallelism); in eager mode
 the same kernels go through the launch queue of `overlap.py`.
+
+Piecewise (`kvtier/runner/piecewise_graphs.py`, when the engine runs with piecewise_graphs
+and CUDA graphs): a step that is not a decode graph replay runs the embedding and input
+copies eagerly, then per layer the eager attention (kv_write, the split-K decode wrapper for
+the decode rows, the varlen prefill wrapper for the prefill rows, each at the real shapes),
+one copy of its output into a static buffer and one graph replay: piece k = layer k-1 after
+its attention + layer k before its own, its GEMMs and elementwise kernels at the padded
+token count `t` from `piecewise_sizes`; L+1 replays in all, then final norm and lm_head
+eagerly. These launches go through the same queue (`overlap.queue_seconds`), each with its
+own host cost (HostParams.replay_s, attn_*_s, op_launch_s) and a replay's device time the
+sum of its piece's kernels.
 """
 
 from __future__ import annotations
@@ -23,14 +36,17 @@ from kvtier.costmodel.operators import (
     ELEMENTWISE_KERNELS,
     Shapes,
     allreduce,
+    attn_out_copy,
     gemm,
     head_ops,
     layer_elementwise,
+    piece_copies,
 )
 from kvtier.costmodel.optimes import OpTimer
-from kvtier.costmodel.overlap import forward_seconds
+from kvtier.costmodel.overlap import Launch, forward_seconds, queue_seconds
 from kvtier.costmodel.shape import StepShape
 from kvtier.runner.cuda_graphs import graph_batch_sizes
+from kvtier.runner.piecewise_graphs import piecewise_sizes
 
 _LAYER_GEMMS = ("qkv", "o", "gate_up", "down")
 DECODE_LAUNCHES = 3  # kv_write, split-K attention, merge of the splits
@@ -43,6 +59,10 @@ class CostModelConfig:
     max_num_seqs: int = 256  # graphs are captured for padded batches up to this
     block_bytes: int = 0  # one KV block (CacheConfig.block_bytes), for swap copies
     num_gpus: int = 1  # tensor parallel degree
+    # Steps with prefill rows replay piecewise graphs (EngineConfig.piecewise_graphs; only
+    # with cuda_graphs, as the runner captures them) at padded token counts up to this:
+    piecewise_graphs: bool = False
+    max_num_batched_tokens: int = 8192  # SchedulerConfig's: the largest piecewise size
 
 
 @dataclass(frozen=True)
@@ -51,6 +71,7 @@ class StepCost:
     loop_s: float  # the engine loop around it
     graph: bool
     parts: dict[str, float] = field(default_factory=dict)
+    piecewise: bool = False  # priced as a piecewise-graph step
 
     @property
     def total_s(self) -> float:
@@ -68,6 +89,8 @@ class CostModel:
         self.host = calib.host if calib is not None else HostParams()
         self.loop = calib.loop if calib is not None else LoopParams()
         self.graph_sizes = graph_batch_sizes(config.max_num_seqs) if config.cuda_graphs else []
+        self.piece_sizes = (piecewise_sizes(config.max_num_batched_tokens)
+                            if config.cuda_graphs and config.piecewise_graphs else [])
 
     # ---- entry points ------------------------------------------------------------------------
     def predict_plan(self, plan: StepPlan) -> StepCost:
@@ -77,15 +100,22 @@ class CostModel:
         parts = {"copies": self.copy_seconds(shape)}
         if shape.num_restored_tokens or shape.num_captured_tokens:
             parts["hidden_states"] = self.hidden_state_seconds(shape)
-        graph = False
+        graph = piecewise = False
         if shape.num_reqs:
             pad = self.graph_batch(shape)
             graph = pad is not None
-            parts.update(self._graph(shape, pad) if pad is not None else self._eager(shape))
+            piece = None if graph else self.piecewise_size(shape)
+            piecewise = piece is not None
+            if pad is not None:
+                parts.update(self._graph(shape, pad))
+            elif piece is not None:
+                parts.update(self._piecewise(shape, piece))
+            else:
+                parts.update(self._eager(shape))
             parts["sample"] = self.timer.keyed(_sample_op(self.shapes, shape.num_sampled),
                                                shape.num_sampled) if shape.num_sampled else 0.0
         loop = self.loop.seconds(shape.num_reqs, shape.num_sampled)
-        return StepCost(sum(parts.values()), loop, graph, parts)
+        return StepCost(sum(parts.values()), loop, graph, parts, piecewise)
 
     def hidden_state_seconds(self, shape: StepShape) -> float:
         """HCache's two costs, in the runner's order on one stream: restoring KV (hidden
@@ -117,7 +147,16 @@ class CostModel:
                 return size
         return None
 
-    # ---- the two paths -------------------------------------------------------------------------
+    def piecewise_size(self, shape: StepShape) -> int | None:
+        """The padded token count whose pieces the runner replays for this step, or None: a
+        decode graph replays instead, piecewise graphs are off, or the step has more tokens
+        than the largest size (the runner falls back to eager)."""
+        n = shape.num_tokens
+        if not n or not self.piece_sizes or self.graph_batch(shape) is not None:
+            return None
+        return next((t for t in self.piece_sizes if t >= n), None)
+
+    # ---- the three paths -----------------------------------------------------------------------
     def _graph(self, shape: StepShape, pad: int) -> dict[str, float]:
         layer = self.layer_kernels(shape, pad, graph=True)
         head = self.head_kernels(pad, pad)
@@ -133,6 +172,58 @@ class CostModel:
         fwd = forward_seconds(layer, self.shapes.num_layers, h.launch_s,
                               pre_kernels=head[:1], post_kernels=head[1:])
         return {"host": host, "forward": fwd}
+
+    def _piecewise(self, shape: StepShape, t: int) -> dict[str, float]:
+        pre, layer, last, post = self.piecewise_launches(shape, t)
+        h, n = self.host, shape.num_tokens
+        host = h.eager_s + h.eager_s_per_req * shape.num_reqs + h.eager_s_per_token * n
+        fwd = queue_seconds(layer, self.shapes.num_layers - 1, pre, [*last, *post])
+        return {"host": host, "forward": fwd}
+
+    def piecewise_launches(self, shape: StepShape, t: int
+                           ) -> tuple[list[Launch], list[Launch], list[Launch], list[Launch]]:
+        """(before the layers, one layer, the last layer, after them) as (host s, device s)
+        launches. Before: the embedding and input copies, piece 0 (layer 0 up to its
+        attention). A layer: attention at the real rows, its output's copy, the next piece
+        (the whole rest of this layer and the next layer up to attention, at t rows); the last
+        layer's piece ends with its MLP. After: the final norm and lm_head, eager."""
+        h, n = self.host, shape.num_tokens
+        piece_in, piece_out = self.piece_kernels(t)
+        attn: list[Launch] = [(h.attn_write_s, 0.0)]  # kv_write's time is in the attention's
+        if shape.num_decodes:
+            attn.append((h.attn_decode_s, self.timer.decode_attention(
+                shape.num_decodes, shape.decode_ctx_sum, graph=False)))
+        if shape.prefills:
+            attn.append((h.attn_prefill_s, self.timer.prefill_attention(shape.prefills)))
+        attn.append((h.op_launch_s, self.timer.keyed(attn_out_copy(self.shapes, n), n)))
+        head = self.head_kernels(n, shape.num_sampled)  # [embedding + final norm, lm_head]
+        pre = [(3 * h.op_launch_s, head[0]), (h.replay_s, piece_in)]
+        layer = [*attn, (h.replay_s, piece_out + piece_in)]
+        last = [*attn, (h.replay_s, piece_out)]
+        post = [(h.launch_s, 0.0), *((h.launch_s, g) for g in head[1:])]
+        return pre, layer, last, post
+
+    def piecewise_issue_seconds(self, shape: StepShape, t: int) -> float:
+        """Host time to issue a piecewise forward (the launches' host costs alone)."""
+        pre, layer, last, post = self.piecewise_launches(shape, t)
+        L = self.shapes.num_layers
+        return sum(c for c, _ in [*pre, *last, *post]) + (L - 1) * sum(c for c, _ in layer)
+
+    def piece_kernels(self, t: int) -> tuple[float, float]:
+        """Device seconds, at t padded rows, of (piece 0: a layer before attention: norm,
+        qkv GEMM, rotary, copies into the buffers; the last piece: a layer after attention:
+        o GEMM, norm, MLP, copies). A middle piece is their sum. Elementwise time is split
+        2/5 before (norm, rotary) and 3/5 after (norm, silu, mul)."""
+        s, tm = self.shapes, self.timer
+        ew = tm.keyed(layer_elementwise(s, t), t)
+        dims = s.gemm_dims()
+        g = {name: tm.keyed(gemm(name, t, *dims[name], s.elem), t) for name in _LAYER_GEMMS}
+        cb, ca = piece_copies(s, t)
+        ar = 2 * tm.allreduce(allreduce(s, t)) if s.tp > 1 else 0.0
+        before = g["qkv"] + ew * 2 / ELEMENTWISE_KERNELS + tm.keyed(cb, t)
+        after = (g["o"] + g["gate_up"] + g["down"] + ew * 3 / ELEMENTWISE_KERNELS
+                 + tm.keyed(ca, t) + ar)
+        return before, after
 
     def layer_kernels(self, shape: StepShape, rows: int, graph: bool) -> list[float]:
         """Device seconds of one layer's kernels in issue order (elementwise time is spread

@@ -134,6 +134,22 @@ def layer_ops(s: Shapes, shape: StepShape, gemm_rows: int) -> list[Op]:
     return ops
 
 
+def piece_copies(s: Shapes, t: int) -> tuple[Op, Op]:
+    """Piecewise graphs' copies into their static buffers at t (padded) rows, inside the
+    pieces: (q, k, v and the residual before attention; hidden and residual after it)."""
+    e = s.elem
+    before = Op("piece_copy_before", OpKind.ELEMENTWISE, 0.0,
+                float(2 * t * e * (s.q + 2 * s.kv + s.hidden)), launches=4)
+    after = Op("piece_copy_after", OpKind.ELEMENTWISE, 0.0, float(2 * t * e * 2 * s.hidden),
+               launches=2)
+    return before, after
+
+
+def attn_out_copy(s: Shapes, n: int) -> Op:
+    """Piecewise graphs: the attention output of the n real rows into the static buffer."""
+    return Op("attn_out_copy", OpKind.ELEMENTWISE, 0.0, float(2 * n * s.q * s.elem))
+
+
 def allreduce(s: Shapes, t: int) -> Op:
     return Op("allreduce", OpKind.ALLREDUCE, 0.0, float(t * s.hidden * s.elem))
 

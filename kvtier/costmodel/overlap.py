@@ -1,4 +1,5 @@
-"""Time of an eager forward pass: the host issues kernels one by one while the GPU runs behind.
+"""Time of an eager forward pass: the host issues kernels one by one while the GPU runs behind
+(and `queue_seconds`: the same with launches of unequal host cost, e.g. piecewise graphs).
 
 Kernel j is issued at host time (j+1)*c after the layer starts and runs on the GPU once it
 is issued and the previous kernel is done. When kernels are longer than their launch cost
@@ -69,4 +70,52 @@ def forward_seconds_brute(layer_kernels: Sequence[float], num_layers: int, launc
     for _ in range(num_layers):
         host, gpu = _run(layer_kernels, launch_s, host, gpu)
     host, gpu = _run(post_kernels, launch_s, host, gpu)
+    return max(host, gpu)
+
+
+# ---- launches of unequal host cost (piecewise CUDA graphs) -----------------------------------
+# A launch is (host seconds to issue it, device seconds of its kernels): a Triton wrapper, a
+# torch op, or a graph replay whose kernels run back to back. With c_j the issue cost of launch
+# j, the lag map of a layer is the same with (k-1-j)*c replaced by sum_{i>j} c_i.
+Launch = tuple[float, float]
+
+
+def _run_launches(launches: Sequence[Launch], host: float, gpu: float) -> tuple[float, float]:
+    for c, g in launches:
+        host += c
+        gpu = max(gpu, host) + g
+    return host, gpu
+
+
+def launch_lag_params(launches: Sequence[Launch]) -> tuple[float, float]:
+    """(delta = G - C, a) of f(d) = max(d + delta, a) for one layer of launches."""
+    a, tail, after = float("-inf"), 0.0, 0.0
+    for c, g in reversed(launches):
+        tail += g
+        a = max(a, tail - after)
+        after += c
+    return tail - after, a
+
+
+def queue_seconds(layer: Sequence[Launch], num_layers: int, pre: Sequence[Launch] = (),
+                  post: Sequence[Launch] = ()) -> float:
+    """Seconds from the first launch until the last kernel is done: `pre`, then `num_layers`
+    copies of `layer`, then `post` (closed form over the layers, as `forward_seconds`)."""
+    host, gpu = _run_launches(pre, 0.0, 0.0)
+    if num_layers > 0 and layer:
+        delta, a = launch_lag_params(layer)
+        d = lag_after(gpu - host, num_layers, delta, a)
+        host += num_layers * sum(c for c, _ in layer)
+        gpu = host + d
+    host, gpu = _run_launches(post, host, gpu)
+    return max(host, gpu)
+
+
+def queue_seconds_brute(layer: Sequence[Launch], num_layers: int, pre: Sequence[Launch] = (),
+                        post: Sequence[Launch] = ()) -> float:
+    """The same launch by launch (the test oracle)."""
+    host, gpu = _run_launches(pre, 0.0, 0.0)
+    for _ in range(num_layers):
+        host, gpu = _run_launches(layer, host, gpu)
+    host, gpu = _run_launches(post, host, gpu)
     return max(host, gpu)

@@ -64,22 +64,43 @@ class StepSweeper:
             wall = self.timer.wall_seconds(lambda: runner.execute(plan), warmup=2)
             shape = StepShape.from_plan(plan)
             issue = self.issue_seconds(plan) if prefills else None
+            pieces = self.piecewise_issue_seconds(plan) if prefills else None
         finally:
             runner.execute(finish_plan(steady + pre))
-        return {"shape": shape.to_json(), "wall_s": wall, "issue_s": issue}
+        row = {"shape": shape.to_json(), "wall_s": wall, "issue_s": issue}
+        if pieces is not None:  # the step's wall above went through the pieces
+            row["issue_piecewise_s"] = pieces
+        return row
 
     def issue_seconds(self, plan: StepPlan) -> float:
-        """Host time to issue an eager forward (the call returns before the GPU is done)."""
+        """Host time to issue an eager forward (the call returns before the GPU is done);
+        measured with piecewise graphs on as well: the eager launch cost stays calibrated."""
         r = self.runner
         batch = r.prepare_batch(plan.scheduled)
         ids, pos, meta = r.device_inputs(batch)
         ctx = ForwardContext(r.ops, r.attention, r.gpu_kv, meta, r.cos_sin)
+        return self._median_issue(lambda: r.model(ids, pos, ctx))
+
+    def piecewise_issue_seconds(self, plan: StepPlan) -> float | None:
+        """Host time to issue the same forward through the runner's piecewise graphs (None
+        when it has none captured, or the step is larger than its largest size)."""
+        r = self.runner
+        pw = getattr(r, "piecewise", None)
+        if pw is None or not pw.graphs:
+            return None
+        batch = r.prepare_batch(plan.scheduled)
+        if pw.padded(batch.num_tokens) is None:
+            return None
+        ids, pos, meta = r.device_inputs(batch)
+        return self._median_issue(lambda: pw.forward(ids, pos, meta))
+
+    def _median_issue(self, fn) -> float:
         times = []
         with torch.inference_mode():
             for _ in range(self.timer.reps):
                 self.timer.sync()
                 t0 = time.perf_counter()
-                r.model(ids, pos, ctx)
+                fn()
                 times.append(time.perf_counter() - t0)
                 self.timer.sync()
         times.sort()
@@ -94,6 +115,8 @@ class StepSweeper:
             out.append(row)
             sh = StepShape.from_json(row["shape"])
             issue = f" issue {row['issue_s'] * 1e3:.2f} ms" if row["issue_s"] else ""
+            if row.get("issue_piecewise_s"):
+                issue += f" (pieces {row['issue_piecewise_s'] * 1e3:.2f} ms)"
             self.log(f"  step {sh.kind:>7} reqs {sh.num_reqs:>3} tokens {sh.num_tokens:>5}: "
                      f"{row['wall_s'] * 1e3:.2f} ms{issue}")
         return out

@@ -5,6 +5,8 @@ forward would not) inside one CUDA graph, and the time is divided by the layer c
 from __future__ import annotations
 
 import dataclasses
+import statistics
+import time
 from collections.abc import Callable
 
 import torch
@@ -117,6 +119,68 @@ class OpSweeper:
         logits = self._randn(s, self.mc.vocab_size)
         sample_rows = [SampleRow(GREEDY, 1, ())] * s
         return self.timer.wall_seconds(lambda: sample(logits.float(), sample_rows))
+
+    # ---- host launch costs (piecewise steps) ------------------------------------------------------
+    def host_launches(self, decode_ctx: int = 128, decode_rows: int = 4,
+                      prefill: tuple[int, int] = (64, 0)) -> dict[str, float]:
+        """Host seconds to issue (not to run) what a piecewise step launches per layer: the
+        attention backend's call over decode rows, over prefill rows and over both (the fit
+        solves its kv_write, decode and prefill wrappers from the three), one torch copy, and
+        one piece's graph replay (when the runner captured pieces)."""
+        out: dict[str, float] = {}
+        dec = [decode_ctx] * decode_rows
+        for name, (c, p) in (("decode", (dec, [])), ("prefill", ([], [prefill])),
+                             ("mixed", (dec, [prefill]))):
+            sec = self._attention_issue(c, p)
+            if sec is not None:
+                out[f"attn_{name}_s"] = sec
+        x, y = self._randn(256, self.mc.hidden_size), self._randn(256, self.mc.hidden_size)
+        out["op_s"] = self._issue(lambda: [x.copy_(y) for _ in range(self.L)]) / self.L
+        pw = self.runner.piecewise
+        if pw is not None and pw.graphs:
+            t = pw.sizes[0]
+            graphs = [pw.graphs[(k, t)] for k in range(self.L + 1) if (k, t) in pw.graphs]
+            out["replay_s"] = self._issue(lambda: [g.replay() for g in graphs]) / len(graphs)
+        self.log("  host launches: " + ", ".join(f"{k} {v * 1e6:.1f}us" for k, v in out.items()))
+        return out
+
+    def _issue(self, fn: Callable[[], object]) -> float:
+        """Median host seconds of `fn()` without waiting for the device (synced between)."""
+        fn()  # warm-up: compiles, allocator
+        self.timer.sync()
+        times = []
+        for _ in range(max(self.timer.reps, 5)):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+            self.timer.sync()
+        return statistics.median(times)
+
+    def _attention_issue(self, contexts: list[int], prefills: list[tuple[int, int]]) -> float | None:
+        """Per-layer host seconds of the attention backend's call (eager splits, as a
+        piecewise step calls it), or None if the KV does not fit the pool."""
+        b, mc, runner = self.builder, self.mc, self.runner
+        b.reset()
+        if not b.fits(list(contexts) + [n + s for n, s in prefills]):
+            return None
+        install, _ = b.decode_rows(contexts)
+        rows = install + b.prefill_rows(prefills)
+        try:
+            batch = runner.prepare_batch(rows)
+            _, _, meta = runner.device_inputs(batch)
+            t = batch.num_tokens
+            q = self._randn(t, mc.num_heads, mc.head_dim)
+            k = self._randn(t, mc.num_kv_heads, mc.head_dim)
+            v = self._randn(t, mc.num_kv_heads, mc.head_dim)
+            attn, kv, scale = runner.attention, runner.gpu_kv, mc.head_dim ** -0.5
+
+            def run() -> None:
+                for i in range(self.L):
+                    attn.forward(i, q, k, v, kv, meta, scale)
+
+            return self._issue(run) / self.L
+        finally:
+            runner.execute(finish_plan(rows))
 
     # ---- attention -------------------------------------------------------------------------------
     def attention(self, contexts: list[int], prefills: list[tuple[int, int]],

@@ -66,7 +66,11 @@ def build_sim_engine(
     cost = CostModel(mc, hw, calib, CostModelConfig(
         cuda_graphs=not config.enforce_eager and not hidden,  # the runner's rule
         max_num_seqs=config.scheduler.max_num_seqs,
-        block_bytes=pools.block_bytes, num_gpus=num_gpus))
+        block_bytes=pools.block_bytes, num_gpus=num_gpus,
+        # the runner's rule too: pieces are captured when piecewise graphs are on, CUDA
+        # graphs allowed and no HCache (cuda_graphs above carries the last two)
+        piecewise_graphs=config.piecewise_graphs,
+        max_num_batched_tokens=config.scheduler.max_num_batched_tokens))
     clock = clock if clock is not None else VirtualClock()
     eos = tuple(tokenizer.eos_token_ids) + tuple(mc.eos_token_ids)
     executor = SimulatedExecutor(cost, clock, ordinary_token(eos, mc.vocab_size),

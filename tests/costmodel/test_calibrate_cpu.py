@@ -37,3 +37,21 @@ def test_profile_tiny_model_on_cpu(tmp_path):
     cost = cm.predict(StepShape(num_decodes=4, decode_ctx_sum=200, decode_ctx_max=60,
                                 prefills=((30, 0),), num_sampled=5))
     assert cost.executor_s > 0 and cost.loop_s > 0
+
+
+def test_profile_records_piecewise_graphs_and_host_launches(tmp_path):
+    """--piecewise-graphs reaches the runner (its pieces run eagerly on the CPU), the setting
+    is recorded, and the host-launch sweep's figures become the piecewise host parameters."""
+    out = tmp_path / "calib.json"
+    rc = main(["tiny-llama", "--out", str(out), "--hardware", "h200", "--quick",
+               "--loop-requests", "0", "--serve-requests", "0", "--num-gpu-blocks", "256",
+               "--max-model-len", "256", "--max-num-batched-tokens", "256",
+               "--max-num-seqs", "8", "--piecewise-graphs"])
+    assert rc == 0
+    calib = Calibration.load(out)
+    meta = calib.raw["meta"]
+    assert meta["piecewise_graphs"] is True and meta["piecewise_captured"] is False
+    launches = calib.raw["host_launches"]
+    assert {"attn_decode_s", "attn_prefill_s", "attn_mixed_s", "op_s"} <= set(launches)
+    assert calib.host.attn_decode_s == max(0.0, launches["attn_mixed_s"] - launches["attn_prefill_s"])
+    assert calib.host.op_launch_s == launches["op_s"]
