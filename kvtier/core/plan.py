@@ -9,6 +9,7 @@ sync without resending every table every step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from kvtier.sampling_params import SamplingParams
 
@@ -56,6 +57,9 @@ class HiddenRestore:
     num_tokens: int
 
 
+_token_ids = attrgetter("token_ids")
+
+
 @dataclass(frozen=True)
 class StepPlan:
     scheduled: list[ScheduledRequest]  # requests with one query token first (decodes)
@@ -67,7 +71,7 @@ class StepPlan:
 
     @property
     def num_scheduled_tokens(self) -> int:
-        return sum(r.num_new_tokens for r in self.scheduled)
+        return sum(map(len, map(_token_ids, self.scheduled)))  # no Python frame per request
 
     @property
     def is_empty(self) -> bool:

@@ -21,12 +21,10 @@ class RequestStatus(enum.Enum):
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
 
-    @property
-    def finished(self) -> bool:
-        return self.value in _FINISHED_VALUES
-
-
-_FINISHED_VALUES = frozenset({"stop", "length", "abort"})
+    def __init__(self, value: str) -> None:
+        # A plain attribute, not a property over `.value` (an enum descriptor): it is read
+        # for every request every step.
+        self.finished: bool = value in ("stop", "length", "abort")
 
 
 @dataclass(eq=False)
@@ -65,18 +63,18 @@ class Request:
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - n]
 
     def append_token(self, token_id: int) -> None:
-        self.output_token_ids.append(token_id)
-        self._check_stop(token_id)
-
-    def _check_stop(self, token_id: int) -> None:
+        out = self.output_token_ids
+        out.append(token_id)
+        # _check_stop inlined: this runs for every request every step.
+        num_output = len(out)
         params = self.sampling_params
-        if self.num_output_tokens >= self.max_tokens:
+        if num_output >= self.max_tokens:
             # max_tokens is already capped at max_model_len: this bound beats min_tokens.
             self.status = RequestStatus.FINISHED_LENGTH
             if not params.ignore_eos and token_id in self.eos_token_ids:
                 self.status = RequestStatus.FINISHED_STOPPED
             return
-        if self.num_output_tokens < params.min_tokens:
+        if num_output < params.min_tokens:
             return
         if not params.ignore_eos and token_id in self.eos_token_ids:
             self.status = RequestStatus.FINISHED_STOPPED

@@ -51,6 +51,18 @@ class _Parent:
         return all(c.finish_reason is not None for c in self.children)
 
 
+def _completion(c: _Child) -> CompletionOutput:
+    # Positional arguments (index, text, token_ids, cumulative_logprob, logprobs,
+    # finish_reason, stop_reason): a streaming step builds one per running request.
+    req = c.request
+    return CompletionOutput(
+        c.index, c.detok.text if c.detok is not None else "",
+        req.output_token_ids[:],  # a snapshot: the request keeps growing
+        c.cumulative_logprob, c.logprobs[:] if c.logprobs is not None else None,
+        c.finish_reason, req.stop_reason,
+    )
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, executor, tokenizer: Tokenizer, kv: KVCacheManager,
                  block_bytes: int, clock: Callable[[], float] = time.monotonic):
@@ -171,34 +183,42 @@ class LLMEngine:
 
     def _process(self, touched: list[Request], result: StepResult) -> list[RequestOutput]:
         now = self.clock()
+        child_of = self._child_of
         changed: dict[str, _Parent] = {}
         for req in touched:
-            entry = self._child_of.get(req.request_id)
+            entry = child_of.get(req.request_id)
             if entry is None:
                 continue
             parent, child = entry
-            self._record_token(parent, child, req, result, now)
+            if child.index == 0:  # the parent's token times follow its first child
+                m = parent.metrics
+                if m.first_token_time is None:
+                    m.first_token_time = now
+                m.token_times.append(now)
+            if (child.logprobs is not None or child.detok is not None
+                    or req.status.finished):  # else (benchmarks): nothing more to record
+                self._record_token(parent, child, req, result)
+            if (parent.final_only and child.finish_reason is None
+                    and len(parent.children) == 1):
+                continue  # nothing to hand out before it finishes
             changed[parent.request_id] = parent
         outputs = []
         for parent in changed.values():
             finished = parent.finished
-            if finished or not parent.final_only:
-                outputs.append(self._make_output(parent))
             if finished:
+                outputs.append(self._make_output(parent, True))
                 parent.metrics.finished_time = now
                 self._parents.pop(parent.request_id, None)
                 for c in parent.children:
-                    self._child_of.pop(c.request.request_id, None)
+                    child_of.pop(c.request.request_id, None)
+            elif not parent.final_only:
+                outputs.append(self._make_output(parent, False))
         return outputs
 
-    def _record_token(self, parent: _Parent, child: _Child, req: Request, result: StepResult,
-                      now: float) -> None:
+    def _record_token(self, parent: _Parent, child: _Child, req: Request,
+                      result: StepResult) -> None:
+        """The new token's logprobs, text and stop string, and the child's end."""
         token = req.output_token_ids[-1]
-        m = parent.metrics
-        if child.index == 0:
-            if m.first_token_time is None:
-                m.first_token_time = now
-            m.token_times.append(now)
         if child.logprobs is not None:
             lp = result.logprobs.get(req.request_id, {})
             child.logprobs.append(lp)
@@ -213,23 +233,12 @@ class LLMEngine:
             if child.detok is not None and stop_str is None:
                 child.detok.flush()
             child.finish_reason = req.status.value
+            m = parent.metrics
             m.num_preemptions = max(m.num_preemptions, req.num_preemptions)
 
-    def _make_output(self, parent: _Parent) -> RequestOutput:
-        outs = [
-            CompletionOutput(
-                index=c.index,
-                text=c.detok.text if c.detok is not None else "",
-                token_ids=list(c.request.output_token_ids),
-                cumulative_logprob=c.cumulative_logprob,
-                logprobs=list(c.logprobs) if c.logprobs is not None else None,
-                finish_reason=c.finish_reason,
-                stop_reason=c.request.stop_reason,
-            )
-            for c in parent.children
-        ]
-        return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, outs,
-                             parent.finished, parent.metrics)
+    def _make_output(self, parent: _Parent, finished: bool) -> RequestOutput:
+        return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids,
+                             list(map(_completion, parent.children)), finished, parent.metrics)
 
     # ---- introspection ---------------------------------------------------------------
     def get_stats(self) -> EngineStats:

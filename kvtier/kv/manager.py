@@ -37,6 +37,9 @@ class KVCacheManager:
         # immediate preemption of the requests already running (vLLM's watermark).
         self.watermark_blocks = int(watermark * num_gpu_blocks)
         self.tables: dict[str, MapTable] = {}
+        # Sum of every table's num_dropped_blocks: while it is 0 (every policy but eLLM),
+        # the scheduler skips asking each request for its dropped prefix.
+        self.num_dropped_token_blocks = 0
         self._nothing_new: tuple[tuple[int, ...], ...] = ((),) * num_groups
 
     # ---- device allocation -------------------------------------------------------------
@@ -52,8 +55,8 @@ class KVCacheManager:
         """Blocks for `num_new_tokens` more tokens on the device; the new block ids per group,
         or None (nothing changed) if the pool cannot supply them."""
         table = self.tables.get(req.request_id)
-        have = table.num_token_blocks if table is not None else 0
-        want = cdiv(req.num_computed_tokens + num_new_tokens, self.block_size)
+        have = len(table.block_ids[0]) if table is not None else 0
+        want = -(-(req.num_computed_tokens + num_new_tokens) // self.block_size)
         if want <= have and table is not None:
             return self._nothing_new  # the common decode step: the last block has room
         per_group = max(0, want - have)
@@ -82,6 +85,7 @@ class KVCacheManager:
         table = self.tables.pop(req.request_id, None)
         if table is None:
             return
+        self.num_dropped_token_blocks -= table.num_dropped_blocks
         self.gpu.free([b for _, _, b in table.entries(Placement.GPU)])
         self.host.free([b for _, _, b in table.entries(Placement.HOST)])
 
@@ -174,6 +178,7 @@ class KVCacheManager:
                 freed.append(table.block_ids[g][j])
                 table.block_ids[g][j], table.placements[g][j] = -1, Placement.DROPPED
         table.num_dropped_blocks = max(start, end)
+        self.num_dropped_token_blocks += table.num_dropped_blocks - start
         self.gpu.free(freed)
         return len(freed)
 
@@ -190,6 +195,8 @@ class KVCacheManager:
                 assert Placement.DROPPED not in pls[k:], f"{rid}: a hole after the prefix"
             gpu_owned += [b for _, _, b in table.entries(Placement.GPU)]
             host_owned += [b for _, _, b in table.entries(Placement.HOST)]
+        assert self.num_dropped_token_blocks == sum(
+            t.num_dropped_blocks for t in self.tables.values()), "dropped-block count"
         self.gpu.check_integrity(gpu_owned)
         self.host.check_integrity(host_owned)
         if self.hidden is not None:

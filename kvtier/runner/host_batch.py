@@ -7,6 +7,7 @@ fancy-index into the block tables, so the cost per step grows with tokens, not P
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter, itemgetter
 
 import numpy as np
 
@@ -40,16 +41,22 @@ class HostBatch:
         return self.num_decodes == self.num_reqs
 
 
+# C-level field getters: the per-request lists below are built without Python frames.
+_token_ids, _start_pos = attrgetter("token_ids"), attrgetter("start_pos")
+_sample, _prefix_token_ids = attrgetter("sample"), attrgetter("prefix_token_ids")
+_first = itemgetter(0)
+
+
 def build_host_batch(
     scheduled: list[ScheduledRequest], tables: BlockTables, block_size: int,
     scratch: range = range(0),
 ) -> HostBatch:
     """`scratch`: device blocks lent to dropped-prefix recomputation this step (eLLM)."""
-    rows = [tables.apply(sr) for sr in scheduled]
-    token_ids = [sr.token_ids for sr in scheduled]
-    starts = [sr.start_pos for sr in scheduled]
-    sample = [sr.sample for sr in scheduled]
-    if any(sr.prefix_token_ids for sr in scheduled):
+    rows = tables.apply_all(scheduled)
+    token_ids = list(map(_token_ids, scheduled))
+    starts = list(map(_start_pos, scheduled))
+    sample = list(map(_sample, scheduled))
+    if any(map(_prefix_token_ids, scheduled)):
         _add_prefix_rows(scheduled, rows, token_ids, starts, sample, tables, block_size, scratch)
     return _batch(np.asarray(rows, dtype=np.int64), token_ids, np.asarray(starts, dtype=np.int64),
                   np.asarray(sample, dtype=bool), tables, block_size)
@@ -84,7 +91,7 @@ def _add_prefix_rows(scheduled, rows, token_ids, starts, sample, tables: BlockTa
 def _batch(rows: np.ndarray, token_ids: list[list[int]], starts: np.ndarray,
            sample_mask: np.ndarray, tables: BlockTables, block_size: int) -> HostBatch:
     n = len(rows)
-    q_lens = np.fromiter((len(t) for t in token_ids), dtype=np.int64, count=n)
+    q_lens = np.fromiter(map(len, token_ids), dtype=np.int64, count=n)
     seq_lens = starts + q_lens
     cu = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(q_lens, out=cu[1:])
@@ -92,7 +99,7 @@ def _batch(rows: np.ndarray, token_ids: list[list[int]], starts: np.ndarray,
     if num_tokens == n:  # all decodes: skip the per-token expansion
         positions = starts
         token_rows = rows
-        input_ids = np.fromiter((t[0] for t in token_ids), dtype=np.int64, count=num_tokens)
+        input_ids = np.fromiter(map(_first, token_ids), dtype=np.int64, count=num_tokens)
     else:
         token_req = np.repeat(np.arange(n), q_lens)
         positions = starts[token_req] + (np.arange(num_tokens) - cu[:-1][token_req])

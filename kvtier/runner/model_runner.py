@@ -161,7 +161,8 @@ class ModelRunner:
         sampling = [sr for sr in plan.scheduled if sr.sample]
         out = sample(logits, [self._sample_row(sr) for sr in sampling])
         ids = [sr.request_id for sr in sampling]
-        logprobs = {i: lp for i, lp in zip(ids, out.logprobs) if lp is not None}
+        logprobs = ({i: lp for i, lp in zip(ids, out.logprobs) if lp is not None}
+                    if out.logprobs.count(None) != len(ids) else {})
         return StepResult(sampled=dict(zip(ids, out.token_ids)), logprobs=logprobs)
 
     def prepare_batch(self, scheduled: list[ScheduledRequest]) -> HostBatch:
@@ -195,11 +196,11 @@ class ModelRunner:
 
     def _sample_row(self, sr: ScheduledRequest) -> SampleRow:
         p = sr.sampling_params
-        banned: tuple[int, ...] = ()
-        if sr.num_output_tokens < p.min_tokens:
-            eos = () if p.ignore_eos else self.model_config.eos_token_ids
-            banned = tuple(eos) + tuple(p.stop_token_ids)
-        return SampleRow(p, sr.num_output_tokens, banned)
+        num_output = sr.num_output_tokens
+        if num_output >= p.min_tokens:  # the common case: nothing banned
+            return SampleRow(p, num_output, ())
+        eos = () if p.ignore_eos else self.model_config.eos_token_ids
+        return SampleRow(p, num_output, tuple(eos) + tuple(p.stop_token_ids))
 
     def _copy_blocks(self, swap_out: list[BlockCopy], swap_in: list[BlockCopy]) -> None:
         """All swap-outs, then all swap-ins (a device block freed by a swap-out may be the

@@ -15,7 +15,7 @@ import torch
 from kvtier.sampling_params import SamplingParams
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: built for every sampling request every step
 class SampleRow:
     params: SamplingParams
     num_output_tokens: int  # tokens generated before this one
@@ -30,7 +30,7 @@ class Sampled:
 
 def sample(logits: torch.Tensor, rows: list[SampleRow]) -> Sampled:
     """logits: [B, V] fp32, one row per SampleRow."""
-    if all(r.params.greedy and r.params.logprobs is None and not r.banned_ids for r in rows):
+    if _plain_greedy(rows):
         # The common benchmark/greedy batch: one argmax, one device->host copy.
         return Sampled(logits.argmax(dim=-1).tolist(), [None] * len(rows))
     for i, row in enumerate(rows):
@@ -59,6 +59,21 @@ def sample(logits: torch.Tensor, rows: list[SampleRow]) -> Sampled:
             entry.update(zip(top.indices.tolist(), top.values.tolist()))
         out_logprobs.append(entry)
     return Sampled(token_list, out_logprobs)
+
+
+def _plain_greedy(rows: list[SampleRow]) -> bool:
+    """Every row greedy, without logprobs or banned ids. The rows of a batch mostly share
+    one SamplingParams object: each distinct one in a run is checked once."""
+    last = None
+    for r in rows:
+        if r.banned_ids:
+            return False
+        p = r.params
+        if p is not last:
+            if not p.greedy or p.logprobs is not None:
+                return False
+            last = p
+    return True
 
 
 def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

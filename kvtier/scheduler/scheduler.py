@@ -108,30 +108,39 @@ class Scheduler:
         return self._make_plan(step)
 
     def _schedule_running(self, step: _StepBuilder) -> None:
+        # The hot loop of every step (one pass over up to max_num_seqs requests): locals
+        # instead of attribute lookups, counts read straight off the token lists.
+        kv, running = self.kv, self.running
+        allocate_slots = kv.allocate_slots
+        entries, budget = step.entries, step.budget
         i = 0
-        while i < len(self.running) and step.budget > 0:
-            req = self.running[i]
-            recompute = self.kv.num_dropped_tokens(req)
-            n = min(req.num_tokens - req.num_computed_tokens, step.budget - recompute)
+        while i < len(running) and budget > 0:
+            req = running[i]
+            # Nothing is dropped anywhere unless the policy drops prefixes (eLLM).
+            recompute = kv.num_dropped_tokens(req) if kv.num_dropped_token_blocks else 0
+            n = min(len(req.prompt_token_ids) + len(req.output_token_ids)
+                    - req.num_computed_tokens, budget - recompute)
             if n <= 0:
                 break  # its prefix recomputation does not fit this step's budget
-            blocks = self.kv.allocate_slots(req, n)
+            blocks = allocate_slots(req, n)
             while blocks is None:
                 # A policy may free memory without preempting (eLLM drops KV prefixes; the
                 # requests it picks pay by recomputing them, counted from their next step).
-                if self.policy.make_room(self.running, self.kv, self.kv.blocks_needed(req, n)):
-                    blocks = self.kv.allocate_slots(req, n)
-                    recompute = self.kv.num_dropped_tokens(req)  # it may have dropped more
+                if self.policy.make_room(running, kv, kv.blocks_needed(req, n)):
+                    blocks = allocate_slots(req, n)
+                    recompute = kv.num_dropped_tokens(req)  # it may have dropped more
                     continue
-                victim = self.running.pop()  # the newest: it has the least work to lose
+                victim = running.pop()  # the newest: it has the least work to lose
                 self._preempt(victim, step)
                 if victim is req:
                     break
-                blocks = self.kv.allocate_slots(req, n)
+                blocks = allocate_slots(req, n)
             if blocks is None:
                 break  # req itself was preempted and was the last one
-            step.add(req, n, blocks, reset=False, recompute=recompute)
+            entries.append((req, n, blocks, False, recompute))  # step.add, inlined
+            budget -= n + recompute
             i += 1
+        step.budget = budget
 
     def _schedule_swapped(self, step: _StepBuilder) -> None:
         while self.swapped and step.budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -184,36 +193,49 @@ class Scheduler:
             self.waiting.prepend(req)
 
     def _make_plan(self, step: _StepBuilder) -> StepPlan:
-        scheduled = []
+        kv, hidden_store = self.kv, self.kv.hidden
+        # Prefixes dropped after a request was scheduled (eLLM's make_room for a later
+        # one) are recomputed this step too: read them now, when anything is dropped at all.
+        num_dropped_tokens = kv.num_dropped_tokens if kv.num_dropped_token_blocks else None
+        # Decodes first: attention kernels split the batch at num_decodes without a sync.
+        # Two lists in schedule order == a stable sort on "not a decode".
+        decodes: list[ScheduledRequest] = []
+        others: list[ScheduledRequest] = []
+        prefix_recompute = 0
         for req, n, blocks, reset, _ in step.entries:
             start = req.num_computed_tokens
-            dropped = self.kv.num_dropped_tokens(req)
-            self.counters.num_prefix_recompute_tokens += dropped
-            req.num_computed_tokens += n
-            first_time = min(start + n, req.num_prompt_tokens) - req.num_prompt_tokens_seen
-            if first_time > 0:  # a re-prefill after preemption counts as recomputed instead
-                self.counters.num_prompt_tokens += first_time
-                req.num_prompt_tokens_seen += first_time
+            end = req.num_computed_tokens = start + n
+            prompt, out = req.prompt_token_ids, req.output_token_ids
+            num_prompt = len(prompt)
+            if req.num_prompt_tokens_seen < num_prompt:
+                first_time = min(end, num_prompt) - req.num_prompt_tokens_seen
+                if first_time > 0:  # a re-prefill after preemption counts as recomputed
+                    self.counters.num_prompt_tokens += first_time
+                    req.num_prompt_tokens_seen += first_time
+            if start >= num_prompt:  # decodes and chunks of generated tokens
+                token_ids = out[start - num_prompt : end - num_prompt]
+            else:
+                token_ids = req.token_ids_slice(start, end)
+            dropped = num_dropped_tokens(req) if num_dropped_tokens is not None else 0
+            prefix: list[int] = []
+            if dropped:
+                prefix_recompute += dropped
+                prefix = req.token_ids_slice(0, dropped)
             hidden: tuple[int, ...] = ()
-            if self.kv.hidden is not None:  # HCache keeps every computed token's hidden states
-                new_hidden = self.kv.hidden.extend(req.request_id, start + n)
-                hidden = tuple(self.kv.hidden.ids.get(req.request_id, ())) if reset else new_hidden
-            scheduled.append(ScheduledRequest(
-                request_id=req.request_id,
-                token_ids=req.token_ids_slice(start, start + n),
-                start_pos=start,
-                new_block_ids=blocks,
-                reset_blocks=reset,
-                sample=req.num_computed_tokens == req.num_tokens,
-                sampling_params=req.sampling_params,
-                num_output_tokens=req.num_output_tokens,
-                prefix_token_ids=req.token_ids_slice(0, dropped) if dropped else [],
-                new_hidden_ids=hidden,
-            ))
-        # Decodes first: attention kernels split the batch at num_decodes without a sync.
-        scheduled.sort(key=lambda s: s.num_new_tokens != 1)
+            if hidden_store is not None:  # HCache keeps every computed token's hidden states
+                new_hidden = hidden_store.extend(req.request_id, end)
+                hidden = tuple(hidden_store.ids.get(req.request_id, ())) if reset else new_hidden
+            # Positional: ScheduledRequest's field order (request_id, token_ids, start_pos,
+            # new_block_ids, reset_blocks, sample, sampling_params, num_output_tokens,
+            # prefix_token_ids, new_hidden_ids); keywords cost more, 512 times a step.
+            (decodes if n == 1 else others).append(ScheduledRequest(
+                req.request_id, token_ids, start, blocks, reset, end == num_prompt + len(out),
+                req.sampling_params, len(out), prefix, hidden))
+        self.counters.num_prefix_recompute_tokens += prefix_recompute
+        if others:
+            decodes += others
         plan = StepPlan(
-            scheduled=scheduled, swap_out=step.swap_out, swap_in=step.swap_in,
+            scheduled=decodes, swap_out=step.swap_out, swap_in=step.swap_in,
             restores=step.restores,
             finished_ids=self._finished_ids, preempted_ids=self._preempted_ids,
         )
@@ -224,17 +246,23 @@ class Scheduler:
     def update(self, plan: StepPlan, result: StepResult) -> list[Request]:
         """Append sampled tokens; finish requests that stopped. Returns requests that
         received a token this step (finished ones included, already released)."""
-        touched = []
+        touched: list[Request] = []
+        requests, sampled = self.requests, result.sampled
+        any_finished = False
         for sr in plan.scheduled:
-            req = self.requests.get(sr.request_id)
-            if req is None or not sr.sample:
-                continue  # aborted meanwhile, or a prefill chunk that samples nothing
-            req.append_token(result.sampled[sr.request_id])
-            self.counters.num_generation_tokens += 1
+            if not sr.sample:
+                continue  # a prefill chunk that samples nothing
+            req = requests.get(sr.request_id)
+            if req is None:
+                continue  # aborted meanwhile
+            req.append_token(sampled[sr.request_id])
             touched.append(req)
             if req.status.finished:
-                self.running.remove(req)
                 self._release(req)
+                any_finished = True
+        self.counters.num_generation_tokens += len(touched)
+        if any_finished:  # one pass, not a list.remove per finished request
+            self.running[:] = [r for r in self.running if not r.status.finished]
         return touched
 
     def check_integrity(self) -> None:
