@@ -40,7 +40,7 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--layers-per-block", type=int, default=4)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    ap.add_argument("--piecewise-graphs", action="store_true",
+    ap.add_argument("--piecewise-graphs", action=argparse.BooleanOptionalAction, default=True,
                     help="CUDA graphs around attention for mixed steps")
     args = ap.parse_args()
     work = json.load(open(args.workload))

@@ -84,7 +84,7 @@ def main() -> None:
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--skip", type=int, default=40)
     ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--piecewise-graphs", action="store_true")
+    ap.add_argument("--piecewise-graphs", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--cprofile", action="store_true",
                     help="Python profile of the window (cProfile) instead of torch.profiler")
     ap.add_argument("--out", required=True)

@@ -201,7 +201,9 @@ class EngineConfig:
     seed: int = 0
     attention_backend: str = "auto"  # auto | torch | triton
     enforce_eager: bool = False  # no CUDA graphs
-    piecewise_graphs: bool = False  # graphs around attention for steps with prefill rows
+    # Steps with prefill rows run as graph pieces around eager attention (captured when CUDA
+    # graphs are allowed; HCache's steps stay eager).
+    piecewise_graphs: bool = True
     served_model_name: str | None = None
 
     def with_(self, **kw: Any) -> EngineConfig:

@@ -52,7 +52,7 @@ class EngineArgs:
     attention_backend: str = field(default="auto", metadata={"help": "auto|torch|triton"})
     enforce_eager: bool = field(default=False, metadata={"help": "disable CUDA graphs"})
     piecewise_graphs: bool = field(
-        default=False, metadata={"help": "CUDA graphs around attention for mixed steps"})
+        default=True, metadata={"help": "CUDA graphs around attention for mixed steps"})
     served_model_name: str | None = field(default=None, metadata={"help": "name in the API"})
     max_waiting_requests: int | None = field(
         default=None, metadata={"help": "bound on queued requests (server back-pressure)"})
