@@ -7,6 +7,9 @@ reached the end of their known tokens.
 
 from __future__ import annotations
 
+from itertools import compress
+from operator import attrgetter
+
 import numpy as np
 import torch
 
@@ -27,6 +30,7 @@ from kvtier.runner.sampler import SampleRow, sample
 from kvtier.sampling_params import SamplingParams
 
 _PROFILE_PARAMS = SamplingParams(temperature=0.0, max_tokens=1)
+_sample_flag, _request_id = attrgetter("sample"), attrgetter("request_id")
 
 
 class ModelRunner:
@@ -158,9 +162,10 @@ class ModelRunner:
             self.hidden.store(plan.scheduled, batch)
         if logits is None:
             return StepResult(sampled={})
-        sampling = [sr for sr in plan.scheduled if sr.sample]
-        out = sample(logits, [self._sample_row(sr) for sr in sampling])
-        ids = [sr.request_id for sr in sampling]
+        # C-level getters over the (up to max_num_seqs) scheduled requests.
+        sampling = list(compress(plan.scheduled, map(_sample_flag, plan.scheduled)))
+        out = sample(logits, list(map(self._sample_row, sampling)))
+        ids = list(map(_request_id, sampling))
         logprobs = ({i: lp for i, lp in zip(ids, out.logprobs) if lp is not None}
                     if out.logprobs.count(None) != len(ids) else {})
         return StepResult(sampled=dict(zip(ids, out.token_ids)), logprobs=logprobs)

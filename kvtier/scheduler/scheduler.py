@@ -118,8 +118,9 @@ class Scheduler:
             req = running[i]
             # Nothing is dropped anywhere unless the policy drops prefixes (eLLM).
             recompute = kv.num_dropped_tokens(req) if kv.num_dropped_token_blocks else 0
-            n = min(len(req.prompt_token_ids) + len(req.output_token_ids)
-                    - req.num_computed_tokens, budget - recompute)
+            n = len(req.prompt_token_ids) + len(req.output_token_ids) - req.num_computed_tokens
+            if n > budget - recompute:  # (min() is a call)
+                n = budget - recompute
             if n <= 0:
                 break  # its prefix recomputation does not fit this step's budget
             blocks = allocate_slots(req, n)
