@@ -6,10 +6,10 @@ its attention (o GEMM, norm, MLP) and layer l before its own (norm, qkv GEMM, q/
 rotary) — is one piece, captured at padded token counts and replayed around an eager
 attention call: per layer one graph launch and the attention kernels, instead of ~15
 launches each paying Python's launch cost (and cuBLAS's per-shape heuristics, ~80 µs a GEMM
-at a token count not seen before). Measured on the H200,
-eager mixed steps were host-launch-bound (~40 ms for ~20 ms of GPU work,
-benchmarks/results/offline_sharegpt_h200.json); this is the fix, opt-in
-(`--piecewise-graphs`) until it is measured there.
+at a token count not seen before). On the H200 eager mixed steps of the offline ShareGPT
+run were host-bound (~45 ms wall for ~17 ms of kernels, torch.profiler); with the pieces
+they are GPU-bound (benchmarks/profile_offline_steps.py). On by default; `--no-piecewise-
+graphs` runs such steps eagerly.
 
 Activations flow through static buffers shared by all layers (layers run one after the
 other): `hidden` and `residual` between pieces, `q`/`k`/`v` into attention, `attn_out` out
