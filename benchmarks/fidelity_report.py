@@ -141,8 +141,9 @@ def main() -> None:
     r.add_argument("--max-model-len", type=int, default=4096)
     r.add_argument("--max-num-seqs", type=int, default=256)
     r.add_argument("--kv-policy", default="recompute")
-    r.add_argument("--piecewise-graphs", action="store_true",
-                   help="piecewise CUDA graphs for mixed steps (the sim phase follows the record)")
+    r.add_argument("--piecewise-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="piecewise CUDA graphs for mixed steps, the engine's default (the sim "
+                        "phase follows the record; records without the key ran without)")
     r.add_argument("--out", required=True)
     r.set_defaults(func=run_real)
     s = sub.add_parser("sim")
