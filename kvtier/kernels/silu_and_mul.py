@@ -19,16 +19,16 @@ BLOCK = 1024
 
 @triton.jit
 def _silu_and_mul_kernel(
-    x_ptr, stride_x,  # [N, 2 * I]: gate then up
-    out_ptr, stride_out,  # [N, I]
-    I,
+    x_ptr, stride_x,  # [N, 2 * inter]: gate then up
+    out_ptr, stride_out,  # [N, inter]
+    inter,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < I
+    mask = cols < inter
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-    up = tl.load(x_ptr + row * stride_x + I + cols, mask=mask, other=0.0)
+    up = tl.load(x_ptr + row * stride_x + inter + cols, mask=mask, other=0.0)
     g = gate.to(tl.float32)
     act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
     y = act * up.to(tl.float32)
