@@ -47,6 +47,7 @@ def save_model(path: str, seed: int) -> None:
 
 def run(path: str, dtype: str, prompts: list[list[int]], max_tokens: int, **options):
     llm = LLM(path, dtype=dtype, max_model_len=1024, layers_per_block=4, block_size=16,
+              max_num_seqs=64, max_num_batched_tokens=1024,
               **({"kv_cache_gb": 1.0} if "num_gpu_blocks" not in options else {}), **options)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=5)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
