@@ -40,7 +40,10 @@ class KVCacheManager:
         # Sum of every table's num_dropped_blocks: while it is 0 (every policy but eLLM),
         # the scheduler skips asking each request for its dropped prefix.
         self.num_dropped_token_blocks = 0
-        self._nothing_new: tuple[tuple[int, ...], ...] = ((),) * num_groups
+        # Tokens each request's table holds (token blocks x block_size), for reading only:
+        # the scheduler skips allocate_slots for the tokens that already fit.
+        self.num_slots: dict[str, int] = {}
+        self.no_new_blocks: tuple[tuple[int, ...], ...] = ((),) * num_groups
 
     # ---- device allocation -------------------------------------------------------------
     def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
@@ -58,7 +61,7 @@ class KVCacheManager:
         have = len(table.block_ids[0]) if table is not None else 0
         want = -(-(req.num_computed_tokens + num_new_tokens) // self.block_size)
         if want <= have and table is not None:
-            return self._nothing_new  # the common decode step: the last block has room
+            return self.no_new_blocks  # the common decode step: the last block has room
         per_group = max(0, want - have)
         need = per_group * self.num_groups
         reserve = self.watermark_blocks if use_watermark else 0
@@ -73,6 +76,7 @@ class KVCacheManager:
             for b in group_ids:
                 table.append(g, b, Placement.GPU)
             new.append(tuple(group_ids))
+        self.num_slots[req.request_id] = want * self.block_size
         return tuple(new)
 
     def block_table(self, req: Request) -> tuple[tuple[int, ...], ...]:
@@ -85,6 +89,7 @@ class KVCacheManager:
         table = self.tables.pop(req.request_id, None)
         if table is None:
             return
+        del self.num_slots[req.request_id]
         self.num_dropped_token_blocks -= table.num_dropped_blocks
         self.gpu.free([b for _, _, b in table.entries(Placement.GPU)])
         self.host.free([b for _, _, b in table.entries(Placement.HOST)])
@@ -195,6 +200,8 @@ class KVCacheManager:
                 assert Placement.DROPPED not in pls[k:], f"{rid}: a hole after the prefix"
             gpu_owned += [b for _, _, b in table.entries(Placement.GPU)]
             host_owned += [b for _, _, b in table.entries(Placement.HOST)]
+        assert self.num_slots == {rid: len(t.block_ids[0]) * self.block_size
+                                  for rid, t in self.tables.items()}, "slot counts"
         assert self.num_dropped_token_blocks == sum(
             t.num_dropped_blocks for t in self.tables.values()), "dropped-block count"
         self.gpu.check_integrity(gpu_owned)

@@ -111,7 +111,7 @@ class Scheduler:
         # The hot loop of every step (one pass over up to max_num_seqs requests): locals
         # instead of attribute lookups, counts read straight off the token lists.
         kv, running = self.kv, self.running
-        allocate_slots = kv.allocate_slots
+        allocate_slots, num_slots, no_new_blocks = kv.allocate_slots, kv.num_slots, kv.no_new_blocks
         entries, budget = step.entries, step.budget
         i = 0
         while i < len(running) and budget > 0:
@@ -123,7 +123,10 @@ class Scheduler:
                 n = budget - recompute
             if n <= 0:
                 break  # its prefix recomputation does not fit this step's budget
-            blocks = allocate_slots(req, n)
+            if req.num_computed_tokens + n <= num_slots.get(req.request_id, 0):
+                blocks = no_new_blocks  # allocate_slots' answer when the tokens fit already
+            else:
+                blocks = allocate_slots(req, n)
             while blocks is None:
                 # A policy may free memory without preempting (eLLM drops KV prefixes; the
                 # requests it picks pay by recomputing them, counted from their next step).
