@@ -6,14 +6,16 @@
 set -u
 export PYTHONUNBUFFERED=1 KVTIER_GIT_COMMIT=${KVTIER_GIT_COMMIT:-unknown}
 R=$OUT
-timeout 70 python3 -m pytest -q -m gpu tests/runner tests/kernels/test_kernel_silu_and_mul.py \
-  -p no:cacheprovider 2>&1 | tail -6 > $R/gpu_tests.txt; cat $R/gpu_tests.txt
+timeout 30 python3 -m pytest -q -m gpu tests/kernels/test_kernel_silu_and_mul.py \
+  -p no:cacheprovider 2>&1 | tail -3 > $R/gpu_tests_silu.txt; cat $R/gpu_tests_silu.txt
 timeout 110 python3 benchmarks/bench_offline_throughput.py \
   --workload .carry/sharegpt_llama31_1000.json --out $R/offline_sharegpt_h200.json 2>&1 \
   | grep -E "tokens_per_s|elapsed|mean_ms|Error|error" | tail -8
 timeout 90 python3 benchmarks/bench_gpu_path.py --parts decode_targets,host \
   --out $R/gpu_path_h200_targets.json 2>&1 | grep -E "fraction_of_roofline|host_overhead|Error" \
   | cut -c1-400 | tail -4
+timeout 70 python3 -m pytest -q -m gpu tests/runner -p no:cacheprovider 2>&1 | tail -6 \
+  > $R/gpu_tests_runner.txt; cat $R/gpu_tests_runner.txt
 timeout 90 python3 benchmarks/bench_bf16_agreement.py --out $R/bf16_agreement_h200.json 2>&1 \
   | grep -E "^(float32|bfloat16)" | cut -c1-200
 timeout 130 python3 benchmarks/fidelity_report.py real --workload .carry/sharegpt_llama2-13b_1000.json \
