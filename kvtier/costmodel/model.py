@@ -213,7 +213,7 @@ class CostModel:
         """Device seconds, at t padded rows, of (piece 0: a layer before attention: norm,
         qkv GEMM, rotary, copies into the buffers; the last piece: a layer after attention:
         o GEMM, norm, MLP, copies). A middle piece is their sum. Elementwise time is split
-        2/5 before (norm, rotary) and 3/5 after (norm, silu, mul)."""
+        2/4 before (norm, rotary) and 2/4 after (norm, silu*up)."""
         s, tm = self.shapes, self.timer
         ew = tm.keyed(layer_elementwise(s, t), t)
         dims = s.gemm_dims()
@@ -221,13 +221,13 @@ class CostModel:
         cb, ca = piece_copies(s, t)
         ar = 2 * tm.allreduce(allreduce(s, t)) if s.tp > 1 else 0.0
         before = g["qkv"] + ew * 2 / ELEMENTWISE_KERNELS + tm.keyed(cb, t)
-        after = (g["o"] + g["gate_up"] + g["down"] + ew * 3 / ELEMENTWISE_KERNELS
+        after = (g["o"] + g["gate_up"] + g["down"] + ew * 2 / ELEMENTWISE_KERNELS
                  + tm.keyed(ca, t) + ar)
         return before, after
 
     def layer_kernels(self, shape: StepShape, rows: int, graph: bool) -> list[float]:
         """Device seconds of one layer's kernels in issue order (elementwise time is spread
-        over the five elementwise kernels between the GEMMs)."""
+        over the four elementwise kernels between the GEMMs)."""
         s, tm = self.shapes, self.timer
         ew = tm.keyed(layer_elementwise(s, rows), rows) / ELEMENTWISE_KERNELS
         dims = s.gemm_dims()
@@ -241,7 +241,7 @@ class CostModel:
         ar = []
         if s.tp > 1:
             ar = [tm.allreduce(allreduce(s, rows))]
-        return [ew, g["qkv"], ew, *attn, g["o"], *ar, ew, g["gate_up"], ew, ew, g["down"], *ar]
+        return [ew, g["qkv"], ew, *attn, g["o"], *ar, ew, g["gate_up"], ew, g["down"], *ar]
 
     def head_kernels(self, tokens: int, logit_rows: int) -> list[float]:
         """[embedding + final norm, lm_head] device seconds (sampling is timed apart)."""

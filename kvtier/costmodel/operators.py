@@ -4,7 +4,7 @@ runs, per GPU under tensor parallelism. Pure arithmetic on the model's shapes.
 One decoder layer at T tokens (the runner's `kvtier/model/llama.py`):
 
     fused_add_rms_norm -> qkv GEMM -> rotary -> [kv_write -> attention (decode | prefill)]
-    -> o GEMM [-> all-reduce] -> fused_add_rms_norm -> gate_up GEMM -> silu, mul
+    -> o GEMM [-> all-reduce] -> fused_add_rms_norm -> gate_up GEMM -> silu*up
     -> down GEMM [-> all-reduce]
 
 kv_write is counted with the attention operator that follows it (the attention backend
@@ -106,15 +106,15 @@ def attn_prefill(s: Shapes, prefills: tuple[tuple[int, int], ...]) -> Op:
     return Op("attn_prefill", OpKind.ATTN_PREFILL, flops, byts, launches=2)
 
 
-ELEMENTWISE_KERNELS = 5  # two fused add+norms, rotary, silu, mul
+ELEMENTWISE_KERNELS = 4  # two fused add+norms, rotary, silu*up (one fused kernel)
 
 
 def layer_elementwise(s: Shapes, t: int) -> Op:
-    """The five bandwidth-bound kernels of a layer at t tokens, as one operator."""
+    """The four bandwidth-bound kernels of a layer at t tokens, as one operator."""
     e, h = s.elem, s.hidden
     norms = 2 * 4 * t * h * e  # two fused add+norm: read x, residual; write both
     rotary = 2 * t * (s.q + s.kv) * e + t * s.head_dim * 4  # q, k in and out; fp32 cos/sin
-    silu_mul = 5 * t * s.inter * e  # silu: read gate, write; mul: read two, write one
+    silu_mul = 3 * t * s.inter * e  # read gate and up, write their product
     return Op("layer_elementwise", OpKind.ELEMENTWISE, 0.0, float(norms + rotary + silu_mul),
               launches=ELEMENTWISE_KERNELS)
 

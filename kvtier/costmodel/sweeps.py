@@ -66,7 +66,7 @@ class OpSweeper:
 
     # ---- elementwise ---------------------------------------------------------------------------
     def elementwise(self, tokens: list[int]) -> list[list[float]]:
-        """A layer's two fused add+norms, rotary, silu and mul (kv_write goes with attention)."""
+        """A layer's two fused add+norms, rotary and silu*up (kv_write goes with attention)."""
         res = [[t, self._elementwise_at(t)] for t in tokens]
         self.log("  elementwise/layer: " + ", ".join(f"{t}:{s * 1e6:.1f}us" for t, s in res))
         return res
@@ -85,8 +85,7 @@ class OpSweeper:
             ops.rotary(q.view(t, mc.num_heads, mc.head_dim),
                        k.view(t, mc.num_kv_heads, mc.head_dim), pos, self.runner.cos_sin)
             ops.fused_add_rms_norm(x, r, w2, mc.rms_norm_eps)
-            g, u = gu.split(mc.intermediate_size, dim=-1)
-            return F.silu(g) * u
+            return ops.silu_and_mul(gu)
 
         def run() -> None:
             for a, b in norms:

@@ -14,6 +14,7 @@ from kvtier.costmodel.fit import fit_calibration, launch_params
 from kvtier.costmodel.hardware import get_hardware
 from kvtier.costmodel.model import CostModel, CostModelConfig
 from kvtier.costmodel.operators import (
+    ELEMENTWISE_KERNELS,
     Shapes,
     attn_out_copy,
     attn_prefill,
@@ -151,7 +152,7 @@ def test_eager_pricing_is_unchanged_when_pieces_are_off(kw):
     assert not cost.piecewise and cost.parts == {"copies": 0.0, "host": host, "forward": fwd,
                                                  "sample": c.sample.at(4)}
     # ... which is at the real token count: the elementwise kernels' time at 530, not 544
-    ew = c.elementwise.at(530) / 5
+    ew = c.elementwise.at(530) / ELEMENTWISE_KERNELS
     assert layer[0] == pytest.approx(ew, rel=1e-12)
 
 
