@@ -46,3 +46,35 @@ def test_diffs_and_resets_match_a_reference_on_host_and_device():
             assert (bt.table[:, row, :n] == want).all()
             dev = bt.gather_device(torch.tensor([row]), n)[:, 0].numpy()
             assert (dev == want).all()
+
+
+def test_apply_all_equals_apply_one_by_one():
+    """The batched step path (no new block / one new block / the rest) writes exactly what
+    `apply` writes request by request, on the host and the device mirror."""
+    rng = random.Random(1)
+    dev = torch.device("cpu")
+    batched = BlockTables(num_groups=3, max_reqs=6, max_blocks_per_req=40, device=dev)
+    single = BlockTables(num_groups=3, max_reqs=6, max_blocks_per_req=40, device=dev)
+    have: dict[str, int] = {}
+    for _ in range(150):
+        step = []
+        for rid in rng.sample([f"r{i}" for i in range(8)], rng.randint(1, 6)):
+            if rid not in have and len(have) == 6:
+                continue
+            reset = rid not in have or rng.random() < 0.1
+            base = 0 if reset else have[rid]
+            k = min(rng.choice([0, 0, 1, 1, 2]), 40 - base)
+            new = tuple(tuple(rng.randint(0, 999) for _ in range(k)) for _ in range(3))
+            have[rid] = base + k
+            step.append(sr(rid, new, reset))
+        assert batched.apply_all(step) == [single.apply(s) for s in step]
+        batched.sync_device()
+        single.sync_device()
+        assert (batched.table == single.table).all()
+        assert (batched.num_blocks == single.num_blocks).all()
+        assert torch.equal(batched.device_table, single.device_table)
+        if rng.random() < 0.2 and have:
+            gone = rng.choice(sorted(have))
+            batched.remove(gone)
+            single.remove(gone)
+            del have[gone]
