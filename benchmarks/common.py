@@ -33,13 +33,16 @@ def environment() -> dict[str, Any]:
         env["triton"] = triton.__version__
     except ImportError:
         env["triton"] = None
-    try:
-        env["git_commit"] = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        # The device machine gets the working tree without .git: the caller passes HEAD.
-        env["git_commit"] = os.environ.get("KVTIER_GIT_COMMIT")
+    # The device machine gets a copy of the working tree whose .git (if any) may be stale:
+    # the caller's KVTIER_GIT_COMMIT wins.
+    env["git_commit"] = os.environ.get("KVTIER_GIT_COMMIT")
+    if not env["git_commit"]:
+        try:
+            env["git_commit"] = subprocess.run(
+                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+            ).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            env["git_commit"] = None
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name()
         env["gpu_memory_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
