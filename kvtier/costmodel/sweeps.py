@@ -158,6 +158,19 @@ class OpSweeper:
     def _attention_issue(self, contexts: list[int], prefills: list[tuple[int, int]]) -> float | None:
         """Per-layer host seconds of the attention backend's call (eager splits, as a
         piecewise step calls it), or None if the KV does not fit the pool."""
+        return self._time_attention(contexts, prefills, graph_splits=False, issue_only=True)
+
+    # ---- attention -------------------------------------------------------------------------------
+    def attention(self, contexts: list[int], prefills: list[tuple[int, int]],
+                  graph_splits: bool) -> float | None:
+        """Per-layer seconds of kv_write + attention for these decode contexts and prefill
+        chunks, or None if their KV does not fit the pool."""
+        return self._time_attention(contexts, prefills, graph_splits, issue_only=False)
+
+    def _time_attention(self, contexts: list[int], prefills: list[tuple[int, int]],
+                        graph_splits: bool, issue_only: bool) -> float | None:
+        """Install the rows, time every layer's attention call (host issue time, or device
+        time through a graph), remove the rows again."""
         b, mc, runner = self.builder, self.mc, self.runner
         b.reset()
         if not b.fits(list(contexts) + [n + s for n, s in prefills]):
@@ -167,6 +180,8 @@ class OpSweeper:
         try:
             batch = runner.prepare_batch(rows)
             _, _, meta = runner.device_inputs(batch)
+            if graph_splits:  # graphs pass max_model_len: splits fixed for every batch
+                meta = dataclasses.replace(meta, max_seq_len=runner.config.scheduler.max_model_len)
             t = batch.num_tokens
             q = self._randn(t, mc.num_heads, mc.head_dim)
             k = self._randn(t, mc.num_kv_heads, mc.head_dim)
@@ -177,37 +192,8 @@ class OpSweeper:
                 for i in range(self.L):
                     attn.forward(i, q, k, v, kv, meta, scale)
 
-            return self._issue(run) / self.L
-        finally:
-            runner.execute(finish_plan(rows))
-
-    # ---- attention -------------------------------------------------------------------------------
-    def attention(self, contexts: list[int], prefills: list[tuple[int, int]],
-                  graph_splits: bool) -> float | None:
-        """Per-layer seconds of kv_write + attention for these decode contexts and prefill
-        chunks, or None if their KV does not fit the pool."""
-        b, mc, runner = self.builder, self.mc, self.runner
-        b.reset()
-        if not b.fits(list(contexts) + [n + s for n, s in prefills]):
-            return None
-        install, _ = b.decode_rows(contexts)
-        rows = install + b.prefill_rows(prefills)
-        batch = runner.prepare_batch(rows)
-        _, _, meta = runner.device_inputs(batch)
-        if graph_splits:  # graphs pass max_model_len: splits fixed for every batch
-            meta = dataclasses.replace(meta, max_seq_len=runner.config.scheduler.max_model_len)
-        t = batch.num_tokens
-        q = self._randn(t, mc.num_heads, mc.head_dim)
-        k, v = self._randn(t, mc.num_kv_heads, mc.head_dim), self._randn(t, mc.num_kv_heads, mc.head_dim)
-        scale = mc.head_dim ** -0.5
-        attn, kv = runner.attention, runner.gpu_kv
-
-        def run() -> None:
-            for i in range(self.L):
-                attn.forward(i, q, k, v, kv, meta, scale)
-
-        try:
-            return self.timer.graph_seconds(run) / self.L
+            seconds = self._issue(run) if issue_only else self.timer.graph_seconds(run)
+            return seconds / self.L
         finally:
             runner.execute(finish_plan(rows))
 
