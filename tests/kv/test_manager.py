@@ -90,3 +90,24 @@ def test_integrity_catches_a_leak():
     kv.gpu.allocate(1)  # owned by nobody
     with pytest.raises(AssertionError, match="leaked"):
         kv.check_integrity()
+
+
+def test_gpu_slot_usage_counts_unfilled_tails_on_the_device_only():
+    kv = KVCacheManager(num_groups=3, block_size=4, num_gpu_blocks=30, num_host_blocks=12,
+                        watermark=0.0)
+    a, b = req("a", 10), req("b", 4)
+    kv.allocate_slots(a, 10)  # 3 token blocks x 3 groups: 36 slots, 30 filled
+    kv.allocate_slots(b, 4)  # 1 token block x 3 groups: 12 slots, full
+    a.num_computed_tokens, b.num_computed_tokens = 10, 4
+    assert kv.gpu_slot_usage([a, b]) == (48, 42)
+    assert kv.gpu_slot_usage([]) == (0, 0)
+    kv.drop_prefix(a, 1)  # tokens 0-3 dropped: 2 token blocks x 3 groups left, 6 filled each
+    assert kv.gpu_slot_usage([a]) == (24, 18)
+    b.num_computed_tokens = 3  # a block allocated ahead of the tokens it will hold
+    assert kv.gpu_slot_usage([b]) == (12, 9)
+    kv.swap_out(b)  # host blocks are not device slots
+    assert kv.gpu_slot_usage([b]) == (0, 0)
+    kv.tables["a"].placements[1][2] = Placement.HOST  # a mixed group: the slow path agrees
+    assert kv.gpu_slot_usage([a]) == (20, 16)
+    kv.tables["a"].placements[1][2] = Placement.GPU
+    kv.check_integrity()
