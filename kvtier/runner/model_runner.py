@@ -2,7 +2,11 @@
 
 Executes a StepPlan: block copies between pools, then one forward pass over all scheduled
 tokens (a CUDA-graph replay for decode-only steps), then sampling for the requests that
-reached the end of their known tokens.
+reached the end of their known tokens. With `overlap_swap` (the default) the copies run on
+their own stream and the forward waits for each layer group's swap-ins only before that
+group's first attention (kvtier/runner/swap_copies.py), so a decode step that brings
+requests back replays the piecewise graphs rather than the full-model one: a full graph
+could only wait for every copy before it starts.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from kvtier.runner.cuda_graphs import DecodeGraphs
 from kvtier.runner.device import make_attention_backend, make_ops
 from kvtier.runner.hidden_states import HiddenStates
 from kvtier.runner.host_batch import HostBatch, build_host_batch
+from kvtier.runner.kernel_warmup import warm_up_attention
 from kvtier.runner.piecewise_graphs import PiecewiseGraphs
 from kvtier.runner.sampler import SampleRow, sample
+from kvtier.runner.swap_copies import SwapCopies, make_streams
 from kvtier.sampling_params import SamplingParams
 
 _PROFILE_PARAMS = SamplingParams(temperature=0.0, max_tokens=1)
@@ -57,6 +63,8 @@ class ModelRunner:
         self.recompute_scratch = range(0)
         self.hidden: HiddenStates | None = None  # HCache's hidden-state store
         self.piecewise: PiecewiseGraphs | None = None  # steps with prefill rows
+        self.copies = SwapCopies(make_streams(device, config.overlap_swap), self.num_groups,
+                                 self.layers_per_block)
 
     @property
     def use_cuda_graphs(self) -> bool:
@@ -92,6 +100,9 @@ class ModelRunner:
         if extra:
             self.graphs = DecodeGraphs(self, scratch_block=total - 1)
             self.graphs.capture()
+            layer = self.model.layers[0]
+            warm_up_attention(self.gpu_kv[:, 0], total - 1, self.model_config.num_heads,
+                              layer.attn.scale)
         if self.config.piecewise_graphs and self.hidden is None:
             self.piecewise = PiecewiseGraphs(self, capture=self.use_cuda_graphs)
             self.piecewise.capture()
@@ -155,6 +166,7 @@ class ModelRunner:
         if self.hidden is not None:
             self.hidden.apply(plan.scheduled)
             assert self.gpu_kv is not None
+            self.copies.wait_all()  # restores write the KV pool outside the layers
             self.hidden.restore(plan.restores, self.block_tables, self.gpu_kv, self.ops,
                                 self.cos_sin, self.layers_per_block)
         logits = self._logits(batch)
@@ -180,19 +192,27 @@ class ModelRunner:
 
     def _logits(self, batch: HostBatch) -> torch.Tensor | None:
         """Logits of the sampling requests' last tokens ([num_sampling, vocab] fp32)."""
+        copies = self.copies
+        # Swap-ins under overlap: the piecewise graphs wait between layer groups, the full
+        # graph could not (it would wait for every copy before its first kernel).
         if (self.graphs is not None and batch.is_decode_only
-                and len(batch.logits_idx) == batch.num_reqs):
+                and len(batch.logits_idx) == batch.num_reqs
+                and not (copies.has_swap_in and copies.streams.overlaps
+                         and self.piecewise is not None)):
+            copies.wait_all()
             logits = self.graphs.run(batch)
             if logits is not None:
                 return logits
         input_ids, positions, meta = self.device_inputs(batch)
         assert self.gpu_kv is not None, "allocate_kv first"
         hidden = None
+        kv_wait = copies.wait_layer if copies.pending else None
         if self.piecewise is not None:
-            hidden = self.piecewise.forward(input_ids, positions, meta)
+            hidden = self.piecewise.forward(input_ids, positions, meta, kv_wait)
         if hidden is None:
             sink = self.hidden.sink(batch.num_tokens) if self.hidden is not None else None
-            ctx = ForwardContext(self.ops, self.attention, self.gpu_kv, meta, self.cos_sin, sink)
+            ctx = ForwardContext(self.ops, self.attention, self.gpu_kv, meta, self.cos_sin, sink,
+                                 kv_wait)
             hidden = self.model(input_ids, positions, ctx)
         if len(batch.logits_idx) == 0:
             return None
@@ -208,8 +228,9 @@ class ModelRunner:
         return SampleRow(p, num_output, tuple(eos) + tuple(p.stop_token_ids))
 
     def _copy_blocks(self, swap_out: list[BlockCopy], swap_in: list[BlockCopy]) -> None:
-        """All swap-outs, then all swap-ins (a device block freed by a swap-out may be the
-        target of a swap-in in the same step).
+        """All swap-outs, then the swap-ins layer group by layer group (a device block freed
+        by a swap-out may be the target of a swap-in in the same step); the forward waits
+        per group (`SwapCopies`).
 
         One copy per block, straight between the device pool and the pinned host pool:
         a block is hundreds of KiB to a few MiB (F layers x block_size tokens), where a
@@ -218,12 +239,7 @@ class ModelRunner:
         """
         gpu, host = self.gpu_kv, self.host_kv
         assert gpu is not None and host is not None
-        # All on the current stream: stream order alone makes a later swap-in (or reuse) of
-        # a host block see the swap-out's data; nothing on the host reads the pool.
-        for c in swap_out:
-            host[c.dst].copy_(gpu[c.src], non_blocking=True)
-        for c in swap_in:
-            gpu[c.dst].copy_(host[c.src], non_blocking=True)
+        self.copies.issue(gpu, host, swap_out, swap_in)
 
     def device_inputs(
         self, batch: HostBatch

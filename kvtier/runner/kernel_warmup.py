@@ -1,0 +1,48 @@
+"""Compile every Triton variant an eager attention call can pick, before serving starts.
+
+A step with prefill rows runs attention eagerly (between graph pieces), and the split-K
+decode kernel's variant depends on the step: one split or several (`SINGLE_SPLIT`), and the
+merge kernel is specialized on the split count's power of two. Whichever variant a step
+meets first used to be compiled inside that step: the first mixed step of the H200 fidelity
+trace took 0.78 s instead of ~20 ms (benchmarks/results/fidelity_real_h200.json), a TTFT
+spike for the first requests. Each call here reads one scratch block that no request owns and
+writes nothing to the pool (negative slots are skipped by kv_write).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvtier.kernels.kv_write import kv_write
+from kvtier.kernels.paged_decode_attention import MAX_SPLITS, paged_decode_attention
+from kvtier.kernels.paged_prefill_attention import paged_prefill_attention
+
+
+def split_counts_to_warm(max_splits: int = MAX_SPLITS) -> list[int]:
+    """1, then one split count per power-of-two class of the merge kernel: 2, 3, 5, 9, ..."""
+    counts, n = [1], 2
+    while n <= max_splits:
+        counts.append(n)
+        n = 2 * n - 1 if n > 2 else 3
+    return counts
+
+
+@torch.inference_mode()
+def warm_up_attention(layer_kv: torch.Tensor, scratch_block: int, num_heads: int,
+                      scale: float) -> None:
+    """`layer_kv`: one layer's view of the device pool, [num_blocks, 2, block_size, Hkv, D]."""
+    _, _, block_size, num_kv_heads, head_dim = layer_kv.shape
+    dev, dt = layer_kv.device, layer_kv.dtype
+    q = torch.zeros(2, num_heads, head_dim, dtype=dt, device=dev)
+    k = torch.zeros(2, num_kv_heads, head_dim, dtype=dt, device=dev)
+    tables = torch.full((2, 1), scratch_block, dtype=torch.int32, device=dev)
+    seq_lens = torch.full((2,), min(2, block_size), dtype=torch.int32, device=dev)
+    kv_write(layer_kv, k, k, torch.full((2,), -1, dtype=torch.int64, device=dev))
+    for splits in split_counts_to_warm():
+        paged_decode_attention(q, layer_kv, tables, seq_lens, scale, num_splits=splits,
+                               max_seq_len=int(seq_lens[0]))
+    qsl = torch.tensor([0, int(seq_lens[0])], dtype=torch.int32, device=dev)
+    paged_prefill_attention(q[: int(seq_lens[0])], layer_kv, tables[:1], seq_lens[:1], qsl,
+                            scale, num_tokens=int(seq_lens[0]))
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
