@@ -63,3 +63,16 @@ def test_slo_caps_the_batch():
 def test_infeasible_slo_is_reported():
     d = planner(kv_gb=40, slo_ms=1).solve([1000] * 10)
     assert not d.feasible and d.batch == 1
+
+
+def test_a_feasible_stop_without_success_is_kept():
+    # A load seen in a simulated ShareGPT run (214 requests, mean context 253.17, 40 GiB):
+    # SLSQP ends at the optimum from every start with "positive directional derivative for
+    # linesearch" (success False). That point is inside both bounds; before, the planner
+    # reported the load infeasible and fell back to b = 1, r = r_max, dropping half of every
+    # running request's KV.
+    p = RequestLevelPlanner(M13, PlannerConfig(
+        hbm_bytes_per_s=4.24e12, bf16_flops=761e12, kv_budget_bytes=42614128640,
+        tpot_slo_s=0.1, max_batch=512, max_uncached_ratio=0.5))
+    d = p.solve([253] * 213 + [290])
+    assert d.feasible and d.batch > 200 and d.uncached_ratio < 0.01
