@@ -52,7 +52,7 @@ def run(args, engine_args: EngineArgs, requests, planner_scale: float | None = N
             "prefix_recompute_tokens": stats.num_prefix_recompute_tokens_total}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workload", required=True)
     ap.add_argument("--calibration", default=None)
@@ -60,7 +60,7 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=50.0)
     ap.add_argument("--kv-cache-gb", type=float, default=40.0)
     ap.add_argument("--out", required=True)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     reqs = load_prepared(args.workload, args.num_prompts, LengthLimits())
     reqs = with_arrivals(reqs, ArrivalSpec(ArrivalKind.GAMMA, rate=args.rate, cv=1.6925), seed=0)
     base = EngineArgs(model="llama-2-13b", load_format="dummy", max_model_len=2048,
