@@ -204,6 +204,9 @@ class EngineConfig:
     # Steps with prefill rows run as graph pieces around eager attention (captured when CUDA
     # graphs are allowed; HCache's steps stay eager).
     piecewise_graphs: bool = True
+    # Swap copies on their own CUDA stream, the forward waiting per layer group only before
+    # that group's first attention (kvtier/runner/swap_copies.py); off: copies then forward.
+    overlap_swap: bool = True
     served_model_name: str | None = None
 
     def with_(self, **kw: Any) -> EngineConfig:

@@ -41,11 +41,14 @@ class ScheduledRequest:
 
 @dataclass(frozen=True)
 class BlockCopy:
-    """Move one block between pools; the runner does all swap-outs, then all swap-ins,
-    before the forward pass (a block freed by a swap-out may be the target of a swap-in)."""
+    """Move one block between pools; the runner does all swap-outs, then all swap-ins (a
+    block freed by a swap-out may be the target of a swap-in). `group` is the block's layer
+    group: with layer-level overlap the swap-ins go group by group and the forward's layers
+    of group g wait only for the copies of groups <= g (kvtier/runner/swap_copies.py)."""
 
     src: int
     dst: int
+    group: int = 0
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,9 @@ class EngineArgs:
     enforce_eager: bool = field(default=False, metadata={"help": "disable CUDA graphs"})
     piecewise_graphs: bool = field(
         default=True, metadata={"help": "CUDA graphs around attention for mixed steps"})
+    overlap_swap: bool = field(
+        default=True, metadata={"help": "swap-in copies overlap the forward layer group by "
+                                        "layer group (--no-overlap-swap: copies first)"})
     served_model_name: str | None = field(default=None, metadata={"help": "name in the API"})
     max_waiting_requests: int | None = field(
         default=None, metadata={"help": "bound on queued requests (server back-pressure)"})
@@ -87,7 +90,7 @@ class EngineArgs:
                 or sched.max_num_batched_tokens // 2), device=self.device,
             load_format=self.load_format, tokenizer=self.tokenizer, seed=self.seed,
             attention_backend=self.attention_backend, enforce_eager=self.enforce_eager,
-            piecewise_graphs=self.piecewise_graphs,
+            piecewise_graphs=self.piecewise_graphs, overlap_swap=self.overlap_swap,
             served_model_name=self.served_model_name,
         )
 

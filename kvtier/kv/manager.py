@@ -99,13 +99,13 @@ class KVCacheManager:
     # ---- moving whole requests between tiers ------------------------------------------
     @staticmethod
     def _relocate(table: MapTable, src: Placement, dst: Placement,
-                  new_ids: list[int]) -> list[tuple[int, int]]:
+                  new_ids: list[int]) -> list[tuple[int, int, int]]:
         """Give every `src` entry the next of `new_ids` (-1 for nowhere) and placement `dst`;
-        returns (old block, new block) per entry."""
+        returns (old block, new block, layer group) per entry."""
         moves = []
         for (g, j, old), new in zip(table.entries(src), new_ids):
             table.block_ids[g][j], table.placements[g][j] = new, dst
-            moves.append((old, new))
+            moves.append((old, new, g))
         return moves
 
     def _can_bring_back(self, req: Request, placement: Placement, extra_tokens: int) -> bool:
@@ -124,8 +124,8 @@ class KVCacheManager:
         if not self.host.can_allocate(n):
             return None
         moves = self._relocate(table, Placement.GPU, Placement.HOST, self.host.allocate(n))
-        self.gpu.free([old for old, _ in moves])
-        return [BlockCopy(src=old, dst=new) for old, new in moves]
+        self.gpu.free([old for old, _, _ in moves])
+        return [BlockCopy(src=old, dst=new, group=g) for old, new, g in moves]
 
     def can_swap_in(self, req: Request, extra_tokens: int) -> bool:
         return self._can_bring_back(req, Placement.HOST, extra_tokens)
@@ -136,8 +136,8 @@ class KVCacheManager:
             return []
         n = len(table.entries(Placement.HOST))
         moves = self._relocate(table, Placement.HOST, Placement.GPU, self.gpu.allocate(n))
-        self.host.free([old for old, _ in moves])
-        return [BlockCopy(src=old, dst=new) for old, new in moves]
+        self.host.free([old for old, _, _ in moves])
+        return [BlockCopy(src=old, dst=new, group=g) for old, new, g in moves]
 
     # ---- hidden states instead of KV (HCache) ------------------------------------------
     def hide(self, req: Request) -> None:
@@ -150,7 +150,7 @@ class KVCacheManager:
             return
         n = len(table.entries(Placement.GPU))
         moves = self._relocate(table, Placement.GPU, Placement.HIDDEN, [-1] * n)
-        self.gpu.free([old for old, _ in moves])
+        self.gpu.free([old for old, _, _ in moves])
 
     def can_unhide(self, req: Request, extra_tokens: int) -> bool:
         return self._can_bring_back(req, Placement.HIDDEN, extra_tokens)

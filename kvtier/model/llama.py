@@ -100,6 +100,8 @@ class DecoderLayer(nn.Module):
         ctx: ForwardContext,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         q, k, v, residual = self.before_attention(x, residual, positions, ctx)
+        if ctx.kv_wait is not None:  # this layer's KV may still be arriving (swap-ins)
+            ctx.kv_wait(self.attn.layer_idx)
         out = ctx.attention.forward(self.attn.layer_idx, q, k, v, ctx.kv_cache, ctx.meta,
                                     self.attn.scale)
         return self.after_attention(out, residual, ctx.ops)
@@ -142,10 +144,14 @@ class ForwardContext:
         meta: AttentionMetadata,
         cos_sin_cache: torch.Tensor,
         hidden_sink: Callable[[int, torch.Tensor], None] | None = None,
+        kv_wait: Callable[[int], None] | None = None,
     ):
         self.ops, self.attention, self.kv_cache = ops, attention, kv_cache
         self.meta, self.cos_sin_cache = meta, cos_sin_cache
         self.hidden_sink = hidden_sink
+        # Called with the layer index before each attention: the runner makes the compute
+        # stream wait there for the swap-ins of the layer's group (layer-level overlap).
+        self.kv_wait = kv_wait
 
 
 class LlamaForCausalLM(nn.Module):

@@ -21,6 +21,7 @@ gets the first `num_tokens` rows) and no row depends on another outside attentio
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -118,8 +119,12 @@ class PiecewiseGraphs:
 
     # ---- a step --------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor | None:
-        """Final hidden states [num_tokens, hidden], or None if the step is too large."""
+                meta: AttentionMetadata,
+                kv_wait: Callable[[int], None] | None = None) -> torch.Tensor | None:
+        """Final hidden states [num_tokens, hidden], or None if the step is too large.
+        `kv_wait(l)` runs before layer l's attention: between pieces is the one place a
+        step can wait for the swap-ins of a layer group (layer-level overlap) while the
+        earlier layers' pieces already run."""
         n = input_ids.shape[0]
         t = self.padded(n)
         if t is None:
@@ -133,6 +138,8 @@ class PiecewiseGraphs:
         self._run(0, t, ctx)
         for layer_idx, layer in enumerate(model.layers):
             assert isinstance(layer, DecoderLayer)
+            if kv_wait is not None:
+                kv_wait(layer_idx)
             out = r.attention.forward(layer_idx, self.q[:n], self.k[:n], self.v[:n], r.gpu_kv,
                                       meta, layer.attn.scale)
             self.attn_out[:n].copy_(out)

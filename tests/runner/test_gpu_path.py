@@ -86,3 +86,19 @@ def test_gpu_hcache_equals_cpu_fp32(tmp_path):
                                layers_per_block=2, max_num_batched_tokens=24)
     assert stats.num_restored_tokens_total > 0
     assert gpu == cpu
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("batched_tokens", [24, 512])  # chunked mixed steps; decode-only ones
+@pytest.mark.parametrize("piecewise", [True, False])
+def test_gpu_swap_overlap_equals_cpu_fp32(tmp_path, overlap, batched_tokens, piecewise):
+    # Swap-ins on the copy stream, waited for per layer group (piecewise or eager attention;
+    # decode steps that carry swap-ins leave the full graph), or copies first when off.
+    path = save_tiny_model("llama-gqa", tmp_path)
+    cpu, _ = greedy_tokens(path, device="cpu")
+    gpu, stats = greedy_tokens(path, device="cuda", kv_policy="swap", num_gpu_blocks=18,
+                               layers_per_block=2, max_num_batched_tokens=batched_tokens,
+                               overlap_swap=overlap, piecewise_graphs=piecewise)
+    assert stats.num_preemptions_total > 0 and stats.num_swap_in_blocks_total > 0
+    assert gpu == cpu

@@ -1,0 +1,186 @@
+"""A step's swap copies, overlapped with its forward pass layer group by layer group (eLLM's
+layer-level overlap, applied to preempt-swap).
+
+Why: a block holds F consecutive layers (one layer group), so a request swapped back in
+is G = L/F independent pieces of KV. Copied in one lump before the forward, the whole
+transfer sits on the critical path (13B, 1k tokens: ~0.8 GB, ~15 ms of PCIe per request);
+but layer l's attention needs only group l // F. So the copies go on a dedicated copy
+stream, group 0's first, with one event per group, and the compute stream waits on group
+g's event just before the first attention of group g: layers of earlier groups compute
+while later groups' KV is still crossing PCIe. What remains exposed (the bubble) is the
+first group's copy plus whatever the copies outrun the compute by.
+
+Hazards, and what orders them (everything that touches a pool is on one of the two streams;
+nothing on the host reads either pool):
+  * a swap-out reads a device block the previous forward wrote, and a swap-in writes one
+    the previous forward may have read (freed at a finish): the copy stream first waits for
+    everything already on the compute stream (`begin`);
+  * a swap-out's source block is free from this step on: a swap-in of the same step may
+    land in it (stream order: swap-outs go first on the copy stream), and this step's
+    kv_write may write it. So every group's event comes after all swap-outs, and the
+    compute stream waits on group 0's event (at least) before its first attention;
+  * host blocks are written by swap-outs and read by swap-ins, both on the copy stream:
+    stream order alone makes a reused host block safe;
+  * a later step may reuse a device block this step copied (a step with copies but no
+    forward waits on nothing): the next `issue` first makes the compute stream wait for
+    the copy stream's earlier work, which costs nothing when the forward already waited.
+Steps that replay a full-model CUDA graph cannot wait in the middle: the runner sends decode
+steps carrying swap-ins through the piecewise graphs (eager attention between pieces, where
+the waits go) or, without them, waits for everything before the replay (`wait_all`).
+
+With overlap off (EngineConfig.overlap_swap, the ablation) and on the CPU, `InOrderStreams`
+puts every copy on the current stream in plan order and every wait is a no-op: today's
+behaviour. The ordering and event bookkeeping is the same code for all three, so a fake
+stream object (tests/runner/test_swap_copies.py) checks it on the CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import nullcontext
+from typing import Any, ContextManager, Protocol
+
+import torch
+
+from kvtier.core.plan import BlockCopy
+
+
+class Streams(Protocol):
+    """Where copies go and how the compute stream is made to wait for them."""
+
+    def begin(self) -> None:
+        """The copy stream waits for the compute stream's work so far."""
+
+    def copying(self) -> ContextManager[Any]:
+        """Copies (tensor.copy_) issued inside go to the copy stream."""
+
+    def record(self) -> Any:
+        """An event recorded on the copy stream after the copies issued so far."""
+
+    def wait(self, event: Any) -> None:
+        """The compute stream waits for `event`."""
+
+    def join(self) -> None:
+        """The compute stream waits for everything issued on the copy stream so far."""
+
+
+class InOrderStreams:
+    """Everything on the current stream, in plan order (the CPU, and overlap off)."""
+
+    overlaps = False
+
+    def begin(self) -> None:
+        pass
+
+    def copying(self) -> ContextManager[Any]:
+        return nullcontext()
+
+    def record(self) -> Any:
+        return None
+
+    def wait(self, event: Any) -> None:
+        pass
+
+    def join(self) -> None:
+        pass
+
+
+class CudaCopyStream:
+    """A dedicated CUDA stream for the copies; events without timing (cheap to record)."""
+
+    overlaps = True
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+
+    def _compute(self) -> torch.cuda.Stream:
+        return torch.cuda.current_stream(self.device)
+
+    def begin(self) -> None:
+        self.stream.wait_stream(self._compute())
+
+    def copying(self) -> ContextManager[Any]:
+        return torch.cuda.stream(self.stream)
+
+    def record(self) -> Any:
+        event = torch.cuda.Event()
+        event.record(self.stream)
+        return event
+
+    def wait(self, event: Any) -> None:
+        self._compute().wait_event(event)
+
+    def join(self) -> None:
+        self._compute().wait_stream(self.stream)
+
+
+def make_streams(device: torch.device, overlap: bool) -> Streams:
+    if overlap and device.type == "cuda":
+        return CudaCopyStream(device)
+    return InOrderStreams()
+
+
+class SwapCopies:
+    """Issues a step's swap copies and answers, per layer, what the forward must wait for."""
+
+    def __init__(self, streams: Streams, num_groups: int, layers_per_block: int):
+        self.streams = streams
+        self.num_groups, self.layers_per_block = num_groups, layers_per_block
+        self.events: list[Any] = []  # recorded this step, in copy-stream order
+        # ready[g]: index into events that group g's attention waits for (-1: nothing)
+        self.ready: list[int] = [-1] * num_groups
+        self.waited = -1  # the latest event the compute stream already waits for
+        self.unjoined = False  # copies issued that the compute stream may not wait for yet
+        self.has_swap_in = False  # this step carries swap-ins
+
+    @property
+    def pending(self) -> bool:
+        """Some layer of this step's forward still has to wait for a copy."""
+        return self.waited < len(self.events) - 1
+
+    def issue(self, gpu: torch.Tensor, host: torch.Tensor,
+              swap_out: Sequence[BlockCopy], swap_in: Sequence[BlockCopy]) -> None:
+        """All swap-outs, then the swap-ins group by group, one event after each group
+        that has any (and one after the swap-outs when there are no swap-ins in group 0)."""
+        s = self.streams
+        if self.unjoined:  # the previous step's copies, before anything reuses their blocks
+            s.join()
+            self.unjoined = False
+        self.events, self.ready, self.waited = [], [-1] * self.num_groups, -1
+        self.has_swap_in = bool(swap_in)
+        if not swap_out and not swap_in:
+            return
+        s.begin()
+        by_group: list[list[BlockCopy]] = [[] for _ in range(self.num_groups)]
+        for c in swap_in:
+            by_group[c.group].append(c)
+        current = -1
+        with s.copying():
+            for c in swap_out:
+                host[c.dst].copy_(gpu[c.src], non_blocking=True)
+            if swap_out and not by_group[0]:
+                self.events.append(s.record())
+                current = 0
+            for g, copies in enumerate(by_group):
+                if copies:
+                    for c in copies:
+                        gpu[c.dst].copy_(host[c.src], non_blocking=True)
+                    self.events.append(s.record())
+                    current = len(self.events) - 1
+                self.ready[g] = current
+        self.unjoined = True
+
+    def wait_layer(self, layer_idx: int) -> None:
+        """Before layer `layer_idx`'s attention (its kv_write and reads)."""
+        i = self.ready[layer_idx // self.layers_per_block]
+        if i > self.waited:
+            self.streams.wait(self.events[i])
+            self.waited = i
+
+    def wait_all(self) -> None:
+        """Before a forward that cannot wait between layers (a full-model graph replay), or
+        anything else that touches the KV pool outside the layers."""
+        if self.pending:
+            self.waited = len(self.events) - 1
+            self.streams.wait(self.events[-1])
