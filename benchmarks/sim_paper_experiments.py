@@ -421,6 +421,65 @@ def exp_fsweep(a: argparse.Namespace) -> None:
                 "map_table_calls_timed": list(_KV_CALLS), "rows": rows}, a)
 
 
+# ---- the physics behind them: the cost model's prices -------------------------------------------
+def exp_physics(a: argparse.Namespace) -> None:
+    """What recomputing a dropped prefix costs per step against what it frees, and what
+    swapping the same KV over PCIe costs once, from the simulated engine's cost model."""
+    from kvtier.costmodel.shape import StepShape
+
+    e = build_sim_engine(engine_args(a, "ellm"), a.gpu, a.calibration)
+    cm, mc = e.executor.cost_model, e.model_config
+    ctx = a.physics_ctx
+    kv_token = mc.kv_bytes_per_token(2)
+    hw = cm.hw
+    rows = []
+    for b in (32, 64, 128, 192, 256):
+        base = cm.predict(StepShape(b, b * ctx, ctx, (), b)).executor_s
+        for total in (0, 16 * 4, 180, 512, 1024, 2048, 4096):
+            # whole 16-token blocks: k requests recompute `per` prefix tokens each
+            per = max(16, total // b) if total else 0
+            k = min(b, total // per) if total else 0
+            pre = tuple((per, 0) for _ in range(k))
+            t = cm.predict(StepShape(b, b * ctx, ctx, pre, b)).executor_s if k else base
+            rows.append({"batch": b, "context": ctx, "recompute_tokens": k * per,
+                         "step_ms": 1e3 * t, "extra_ms": 1e3 * (t - base),
+                         "extra_us_per_recompute_token": 1e6 * (t - base) / (k * per) if k else None,
+                         "kv_freed_mib": k * per * kv_token / 2**20})
+    flops_per_token = 2 * mc.num_params()
+    d2h = hw.d2h[CopyMechanism.BULK]
+    h2d = hw.h2d[CopyMechanism.BULK]
+    payload = {
+        "gpu": hw.name, "kv_bytes_per_token": kv_token,
+        "ridge_flop_per_byte": hw.bf16_flops / hw.hbm_bytes_per_s,
+        # tokens a step puts through the weights before the linear layers turn compute-bound:
+        # 2 FLOP per weight per token against 2 bytes per weight read
+        "ridge_tokens_per_step": hw.bf16_flops / hw.hbm_bytes_per_s,
+        "recompute_us_per_token_at_gemm_peak": 1e6 * flops_per_token / hw.bf16_flops,
+        "pcie_out_and_in_us_per_token": 1e6 * (d2h.alpha_s_per_byte + h2d.alpha_s_per_byte) * kv_token,
+        "ellm_max_recompute_tokens_per_step": e.config.policy_options.max_recompute_tokens,
+        "rows": rows,
+    }
+    save(f"physics_{a.gpu}", payload, a)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for b in sorted({r["batch"] for r in rows}):
+        pts = [(r["recompute_tokens"], r["step_ms"]) for r in rows if r["batch"] == b]
+        ax.plot(*zip(*pts), "o-", label=f"{b} decodes, ctx {ctx}")
+    ax.axvline(payload["ridge_tokens_per_step"], ls=":", color="grey")
+    ax.set_xscale("symlog", linthresh=64)
+    ax.set_xlabel("prefix tokens recomputed in the step (dotted: ridge point)")
+    ax.set_ylabel("step time (ms)")
+    ax.set_title(f"eLLM recompute price, llama-2-13b, cost model ({hw.name})", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(Path(a.out_dir) / f"physics_{a.gpu}.png", dpi=100)
+    plt.close(fig)
+    for r in rows:
+        if r["batch"] in (64, 192):
+            print(r)
+    print({k: v for k, v in payload.items() if k != "rows"})
+
+
 # ---- 5. planner perturbation -------------------------------------------------------------------
 def exp_planner(a: argparse.Namespace) -> None:
     from benchmarks import sim_ellm_sweeps
@@ -429,7 +488,7 @@ def exp_planner(a: argparse.Namespace) -> None:
                           "--out", "benchmarks/results/sim_ellm_sweeps.json"])
 
 
-EXPERIMENTS = {"e2e": exp_e2e, "load": exp_load, "leval": exp_leval, "fsweep": exp_fsweep,
+EXPERIMENTS = {"physics": exp_physics, "e2e": exp_e2e, "load": exp_load, "leval": exp_leval, "fsweep": exp_fsweep,
                "planner": exp_planner}
 
 
@@ -472,6 +531,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--f-values", type=_csv(int), default=(2, 4, 8))
     ap.add_argument("--f-policies", type=_csv(str), default=("recompute", "ellm"))
     ap.add_argument("--planner-workload", default=".carry/sharegpt_llama2_13b_1500.json")
+    ap.add_argument("--physics-ctx", type=int, default=400, help="decode context of the price table")
     ap.add_argument("--out-dir", default=str(OUT_DIR))
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
