@@ -1,6 +1,6 @@
 """The cost model: a step plan in, its predicted wall time out.
 
-    step = copies (swap out, then in)
+    step = copies (swap out, then in; with overlap_swap only the bubble, see below)
          + decode-only and graph-eligible:  host_graph(B) + L * layer(B_pad) + head(B_pad)
            piecewise graphs on, T <= max:   host_eager(B, T) + queue(pieces at T_pad,
                                                                      attention at the real rows)
@@ -22,6 +22,14 @@ token count `t` from `piecewise_sizes`; L+1 replays in all, then final norm and 
 eagerly. These launches go through the same queue (`overlap.queue_seconds`), each with its
 own host cost (HostParams.replay_s, attn_*_s, op_launch_s) and a replay's device time the
 sum of its piece's kernels.
+
+Swap overlap (`overlap_swap`, EngineConfig's): the runner copies on a stream of its own, layer
+group by layer group, and the forward waits for group g's swap-ins only before group g's
+first attention; so an eager or piecewise step pays for its copies only the bubble of
+`overlap.swap_overlap_seconds` (group 0's copies and the swap-outs always, the rest as far as
+they outrun the earlier groups' compute). A full-graph replay cannot wait mid-graph: decode
+steps with swap-ins are priced as the runner runs them, piecewise when pieces are captured,
+else a graph replay after all copies (serial, as without overlap).
 """
 
 from __future__ import annotations
@@ -43,7 +51,12 @@ from kvtier.costmodel.operators import (
     piece_copies,
 )
 from kvtier.costmodel.optimes import OpTimer
-from kvtier.costmodel.overlap import Launch, forward_seconds, queue_seconds
+from kvtier.costmodel.overlap import (
+    Launch,
+    forward_seconds,
+    queue_seconds,
+    swap_overlap_seconds,
+)
 from kvtier.costmodel.shape import StepShape
 from kvtier.runner.cuda_graphs import graph_batch_sizes
 from kvtier.runner.piecewise_graphs import piecewise_sizes
@@ -63,6 +76,10 @@ class CostModelConfig:
     # with cuda_graphs, as the runner captures them) at padded token counts up to this:
     piecewise_graphs: bool = False
     max_num_batched_tokens: int = 8192  # SchedulerConfig's: the largest piecewise size
+    # Swap copies overlap the forward per layer group (EngineConfig.overlap_swap; the runner's
+    # default is on, off here so hand-built models keep the serial pricing they were fit with):
+    overlap_swap: bool = False
+    layers_per_block: int = 0  # CacheConfig.layers_in_block: the copies' layer groups (0: one)
 
 
 @dataclass(frozen=True)
@@ -112,6 +129,9 @@ class CostModel:
                 parts.update(self._piecewise(shape, piece))
             else:
                 parts.update(self._eager(shape))
+            if not graph and self.config.overlap_swap and (shape.num_swap_in
+                                                           or shape.num_swap_out):
+                _, parts["copies"] = self.swap_overlap(shape, parts["forward"])
             parts["sample"] = self.timer.keyed(_sample_op(self.shapes, shape.num_sampled),
                                                shape.num_sampled) if shape.num_sampled else 0.0
         loop = self.loop.seconds(shape.num_reqs, shape.num_sampled)
@@ -138,10 +158,24 @@ class CostModel:
             t += bulk_out.seconds(c * m.num_layers * per_token_layer, m.num_layers)
         return t
 
+    def swap_overlap(self, shape: StepShape, forward_s: float) -> tuple[float, float]:
+        """(forward with its waits for copies, the bubble) of an eager or piecewise step
+        whose copies overlap a forward of `forward_s` seconds, layer group by layer group."""
+        out, inn = self.copy_parts(shape)
+        return swap_overlap_seconds(forward_s, out, inn, self.group_layers())
+
+    def group_layers(self) -> list[int]:
+        """Layers in each layer group (the last may hold fewer)."""
+        L = self.mc.num_layers
+        f = self.config.layers_per_block or L
+        return [min(f, L - start) for start in range(0, L, f)]
+
     def graph_batch(self, shape: StepShape) -> int | None:
         """The padded batch whose graph the runner replays, or None for an eager step."""
         if not shape.is_decode_only or shape.num_sampled != shape.num_decodes:
             return None
+        if shape.num_swap_in and self.config.overlap_swap and self.piece_sizes:
+            return None  # the runner waits for swap-ins between pieces instead
         for size in self.graph_sizes:
             if size >= shape.num_decodes:
                 return size
@@ -254,14 +288,18 @@ class CostModel:
 
     def copy_seconds(self, shape: StepShape) -> float:
         """Swap-outs then swap-ins, one call each way (the runner's `_copy_blocks`)."""
+        return sum(self.copy_parts(shape))
+
+    def copy_parts(self, shape: StepShape) -> tuple[float, float]:
+        """(swap-out seconds, swap-in seconds) of the step's copies."""
         c = self.calib
         if c is not None and self.timer.same_hw and c.copy_out_blocks and c.copy_in_blocks:
-            return ((c.copy_out_blocks.at(shape.num_swap_out) if shape.num_swap_out else 0.0)
-                    + (c.copy_in_blocks.at(shape.num_swap_in) if shape.num_swap_in else 0.0))
+            return ((c.copy_out_blocks.at(shape.num_swap_out) if shape.num_swap_out else 0.0),
+                    (c.copy_in_blocks.at(shape.num_swap_in) if shape.num_swap_in else 0.0))
         out, inn = self.copy_costs()
         b = self.config.block_bytes
-        return ((out.seconds(b * shape.num_swap_out) if shape.num_swap_out else 0.0)
-                + (inn.seconds(b * shape.num_swap_in) if shape.num_swap_in else 0.0))
+        return ((out.seconds(b * shape.num_swap_out) if shape.num_swap_out else 0.0),
+                (inn.seconds(b * shape.num_swap_in) if shape.num_swap_in else 0.0))
 
     def copy_costs(self) -> tuple[CopyCost, CopyCost]:
         """The runner's swap path, affine: measured, or (uncalibrated) one bulk copy each way."""

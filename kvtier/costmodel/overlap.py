@@ -119,3 +119,30 @@ def queue_seconds_brute(layer: Sequence[Launch], num_layers: int, pre: Sequence[
         host, gpu = _run_launches(layer, host, gpu)
     host, gpu = _run_launches(post, host, gpu)
     return max(host, gpu)
+
+
+# ---- swap copies overlapped with the forward, layer group by layer group ---------------------
+# The runner (kvtier/runner/swap_copies.py) issues a step's swap-outs, then its swap-ins group
+# by group, on a copy stream, and the forward waits for group g's copies just before group g's
+# first attention. A request is swapped whole, with the same number of blocks in every group,
+# so the swap-ins split evenly: group g's copies are done at
+#     E_g = out + (g + 1) * in / G
+# after the forward's first launch (the host work before it is not counted as overlap, as the
+# serial pricing does not count it either). The forward's time is spread evenly over its layers,
+# the wait put at the start of each group (its first layer's norm and qkv GEMM, before the
+# attention, are a small part of a layer), so with n_g layers in group g and c = forward / L:
+#     t_0 = 0,   t_{g+1} = max(t_g, E_g) + n_g * c,   bubble = t_G - forward.
+# Group 0's copies (and every swap-out) are always exposed; later groups' hide behind the
+# compute of the groups before them until the copies outrun it.
+def swap_overlap_seconds(forward_s: float, copy_out_s: float, copy_in_s: float,
+                         group_layers: Sequence[int]) -> tuple[float, float]:
+    """(seconds from the forward's first launch until it ends, the bubble: how long it
+    waited for copies), with `group_layers[g]` layers in layer group g."""
+    num_layers, groups = sum(group_layers), len(group_layers)
+    if not num_layers:
+        return forward_s + copy_out_s + copy_in_s, copy_out_s + copy_in_s
+    per_layer = forward_s / num_layers
+    t = 0.0
+    for g, n in enumerate(group_layers):
+        t = max(t, copy_out_s + (g + 1) * copy_in_s / groups) + n * per_layer
+    return t, t - forward_s

@@ -70,7 +70,10 @@ def build_sim_engine(
         # the runner's rule too: pieces are captured when piecewise graphs are on, CUDA
         # graphs allowed and no HCache (cuda_graphs above carries the last two)
         piecewise_graphs=config.piecewise_graphs,
-        max_num_batched_tokens=config.scheduler.max_num_batched_tokens))
+        max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+        # copies overlapped per layer group: the runner's rule needs a CUDA device only
+        overlap_swap=config.overlap_swap,
+        layers_per_block=cache.layers_in_block(mc.num_layers)))
     clock = clock if clock is not None else VirtualClock()
     eos = tuple(tokenizer.eos_token_ids) + tuple(mc.eos_token_ids)
     executor = SimulatedExecutor(cost, clock, ordinary_token(eos, mc.vocab_size),

@@ -111,3 +111,30 @@ def test_measured_swap_curve_beats_the_affine_summary_when_present():
     a = model(A100, calib)
     t = a.copy_seconds(StepShape(num_swap_out=10))
     assert t == pytest.approx(A100.d2h[CopyMechanism.BULK].seconds(10 * BLOCK))
+
+
+def test_swap_overlap_prices_the_bubble_and_leaves_the_full_graph():
+    # Decode steps bringing requests back: with overlap and piecewise graphs the runner
+    # replays the pieces and waits per layer group; the copies cost only the bubble.
+    shape = StepShape(num_decodes=64, decode_ctx_sum=64 * 1000, decode_ctx_max=1000,
+                      num_sampled=64, num_swap_in=400)
+    serial = model(piecewise_graphs=True)
+    over = model(piecewise_graphs=True, overlap_swap=True, layers_per_block=4)
+    assert serial.graph_batch(shape) == 64 and over.graph_batch(shape) is None
+    s, o = serial.predict(shape), over.predict(shape)
+    assert s.graph and s.parts["copies"] == serial.copy_seconds(shape)
+    assert o.piecewise and not o.graph
+    copy_in = over.copy_parts(shape)[1]
+    fwd = o.parts["forward"]
+    groups = over.group_layers()
+    assert groups == [4] * 10  # 40 layers, F = 4
+    # Group 0's tenth of the copies is exposed at least; the rest hides or exceeds compute.
+    expect = max(copy_in / 10, copy_in + fwd / 10 - fwd)
+    assert math.isclose(o.parts["copies"], expect, rel_tol=1e-9)
+    assert o.parts["copies"] < s.parts["copies"]
+    # Without piecewise graphs the full graph replays after all copies: serial pricing.
+    g = model(overlap_swap=True, layers_per_block=4).predict(shape)
+    assert g.graph and g.parts["copies"] == serial.copy_seconds(shape)
+    # Copy-only steps and steps without copies are unchanged.
+    assert over.predict(StepShape(num_swap_in=10)).executor_s == \
+        serial.predict(StepShape(num_swap_in=10)).executor_s

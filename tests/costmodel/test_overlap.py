@@ -40,3 +40,22 @@ def test_lag_params_of_a_known_layer():
     delta, a = layer_lag_params([3.0, 1.0], launch_s=2.0)
     assert delta == 4.0 - 4.0
     assert a == max(1.0, 4.0 - 2.0)
+
+
+# ---- swap copies overlapped per layer group -------------------------------------------------
+def test_swap_overlap_on_hand_computed_numbers():
+    # forward 10 ms over 4 groups of one layer (2.5 ms each); swap-outs 1 ms, swap-ins 8 ms
+    # (2 ms a group): group g's copies done at 3, 5, 7, 9 ms. Layers: 3..5.5, 5.5..8,
+    # 8..10.5, 10.5..13 ms, so the forward ends at 13 ms: a 3 ms bubble (serial: 19 ms).
+    from kvtier.costmodel.overlap import swap_overlap_seconds
+
+    end, bubble = swap_overlap_seconds(10.0, 1.0, 8.0, [1, 1, 1, 1])
+    assert (end, bubble) == (13.0, 3.0)
+    # Copies that outrun the compute: 20 ms of swap-ins, 5 ms a group, done at 5, 10, 15, 20:
+    # the last group waits, 20 + 2.5 = 22.5 ms.
+    assert swap_overlap_seconds(10.0, 0.0, 20.0, [1, 1, 1, 1]) == (22.5, 12.5)
+    # Uneven groups (L=5, F=2: 2, 2, 1 layers, 2 ms a layer), 3 ms of swap-ins (1 a group):
+    # only group 0's copy is exposed: 1 + 10 ms.
+    assert swap_overlap_seconds(10.0, 0.0, 3.0, [2, 2, 1]) == (11.0, 1.0)
+    # One group (F = L): nothing to overlap, copies then forward.
+    assert swap_overlap_seconds(10.0, 1.0, 8.0, [4]) == (19.0, 9.0)

@@ -93,3 +93,11 @@ def test_ellm_lends_scratch_blocks_from_the_pool_as_the_real_builder_does():
     scratch = recompute_scratch_blocks(ellm.config)
     assert scratch > 0
     assert ellm.scheduler.kv.gpu.num_blocks == base.scheduler.kv.gpu.num_blocks - scratch
+
+
+def test_swap_overlap_flag_reaches_the_cost_model():
+    on = build_sim_engine(args13(kv_policy="swap"), "h200").executor.cost_model.config
+    off = build_sim_engine(args13(kv_policy="swap", overlap_swap=False),
+                           "h200").executor.cost_model.config
+    assert on.overlap_swap and not off.overlap_swap
+    assert on.layers_per_block == 4
