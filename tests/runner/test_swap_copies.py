@@ -195,3 +195,17 @@ def test_runner_waits_per_group_before_attention(piecewise):
     stats = llm.engine.get_stats()
     assert stats.num_preemptions_total > 0
     assert split_steps > 0, "no step overlapped a later group's swap-ins with compute"
+
+
+def test_swap_overlap_benchmark_runs_on_the_cpu(tmp_path):
+    from benchmarks.bench_swap_overlap import main
+
+    out = tmp_path / "r.json"
+    assert main(["--model", "tiny-llama-gqa", "--device", "cpu", "--cases", "2:32",
+                 "--decodes", "2", "--decode-ctx", "32", "--layers-per-block", "2",
+                 "--reps", "1", "--warmup", "0", "--out", str(out)]) == 0
+    import json
+
+    case = json.loads(out.read_text())["cases"][0]
+    assert case["swap_in_blocks"] == 2 * 2 * 2  # requests x token blocks x groups
+    assert {"step_overlap", "step_serial", "copies", "forward_piecewise"} <= set(case)
