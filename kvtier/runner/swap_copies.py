@@ -37,8 +37,8 @@ stream object (tests/runner/test_swap_copies.py) checks it on the CPU.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import nullcontext
-from typing import Any, ContextManager, Protocol
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Protocol
 
 import torch
 
@@ -48,10 +48,12 @@ from kvtier.core.plan import BlockCopy
 class Streams(Protocol):
     """Where copies go and how the compute stream is made to wait for them."""
 
+    overlaps: bool  # copies run beside the compute (False: in order on the current stream)
+
     def begin(self) -> None:
         """The copy stream waits for the compute stream's work so far."""
 
-    def copying(self) -> ContextManager[Any]:
+    def copying(self) -> AbstractContextManager[Any]:
         """Copies (tensor.copy_) issued inside go to the copy stream."""
 
     def record(self) -> Any:
@@ -72,7 +74,7 @@ class InOrderStreams:
     def begin(self) -> None:
         pass
 
-    def copying(self) -> ContextManager[Any]:
+    def copying(self) -> AbstractContextManager[Any]:
         return nullcontext()
 
     def record(self) -> Any:
@@ -100,7 +102,7 @@ class CudaCopyStream:
     def begin(self) -> None:
         self.stream.wait_stream(self._compute())
 
-    def copying(self) -> ContextManager[Any]:
+    def copying(self) -> AbstractContextManager[Any]:
         return torch.cuda.stream(self.stream)
 
     def record(self) -> Any:
