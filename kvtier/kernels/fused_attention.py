@@ -224,10 +224,10 @@ def fused_paged_attention(
     assert first is not None
     dtype, D, block_size = first.q.dtype, first.q.shape[2], first.kv_cache.shape[2]
     device = first.q.device
-    for part in (prefill, decode):
-        if part is not None:
-            check(part.q.dtype == dtype and part.q.shape[2] == D
-                  and part.kv_cache.shape[2] == block_size,
+    for problem in (prefill, decode):
+        if problem is not None:
+            check(problem.q.dtype == dtype and problem.q.shape[2] == D
+                  and problem.kv_cache.shape[2] == block_size,
                   "prefill and decode must share dtype, head_dim and block_size")
 
     p_out = d_out = None

@@ -21,7 +21,7 @@ from kvtier.attention.metadata import AttentionMetadata
 from kvtier.config import EngineConfig
 from kvtier.core.plan import BlockCopy, ScheduledRequest, StepPlan, StepResult
 from kvtier.kv.manager import cdiv
-from kvtier.model.llama import ForwardContext
+from kvtier.model.llama import DecoderLayer, ForwardContext
 from kvtier.model.loader import build_model
 from kvtier.model.rope import cos_sin_cache
 from kvtier.runner.block_tables import BlockTables
@@ -101,6 +101,7 @@ class ModelRunner:
             self.graphs = DecodeGraphs(self, scratch_block=total - 1)
             self.graphs.capture()
             layer = self.model.layers[0]
+            assert isinstance(layer, DecoderLayer)
             warm_up_attention(self.gpu_kv[:, 0], total - 1, self.model_config.num_heads,
                               layer.attn.scale)
         if self.config.piecewise_graphs and self.hidden is None:

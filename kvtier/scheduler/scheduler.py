@@ -123,6 +123,7 @@ class Scheduler:
                 n = budget - recompute
             if n <= 0:
                 break  # its prefix recomputation does not fit this step's budget
+            blocks: tuple[tuple[int, ...], ...] | None
             if req.num_computed_tokens + n <= num_slots.get(req.request_id, 0):
                 blocks = no_new_blocks  # allocate_slots' answer when the tokens fit already
             else:
