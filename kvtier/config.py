@@ -202,7 +202,7 @@ class EngineConfig:
     attention_backend: str = "auto"  # auto | torch | triton
     enforce_eager: bool = False  # no CUDA graphs
     # Steps with prefill rows run as graph pieces around eager attention (captured when CUDA
-    # graphs are allowed; HCache's steps stay eager).
+    # graphs are allowed; HCache's decode steps replay pieces too, no full-model graph).
     piecewise_graphs: bool = True
     # Swap copies on their own CUDA stream, the forward waiting per layer group only before
     # that group's first attention (kvtier/runner/swap_copies.py); off: copies then forward.

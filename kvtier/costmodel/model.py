@@ -68,7 +68,10 @@ PREFILL_LAUNCHES = 2  # kv_write, varlen attention
 
 @dataclass(frozen=True)
 class CostModelConfig:
-    cuda_graphs: bool = True  # decode-only steps replay CUDA graphs (the runner's default)
+    cuda_graphs: bool = True  # CUDA graphs allowed (the runner's default on a GPU)
+    # Decode-only steps replay a full-model graph; off under HCache, whose steps all replay
+    # pieces (a piece hands each layer's attention input to the host between graphs).
+    decode_graphs: bool = True
     max_num_seqs: int = 256  # graphs are captured for padded batches up to this
     block_bytes: int = 0  # one KV block (CacheConfig.block_bytes), for swap copies
     num_gpus: int = 1  # tensor parallel degree
@@ -105,7 +108,8 @@ class CostModel:
         self.timer = OpTimer(hw, self.shapes, calib)
         self.host = calib.host if calib is not None else HostParams()
         self.loop = calib.loop if calib is not None else LoopParams()
-        self.graph_sizes = graph_batch_sizes(config.max_num_seqs) if config.cuda_graphs else []
+        self.graph_sizes = (graph_batch_sizes(config.max_num_seqs)
+                            if config.cuda_graphs and config.decode_graphs else [])
         self.piece_sizes = (piecewise_sizes(config.max_num_batched_tokens)
                             if config.cuda_graphs and config.piecewise_graphs else [])
 

@@ -67,10 +67,16 @@ class ModelRunner:
                                  self.layers_per_block)
 
     @property
-    def use_cuda_graphs(self) -> bool:
-        # HCache captures hidden states from every layer: its steps run eagerly.
+    def graphs_allowed(self) -> bool:
+        """CUDA graphs of any kind (full decode graphs or pieces) may be captured."""
         return (self.device.type == "cuda" and not self.config.enforce_eager
-                and self.attention.name == "triton" and self.hidden is None)
+                and self.attention.name == "triton")
+
+    @property
+    def use_cuda_graphs(self) -> bool:
+        """Full-model decode graphs. HCache keeps every layer's attention input, which a
+        piecewise step hands over between its pieces but a whole-model graph cannot."""
+        return self.graphs_allowed and self.hidden is None
 
     def allocate_hidden(self, num_blocks: int) -> None:
         """HCache: the host pool of per-layer hidden states (before allocate_kv)."""
@@ -91,21 +97,23 @@ class ModelRunner:
         of scratch for dropped-prefix recomputation (eLLM) and one for padded graph rows.
         Zeroed on the device: padded rows may read a block nobody wrote."""
         shape = self.block_shape()
-        extra = 1 if self.use_cuda_graphs else 0
+        extra = 1 if self.graphs_allowed else 0
         self.recompute_scratch = range(num_gpu_blocks, num_gpu_blocks + num_recompute_blocks)
         total = num_gpu_blocks + num_recompute_blocks + extra
         self.gpu_kv = torch.zeros((total, *shape), dtype=self.dtype, device=self.device)
         pin = self.device.type == "cuda"
         self.host_kv = torch.empty((num_host_blocks, *shape), dtype=self.dtype, pin_memory=pin)
-        if extra:
+        if self.use_cuda_graphs:
             self.graphs = DecodeGraphs(self, scratch_block=total - 1)
             self.graphs.capture()
+        if extra:
             layer = self.model.layers[0]
             assert isinstance(layer, DecoderLayer)
             warm_up_attention(self.gpu_kv[:, 0], total - 1, self.model_config.num_heads,
                               layer.attn.scale)
-        if self.config.piecewise_graphs and self.hidden is None:
-            self.piecewise = PiecewiseGraphs(self, capture=self.use_cuda_graphs)
+        if self.config.piecewise_graphs:
+            self.piecewise = PiecewiseGraphs(self, capture=self.graphs_allowed,
+                                             keep_attention_inputs=self.hidden is not None)
             self.piecewise.capture()
 
     @torch.inference_mode()
@@ -210,7 +218,8 @@ class ModelRunner:
         hidden = None
         kv_wait = copies.wait_layer if copies.pending else None
         if self.piecewise is not None:
-            hidden = self.piecewise.forward(input_ids, positions, meta, kv_wait)
+            sink = self.hidden.sink(batch.num_tokens) if self.hidden is not None else None
+            hidden = self.piecewise.forward(input_ids, positions, meta, kv_wait, sink)
         if hidden is None:
             sink = self.hidden.sink(batch.num_tokens) if self.hidden is not None else None
             ctx = ForwardContext(self.ops, self.attention, self.gpu_kv, meta, self.cos_sin, sink,

@@ -47,7 +47,8 @@ def piecewise_sizes(max_tokens: int) -> list[int]:
 
 
 class PiecewiseGraphs:
-    def __init__(self, runner: ModelRunner, capture: bool = True):
+    def __init__(self, runner: ModelRunner, capture: bool = True,
+                 keep_attention_inputs: bool = False):
         self.runner: ModelRunner = weakref.proxy(runner)
         cfg, dev, dt = runner.model_config, runner.device, runner.dtype
         self.sizes = piecewise_sizes(runner.config.scheduler.max_num_batched_tokens)
@@ -59,6 +60,11 @@ class PiecewiseGraphs:
         self.k = torch.zeros(m, cfg.num_kv_heads, cfg.head_dim, dtype=dt, device=dev)
         self.v = torch.zeros(m, cfg.num_kv_heads, cfg.head_dim, dtype=dt, device=dev)
         self.attn_out = torch.zeros(m, cfg.num_heads, cfg.head_dim, dtype=dt, device=dev)
+        # HCache: each piece also leaves its layer's attention input (the normed hidden
+        # state) here, and the step hands it to the hidden-state sink before the next piece
+        # overwrites it (stream order).
+        self.attn_in = (torch.zeros(m, cfg.hidden_size, dtype=dt, device=dev)
+                        if keep_attention_inputs else None)
         self.capture_graphs = capture
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (piece, size)
         self.pool: Any = None
@@ -67,7 +73,13 @@ class PiecewiseGraphs:
         r = self.runner
         assert r.gpu_kv is not None
         # Pieces touch neither attention nor its metadata: placeholders for the context.
-        return ForwardContext(r.ops, r.attention, r.gpu_kv, None, r.cos_sin)  # type: ignore[arg-type]
+        keep = self._keep_attention_input if self.attn_in is not None else None
+        return ForwardContext(r.ops, r.attention, r.gpu_kv, None, r.cos_sin,  # type: ignore[arg-type]
+                              keep)
+
+    def _keep_attention_input(self, layer_idx: int, x: torch.Tensor) -> None:
+        assert self.attn_in is not None
+        self.attn_in[: x.shape[0]].copy_(x)
 
     # ---- the two pieces, reading and writing the static buffers ------------------------
     def _before(self, layer: DecoderLayer, first: bool, t: int, ctx: ForwardContext) -> None:
@@ -120,11 +132,14 @@ class PiecewiseGraphs:
     # ---- a step --------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 meta: AttentionMetadata,
-                kv_wait: Callable[[int], None] | None = None) -> torch.Tensor | None:
+                kv_wait: Callable[[int], None] | None = None,
+                hidden_sink: Callable[[int, torch.Tensor], None] | None = None,
+                ) -> torch.Tensor | None:
         """Final hidden states [num_tokens, hidden], or None if the step is too large.
         `kv_wait(l)` runs before layer l's attention: between pieces is the one place a
         step can wait for the swap-ins of a layer group (layer-level overlap) while the
-        earlier layers' pieces already run."""
+        earlier layers' pieces already run. `hidden_sink(l, x)` receives layer l's attention
+        input (HCache)."""
         n = input_ids.shape[0]
         t = self.padded(n)
         if t is None:
@@ -138,6 +153,9 @@ class PiecewiseGraphs:
         self._run(0, t, ctx)
         for layer_idx, layer in enumerate(model.layers):
             assert isinstance(layer, DecoderLayer)
+            if hidden_sink is not None:
+                assert self.attn_in is not None, "pieces built without keep_attention_inputs"
+                hidden_sink(layer_idx, self.attn_in[:n])
             if kv_wait is not None:
                 kv_wait(layer_idx)
             out = r.attention.forward(layer_idx, self.q[:n], self.k[:n], self.v[:n], r.gpu_kv,

@@ -64,11 +64,11 @@ def build_sim_engine(
         config = with_planner(config, engine_args, pools.num_gpu_blocks * pools.block_bytes,
                               planner_hardware or hw)
     cost = CostModel(mc, hw, calib, CostModelConfig(
-        cuda_graphs=not config.enforce_eager and not hidden,  # the runner's rule
+        # the runner's rules: graphs unless eager; full decode graphs unless HCache (its
+        # steps replay pieces, which hand over the hidden states); pieces when enabled
+        cuda_graphs=not config.enforce_eager, decode_graphs=not hidden,
         max_num_seqs=config.scheduler.max_num_seqs,
         block_bytes=pools.block_bytes, num_gpus=num_gpus,
-        # the runner's rule too: pieces are captured when piecewise graphs are on, CUDA
-        # graphs allowed and no HCache (cuda_graphs above carries the last two)
         piecewise_graphs=config.piecewise_graphs,
         max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
         # copies overlapped per layer group: the runner's rule needs a CUDA device only

@@ -21,7 +21,10 @@ def test_piecewise_graphs_follow_the_engine_config():
     assert on.predict(MIXED).piecewise and on.piecewise_size(MIXED) == 544
     off = cost_model(piecewise_graphs=False)
     assert not off.config.piecewise_graphs and not off.predict(MIXED).piecewise
-    # No CUDA graphs (enforce_eager) or HCache (its steps run eagerly): no pieces either.
+    # No CUDA graphs (enforce_eager): no pieces either.
     assert not cost_model(piecewise_graphs=True, enforce_eager=True).predict(MIXED).piecewise
-    assert not cost_model(piecewise_graphs=True, kv_policy="hcache").predict(MIXED).piecewise
+    # HCache: pieces for every step, no full decode graph (the runner's rule).
+    hcache = cost_model(piecewise_graphs=True, kv_policy="hcache")
+    assert hcache.predict(MIXED).piecewise and not hcache.config.decode_graphs
+    assert hcache.graph_sizes == []
 
