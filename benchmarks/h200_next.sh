@@ -23,6 +23,7 @@ timeout 300 python3 -m kvtier.cli bench --model llama-2-13b --load-format dummy 
   --arrivals paper-gamma --slo-ttft 2000 --slo-tpot 100 --kv-cache-gb 20 --swap-space 24 \
   --max-model-len 2048 --max-num-seqs 128 --max-duration 55 --gpu-monitor \
   --out $R/bench_13b 2>&1 | tail -8
+tar -C $R -czf $R/bench_13b.tar.gz bench_13b && rm -rf $R/bench_13b  # $OUT returns <= 8 files
 timeout 120 python3 benchmarks/bench_swap_overlap.py --quick --out $R/swap_overlap_h200.json 2>&1 | tail -4
 timeout 110 python3 benchmarks/bench_offline_throughput.py \
   --workload .carry/sharegpt_llama31_1000.json --out $R/offline_sharegpt_h200.json 2>&1 \
