@@ -91,22 +91,33 @@ def recompute_scratch_blocks(config) -> int:
     return -(-config.policy_options.max_recompute_tokens // config.cache.block_size)
 
 
-def with_planner(config, args: EngineArgs, kv_bytes: int, hw=None):
+def with_planner(config, args: EngineArgs, kv_bytes: int, hw=None, cost_model=None,
+                 plan_for=None):
     """eLLM's planned mode: the planner sees the pool just sized. Its roofline uses `hw`, by
-    default the H200's measured ceilings (the only GPU measured here)."""
+    default the H200's measured ceilings (the only GPU measured here); given the calibrated
+    `cost_model` (the simulator's), its efficiencies and overheads are fitted to it
+    (kvtier/planner/fit.py). `plan_for`: other ceilings to plan with after the fit (the
+    planner-constants sensitivity experiment)."""
     from dataclasses import replace
 
     from kvtier.costmodel.hardware import get_hardware
+    from kvtier.planner.fit import fit_to_cost_model
     from kvtier.planner.request_level import PlannerConfig, RequestLevelPlanner
 
     if config.kv_policy != "ellm":
         raise ConfigError("--ellm-planner needs --kv-policy ellm")
     hw = hw or get_hardware("h200")
-    planner = RequestLevelPlanner(config.model_config, PlannerConfig(
+    cfg = PlannerConfig(
         hbm_bytes_per_s=hw.hbm_bytes_per_s, bf16_flops=hw.bf16_flops, kv_budget_bytes=kv_bytes,
         tpot_slo_s=args.ellm_tpot_slo_ms / 1e3, max_batch=config.scheduler.max_num_seqs,
         max_uncached_ratio=config.policy_options.max_uncached_ratio,
-        layers_per_block=config.cache.layers_per_block))
+        layers_per_block=config.cache.layers_per_block)
+    if cost_model is not None:
+        cfg = fit_to_cost_model(config.model_config, cfg, cost_model,
+                                config.scheduler.max_num_batched_tokens)
+    if plan_for is not None:
+        cfg = replace(cfg, hbm_bytes_per_s=plan_for.hbm_bytes_per_s, bf16_flops=plan_for.bf16_flops)
+    planner = RequestLevelPlanner(config.model_config, cfg)
     return config.with_(policy_options=replace(config.policy_options, planner=planner))
 
 

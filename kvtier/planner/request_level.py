@@ -42,6 +42,13 @@ class PlannerConfig:
     layers_per_block: int = 4
     step_overhead_s: float = 0.5e-3  # launches and host work not hidden behind the GPU
     dtype_bytes: int = 2
+    # What the ceilings deliver in practice (1.0: the roofline as measured by the probes) and
+    # the extra cost of a step that recomputes anything (it leaves the full-model decode graph
+    # for piecewise graphs with eager attention and a prefill attention). Fitted to the
+    # calibrated cost model by `kvtier.planner.fit.fit_to_cost_model`.
+    flops_efficiency: float = 1.0
+    hbm_efficiency: float = 1.0
+    recompute_overhead_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -69,18 +76,20 @@ class RequestLevelPlanner:
         """Seconds of a decode step of b requests of context s with a fraction r of each
         context dropped and recomputed (b * s * r extra tokens through the whole model)."""
         c, m, d = self.cfg, self.m, self.cfg.dtype_bytes
+        bw, flops = c.hbm_bytes_per_s * c.hbm_efficiency, c.bf16_flops * c.flops_efficiency
         recomputed = b * s * r
         tokens = b + recomputed
-        linear = _smax(self.linear_params * d / c.hbm_bytes_per_s,
-                       2.0 * self.linear_params * tokens / c.bf16_flops)
-        head = _smax(self.lm_head_params * d / c.hbm_bytes_per_s,
-                     2.0 * self.lm_head_params * b / c.bf16_flops)
+        linear = _smax(self.linear_params * d / bw, 2.0 * self.linear_params * tokens / flops)
+        head = _smax(self.lm_head_params * d / bw, 2.0 * self.lm_head_params * b / flops)
         # Attention: decode rows read the cached KV; the recomputed prefix is a causal prefill
         # (its KV is written and read back from scratch, L2-resident in practice).
         kv_read = b * s * (1.0 - r) * self.kv_bytes_per_token
         attn_flops = 4.0 * m.num_layers * m.q_size * (b * s + b * (s * r) ** 2 / 2.0)
-        attn = _smax(kv_read / c.hbm_bytes_per_s, attn_flops / c.bf16_flops)
-        return linear + head + attn + c.step_overhead_s
+        attn = _smax(kv_read / bw, attn_flops / flops)
+        # The switch cost of recomputing at all, smoothed (a step so SLSQP keeps a gradient):
+        # full by r = 1 %, about a block of a 2k context.
+        switch = c.recompute_overhead_s * r / (r + 0.002)
+        return linear + head + attn + c.step_overhead_s + switch
 
     def memory(self, b: float, r: float, s: float) -> float:
         cached = b * s * (1.0 - r) * self.kv_bytes_per_token
@@ -109,12 +118,15 @@ class RequestLevelPlanner:
                            method="SLSQP", bounds=bounds, constraints=cons,
                            options={"maxiter": 100, "ftol": 1e-9})
             # SLSQP often stops at the optimum with "positive directional derivative in
-            # linesearch" (success False); any point inside both bounds is a valid answer.
-            ok = min(slo_slack(res.x), memory_slack(res.x)) >= -1e-6
-            if ok and (best is None or res.fun < best.fun):
-                best = res
+            # linesearch" (success False), sometimes a hair outside a bound; the answer is
+            # the whole batch below its point, which any point that close satisfies.
+            x = np.array([max(1.0, np.floor(res.x[0] + 1e-6)), res.x[1]])
+            ok = min(slo_slack(x), memory_slack(x)) >= -1e-9
+            value = -x[0] / self.step_time(x[0], x[1], s)
+            if ok and (best is None or value < best[0]):
+                best = (value, x)
         if best is None:  # even one request at r_max misses a bound: run one, drop most
             b, r, feasible = 1, c.max_uncached_ratio, False
         else:
-            b, r, feasible = int(np.floor(best.x[0] + 1e-6)), float(best.x[1]), True
+            b, r, feasible = int(best[1][0]), float(best[1][1]), True
         return Decision(b, r, self.step_time(b, r, s), feasible, time.perf_counter() - t0)

@@ -60,9 +60,6 @@ def build_sim_engine(
                         num_hidden_blocks=(engine_args.num_hidden_blocks
                                            or hidden_blocks_for(config, torch.bfloat16))
                         if hidden else None)
-    if engine_args.ellm_planner:
-        config = with_planner(config, engine_args, pools.num_gpu_blocks * pools.block_bytes,
-                              planner_hardware or hw)
     cost = CostModel(mc, hw, calib, CostModelConfig(
         # the runner's rules: graphs unless eager; full decode graphs unless HCache (its
         # steps replay pieces, which hand over the hidden states); pieces when enabled
@@ -74,6 +71,9 @@ def build_sim_engine(
         # copies overlapped per layer group: the runner's rule needs a CUDA device only
         overlap_swap=config.overlap_swap,
         layers_per_block=cache.layers_in_block(mc.num_layers)))
+    if engine_args.ellm_planner:  # fitted to the same cost model the clock advances by
+        config = with_planner(config, engine_args, pools.num_gpu_blocks * pools.block_bytes,
+                              hw, cost_model=cost, plan_for=planner_hardware)
     clock = clock if clock is not None else VirtualClock()
     eos = tuple(tokenizer.eos_token_ids) + tuple(mc.eos_token_ids)
     executor = SimulatedExecutor(cost, clock, ordinary_token(eos, mc.vocab_size),
