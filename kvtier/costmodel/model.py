@@ -85,6 +85,23 @@ class CostModelConfig:
     layers_per_block: int = 0  # CacheConfig.layers_in_block: the copies' layer groups (0: one)
 
 
+def engine_cost_config(config, block_bytes: int, num_gpus: int = 1) -> CostModelConfig:
+    """The cost-model settings that mirror how the runner executes this EngineConfig:
+    graphs unless eager; full decode graphs unless HCache (its steps replay pieces, which
+    hand over the hidden states); pieces when enabled; swap copies overlapped per group."""
+    from kvtier.policies import get_policy
+
+    mc, sched = config.model_config, config.scheduler
+    hidden = get_policy(config.kv_policy).keeps_hidden_states
+    return CostModelConfig(
+        cuda_graphs=not config.enforce_eager, decode_graphs=not hidden,
+        max_num_seqs=sched.max_num_seqs, block_bytes=block_bytes, num_gpus=num_gpus,
+        piecewise_graphs=config.piecewise_graphs,
+        max_num_batched_tokens=sched.max_num_batched_tokens,
+        overlap_swap=config.overlap_swap,
+        layers_per_block=config.cache.layers_in_block(mc.num_layers))
+
+
 @dataclass(frozen=True)
 class StepCost:
     executor_s: float  # what ModelRunner.execute takes

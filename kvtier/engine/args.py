@@ -49,6 +49,10 @@ class EngineArgs:
         default=False, metadata={"help": "ellm: r from the request-level planner (SLSQP)"})
     ellm_tpot_slo_ms: float = field(
         default=100.0, metadata={"help": "ellm planner: the TPOT SLO it plans for"})
+    ellm_planner_calibration: str | None = field(
+        default=None, metadata={"help": "ellm planner: cost-model calibration JSON (kvtier "
+                                        "profile) its roofline is fitted to (default: the "
+                                        "probe ceilings alone)"})
     attention_backend: str = field(default="auto", metadata={"help": "auto|torch|triton"})
     enforce_eager: bool = field(default=False, metadata={"help": "disable CUDA graphs"})
     piecewise_graphs: bool = field(

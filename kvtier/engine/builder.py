@@ -63,7 +63,9 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         runner.allocate_hidden(num_hidden)
     runner.allocate_kv(num_gpu, num_host, scratch)
     if args.ellm_planner:
-        config = with_planner(config, args, num_gpu * pools.block_bytes)
+        cost_model = (planner_cost_model(config, args, pools.block_bytes)
+                      if args.ellm_planner_calibration else None)
+        config = with_planner(config, args, num_gpu * pools.block_bytes, cost_model=cost_model)
     kv = KVCacheManager(
         num_groups=runner.num_groups, block_size=config.cache.block_size,
         num_gpu_blocks=num_gpu, num_host_blocks=num_host, num_hidden_blocks=num_hidden,
@@ -91,11 +93,25 @@ def recompute_scratch_blocks(config) -> int:
     return -(-config.policy_options.max_recompute_tokens // config.cache.block_size)
 
 
+def planner_cost_model(config, args: EngineArgs, block_bytes: int, hw=None):
+    """The calibrated cost model the real engine's planner is fitted to (the same model
+    `kvtier bench --simulate --calibration` runs, so both plan alike)."""
+    from kvtier.costmodel.calibration import Calibration
+    from kvtier.costmodel.hardware import get_hardware
+    from kvtier.costmodel.model import CostModel, engine_cost_config
+
+    assert args.ellm_planner_calibration
+    return CostModel(config.model_config, hw or get_hardware("h200"),
+                     Calibration.load(args.ellm_planner_calibration),
+                     engine_cost_config(config, block_bytes))
+
+
 def with_planner(config, args: EngineArgs, kv_bytes: int, hw=None, cost_model=None,
                  plan_for=None):
     """eLLM's planned mode: the planner sees the pool just sized. Its roofline uses `hw`, by
-    default the H200's measured ceilings (the only GPU measured here); given the calibrated
-    `cost_model` (the simulator's), its efficiencies and overheads are fitted to it
+    default the H200's measured ceilings (the only GPU measured here); given a calibrated
+    `cost_model` (`--ellm-planner-calibration`, or the simulator's `--calibration`), its
+    efficiencies and overheads are fitted to it
     (kvtier/planner/fit.py). `plan_for`: other ceilings to plan with after the fit (the
     planner-constants sensitivity experiment)."""
     from dataclasses import replace

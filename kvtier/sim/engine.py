@@ -12,7 +12,7 @@ import torch
 
 from kvtier.costmodel.calibration import Calibration
 from kvtier.costmodel.hardware import HardwareProfile, get_hardware
-from kvtier.costmodel.model import CostModel, CostModelConfig
+from kvtier.costmodel.model import CostModel, engine_cost_config
 from kvtier.engine.args import EngineArgs
 from kvtier.engine.builder import check_config, hidden_blocks_for, with_planner
 from kvtier.engine.llm_engine import LLMEngine
@@ -60,20 +60,11 @@ def build_sim_engine(
                         num_hidden_blocks=(engine_args.num_hidden_blocks
                                            or hidden_blocks_for(config, torch.bfloat16))
                         if hidden else None)
-    cost = CostModel(mc, hw, calib, CostModelConfig(
-        # the runner's rules: graphs unless eager; full decode graphs unless HCache (its
-        # steps replay pieces, which hand over the hidden states); pieces when enabled
-        cuda_graphs=not config.enforce_eager, decode_graphs=not hidden,
-        max_num_seqs=config.scheduler.max_num_seqs,
-        block_bytes=pools.block_bytes, num_gpus=num_gpus,
-        piecewise_graphs=config.piecewise_graphs,
-        max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
-        # copies overlapped per layer group: the runner's rule needs a CUDA device only
-        overlap_swap=config.overlap_swap,
-        layers_per_block=cache.layers_in_block(mc.num_layers)))
-    if engine_args.ellm_planner:  # fitted to the same cost model the clock advances by
+    cost = CostModel(mc, hw, calib, engine_cost_config(config, pools.block_bytes, num_gpus))
+    if engine_args.ellm_planner:  # fitted to a calibrated cost model, as the real engine's
         config = with_planner(config, engine_args, pools.num_gpu_blocks * pools.block_bytes,
-                              hw, cost_model=cost, plan_for=planner_hardware)
+                              hw, cost_model=cost if calib is not None else None,
+                              plan_for=planner_hardware)
     clock = clock if clock is not None else VirtualClock()
     eos = tuple(tokenizer.eos_token_ids) + tuple(mc.eos_token_ids)
     executor = SimulatedExecutor(cost, clock, ordinary_token(eos, mc.vocab_size),

@@ -35,3 +35,30 @@ def test_fit_follows_the_calibrated_cost_model():
     assert 0 < fitted.flops_efficiency <= 1 and 0 < fitted.hbm_efficiency <= 1
     # Recomputing anything costs extra in the calibrated model (piecewise, not a full graph).
     assert fitted.recompute_overhead_s > 0
+
+
+def test_the_real_engine_fits_its_planner_to_a_given_calibration():
+    from kvtier.engine.args import EngineArgs
+    from kvtier.engine.builder import planner_cost_model, with_planner
+
+    args = EngineArgs(model="llama-2-13b", load_format="dummy", kv_policy="ellm",
+                      ellm_planner=True, ellm_planner_calibration=CALIB, max_model_len=2048)
+    config = args.create_engine_config()
+    cm = planner_cost_model(config, args, config.cache.block_bytes(config.model_config, 2))
+    planner = with_planner(config, args, 40 << 30, cost_model=cm).policy_options.planner
+    assert planner is not None and planner.cfg.recompute_overhead_s > 0
+    assert planner.cfg.flops_efficiency < 1.0
+
+
+def test_a_calibration_of_another_model_is_refused(tmp_path):
+    import pytest
+
+    from kvtier.engine.args import EngineArgs
+    from kvtier.engine.builder import build_engine
+    from tests.hf_models import save_tiny_model
+
+    path = save_tiny_model("llama-gqa", tmp_path)
+    args = EngineArgs(model=str(path), dtype="float32", device="cpu", kv_policy="ellm",
+                      ellm_planner=True, ellm_planner_calibration=CALIB, max_model_len=128)
+    with pytest.raises(ValueError, match="does not match"):
+        build_engine(args)
