@@ -481,6 +481,36 @@ def exp_physics(a: argparse.Namespace) -> None:
 
 
 # ---- 5. planner perturbation -------------------------------------------------------------------
+def exp_ablation(a: argparse.Namespace) -> None:
+    """Swap with and without the layer-level overlap of its copies (`--no-overlap-swap`), on
+    the e2e ShareGPT workload (1,000 requests) and on L-Eval, calibrated and at PCIe speed.
+    Horizontal fusion has no ablation: the engine does not use it (measured slower on the
+    H200, benchmarks/results/hfusion_h200.json), so every run here is already "without"."""
+    os.environ.setdefault("KVTIER_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    cases = {
+        "sharegpt": (sharegpt_workload(a, a.load_prompts, a.rate),
+                     Slo(a.slo_ttft / 1e3, a.slo_tpot / 1e3), {}),
+        "leval": (leval_workload(a), Slo(a.leval_slo_ttft / 1e3, a.leval_slo_tpot / 1e3),
+                  dict(max_model_len=a.leval_max_len, max_num_seqs=a.leval_max_num_seqs)),
+    }
+    rows: dict = {}
+    t0 = time.perf_counter()
+    for wname, (w, slo, over) in cases.items():
+        for overlap in (True, False):
+            factory = sim_factory(a, VirtualClock(), a.gpu, overlap_swap=overlap, **over)
+            results = run_experiment(w, factory, bench_config(a, ("swap", SWAP_PCIE), slo),
+                                     log=lambda s: None)
+            tag = "overlap" if overlap else "no_overlap"
+            for r in results:
+                rows[f"{wname}/{r.policy}/{tag}"] = headline(r)
+    payload = {"gpu": a.gpu, "wall_s": time.perf_counter() - t0,
+               "workloads": {k: workload_info(w) for k, (w, _, _) in cases.items()},
+               "rows": rows,
+               "fusion": "not used by the engine (slower than sequential launches on the H200)"}
+    save(f"ablation_{a.gpu}", payload, a)
+    _print_rows(f"ablation_{a.gpu}", rows)
+
+
 def exp_planner(a: argparse.Namespace) -> None:
     from benchmarks import sim_ellm_sweeps
 
@@ -488,8 +518,8 @@ def exp_planner(a: argparse.Namespace) -> None:
                           "--out", "benchmarks/results/sim_ellm_sweeps.json"])
 
 
-EXPERIMENTS = {"physics": exp_physics, "e2e": exp_e2e, "load": exp_load, "leval": exp_leval, "fsweep": exp_fsweep,
-               "planner": exp_planner}
+EXPERIMENTS = {"physics": exp_physics, "e2e": exp_e2e, "load": exp_load, "leval": exp_leval,
+               "fsweep": exp_fsweep, "planner": exp_planner, "ablation": exp_ablation}
 
 
 def _csv(cast):
