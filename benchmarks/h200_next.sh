@@ -1,30 +1,36 @@
 #!/usr/bin/env bash
-# The next device session's runs, most important first (written when this session's device
-# time ran out; nothing here has run yet). Files land in $OUT directly.
-#   1. GPU tests of what is new: swap overlap (copy stream + per-group events), HCache through
-#      piecewise graphs, the attention warm-up, the fused SiLU kernel.
-#   2. issue 6: re-profile llama-2-13b with piecewise graphs (padded GEMM sizes, launch
-#      costs, serving-trace host fit), then the fidelity trace again.
-#   3. issue 7: the 13B policy comparison on the real H200 (recompute/swap/hcache/ellm),
-#      the swap-overlap bubble.
-#   4. issue 3: offline throughput again.
+# The next device session's runs (written when this session's device time ran out; nothing
+# here has run yet), in two calls of under 10 minutes each. Files land in $OUT directly.
+#   bash benchmarks/h200_next.sh a   # GPU tests of what is new, fidelity trace, offline, swap bubble
+#   bash benchmarks/h200_next.sh b   # re-profile 13B (issue 6), 13B policies on the H200 (issue 7)
+# a: swap overlap (copy stream + per-group events), HCache through piecewise graphs, the
+#    attention warm-up, the fused SiLU kernel; the fidelity trace's real half (the sim half
+#    runs on the CPU with the calibration from b); offline throughput; the swap-overlap bubble.
 set -u
 export PYTHONUNBUFFERED=1 KVTIER_GIT_COMMIT=${KVTIER_GIT_COMMIT:-unknown}
 R=$OUT
-timeout 150 python3 -m pytest -q -m gpu tests/runner tests/kernels/test_kernel_silu_and_mul.py \
-  -p no:cacheprovider 2>&1 | tail -8 > $R/gpu_tests.txt; cat $R/gpu_tests.txt
-timeout 400 python3 -m kvtier.costmodel.calibrate llama-2-13b \
-  --out $R/calib_h200_llama-2-13b.json 2>&1 | tail -5
-timeout 130 python3 benchmarks/fidelity_report.py real --workload .carry/sharegpt_llama2-13b_1000.json \
-  --model llama-2-13b --num-requests 600 --rate 15 --out $R/fidelity_real_h200.json 2>&1 | tail -2
-timeout 300 python3 -m kvtier.cli bench --model llama-2-13b --load-format dummy \
-  --policies recompute,swap,hcache,ellm --workload prepared \
-  --dataset-path .carry/sharegpt_llama2_13b_1500.json --num-prompts 600 \
-  --arrivals paper-gamma --slo-ttft 2000 --slo-tpot 100 --kv-cache-gb 20 --swap-space 24 \
-  --max-model-len 2048 --max-num-seqs 128 --max-duration 55 --gpu-monitor \
-  --out $R/bench_13b 2>&1 | tail -8
-tar -C $R -czf $R/bench_13b.tar.gz bench_13b && rm -rf $R/bench_13b  # $OUT returns <= 8 files
-timeout 120 python3 benchmarks/bench_swap_overlap.py --quick --out $R/swap_overlap_h200.json 2>&1 | tail -4
-timeout 110 python3 benchmarks/bench_offline_throughput.py \
-  --workload .carry/sharegpt_llama31_1000.json --out $R/offline_sharegpt_h200.json 2>&1 \
-  | grep -E "tokens_per_s|mean_ms" | tail -5
+case "${1:-a}" in
+a)
+  timeout 150 python3 -m pytest -q -m gpu tests/runner tests/kernels/test_kernel_silu_and_mul.py \
+    -p no:cacheprovider 2>&1 | tail -8 > $R/gpu_tests.txt; cat $R/gpu_tests.txt
+  timeout 130 python3 benchmarks/fidelity_report.py real \
+    --workload .carry/sharegpt_llama2-13b_1000.json --model llama-2-13b --num-requests 600 \
+    --rate 15 --out $R/fidelity_real_h200.json 2>&1 | tail -2
+  timeout 110 python3 benchmarks/bench_offline_throughput.py \
+    --workload .carry/sharegpt_llama31_1000.json --out $R/offline_sharegpt_h200.json 2>&1 \
+    | grep -E "tokens_per_s|mean_ms" | tail -5
+  timeout 120 python3 benchmarks/bench_swap_overlap.py --quick --out $R/swap_overlap_h200.json \
+    2>&1 | tail -4
+  ;;
+b)
+  timeout 300 python3 -m kvtier.costmodel.calibrate llama-2-13b \
+    --out $R/calib_h200_llama-2-13b.json 2>&1 | tail -5
+  timeout 250 python3 -m kvtier.cli bench --model llama-2-13b --load-format dummy \
+    --policies recompute,swap,hcache,ellm --workload prepared \
+    --dataset-path .carry/sharegpt_llama2_13b_1500.json --num-prompts 600 \
+    --arrivals paper-gamma --slo-ttft 2000 --slo-tpot 100 --kv-cache-gb 20 --swap-space 24 \
+    --max-model-len 2048 --max-num-seqs 128 --max-duration 40 --gpu-monitor \
+    --out $R/bench_13b 2>&1 | tail -8
+  tar -C $R -czf $R/bench_13b.tar.gz bench_13b && rm -rf $R/bench_13b  # $OUT returns <= 8 files
+  ;;
+esac
