@@ -114,19 +114,26 @@ class Calibration:
             "fit_report": self.fit_report, "environment": self.environment, "raw": self.raw,
         }
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Calibration:
-        if d.get("version") != CALIBRATION_VERSION:
-            raise ValueError(f"calibration version {d.get('version')} != {CALIBRATION_VERSION}")
-        return cls(
-            hardware=d["hardware"], model=d["model"], model_dims=d["model_dims"],
-            max_model_len=d["max_model_len"],
+    @staticmethod
+    def measured_curves(d: dict[str, Any]) -> dict[str, Any]:
+        """The measured operator curves, as keyword arguments, from a calibration JSON or a
+        profiler's raw measurements (the two share these keys)."""
+        return dict(
             gemm={k: Curve.from_json(v) for k, v in d["gemm"].items()},
             elementwise=Curve.from_json(d["elementwise"]),
             head_elementwise=Curve.from_json(d["head_elementwise"]),
             sample=Curve.from_json(d["sample"]),
             attn_decode_graph=Grid.from_json(d["attn_decode_graph"]),
             attn_decode_eager=Grid.from_json(d["attn_decode_eager"]),
+        )
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Calibration:
+        if d.get("version") != CALIBRATION_VERSION:
+            raise ValueError(f"calibration version {d.get('version')} != {CALIBRATION_VERSION}")
+        return cls(
+            hardware=d["hardware"], model=d["model"], model_dims=d["model_dims"],
+            max_model_len=d["max_model_len"], **cls.measured_curves(d),
             attn_prefill=PrefillFit(**d["attn_prefill"]), host=HostParams(**d["host"]),
             loop=LoopParams(**d["loop"]), copy_out=CopyCost(**d["copy_out"]),
             copy_in=CopyCost(**d["copy_in"]),

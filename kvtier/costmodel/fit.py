@@ -18,7 +18,7 @@ from scipy.optimize import nnls
 
 from kvtier.config import ModelConfig
 from kvtier.costmodel.calibration import Calibration, HostParams, LoopParams, PrefillFit
-from kvtier.costmodel.curves import Curve, Grid
+from kvtier.costmodel.curves import Curve
 from kvtier.costmodel.hardware import CopyCost, get_hardware
 from kvtier.costmodel.host_fit import fit_host, issue_launch_s, score_host
 from kvtier.costmodel.model import CostModel, CostModelConfig
@@ -107,13 +107,7 @@ def fit_calibration(raw: dict[str, Any], environment: dict | None = None) -> Cal
     loop, loop_err = fit_loop(raw["loop"]) if raw.get("loop") else (LoopParams(), None)
     calib = Calibration(
         hardware=meta["hardware"], model=meta["model"], model_dims=meta["model_dims"],
-        max_model_len=meta["max_model_len"],
-        gemm={k: Curve.from_json(v) for k, v in raw["gemm"].items()},
-        elementwise=Curve.from_json(raw["elementwise"]),
-        head_elementwise=Curve.from_json(raw["head_elementwise"]),
-        sample=Curve.from_json(raw["sample"]),
-        attn_decode_graph=Grid.from_json(raw["attn_decode_graph"]),
-        attn_decode_eager=Grid.from_json(raw["attn_decode_eager"]),
+        max_model_len=meta["max_model_len"], **Calibration.measured_curves(raw),
         attn_prefill=prefill, host=HostParams(**launch_params(raw.get("host_launches"))),
         loop=loop, copy_out=copy_out,
         copy_in=copy_in, copy_out_blocks=Curve.from_json(raw["copies"]["out"]),

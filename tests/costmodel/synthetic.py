@@ -4,7 +4,6 @@ known host parameters, so fits and predictions can be checked against exact valu
 from __future__ import annotations
 
 from kvtier.costmodel.calibration import Calibration, HostParams, LoopParams, PrefillFit, model_dims
-from kvtier.costmodel.curves import Curve, Grid
 from kvtier.costmodel.hardware import CopyCost, get_hardware
 from kvtier.costmodel.operators import Shapes, attn_decode, gemm, head_ops, layer_elementwise
 from kvtier.model.loader import resolve_model_config
@@ -55,12 +54,6 @@ def calibration() -> Calibration:
     raw = raw_measurements()
     return Calibration(
         hardware="h200", model=MODEL, model_dims=raw["meta"]["model_dims"], max_model_len=4096,
-        gemm={k: Curve.from_json(v) for k, v in raw["gemm"].items()},
-        elementwise=Curve.from_json(raw["elementwise"]),
-        head_elementwise=Curve.from_json(raw["head_elementwise"]),
-        sample=Curve.from_json(raw["sample"]),
-        attn_decode_graph=Grid.from_json(raw["attn_decode_graph"]),
-        attn_decode_eager=Grid.from_json(raw["attn_decode_eager"]),
-        attn_prefill=PrefillFit(5e-6, 2e-15, 1e-9), host=HOST,
+        **Calibration.measured_curves(raw), attn_prefill=PrefillFit(5e-6, 2e-15, 1e-9), host=HOST,
         loop=LoopParams(150e-6, 6e-6, 6e-6), copy_out=CopyCost(1 / 20e9, 30e-6),
         copy_in=CopyCost(1 / 25e9, 20e-6), raw=raw)
