@@ -217,11 +217,10 @@ class ModelRunner:
         assert self.gpu_kv is not None, "allocate_kv first"
         hidden = None
         kv_wait = copies.wait_layer if copies.pending else None
+        sink = self.hidden.sink(batch.num_tokens) if self.hidden is not None else None
         if self.piecewise is not None:
-            sink = self.hidden.sink(batch.num_tokens) if self.hidden is not None else None
             hidden = self.piecewise.forward(input_ids, positions, meta, kv_wait, sink)
         if hidden is None:
-            sink = self.hidden.sink(batch.num_tokens) if self.hidden is not None else None
             ctx = ForwardContext(self.ops, self.attention, self.gpu_kv, meta, self.cos_sin, sink,
                                  kv_wait)
             hidden = self.model(input_ids, positions, ctx)
