@@ -18,15 +18,13 @@ from kvtier.server.api_models import (
 )
 from kvtier.server.async_engine import EngineDeadError, RequestStream, ShuttingDownError
 from kvtier.server.params import chat_prompt, check_lengths, sampling_params
-from kvtier.server.results import chat_logprobs, collect, usage
+from kvtier.server.respond import respond
+from kvtier.server.results import ChoiceResult, chat_logprobs, usage
 from kvtier.server.state import ServerState
 from kvtier.server.streaming import (
     DONE,
-    ClientDisconnected,
-    EventStreamResponse,
     sse,
     sse_error,
-    until_disconnected,
 )
 
 
@@ -44,36 +42,32 @@ async def create_chat_completion(
     request_id = state.new_request_id("chatcmpl")
     stream = await state.submit(request_id, [prompt], params, arrival_time)
 
-    def close() -> None:
-        state.metrics.requests_aborted.inc(stream.close())
-
-    if req.stream:
-        events = _events(state, req, stream, request_id, model, len(prompt), top_k_logprobs)
-        return EventStreamResponse(events, on_close=close)
-    try:
-        results = await until_disconnected(raw, collect(stream, req.n))
-    except ClientDisconnected:
-        return Response(status_code=499)  # nobody reads it
-    finally:
-        close()  # a no-op once everything finished
-    choices = []
-    for i, res in enumerate(results):
-        logprobs = None
-        if top_k_logprobs is not None:
-            logprobs = chat_logprobs(state.tokenizer, res.token_ids, res.logprobs, top_k_logprobs)
-        choices.append(
-            ChatCompletionChoice(
-                index=i,
-                message=ChatResponseMessage(content=res.text),
-                logprobs=logprobs,
-                finish_reason=res.finish_reason,
-                stop_reason=res.stop_reason,
-                token_ids=res.token_ids if req.return_token_ids else None,
+    def build(results: list[ChoiceResult]) -> ChatCompletionResponse:
+        choices = []
+        for i, res in enumerate(results):
+            logprobs = None
+            if top_k_logprobs is not None:
+                logprobs = chat_logprobs(state.tokenizer, res.token_ids, res.logprobs, top_k_logprobs)
+            choices.append(
+                ChatCompletionChoice(
+                    index=i,
+                    message=ChatResponseMessage(content=res.text),
+                    logprobs=logprobs,
+                    finish_reason=res.finish_reason,
+                    stop_reason=res.stop_reason,
+                    token_ids=res.token_ids if req.return_token_ids else None,
+                )
             )
+        num_completion_tokens = sum(len(r.token_ids) for r in results)
+        return ChatCompletionResponse(
+            id=request_id, model=model, choices=choices,
+            usage=usage(len(prompt), num_completion_tokens),
         )
-    num_completion_tokens = sum(len(r.token_ids) for r in results)
-    return ChatCompletionResponse(
-        id=request_id, model=model, choices=choices, usage=usage(len(prompt), num_completion_tokens)
+
+    return await respond(
+        state, raw, stream, req.stream, req.n,
+        lambda: _events(state, req, stream, request_id, model, len(prompt), top_k_logprobs),
+        build,
     )
 
 

@@ -10,15 +10,13 @@ from starlette.responses import Response
 from kvtier.server.api_models import CompletionChoice, CompletionRequest, CompletionResponse
 from kvtier.server.async_engine import EngineDeadError, RequestStream, ShuttingDownError
 from kvtier.server.params import check_lengths, completion_prompts, sampling_params
-from kvtier.server.results import collect, completion_logprobs, usage
+from kvtier.server.respond import respond
+from kvtier.server.results import ChoiceResult, completion_logprobs, usage
 from kvtier.server.state import ServerState
 from kvtier.server.streaming import (
     DONE,
-    ClientDisconnected,
-    EventStreamResponse,
     sse,
     sse_error,
-    until_disconnected,
 )
 
 
@@ -34,36 +32,33 @@ async def create_completion(
     stream = await state.submit(request_id, prompts, params, arrival_time)
     num_prompt_tokens = sum(len(p) for p in prompts)
 
-    def close() -> None:
-        state.metrics.requests_aborted.inc(stream.close())
-
-    if req.stream:
-        events = _events(state, req, stream, request_id, model, num_prompt_tokens)
-        return EventStreamResponse(events, on_close=close)
-    try:
-        results = await until_disconnected(raw, collect(stream, req.n))
-    except ClientDisconnected:
-        return Response(status_code=499)  # nobody reads it; uvicorn drops it
-    finally:
-        close()  # a no-op once everything finished
-    choices = []
-    for i, res in enumerate(results):
-        logprobs = None
-        if req.logprobs is not None:
-            logprobs = completion_logprobs(state.tokenizer, res.token_ids, res.logprobs, req.logprobs, 0)
-        choices.append(
-            CompletionChoice(
-                index=i,
-                text=res.text,
-                logprobs=logprobs,
-                finish_reason=res.finish_reason,
-                stop_reason=res.stop_reason,
-                token_ids=res.token_ids if req.return_token_ids else None,
+    def build(results: list[ChoiceResult]) -> CompletionResponse:
+        choices = []
+        for i, res in enumerate(results):
+            logprobs = None
+            if req.logprobs is not None:
+                logprobs = completion_logprobs(
+                    state.tokenizer, res.token_ids, res.logprobs, req.logprobs, 0)
+            choices.append(
+                CompletionChoice(
+                    index=i,
+                    text=res.text,
+                    logprobs=logprobs,
+                    finish_reason=res.finish_reason,
+                    stop_reason=res.stop_reason,
+                    token_ids=res.token_ids if req.return_token_ids else None,
+                )
             )
+        num_completion_tokens = sum(len(r.token_ids) for r in results)
+        return CompletionResponse(
+            id=request_id, model=model, choices=choices,
+            usage=usage(num_prompt_tokens, num_completion_tokens),
         )
-    num_completion_tokens = sum(len(r.token_ids) for r in results)
-    return CompletionResponse(
-        id=request_id, model=model, choices=choices, usage=usage(num_prompt_tokens, num_completion_tokens)
+
+    return await respond(
+        state, raw, stream, req.stream, req.n,
+        lambda: _events(state, req, stream, request_id, model, num_prompt_tokens),
+        build,
     )
 
 
