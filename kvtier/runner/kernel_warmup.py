@@ -35,14 +35,14 @@ def warm_up_attention(layer_kv: torch.Tensor, scratch_block: int, num_heads: int
     dev, dt = layer_kv.device, layer_kv.dtype
     q = torch.zeros(2, num_heads, head_dim, dtype=dt, device=dev)
     k = torch.zeros(2, num_kv_heads, head_dim, dtype=dt, device=dev)
+    n = min(2, block_size)  # context of each row: inside the one scratch block
     tables = torch.full((2, 1), scratch_block, dtype=torch.int32, device=dev)
-    seq_lens = torch.full((2,), min(2, block_size), dtype=torch.int32, device=dev)
+    seq_lens = torch.full((2,), n, dtype=torch.int32, device=dev)
     kv_write(layer_kv, k, k, torch.full((2,), -1, dtype=torch.int64, device=dev))
     for splits in split_counts_to_warm():
         paged_decode_attention(q, layer_kv, tables, seq_lens, scale, num_splits=splits,
-                               max_seq_len=int(seq_lens[0]))
-    qsl = torch.tensor([0, int(seq_lens[0])], dtype=torch.int32, device=dev)
-    paged_prefill_attention(q[: int(seq_lens[0])], layer_kv, tables[:1], seq_lens[:1], qsl,
-                            scale, num_tokens=int(seq_lens[0]))
+                               max_seq_len=n)
+    qsl = torch.tensor([0, n], dtype=torch.int32, device=dev)
+    paged_prefill_attention(q[:n], layer_kv, tables[:1], seq_lens[:1], qsl, scale, num_tokens=n)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
