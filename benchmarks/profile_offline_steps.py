@@ -34,10 +34,17 @@ def busy_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def device_kernels(events) -> list:
+    """GPU-side events minus the step ranges' own GPU annotations (`record_function` shows
+    up on the device timeline too, spanning the whole step)."""
+    return [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
+            and not (e.name.startswith("step") and e.name[4:].isdigit())]
+
+
 def summarize(events, windows: list[dict]) -> list[dict]:
     """Attribute every kernel to the step whose window it started in: a step ends by
     reading its sampled tokens back, so its kernels are done before the next one starts."""
-    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = device_kernels(events)
     out = []
     for w in windows:
         ks = [k for k in kernels if w["t0"] <= k.time_range.start < w["t1"]]
@@ -120,7 +127,7 @@ def main() -> None:
         r = ranges[f"step{w['step']}"]
         w["t0"], w["t1"] = r.time_range.start, r.time_range.end
         w["mixed"] = w["tokens"] > w["reqs"]
-    kern = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    kern = device_kernels(events)
     for w in windows:
         ks = [(k.time_range.start, k.time_range.end) for k in kern
               if w["t0"] <= k.time_range.start < w["t1"]]
