@@ -5,7 +5,8 @@
 #   bash benchmarks/h200_next.sh b   # re-profile 13B (issue 6), 13B policies on the H200 (issue 7)
 # a: swap overlap (copy stream + per-group events), HCache through piecewise graphs, the
 #    attention warm-up, the fused SiLU kernel; the fidelity trace's real half (the sim half
-#    runs on the CPU with the calibration from b); offline throughput; the swap-overlap bubble.
+#    runs on the CPU with the calibration from b); the swap-overlap bubble. (Offline
+#    throughput moves to the async-scheduling run.)
 set -u
 export PYTHONUNBUFFERED=1 KVTIER_GIT_COMMIT=${KVTIER_GIT_COMMIT:-unknown}
 R=$OUT
@@ -16,9 +17,6 @@ a)
   timeout 130 python3 benchmarks/fidelity_report.py real \
     --workload .carry/sharegpt_llama2-13b_1000.json --model llama-2-13b --num-requests 600 \
     --rate 15 --out $R/fidelity_real_h200.json 2>&1 | tail -2
-  timeout 110 python3 benchmarks/bench_offline_throughput.py \
-    --workload .carry/sharegpt_llama31_1000.json --out $R/offline_sharegpt_h200.json 2>&1 \
-    | grep -E "tokens_per_s|mean_ms" | tail -5
   timeout 120 python3 benchmarks/bench_swap_overlap.py --quick --out $R/swap_overlap_h200.json \
     2>&1 | tail -4
   ;;
