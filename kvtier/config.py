@@ -155,6 +155,9 @@ class SchedulerConfig:
     max_model_len: int = 4096
     enable_chunked_prefill: bool = True
     max_waiting_requests: int | None = None  # None: unbounded (the server bounds it)
+    # Schedule step N+1 while step N runs on the GPU: a request whose token from step N is
+    # not back yet decodes a placeholder the runner fills on the device (PLACEHOLDER_TOKEN).
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1 or self.max_model_len < 1:

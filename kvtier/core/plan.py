@@ -13,6 +13,10 @@ from operator import attrgetter
 
 from kvtier.sampling_params import SamplingParams
 
+# A decode's input token that the step before it sampled but has not handed back yet (async
+# scheduling): the runner puts the sampled token in its place on the device.
+PLACEHOLDER_TOKEN = -1
+
 
 @dataclass(slots=True)  # not frozen: built for every running request every step, keep it cheap
 class ScheduledRequest:

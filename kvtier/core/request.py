@@ -41,6 +41,8 @@ class Request:
     stop_reason: int | str | None = None
     num_preemptions: int = 0
     num_prompt_tokens_seen: int = 0  # prompt tokens computed at least once (not recomputes)
+    # Async scheduling: tokens sampled by a step still in flight, not yet appended (0 or 1).
+    num_pending_tokens: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -60,6 +60,9 @@ class EngineArgs:
     overlap_swap: bool = field(
         default=True, metadata={"help": "swap-in copies overlap the forward layer group by "
                                         "layer group (--no-overlap-swap: copies first)"})
+    async_scheduling: bool = field(
+        default=False, metadata={"help": "schedule and launch step N+1 while step N runs on "
+                                         "the GPU (host work hidden behind the GPU)"})
     served_model_name: str | None = field(default=None, metadata={"help": "name in the API"})
     max_waiting_requests: int | None = field(
         default=None, metadata={"help": "bound on queued requests (server back-pressure)"})
@@ -74,6 +77,7 @@ class EngineArgs:
             max_model_len=max_len,
             enable_chunked_prefill=self.enable_chunked_prefill,
             max_waiting_requests=self.max_waiting_requests,
+            async_scheduling=self.async_scheduling,
         )
         cache = CacheConfig(
             block_size=self.block_size,

@@ -2,6 +2,10 @@
 
     step():  plan = scheduler.schedule()  ->  result = executor.execute(plan)
              ->  outputs = self._process(scheduler.update(plan, result))
+
+With async scheduling (an executor that can `launch` a step without waiting for its
+tokens) a step is one ahead: schedule and launch step N+1, then wait for step N's tokens
+and hand out its outputs, so the host work of each step runs while the GPU computes.
 """
 
 from __future__ import annotations
@@ -9,9 +13,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from kvtier.config import EngineConfig
-from kvtier.core.plan import StepResult
+from kvtier.core.plan import StepPlan, StepResult
 from kvtier.core.request import Request, RequestStatus
 from kvtier.engine.args import EngineArgs
 from kvtier.engine.detokenizer import IncrementalDetokenizer
@@ -74,8 +79,12 @@ class LLMEngine:
         self.executor = executor
         self.tokenizer = tokenizer
         self.block_bytes = block_bytes
-        self.scheduler = Scheduler(config.scheduler, kv,
+        # Async only where the executor can launch without waiting (the model runner; the
+        # simulator and recording wrappers step synchronously).
+        self._async = config.scheduler.async_scheduling and hasattr(executor, "launch")
+        self.scheduler = Scheduler(replace(config.scheduler, async_scheduling=self._async), kv,
                                    get_policy(config.kv_policy, config.policy_options))
+        self._inflight: tuple[StepPlan, Any] | None = None  # async: launched, not yet read
         self._parents: dict[str, _Parent] = {}
         self._child_of: dict[str, tuple[_Parent, _Child]] = {}
         self._last_step_tokens = 0
@@ -173,13 +182,28 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         t0 = self.clock()
         plan = self.scheduler.schedule()
-        result: StepResult = self.executor.execute(plan)
-        touched = self.scheduler.update(plan, result)
-        outputs = self._process(touched, result)
+        if self._async:
+            outputs = self._step_async(plan)
+        else:
+            result: StepResult = self.executor.execute(plan)
+            outputs = self._process(self.scheduler.update(plan, result), result)
         self._last_step_tokens = plan.num_scheduled_tokens
         self._last_step_reqs = len(plan.scheduled)
         self._last_step_time = self.clock() - t0
         return outputs
+
+    def _step_async(self, plan: StepPlan) -> list[RequestOutput]:
+        """Launch `plan`, then read back the step launched before it (the GPU runs this
+        one meanwhile) and hand out that step's outputs."""
+        launched = self.executor.launch(plan)
+        previous, self._inflight = self._inflight, (plan, launched)
+        if previous is None:
+            return []
+        return self._finish_step(*previous)
+
+    def _finish_step(self, plan: StepPlan, launched: Any) -> list[RequestOutput]:
+        result: StepResult = launched.result()
+        return self._process(self.scheduler.update(plan, result), result)
 
     def _process(self, touched: list[Request], result: StepResult) -> list[RequestOutput]:
         now = self.clock()
@@ -266,6 +290,9 @@ class LLMEngine:
         """Abort what is left and release the executor's memory now (a benchmark building
         one engine after another must not wait for the garbage collector)."""
         self.abort_request(list(self._parents))
+        if self._inflight is not None:  # its tokens land before the runner frees its memory
+            self._finish_step(*self._inflight)
+            self._inflight = None
         close = getattr(self.executor, "close", None)
         if close is not None:
             close()

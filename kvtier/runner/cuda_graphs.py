@@ -11,6 +11,7 @@ its request's length, so the graphs stay valid as sequences grow.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -88,14 +89,19 @@ class DecodeGraphs:
                 return s
         return None
 
-    def run(self, batch: HostBatch) -> torch.Tensor | None:
-        """Logits [b, vocab] of a decode-only batch, or None if no graph fits it."""
+    def run(self, batch: HostBatch,
+            fill_inputs: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor | None:
+        """Logits [b, vocab] of a decode-only batch, or None if no graph fits it.
+        `fill_inputs(input_ids)` edits the static input ids on the device before the replay
+        (async scheduling's in-flight tokens)."""
         b = batch.num_reqs
         size = self.padded_size(b)
         if size is None:
             return None
         rows = torch.from_numpy(batch.rows).to(self.input_ids.device, non_blocking=True)
         self.input_ids[:b].copy_(torch.from_numpy(batch.input_ids), non_blocking=True)
+        if fill_inputs is not None:
+            fill_inputs(self.input_ids[:b])
         self.positions[:b].copy_(torch.from_numpy(batch.positions), non_blocking=True)
         self.seq_lens[:b].copy_(torch.from_numpy(batch.seq_lens.astype(np.int32)),
                                 non_blocking=True)

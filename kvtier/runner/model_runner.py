@@ -24,6 +24,7 @@ from kvtier.kv.manager import cdiv
 from kvtier.model.llama import DecoderLayer, ForwardContext
 from kvtier.model.loader import build_model
 from kvtier.model.rope import cos_sin_cache
+from kvtier.runner.async_tokens import DeviceTokens, PendingStep
 from kvtier.runner.block_tables import BlockTables
 from kvtier.runner.cuda_graphs import DecodeGraphs
 from kvtier.runner.device import make_attention_backend, make_ops
@@ -31,7 +32,7 @@ from kvtier.runner.hidden_states import HiddenStates
 from kvtier.runner.host_batch import HostBatch, build_host_batch
 from kvtier.runner.kernel_warmup import warm_up_attention
 from kvtier.runner.piecewise_graphs import PiecewiseGraphs
-from kvtier.runner.sampler import SampleRow, sample
+from kvtier.runner.sampler import SampleRow, plain_greedy, sample
 from kvtier.runner.swap_copies import SwapCopies, make_streams
 from kvtier.sampling_params import SamplingParams
 
@@ -65,6 +66,8 @@ class ModelRunner:
         self.piecewise: PiecewiseGraphs | None = None  # steps with prefill rows
         self.copies = SwapCopies(make_streams(device, config.overlap_swap), self.num_groups,
                                  self.layers_per_block)
+        self.async_tokens = DeviceTokens(config.scheduler.max_num_seqs, device)
+        self._placeholders: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def graphs_allowed(self) -> bool:
@@ -163,16 +166,24 @@ class ModelRunner:
             torch.cuda.empty_cache()
 
     # ---- one step ----------------------------------------------------------------------
-    @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult:
+        return self.launch(plan).result()
+
+    @torch.inference_mode()
+    def launch(self, plan: StepPlan) -> PendingStep:
+        """Issue the step and return before its tokens are on the host (plain greedy
+        batches; other sampling reads its tokens back here). Under async scheduling the
+        engine launches the next step before asking for this one's result."""
         for rid in (*plan.finished_ids, *plan.preempted_ids):
             self.block_tables.remove(rid)
             if self.hidden is not None:
                 self.hidden.forget(rid)
         self._copy_blocks(plan.swap_out, plan.swap_in)
         if not plan.scheduled:
-            return StepResult(sampled={})
+            return PendingStep(ready=StepResult(sampled={}))
         batch = self.prepare_batch(plan.scheduled)
+        self._placeholders = self.async_tokens.placeholder_sources(plan.scheduled,
+                                                                   batch.input_ids)
         if self.hidden is not None:
             self.hidden.apply(plan.scheduled)
             assert self.gpu_kv is not None
@@ -183,14 +194,22 @@ class ModelRunner:
         if self.hidden is not None:
             self.hidden.store(plan.scheduled, batch)
         if logits is None:
-            return StepResult(sampled={})
+            return PendingStep(ready=StepResult(sampled={}))
         # C-level getters over the (up to max_num_seqs) scheduled requests.
         sampling = list(compress(plan.scheduled, map(_sample_flag, plan.scheduled)))
-        out = sample(logits, list(map(self._sample_row, sampling)))
+        rows = list(map(self._sample_row, sampling))
         ids = list(map(_request_id, sampling))
+        tokens = self.async_tokens
+        if plain_greedy(rows):  # one argmax, read back later without a sync here
+            sampled = logits.argmax(dim=-1)
+            tokens.keep(ids, sampled)
+            return tokens.copy_to_host(ids, sampled)
+        out = sample(logits, rows)
+        tokens.keep(ids, torch.tensor(out.token_ids, dtype=torch.int64, device=self.device))
         logprobs = ({i: lp for i, lp in zip(ids, out.logprobs) if lp is not None}
                     if out.logprobs.count(None) != len(ids) else {})
-        return StepResult(sampled=dict(zip(ids, out.token_ids)), logprobs=logprobs)
+        return PendingStep(ready=StepResult(sampled=dict(zip(ids, out.token_ids)),
+                                            logprobs=logprobs))
 
     def prepare_batch(self, scheduled: list[ScheduledRequest]) -> HostBatch:
         """A step's host batch, with the device block tables brought up to date: what a
@@ -210,10 +229,11 @@ class ModelRunner:
                 and not (copies.has_swap_in and copies.streams.overlaps
                          and self.piecewise is not None)):
             copies.wait_all()
-            logits = self.graphs.run(batch)
+            logits = self.graphs.run(batch, self._fill_placeholders)
             if logits is not None:
                 return logits
         input_ids, positions, meta = self.device_inputs(batch)
+        self._fill_placeholders(input_ids)
         assert self.gpu_kv is not None, "allocate_kv first"
         hidden = None
         kv_wait = copies.wait_layer if copies.pending else None
@@ -228,6 +248,11 @@ class ModelRunner:
             return None
         idx = torch.from_numpy(batch.logits_idx).to(self.device, non_blocking=True)
         return self.model.compute_logits(hidden[idx])
+
+    def _fill_placeholders(self, input_ids: torch.Tensor) -> None:
+        """Async scheduling: the in-flight tokens into this step's device input ids."""
+        if self._placeholders is not None:
+            self.async_tokens.fill(input_ids, self._placeholders)
 
     def _sample_row(self, sr: ScheduledRequest) -> SampleRow:
         p = sr.sampling_params

@@ -30,7 +30,7 @@ class Sampled:
 
 def sample(logits: torch.Tensor, rows: list[SampleRow]) -> Sampled:
     """logits: [B, V] fp32, one row per SampleRow."""
-    if _plain_greedy(rows):
+    if plain_greedy(rows):
         # The common benchmark/greedy batch: one argmax, one device->host copy.
         return Sampled(logits.argmax(dim=-1).tolist(), [None] * len(rows))
     for i, row in enumerate(rows):
@@ -61,7 +61,7 @@ def sample(logits: torch.Tensor, rows: list[SampleRow]) -> Sampled:
     return Sampled(token_list, out_logprobs)
 
 
-def _plain_greedy(rows: list[SampleRow]) -> bool:
+def plain_greedy(rows: list[SampleRow]) -> bool:
     """Every row greedy, without logprobs or banned ids. The rows of a batch mostly share
     one SamplingParams object: each distinct one in a run is checked once."""
     last = None

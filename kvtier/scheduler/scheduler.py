@@ -8,6 +8,13 @@ Each step, in order (vLLM V1's order):
   3. if nobody was preempted and nothing is still swapped out: waiting requests are
      admitted (FCFS) while they fit — swapped requests arrived first (vLLM V0's rule).
 The result is one StepPlan of ids and counts; no tensors are touched here.
+
+Async scheduling (SchedulerConfig.async_scheduling): `schedule()` for step N+1 runs while
+step N is still on the GPU, before `update()` has its tokens. A request that samples in a
+plan holds a pending token until its update; the next plan decodes it as a placeholder
+(the runner substitutes the sampled token on the device), and a request whose pending token
+reaches max_tokens is not scheduled again (it finishes when the token comes back). One that
+stops on EOS or a stop string wastes its one speculative decode, as in vLLM.
 """
 
 from __future__ import annotations
@@ -16,7 +23,14 @@ from collections import deque
 from dataclasses import dataclass
 
 from kvtier.config import SchedulerConfig
-from kvtier.core.plan import BlockCopy, HiddenRestore, ScheduledRequest, StepPlan, StepResult
+from kvtier.core.plan import (
+    PLACEHOLDER_TOKEN,
+    BlockCopy,
+    HiddenRestore,
+    ScheduledRequest,
+    StepPlan,
+    StepResult,
+)
 from kvtier.core.request import Request, RequestStatus
 from kvtier.kv.manager import KVCacheManager
 from kvtier.policies.base import KVPolicy, PreemptionKind
@@ -66,6 +80,7 @@ class Scheduler:
         self.counters = SchedulerCounters()
         self._finished_ids: list[str] = []
         self._preempted_ids: list[str] = []
+        self._async = config.async_scheduling
 
     # ---- requests in and out -----------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -116,9 +131,14 @@ class Scheduler:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
+            pending = req.num_pending_tokens  # async scheduling only
+            if pending and len(req.output_token_ids) + pending >= req.max_tokens:
+                i += 1  # its last token is in flight: it finishes when that comes back
+                continue
             # Nothing is dropped anywhere unless the policy drops prefixes (eLLM).
             recompute = kv.num_dropped_tokens(req) if kv.num_dropped_token_blocks else 0
-            n = len(req.prompt_token_ids) + len(req.output_token_ids) - req.num_computed_tokens
+            n = (len(req.prompt_token_ids) + len(req.output_token_ids) + pending
+                 - req.num_computed_tokens)
             if n > budget - recompute:  # (min() is a call)
                 n = budget - recompute
             if n <= 0:
@@ -207,11 +227,13 @@ class Scheduler:
         decodes: list[ScheduledRequest] = []
         others: list[ScheduledRequest] = []
         prefix_recompute = 0
+        is_async = self._async
         for req, n, blocks, reset, _ in step.entries:
             start = req.num_computed_tokens
             end = req.num_computed_tokens = start + n
             prompt, out = req.prompt_token_ids, req.output_token_ids
             num_prompt = len(prompt)
+            pending = req.num_pending_tokens
             if req.num_prompt_tokens_seen < num_prompt:
                 first_time = min(end, num_prompt) - req.num_prompt_tokens_seen
                 if first_time > 0:  # a re-prefill after preemption counts as recomputed
@@ -219,8 +241,14 @@ class Scheduler:
                     req.num_prompt_tokens_seen += first_time
             if start >= num_prompt:  # decodes and chunks of generated tokens
                 token_ids = out[start - num_prompt : end - num_prompt]
+                if pending and len(token_ids) < n:  # the in-flight token: one decode
+                    token_ids = [PLACEHOLDER_TOKEN]
             else:
                 token_ids = req.token_ids_slice(start, end)
+            num_known = num_prompt + len(out) + pending
+            sample = end == num_known
+            if sample and is_async:
+                req.num_pending_tokens = pending + 1
             dropped = num_dropped_tokens(req) if num_dropped_tokens is not None else 0
             prefix: list[int] = []
             if dropped:
@@ -234,8 +262,8 @@ class Scheduler:
             # new_block_ids, reset_blocks, sample, sampling_params, num_output_tokens,
             # prefix_token_ids, new_hidden_ids); keywords cost more, 512 times a step.
             (decodes if n == 1 else others).append(ScheduledRequest(
-                req.request_id, token_ids, start, blocks, reset, end == num_prompt + len(out),
-                req.sampling_params, len(out), prefix, hidden))
+                req.request_id, token_ids, start, blocks, reset, sample,
+                req.sampling_params, len(out) + pending, prefix, hidden))
         self.counters.num_prefix_recompute_tokens += prefix_recompute
         if others:
             decodes += others
@@ -260,9 +288,15 @@ class Scheduler:
             req = requests.get(sr.request_id)
             if req is None:
                 continue  # aborted meanwhile
+            if req.num_pending_tokens:
+                req.num_pending_tokens -= 1
+            status = req.status
             req.append_token(sampled[sr.request_id])
             touched.append(req)
             if req.status.finished:
+                if status is not RequestStatus.RUNNING:
+                    # Async: preempted by the plan scheduled while its token was in flight.
+                    (self.waiting if status is RequestStatus.WAITING else self.swapped).remove(req)
                 self._release(req)
                 any_finished = True
         self.counters.num_generation_tokens += len(touched)

@@ -102,3 +102,19 @@ def test_gpu_swap_overlap_equals_cpu_fp32(tmp_path, overlap, batched_tokens, pie
                                overlap_swap=overlap, piecewise_graphs=piecewise)
     assert stats.num_preemptions_total > 0 and stats.num_swap_in_blocks_total > 0
     assert gpu == cpu
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("policy", ["recompute", "swap", "ellm", "hcache"])
+@pytest.mark.parametrize("batched_tokens", [24, 512])
+def test_gpu_async_scheduling_equals_cpu_fp32(tmp_path, policy, batched_tokens):
+    # Step N+1 launched before step N's tokens are read: decodes take their input token from
+    # the device (full decode graphs, pieces and eager steps alike), under preemption.
+    path = save_tiny_model("llama-gqa", tmp_path)
+    cpu, _ = greedy_tokens(path, device="cpu")
+    extra = {"ellm_uncached_ratio": 0.5, "block_size": 4} if policy == "ellm" else {}
+    gpu, stats = greedy_tokens(path, device="cuda", kv_policy=policy, num_gpu_blocks=18,
+                               layers_per_block=2, max_num_batched_tokens=batched_tokens,
+                               async_scheduling=True, **extra)
+    assert stats.num_preemptions_total > 0 or stats.num_prefix_recompute_tokens_total > 0
+    assert gpu == cpu
