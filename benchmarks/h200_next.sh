@@ -3,6 +3,7 @@
 # here has run yet), in two calls of under 10 minutes each. Files land in $OUT directly.
 #   bash benchmarks/h200_next.sh a   # GPU tests of what is new, fidelity trace, offline, swap bubble
 #   bash benchmarks/h200_next.sh b   # re-profile 13B (issue 6), 13B policies on the H200 (issue 7)
+#   bash benchmarks/h200_next.sh c   # async scheduling: GPU tests, offline throughput off/on
 # a: swap overlap (copy stream + per-group events), HCache through piecewise graphs, the
 #    attention warm-up, the fused SiLU kernel; the fidelity trace's real half (the sim half
 #    runs on the CPU with the calibration from b); the swap-overlap bubble. (Offline
@@ -30,5 +31,17 @@ b)
     --max-model-len 2048 --max-num-seqs 128 --max-duration 40 --gpu-monitor \
     --out $R/bench_13b 2>&1 | tail -8
   tar -C $R -czf $R/bench_13b.tar.gz bench_13b && rm -rf $R/bench_13b  # $OUT returns <= 8 files
+  ;;
+c)  # async scheduling: GPU exactness, then offline throughput without and with it
+  timeout 150 python3 -m pytest -q -m gpu tests/runner/test_gpu_path.py -k "async" \
+    -p no:cacheprovider 2>&1 | tail -8 > $R/gpu_tests_async.txt; cat $R/gpu_tests_async.txt
+  W=.carry/sharegpt_llama31_1000.json
+  timeout 120 python3 benchmarks/bench_offline_throughput.py --workload $W \
+    --out $R/offline_sharegpt_h200_sync.json 2>&1 | grep -E '"output_tokens_per_s|"mean_ms' | tail -4
+  timeout 120 python3 benchmarks/bench_offline_throughput.py --workload $W --async-scheduling \
+    --out $R/offline_sharegpt_h200.json 2>&1 | grep -E '"output_tokens_per_s|"mean_ms' | tail -4
+  timeout 120 python3 benchmarks/bench_offline_throughput.py --workload $W --async-scheduling \
+    --max-num-seqs 1024 --out $R/offline_sharegpt_h200_async_1024.json 2>&1 \
+    | grep -E '"output_tokens_per_s|"mean_ms' | tail -4
   ;;
 esac
