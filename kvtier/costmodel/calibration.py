@@ -42,6 +42,11 @@ class HostParams:
     attn_decode_s: float = 96e-6  # the split-K decode wrapper (kernel + merge of the splits)
     attn_prefill_s: float = 45e-6  # the varlen prefill wrapper
     op_launch_s: float = 10e-6  # one torch op (a copy into a static buffer, the embedding)
+    # Host time per layer of a piecewise forward beyond those launches (the layer loop, the
+    # static buffers' slices, the attention call's Python around its kernels): fitted to the
+    # profiler's measured issue times of whole piecewise forwards; the launches, each timed
+    # alone in a loop of its own, add up to ~2/3 of what a forward takes on the H200.
+    piece_layer_s: float = 0.0
 
 
 @dataclass(frozen=True)

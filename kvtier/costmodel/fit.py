@@ -20,7 +20,7 @@ from kvtier.config import ModelConfig
 from kvtier.costmodel.calibration import Calibration, HostParams, LoopParams, PrefillFit
 from kvtier.costmodel.curves import Curve
 from kvtier.costmodel.hardware import CopyCost, get_hardware
-from kvtier.costmodel.host_fit import fit_host, issue_launch_s, score_host
+from kvtier.costmodel.host_fit import fit_host, issue_launch_s, piece_layer_s, score_host
 from kvtier.costmodel.model import CostModel, CostModelConfig
 from kvtier.costmodel.operators import Shapes, attn_prefill
 
@@ -115,13 +115,18 @@ def fit_calibration(raw: dict[str, Any], environment: dict | None = None) -> Cal
         environment=environment or {},
     )
     make = lambda c: _model(c, meta)  # noqa: E731
+    # The sweep steps' measured issue times give the host's launch costs, eager (launch_s)
+    # and piecewise (piece_layer_s, which counts launch_s for the head), before the host
+    # terms are fitted on top of them (serving steps have walls only).
+    launch = issue_launch_s(calib, make, raw["steps"])
+    if launch is not None:
+        calib = replace(calib, host=replace(calib.host, launch_s=launch))
+    piece = piece_layer_s(calib, make, raw["steps"])
+    if piece is not None:
+        calib = replace(calib, host=replace(calib.host, piece_layer_s=piece))
     serving = raw.get("serving_steps")
-    if serving:  # serving steps have walls only: the sweep steps' issue times give launch_s
-        launch = issue_launch_s(calib, make, raw["steps"])  # (kept if serving has no eager step)
-        if launch is not None:
-            calib = replace(calib, host=replace(calib.host, launch_s=launch))
     host, host_report = fit_host(calib, make, serving or raw["steps"])
-    report = {"host_launches": launch_params(raw.get("host_launches")),
+    report = {"host_launches": launch_params(raw.get("host_launches")), "piece_layer_s": piece,
               "attn_prefill_mape": prefill_err, "copy_out_affine_mape": out_err,
               "copy_in_affine_mape": in_err, "loop_mape": loop_err,
               "host_fitted_on": "serving steps" if serving else "sweep steps",

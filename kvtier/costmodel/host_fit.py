@@ -10,7 +10,8 @@ The device part of a step comes from the operator curves; what the host adds is 
                            host costs measured by the profiler's host_launches sweep)
 
 `launch_s` comes from measured issue times when there are some (the profiler's synthetic
-steps), else it is searched on a grid over the eager steps (steps recorded while serving have
+steps; `piece_layer_s` likewise from their piecewise issue times), else it is searched on a
+grid over the eager steps (steps recorded while serving have
 only walls; with piecewise graphs on there may be none: the value given is kept). Steps off
 by more than 4x after a first fit (a JIT compile, a GC pause) are dropped once.
 """
@@ -145,6 +146,22 @@ def piecewise_issue_check(cm: CostModel, steps: list[dict]) -> dict:
     return {"piecewise_issue_mape": float(np.mean(np.abs(p - m) / m)),
             "piecewise_issue_bias": float(np.mean((p - m) / m)),
             "piecewise_issue_steps": len(pairs)}
+
+
+def piece_layer_s(calib: Calibration, make_model: MakeModel, steps: list[dict]) -> float | None:
+    """HostParams.piece_layer_s from the profiler's measured issue times of piecewise forwards
+    (steps carrying `issue_piecewise_s`): the median over steps of what the measured launch
+    costs leave unexplained, per layer (never negative); None without such steps."""
+    cm = make_model(replace(calib, host=replace(calib.host, piece_layer_s=0.0)))
+    per = []
+    for st in steps:
+        if st.get("issue_piecewise_s"):
+            shape = StepShape.from_json(st["shape"])
+            t = cm.piecewise_size(shape)
+            if t is not None:
+                rest = st["issue_piecewise_s"] - cm.piecewise_issue_seconds(shape, t)
+                per.append(rest / cm.shapes.num_layers)
+    return max(0.0, statistics.median(per)) if per else None
 
 
 def issue_launch_s(calib: Calibration, make_model: MakeModel, steps: list[dict]) -> float | None:

@@ -20,8 +20,8 @@ one copy of its output into a static buffer and one graph replay: piece k = laye
 its attention + layer k before its own, its GEMMs and elementwise kernels at the padded
 token count `t` from `piecewise_sizes`; L+1 replays in all, then final norm and lm_head
 eagerly. These launches go through the same queue (`overlap.queue_seconds`), each with its
-own host cost (HostParams.replay_s, attn_*_s, op_launch_s) and a replay's device time the
-sum of its piece's kernels.
+own host cost (HostParams.replay_s, attn_*_s, op_launch_s, and piece_layer_s a layer for the
+Python between them) and a replay's device time the sum of its piece's kernels.
 
 Swap overlap (`overlap_swap`, EngineConfig's): the runner copies on a stream of its own, layer
 group by layer group, and the forward waits for group g's swap-ins only before group g's
@@ -253,8 +253,9 @@ class CostModel:
         attn.append((h.op_launch_s, self.timer.keyed(attn_out_copy(self.shapes, n), n)))
         head = self.head_kernels(n, shape.num_sampled)  # [embedding + final norm, lm_head]
         pre = [(3 * h.op_launch_s, head[0]), (h.replay_s, piece_in)]
-        layer = [*attn, (h.replay_s, piece_out + piece_in)]
-        last = [*attn, (h.replay_s, piece_out)]
+        replay = h.replay_s + h.piece_layer_s  # the layer's own host time goes with its replay
+        layer = [*attn, (replay, piece_out + piece_in)]
+        last = [*attn, (replay, piece_out)]
         post = [(h.launch_s, 0.0), *((h.launch_s, g) for g in head[1:])]
         return pre, layer, last, post
 

@@ -19,6 +19,7 @@ from kvtier.costmodel.operators import (
     attn_out_copy,
     attn_prefill,
     gemm,
+    layer_elementwise,
     piece_copies,
 )
 from kvtier.costmodel.overlap import (
@@ -70,28 +71,50 @@ def hand_launches(shape: StepShape, t: int, host=HOST):
     g = {k: c.gemm[k].at(t) for k in ("qkv", "o", "gate_up", "down")}
     ew = c.elementwise.at(t)
     cb, ca = piece_copies(s, t)
-    roof = lambda op: H200.roofline_s(op.flops, op.bytes) / 0.6 + op.launches * 3e-6  # noqa: E731
-    before = g["qkv"] + 0.4 * ew + roof(cb)
-    after = g["o"] + g["gate_up"] + g["down"] + 0.6 * ew + roof(ca)
+    before = g["qkv"] + 0.5 * ew + copy_seconds(cb, t)
+    after = g["o"] + g["gate_up"] + g["down"] + 0.5 * ew + copy_seconds(ca, t)
     dec = c.attn_decode_eager.at(shape.num_decodes, shape.decode_ctx_sum / shape.num_decodes)
     op = attn_prefill(s, shape.prefills)
     pre_attn = c.attn_prefill.seconds(op.flops, shape.num_prefill_tokens)
     attn = [(host.attn_write_s, 0.0), (host.attn_decode_s, dec), (host.attn_prefill_s, pre_attn),
-            (host.op_launch_s, roof(attn_out_copy(s, n)))]
+            (host.op_launch_s, copy_seconds(attn_out_copy(s, n), n))]
     head = c.head_elementwise.at(n)
     lm = c.gemm["lm_head"].at(shape.num_sampled)
     assert lm == pytest.approx(H200.roofline_s(*_fb(gemm("lm_head", shape.num_sampled,
                                                            *dims["lm_head"], 2))) / 0.8 + 3e-6,
                                rel=0.05)
     pre = [(3 * host.op_launch_s, head), (host.replay_s, before)]
-    layer = [*attn, (host.replay_s, after + before)]
-    last = [*attn, (host.replay_s, after)]
+    replay = host.replay_s + host.piece_layer_s
+    layer = [*attn, (replay, after + before)]
+    last = [*attn, (replay, after)]
     post = [(host.launch_s, 0.0), (host.launch_s, lm)]
     return pre, layer, last, post
 
 
+def copy_seconds(op, rows: int) -> float:
+    """A copy into a static buffer, priced like the layer's measured elementwise kernels: their
+    per-kernel floor (time at one token over 4 kernels) per launch, bytes at their bandwidth."""
+    c, s = calibration(), Shapes.of(model_config())
+    ew_bytes = layer_elementwise(s, rows).bytes
+    return op.launches * c.elementwise.at(1) / 4 + op.bytes * c.elementwise.at(rows) / ew_bytes
+
+
 def _fb(op):
     return op.flops, op.bytes
+
+
+def test_copies_priced_at_the_measured_elementwise_bandwidth():
+    cm, s = model(), Shapes.of(model_config())
+    _, ca = piece_copies(s, 2080)  # hidden and residual: 2 launches, 4 x 2080 x 5120 x 2 bytes
+    ew = calibration().elementwise
+    bytes_per_s = layer_elementwise(s, 2080).bytes / ew.at(2080)
+    expect = 2 * ew.at(1) / 4 + ca.bytes / bytes_per_s
+    assert cm.timer.keyed(ca, 2080) == pytest.approx(expect, rel=1e-12)
+    assert ca.bytes == 4 * 2080 * 5120 * 2
+    # Without a calibration: the roofline at the default efficiency, plus a floor a launch.
+    bare = CostModel(model_config(), H200, None, CostModelConfig(piecewise_graphs=True))
+    roof = H200.roofline_s(0.0, ca.bytes) / 0.6 + 2 * 3e-6
+    assert bare.timer.keyed(ca, 2080) == pytest.approx(roof, rel=1e-12)
 
 
 def test_mixed_step_gemms_at_the_padded_count_attention_at_the_real_shapes():
@@ -237,3 +260,26 @@ def test_fit_with_piecewise_graphs_on():
     assert h.launch_s == pytest.approx(HOST.launch_s, rel=1e-9)  # eager issue times give it
     check = calib.fit_report["sweep_steps_check"]
     assert check["piecewise_issue_steps"] == 12 and check["piecewise_issue_mape"] < 1e-9
+
+
+def test_piece_layer_host_time_from_measured_piecewise_issue_times():
+    """What the separately timed launches leave unexplained of a piecewise forward's measured
+    issue time is fitted per layer (the median over steps) and paid once a layer."""
+    extra = 60e-6
+    steps = piecewise_steps()
+    for row in steps:
+        if row.get("issue_piecewise_s"):
+            row["issue_piecewise_s"] += L * extra
+    raw = raw_measurements(steps)
+    raw["meta"]["piecewise_graphs"] = True
+    raw["host_launches"] = {"attn_decode_s": 130e-6, "attn_prefill_s": 90e-6,
+                            "attn_mixed_s": 180e-6, "op_s": 9e-6, "replay_s": 14e-6}
+    calib = fit_calibration(raw)
+    assert calib.host.piece_layer_s == pytest.approx(extra, rel=1e-9)
+    assert calib.fit_report["piece_layer_s"] == pytest.approx(extra, rel=1e-9)
+    cm = model(calib=calib)
+    bare = model(calib=replace(calib, host=replace(calib.host, piece_layer_s=0.0)))
+    d = cm.piecewise_issue_seconds(MIXED, 544) - bare.piecewise_issue_seconds(MIXED, 544)
+    assert d == pytest.approx(L * extra, rel=1e-9)
+    # Without measured piecewise issue times the term stays 0 (the default).
+    assert fit_calibration(raw_measurements(piecewise_steps()[:6])).host.piece_layer_s == 0.0
