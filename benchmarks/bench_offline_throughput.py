@@ -3,6 +3,9 @@ lengths from the dataset, ignore_eos, one engine. Reports output and total token
 
   python benchmarks/bench_offline_throughput.py --workload .carry/sharegpt_llama31_1000.json \
       --model llama-3.1-8b --out benchmarks/results/offline_sharegpt_h200.json
+
+Async scheduling is on here (as in SGLang's default overlap scheduler); the engine's default
+is off (as in vLLM), `--no-async-scheduling` measures that.
 """
 
 from __future__ import annotations
@@ -42,8 +45,9 @@ def main() -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--piecewise-graphs", action=argparse.BooleanOptionalAction, default=True,
                     help="CUDA graphs around attention for mixed steps")
-    ap.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=False,
-                    help="launch step N+1 before reading step N's tokens")
+    ap.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+                    help="launch step N+1 before reading step N's tokens (the engine's "
+                         "--async-scheduling; --no-async-scheduling: one step at a time)")
     args = ap.parse_args()
     work = json.load(open(args.workload))
     reqs = work["requests"]
