@@ -62,6 +62,8 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         num_host = 0
         runner.allocate_hidden(num_hidden)
     runner.allocate_kv(num_gpu, num_host, scratch)
+    if device.type == "cuda":
+        runner.warm_up_steps()
     if args.ellm_planner:
         cost_model = (planner_cost_model(config, args, pools.block_bytes)
                       if args.ellm_planner_calibration else None)

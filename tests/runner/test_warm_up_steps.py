@@ -1,0 +1,29 @@
+"""The pre-serving warm-up steps leave no trace: greedy outputs after them equal a fresh
+engine's, and the runner's block tables hold no warm-up rows."""
+
+from kvtier import SamplingParams
+from kvtier.engine.args import EngineArgs
+from kvtier.engine.llm_engine import LLMEngine
+
+
+def _tokens(eng: LLMEngine) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    for i, p in enumerate([[5, 6, 7], list(range(40, 90))]):
+        eng.add_request(str(i), p, params)
+    out = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                out[o.request_id] = o.outputs[0].token_ids
+    return [out["0"], out["1"]]
+
+
+def test_warm_up_steps_change_nothing():
+    args = EngineArgs(model="tiny-llama", load_format="dummy", max_model_len=128,
+                      num_gpu_blocks=64)
+    ref = _tokens(LLMEngine.from_engine_args(args))
+    eng = LLMEngine.from_engine_args(args)
+    assert eng.executor.warm_up_steps()  # the builder runs it on GPUs only
+    assert not any(r.startswith("__warm") for r in eng.executor.block_tables.row_of)
+    assert _tokens(eng) == ref
+    eng.check_integrity()
