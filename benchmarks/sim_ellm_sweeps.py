@@ -1,6 +1,10 @@
 """eLLM's sweeps on the simulator (the cost model's view of today's engine, issue 7):
 
   ratio      fixed uncached ratio r = 0 (recompute policy) .. 0.9: throughput, TTFT, TPOT;
+  adaptive   the default mode (on-demand drops) under each --ellm-recompute-budget rule: max
+             (max_recompute_tokens = 4,096 a step, the old default), ridge (the ridge point
+             minus the decodes, blind to the lost decode graph), auto (the calibrated cost
+             model's price, the default);
   planner    --ellm-planner with its hardware constants scaled 0.8 / 1.0 / 1.2 (the paper's
              +-20 % robustness check) against the simulated H200.
 
@@ -73,6 +77,11 @@ def main(argv: list[str] | None = None) -> None:
                                 ellm_max_uncached_ratio=r)
         ratio.append({"uncached_ratio": r, **run(args, a, reqs)})
         print(ratio[-1], flush=True)
+    adaptive = []
+    for rule in ("max", "ridge", "auto"):
+        a = dataclasses.replace(base, kv_policy="ellm", ellm_recompute_budget=rule)
+        adaptive.append({"recompute_budget": rule, **run(args, a, reqs)})
+        print(adaptive[-1], flush=True)
     planner = []
     for scale in (0.8, 1.0, 1.2):
         a = dataclasses.replace(base, kv_policy="ellm", ellm_planner=True)
@@ -81,7 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     payload = {"model": "llama-2-13b", "hardware": "h200 (simulated)",
                "calibration": args.calibration, "workload": args.workload,
                "num_prompts": len(reqs), "rate": args.rate, "kv_cache_gb": args.kv_cache_gb,
-               "ratio_sweep": ratio, "planner_perturbation": planner}
+               "ratio_sweep": ratio, "adaptive_budget": adaptive,
+               "planner_perturbation": planner}
     write_result(args.out, payload)
     fig, ax = plt.subplots(1, 3, figsize=(13, 3.6))
     xs = [r["uncached_ratio"] for r in ratio]

@@ -2,8 +2,9 @@
 scheduler, KV manager and policies on the cost model's virtual clock, driven through the
 bench harness (`kvtier/bench/experiment.py`, the machinery of `kvtier bench --simulate`).
 
-llama-2-13b, policies recompute / swap / hcache / ellm (ellm in planned mode: the
-request-level planner picks r), KV pool 40 GiB (the paper's pressure on an A100-80GB),
+llama-2-13b, policies recompute / swap / hcache / ellm (eLLM's default adaptive mode: prefixes
+dropped on demand within the step's recompute budget, priced by the calibrated cost model) /
+ellm-planned (the request-level planner picks r), KV pool 40 GiB (the paper's pressure on an A100-80GB),
 host pool 40 GiB (the paper's swap space for 13B), SLO TTFT 2 s / TPOT 100 ms (the bench
 defaults; the paper states no numbers).
 
@@ -70,7 +71,7 @@ from kvtier.costmodel.hardware import CopyCost, CopyMechanism  # noqa: E402
 from kvtier.engine.args import EngineArgs  # noqa: E402
 from kvtier.sim import VirtualClock, build_sim_engine  # noqa: E402
 
-POLICIES = ("recompute", "swap", "hcache", "ellm")
+POLICIES = ("recompute", "swap", "hcache", "ellm", "ellm-planned")
 OUT_DIR = Path("benchmarks/results/sim_paper")
 SHAREGPT = ".carry/sharegpt_llama2_13b_3000.json"
 LEVAL = "/work/shared/data/leval_paper_assistant.jsonl"
@@ -80,18 +81,21 @@ BIN_S = 5.0  # the paper samples concurrency every 5 s
 
 # ---- engines and workloads ---------------------------------------------------------------------
 def engine_args(a: argparse.Namespace, policy: str, **over) -> EngineArgs:
+    """`policy` may be ELLM_PLANNED: ellm with the request-level planner."""
+    planned = policy == ELLM_PLANNED
     base = EngineArgs(model="llama-2-13b", load_format="dummy", max_model_len=a.max_model_len,
                       kv_cache_gb=a.kv_cache_gb, swap_space=a.swap_space,
-                      max_num_seqs=a.max_num_seqs, kv_policy=policy,
-                      ellm_planner=policy == "ellm" and not a.ellm_adaptive,
-                      ellm_tpot_slo_ms=a.slo_tpot)
+                      max_num_seqs=a.max_num_seqs, kv_policy="ellm" if planned else policy,
+                      ellm_planner=planned, ellm_tpot_slo_ms=a.slo_tpot,
+                      ellm_recompute_budget=a.ellm_recompute_budget)
     return replace(base, **over)
 
 
 def sim_factory(a: argparse.Namespace, clock: VirtualClock, gpu: str,
                 wrap: Callable | None = None, **over):
     """policy -> a fresh simulated engine on the shared clock (as `kvtier bench --simulate`).
-    "swap-pcie" is swap with its copies priced at the link (see `swap_at_pcie`)."""
+    "swap-pcie" is swap with its copies priced at the link (see `swap_at_pcie`);
+    "ellm-planned" is ellm with the request-level planner."""
     def engine(label: str):
         policy = "swap" if label == SWAP_PCIE else label
         e = build_sim_engine(engine_args(a, policy, **over), gpu, a.calibration, clock=clock)
@@ -102,6 +106,7 @@ def sim_factory(a: argparse.Namespace, clock: VirtualClock, gpu: str,
 
 
 SWAP_PCIE = "swap-pcie"
+ELLM_PLANNED = "ellm-planned"
 
 
 def swap_at_pcie(engine) -> None:
@@ -457,6 +462,7 @@ def exp_physics(a: argparse.Namespace) -> None:
         "recompute_us_per_token_at_gemm_peak": 1e6 * flops_per_token / hw.bf16_flops,
         "pcie_out_and_in_us_per_token": 1e6 * (d2h.alpha_s_per_byte + h2d.alpha_s_per_byte) * kv_token,
         "ellm_max_recompute_tokens_per_step": e.config.policy_options.max_recompute_tokens,
+        "ellm_step_budget": step_budget_rows(e, ctx),
         "rows": rows,
     }
     save(f"physics_{a.gpu}", payload, a)
@@ -477,7 +483,22 @@ def exp_physics(a: argparse.Namespace) -> None:
     for r in rows:
         if r["batch"] in (64, 192):
             print(r)
-    print({k: v for k, v in payload.items() if k != "rows"})
+    print({k: v for k, v in payload.items() if k not in ("rows", "ellm_step_budget")})
+    print("ellm step budget:", payload["ellm_step_budget"])
+
+
+def step_budget_rows(engine, ctx: int) -> dict:
+    """ellm's per-step recompute budget (adaptive mode) by batch: the engine's rule (the cost
+    model's price when calibrated) beside the plain ridge rule."""
+    from kvtier.planner.step_budget import RidgeBudget, ridge_tokens
+
+    opts, bs = engine.config.policy_options, engine.config.cache.block_size
+    ridge = RidgeBudget(ridge_tokens(engine.executor.cost_model.hw), bs, opts.max_recompute_tokens)
+    rule = opts.step_budget
+    return {"rule": type(rule).__name__, "tolerance": opts.recompute_tolerance,
+            "context": ctx, "cap": opts.max_recompute_tokens,
+            "rows": [{"batch": b, "tokens": rule.tokens(b, ctx), "ridge_tokens": ridge.tokens(b, ctx)}
+                     for b in (1, 8, 32, 64, 128, 160, 192, 256, 384, 512)]}
 
 
 # ---- 5. planner perturbation -------------------------------------------------------------------
@@ -546,8 +567,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--policies", type=_csv(str), default=None,
                     help=f"default {','.join(POLICIES)}, and {SWAP_PCIE} on the H200 (swap with "
                          "its copies at PCIe speed; on the A100 profile they are already)")
-    ap.add_argument("--ellm-adaptive", action="store_true",
-                    help="ellm in adaptive mode (on-demand drops) instead of planned")
+    ap.add_argument("--ellm-recompute-budget", default="auto",
+                    help="ellm's per-step recompute budget (EngineArgs): auto | ridge | cost | "
+                         "max | a token count")
     ap.add_argument("--load-prompts", type=int, default=1000)
     ap.add_argument("--load-multiples", type=_csv(float), default=(0.1, 0.2, 0.3, 0.5, 1, 1.5, 2, 3))
     ap.add_argument("--leval-path", default=LEVAL)

@@ -177,6 +177,17 @@ class PolicyOptions:
     uncached_ratio: float | None = None
     max_uncached_ratio: float = 0.5
     max_recompute_tokens: int = 4096  # dropped-prefix tokens recomputed per step, at most
+    # eLLM adaptive mode: how many prefix tokens a step may recompute (capped by
+    # max_recompute_tokens) — "ridge": what the linear layers carry free, the ridge point
+    # minus the step's decodes; "cost": the same priced by the cost model (a step may grow by
+    # recompute_tolerance); "auto": "cost" when the engine has a calibrated cost model, else
+    # "ridge" when decode steps run eagerly, else 0 (see kvtier.engine.builder.with_step_budget);
+    # "max": max_recompute_tokens; or a token count. kvtier/planner/step_budget.py.
+    recompute_budget: str | int = "auto"
+    recompute_tolerance: float = 0.01  # within the cost model's error on decode steps (2 %)
+    # That rule priced for this engine's GPU (a kvtier.planner.step_budget.StepBudget, built
+    # once the cost model is known); None: max_recompute_tokens.
+    step_budget: Any = None
     # eLLM planned mode: a kvtier.planner.request_level.RequestLevelPlanner that re-chooses
     # r from the running requests every `replan_every` steps (built once pools are sized).
     planner: Any = None
@@ -187,6 +198,18 @@ class PolicyOptions:
             v = getattr(self, name)
             if v is not None and not 0.0 <= v < 1.0:
                 raise ConfigError(f"{name} must be in [0, 1), got {v}")
+        rule = self.recompute_budget
+        if isinstance(rule, bool) or not (rule in ("auto", "ridge", "cost", "max")
+                                          or (isinstance(rule, int) and rule >= 0)):
+            raise ConfigError("recompute_budget must be auto, ridge, cost, max or a token "
+                              f"count >= 0, got {rule!r}")
+        if self.recompute_tolerance < 0:
+            raise ConfigError("recompute_tolerance must be >= 0")
+
+    @property
+    def adaptive(self) -> bool:
+        """eLLM drops prefixes only on demand (no fixed ratio, no planner)."""
+        return self.uncached_ratio is None and self.planner is None
 
 
 @dataclass(frozen=True)

@@ -43,15 +43,24 @@ class EngineArgs:
     ellm_max_uncached_ratio: float = field(
         default=0.5, metadata={"help": "ellm: cap on r when prefixes are dropped on demand"})
     ellm_max_recompute_tokens: int | None = field(
-        default=None, metadata={"help": "ellm: prefix tokens recomputed per step at most "
-                                        "(default: half the step's token budget)"})
+        default=None, metadata={"help": "ellm: prefix tokens recomputed per step at most, "
+                                        "the recompute scratch (default: 256 for a priced "
+                                        "--ellm-recompute-budget, else half the step's "
+                                        "token budget)"})
+    ellm_recompute_budget: str = field(
+        default="auto", metadata={"help": "ellm: prefix tokens a step may recompute when "
+                                          "prefixes are dropped on demand: ridge (ridge point "
+                                          "minus the step's decodes), cost (priced by the "
+                                          "calibrated cost model), auto (cost with "
+                                          "--ellm-calibration, else ridge), max, or a count"})
     ellm_planner: bool = field(
         default=False, metadata={"help": "ellm: r from the request-level planner (SLSQP)"})
     ellm_tpot_slo_ms: float = field(
         default=100.0, metadata={"help": "ellm planner: the TPOT SLO it plans for"})
-    ellm_planner_calibration: str | None = field(
-        default=None, metadata={"help": "ellm planner: cost-model calibration JSON (kvtier "
-                                        "profile) its roofline is fitted to (default: the "
+    ellm_calibration: str | None = field(
+        default=None, metadata={"help": "ellm: cost-model calibration JSON (kvtier profile) "
+                                        "that prices recomputation: the recompute budget and "
+                                        "the planner's roofline fit (default: the H200's "
                                         "probe ceilings alone)"})
     attention_backend: str = field(default="auto", metadata={"help": "auto|torch|triton"})
     enforce_eager: bool = field(default=False, metadata={"help": "disable CUDA graphs"})
@@ -94,13 +103,23 @@ class EngineArgs:
             policy_options=PolicyOptions(
                 uncached_ratio=self.ellm_uncached_ratio,
                 max_uncached_ratio=self.ellm_max_uncached_ratio,
-                max_recompute_tokens=self.ellm_max_recompute_tokens
-                or sched.max_num_batched_tokens // 2), device=self.device,
+                max_recompute_tokens=self.ellm_max_recompute_tokens or self._recompute_cap(sched),
+                recompute_budget=_budget_rule(self.ellm_recompute_budget)), device=self.device,
             load_format=self.load_format, tokenizer=self.tokenizer, seed=self.seed,
             attention_backend=self.attention_backend, enforce_eager=self.enforce_eager,
             piecewise_graphs=self.piecewise_graphs, overlap_swap=self.overlap_swap,
             served_model_name=self.served_model_name,
         )
+
+    def _recompute_cap(self, sched: SchedulerConfig) -> int:
+        """ellm's default max_recompute_tokens (it sizes the recompute scratch): half the
+        step's token budget for a fixed, planned or explicit budget; 256 for the priced
+        budgets of on-demand drops, which stay under the ridge point (H200 180 tokens a
+        step, A100 161)."""
+        priced = _budget_rule(self.ellm_recompute_budget) in ("auto", "ridge", "cost")
+        if priced and self.ellm_uncached_ratio is None and not self.ellm_planner:
+            return min(256, sched.max_num_batched_tokens // 2)
+        return sched.max_num_batched_tokens // 2
 
     # ---- argparse ----------------------------------------------------------------------
     @classmethod
@@ -122,11 +141,18 @@ class EngineArgs:
                                     help=f.metadata["help"])
         parser.add_argument("--num-gpu-blocks-override", dest="num_gpu_blocks", type=int,
                             help=argparse.SUPPRESS)  # vLLM's spelling
+        parser.add_argument("--ellm-planner-calibration", dest="ellm_calibration",
+                            help=argparse.SUPPRESS)  # its name before it priced the budget too
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> EngineArgs:
         kw: dict[str, Any] = {f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)}
         return cls(**kw)
+
+
+def _budget_rule(rule: str | int) -> str | int:
+    """`--ellm-recompute-budget`: a rule's name, or a token count given as digits."""
+    return int(rule) if isinstance(rule, str) and rule.isdigit() else rule
 
 
 def _arg_type(annotation: Any):

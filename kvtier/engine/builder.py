@@ -64,10 +64,11 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     runner.allocate_kv(num_gpu, num_host, scratch)
     if device.type == "cuda":
         runner.warm_up_steps()
+    cost_model = (ellm_cost_model(config, args, pools.block_bytes)
+                  if config.kv_policy == "ellm" and args.ellm_calibration else None)
     if args.ellm_planner:
-        cost_model = (planner_cost_model(config, args, pools.block_bytes)
-                      if args.ellm_planner_calibration else None)
         config = with_planner(config, args, num_gpu * pools.block_bytes, cost_model=cost_model)
+    config = with_step_budget(config, cost_model=cost_model, decode_graphs=runner.use_cuda_graphs)
     kv = KVCacheManager(
         num_groups=runner.num_groups, block_size=config.cache.block_size,
         num_gpu_blocks=num_gpu, num_host_blocks=num_host, num_hidden_blocks=num_hidden,
@@ -95,24 +96,66 @@ def recompute_scratch_blocks(config) -> int:
     return -(-config.policy_options.max_recompute_tokens // config.cache.block_size)
 
 
-def planner_cost_model(config, args: EngineArgs, block_bytes: int, hw=None):
-    """The calibrated cost model the real engine's planner is fitted to (the same model
-    `kvtier bench --simulate --calibration` runs, so both plan alike)."""
+def ellm_cost_model(config, args: EngineArgs, block_bytes: int, hw=None):
+    """The calibrated cost model (`--ellm-calibration`) that prices the real engine's
+    recomputation: its recompute budget and its planner's fit (the same model
+    `kvtier bench --simulate --calibration` runs, so both decide alike)."""
     from kvtier.costmodel.calibration import Calibration
     from kvtier.costmodel.hardware import get_hardware
     from kvtier.costmodel.model import CostModel, engine_cost_config
 
-    assert args.ellm_planner_calibration
+    assert args.ellm_calibration
     return CostModel(config.model_config, hw or get_hardware("h200"),
-                     Calibration.load(args.ellm_planner_calibration),
+                     Calibration.load(args.ellm_calibration),
                      engine_cost_config(config, block_bytes))
+
+
+def with_step_budget(config, hw=None, cost_model=None, decode_graphs: bool = False):
+    """eLLM's per-step recompute budget (PolicyOptions.recompute_budget) priced for this
+    engine: the ridge point of `hw` (default the H200's measured ceilings, as the planner's),
+    or the cost model's price (kvtier/planner/step_budget.py). The simulator passes the cost
+    model it runs on. `auto`: the cost model's price when it is calibrated; else the ridge
+    rule if decode steps run eagerly (`decode_graphs` False: CPU, --enforce-eager); else
+    nothing — recomputing anything turns a decode step's full CUDA-graph replay into a
+    piecewise step, a price the roofline cannot see (on the calibrated H200 it exceeds the
+    1 % tolerance below ~170 decodes)."""
+    from dataclasses import replace
+
+    from kvtier.costmodel.hardware import get_hardware
+    from kvtier.planner.step_budget import (
+        CostBudget,
+        FixedBudget,
+        RidgeBudget,
+        StepBudget,
+        ridge_tokens,
+    )
+
+    if config.kv_policy != "ellm":
+        return config
+    opts = config.policy_options
+    rule, cap, bs = opts.recompute_budget, opts.max_recompute_tokens, config.cache.block_size
+    if rule == "auto":
+        if cost_model is not None and cost_model.calib is not None:
+            rule = "cost"
+        else:
+            rule = 0 if decode_graphs else "ridge"
+    budget: StepBudget
+    if rule == "cost":
+        if cost_model is None:
+            raise ConfigError("--ellm-recompute-budget cost needs --ellm-calibration")
+        budget = CostBudget(cost_model, bs, cap, opts.recompute_tolerance)
+    elif rule == "ridge":
+        budget = RidgeBudget(ridge_tokens(hw or get_hardware("h200")), bs, cap)
+    else:
+        budget = FixedBudget(cap if rule == "max" else min(cap, int(rule)))
+    return config.with_(policy_options=replace(opts, step_budget=budget))
 
 
 def with_planner(config, args: EngineArgs, kv_bytes: int, hw=None, cost_model=None,
                  plan_for=None):
     """eLLM's planned mode: the planner sees the pool just sized. Its roofline uses `hw`, by
     default the H200's measured ceilings (the only GPU measured here); given a calibrated
-    `cost_model` (`--ellm-planner-calibration`, or the simulator's `--calibration`), its
+    `cost_model` (`--ellm-calibration`, or the simulator's `--calibration`), its
     efficiencies and overheads are fitted to it
     (kvtier/planner/fit.py). `plan_for`: other ceilings to plan with after the fit (the
     planner-constants sensitivity experiment)."""

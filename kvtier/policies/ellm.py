@@ -10,11 +10,15 @@ nothing after it, so this is exact). The uncached ratio r = s / n trades compute
     kvtier/planner/request_level.py) re-chooses r from the running requests' contexts every
     `replan_every` steps, and every request is brought to it as in fixed mode;
   * adaptive mode (default): prefixes are dropped only when blocks run out, from the
-    requests holding the most KV, each up to `max_uncached_ratio`, and within a per-step
-    recompute budget; only when that cannot free enough does the scheduler preempt
-    (recompute mode, as vLLM V1).
+    requests holding the most KV, each up to `max_uncached_ratio`, and only while every
+    dropped prefix together stays within the step's recompute budget
+    (`PolicyOptions.step_budget`: what a decode step of the running requests recomputes
+    about free — the ridge point minus its decodes, or the cost model's price; a dropped
+    prefix is paid on every later step, so anything past it costs more than the preemption
+    it saves); only when that cannot free enough does the scheduler preempt (recompute
+    mode, as vLLM V1).
 Whole token blocks are dropped, in every layer group at once, and the last (partial) block
-is always kept.
+is always kept. Fixed and planned modes recompute up to `max_recompute_tokens` a step.
 """
 
 from __future__ import annotations
@@ -70,6 +74,20 @@ class EllmPolicy(KVPolicy):
     def _recompute_load(self, running: list[Request], kv: KVCacheManager) -> int:
         return sum(kv.num_dropped_tokens(r) for r in running)
 
+    def step_budget(self, running: list[Request]) -> int:
+        """Prefix tokens the running requests may recompute per step in all: in adaptive
+        mode what a decode step of them recomputes about free, at most max_recompute_tokens
+        (the runner's scratch holds no more)."""
+        cap, rule = self.options.max_recompute_tokens, self.options.step_budget
+        if rule is None or not self.options.adaptive:
+            return cap
+        num_decodes = ctx_sum = 0
+        for req in running:
+            if _in_decode(req):
+                num_decodes += 1
+                ctx_sum += req.num_computed_tokens
+        return min(cap, rule.tokens(num_decodes, ctx_sum // max(1, num_decodes)))
+
     def before_step(self, running: list[Request], kv: KVCacheManager,
                     waiting: Iterable[Request] = ()) -> None:
         r = self.target_ratio(running, waiting)
@@ -87,10 +105,16 @@ class EllmPolicy(KVPolicy):
                 budget -= extra * kv.block_size
 
     def make_room(self, running: list[Request], kv: KVCacheManager, num_blocks: int) -> bool:
-        budget = self.options.max_recompute_tokens - self._recompute_load(running, kv)
-        freed = 0
+        budget = self.step_budget(running)
+        if budget < kv.block_size:
+            return False  # nothing is free: the scheduler preempts instead
+        budget -= self._recompute_load(running, kv)
         # The requests holding the most device KV give first: each dropped block is worth
         # the same memory, and a long request's prefix is a smaller share of its attention.
+        # All or nothing: drops that do not spare the preemption would be paid every step
+        # for nothing.
+        drops: list[tuple[Request, int]] = []
+        freed = 0
         for req in sorted(running, key=lambda r: -r.num_computed_tokens):
             if freed >= num_blocks or budget < kv.block_size:
                 break
@@ -102,6 +126,11 @@ class EllmPolicy(KVPolicy):
             extra = min(cap - have, want_blocks, budget // kv.block_size)
             if extra <= 0:
                 continue
-            freed += kv.drop_prefix(req, have + extra)
+            drops.append((req, have + extra))
+            freed += extra * kv.num_groups  # what drop_prefix frees: every layer group's
             budget -= extra * kv.block_size
-        return freed >= num_blocks
+        if freed < num_blocks:
+            return False
+        for req, num_token_blocks in drops:
+            kv.drop_prefix(req, num_token_blocks)
+        return True

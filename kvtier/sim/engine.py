@@ -14,7 +14,12 @@ from kvtier.costmodel.calibration import Calibration
 from kvtier.costmodel.hardware import HardwareProfile, get_hardware
 from kvtier.costmodel.model import CostModel, engine_cost_config
 from kvtier.engine.args import EngineArgs
-from kvtier.engine.builder import check_config, hidden_blocks_for, with_planner
+from kvtier.engine.builder import (
+    check_config,
+    hidden_blocks_for,
+    with_planner,
+    with_step_budget,
+)
 from kvtier.engine.llm_engine import LLMEngine
 from kvtier.kv.manager import KVCacheManager
 from kvtier.model.loader import resolve_model_config
@@ -65,6 +70,8 @@ def build_sim_engine(
         config = with_planner(config, engine_args, pools.num_gpu_blocks * pools.block_bytes,
                               hw, cost_model=cost if calib is not None else None,
                               plan_for=planner_hardware)
+    # Priced on the simulated GPU, as the real engine's on its own.
+    config = with_step_budget(config, hw, cost, decode_graphs=bool(cost.graph_sizes))
     clock = clock if clock is not None else VirtualClock()
     eos = tuple(tokenizer.eos_token_ids) + tuple(mc.eos_token_ids)
     executor = SimulatedExecutor(cost, clock, ordinary_token(eos, mc.vocab_size),

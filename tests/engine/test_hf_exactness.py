@@ -90,14 +90,36 @@ def test_ellm_under_memory_pressure_is_exact_and_drops_instead_of_preempting(tin
     assert stats.num_preemptions_total < base.num_preemptions_total
 
 
+class _AlternatingPlanner:
+    """Stands in for the planner (whose economics tests/planner checks; on this tiny load
+    it rightly keeps r = 0): r = 0.6, 0.2, 0.6, ... so planned mode drops more mid-run."""
+
+    def __init__(self):
+        self.num_solves = 0
+
+    def solve(self, contexts, max_wait_s=0.0):
+        from kvtier.planner.request_level import Decision
+
+        self.num_solves += 1
+        return Decision(len(contexts), 0.6 if self.num_solves % 2 else 0.2, 0.0, True, 0.0)
+
+
 def test_ellm_planned_ratio_is_exact(tiny):
-    # A tiny model's step is all overhead on the H200 roofline: recomputation looks free, so
-    # with a pool too small for the queue the planner chooses r > 0 for everyone.
+    from dataclasses import replace
+
     path, expected = tiny
-    got, stats = run_kvtier(path, kv_policy="ellm", ellm_planner=True, ellm_max_uncached_ratio=0.6,
-                            num_gpu_blocks=26, block_size=8, layers_per_block=2, max_model_len=96)
-    assert got == expected
-    assert stats.num_prefix_recompute_tokens_total > 0
+    llm = LLM(str(path), dtype="float32", device="cpu", kv_policy="ellm", ellm_planner=True,
+              ellm_max_uncached_ratio=0.6, num_gpu_blocks=26, block_size=8, layers_per_block=2,
+              max_model_len=96)
+    policy = llm.engine.scheduler.policy
+    assert policy.options.planner is not None  # --ellm-planner built one
+    policy.options = replace(policy.options, planner=_AlternatingPlanner(), replan_every=4)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+    llm.engine.check_integrity()
+    assert [o.outputs[0].token_ids for o in outs] == expected
+    assert policy.options.planner.num_solves > 2
+    assert llm.engine.get_stats().num_prefix_recompute_tokens_total > 0
 
 
 def test_hcache_restores_kv_from_hidden_states_exactly(tiny):

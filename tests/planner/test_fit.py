@@ -39,12 +39,12 @@ def test_fit_follows_the_calibrated_cost_model():
 
 def test_the_real_engine_fits_its_planner_to_a_given_calibration():
     from kvtier.engine.args import EngineArgs
-    from kvtier.engine.builder import planner_cost_model, with_planner
+    from kvtier.engine.builder import ellm_cost_model, with_planner
 
     args = EngineArgs(model="llama-2-13b", load_format="dummy", kv_policy="ellm",
-                      ellm_planner=True, ellm_planner_calibration=CALIB, max_model_len=2048)
+                      ellm_planner=True, ellm_calibration=CALIB, max_model_len=2048)
     config = args.create_engine_config()
-    cm = planner_cost_model(config, args, config.cache.block_bytes(config.model_config, 2))
+    cm = ellm_cost_model(config, args, config.cache.block_bytes(config.model_config, 2))
     planner = with_planner(config, args, 40 << 30, cost_model=cm).policy_options.planner
     assert planner is not None and planner.cfg.recompute_overhead_s > 0
     assert planner.cfg.flops_efficiency < 1.0
@@ -59,6 +59,6 @@ def test_a_calibration_of_another_model_is_refused(tmp_path):
 
     path = save_tiny_model("llama-gqa", tmp_path)
     args = EngineArgs(model=str(path), dtype="float32", device="cpu", kv_policy="ellm",
-                      ellm_planner=True, ellm_planner_calibration=CALIB, max_model_len=128)
+                      ellm_planner=True, ellm_calibration=CALIB, max_model_len=128)
     with pytest.raises(ValueError, match="does not match"):
         build_engine(args)

@@ -76,3 +76,36 @@ def test_a_feasible_stop_without_success_is_kept():
         tpot_slo_s=0.1, max_batch=512, max_uncached_ratio=0.5))
     d = p.solve([253] * 213 + [290])
     assert d.feasible and d.batch > 200 and d.uncached_ratio < 0.01
+
+
+def test_recompute_must_beat_the_cached_batch_by_min_gain():
+    # The load of test_below_the_ridge_recompute_buys_batch: r > 0 roughly doubles the
+    # batch, unless the planner demands more than that gain.
+    from dataclasses import replace
+
+    kv_gb = 4 * 64 * M13.kv_bytes_per_token(2) / GiB
+    p = planner(kv_gb=kv_gb, slo_ms=100, max_batch=64)
+    assert p.solve([64] * 64).uncached_ratio > 0.2
+    strict = RequestLevelPlanner(M13, replace(p.cfg, min_gain=10.0))
+    d = strict.solve([64] * 64)
+    assert d.feasible and d.uncached_ratio == 0.0 and d.batch == 4
+    # One request, room for it: dropping cannot grow the batch, so nothing is dropped.
+    assert planner(kv_gb=kv_gb).solve([64]).uncached_ratio == 0.0
+
+
+def test_a_failed_slsqp_falls_back_to_the_cached_batch_not_to_r_max():
+    # Constants fitted to the calibrated H200 cost model (the simulated e2e run); on this
+    # load every SLSQP start ended outside a bound, and the planner answered "infeasible,
+    # r = 0.5" — dropping half of every running request's KV — where 187 requests fit cached.
+    p = RequestLevelPlanner(M13, PlannerConfig(
+        hbm_bytes_per_s=4.24e12, bf16_flops=761e12, kv_budget_bytes=42614128640,
+        tpot_slo_s=0.1, max_batch=512, max_uncached_ratio=0.5, step_overhead_s=0.0022093339,
+        flops_efficiency=0.7461679242, hbm_efficiency=0.8967105163,
+        recompute_overhead_s=0.0025488921))
+    d = p.solve([277.8125] * 192)
+    assert d.feasible and d.uncached_ratio == 0.0 and d.batch == 187
+    # Truly infeasible on time (the SLO below one request's step): still nothing dropped.
+    tight = RequestLevelPlanner(M13, PlannerConfig(
+        hbm_bytes_per_s=4.24e12, bf16_flops=761e12, kv_budget_bytes=40 * GiB, tpot_slo_s=0.001))
+    d = tight.solve([512] * 8)
+    assert not d.feasible and d.uncached_ratio == 0.0

@@ -72,9 +72,11 @@ def workload(seed: int, n: int = 14) -> list[tuple[int, str, list[int], int]]:
 def args(policy: str, host_blocks: int) -> EngineArgs:
     # 16 blocks of 16 tokens for one layer group (tiny-llama: 4 layers, F = 4): ~5 requests'
     # worth, so the scheduler preempts all the time.
+    # ellm: the ridge rule explicitly — `auto` would pick it for the CPU engine but nothing
+    # for the simulated GPU, whose decode steps replay CUDA graphs.
     return EngineArgs(model="tiny-llama", load_format="dummy", kv_policy=policy, num_gpu_blocks=16,
                       num_host_blocks=host_blocks, max_model_len=256, max_num_batched_tokens=96,
-                      max_num_seqs=8)
+                      max_num_seqs=8, ellm_recompute_budget="ridge")
 
 
 def real_run(policy: str, host_blocks: int, seed: int):
