@@ -4,6 +4,7 @@
 #   bash benchmarks/h200_next.sh a   # GPU tests of what is new, fidelity trace, offline, swap bubble
 #   bash benchmarks/h200_next.sh b   # re-profile 13B (issue 6), 13B policies on the H200 (issue 7)
 #   bash benchmarks/h200_next.sh c   # async scheduling: GPU tests, offline throughput off/on
+#   bash benchmarks/h200_next.sh d   # GPU tests, fidelity trace, 13B policies after the eLLM budget
 # a: swap overlap (copy stream + per-group events), HCache through piecewise graphs, the
 #    attention warm-up, the fused SiLU kernel; the fidelity trace's real half (the sim half
 #    runs on the CPU with the calibration from b); the swap-overlap bubble. (Offline
@@ -43,5 +44,20 @@ c)  # async scheduling: GPU exactness, then offline throughput without and with 
   timeout 120 python3 benchmarks/bench_offline_throughput.py --workload $W --async-scheduling \
     --max-num-seqs 1024 --out $R/offline_sharegpt_h200_async_1024.json 2>&1 \
     | grep -E '"output_tokens_per_s|"mean_ms' | tail -4
+  ;;
+d)  # after the eLLM step budget, the HCache store rewrite and the warm-up steps
+  timeout 120 python3 -m pytest -q -m gpu tests/runner -p no:cacheprovider 2>&1 | tail -8 \
+    > $R/gpu_tests_d.txt; cat $R/gpu_tests_d.txt
+  timeout 130 python3 benchmarks/fidelity_report.py real \
+    --workload .carry/sharegpt_llama2-13b_1000.json --model llama-2-13b --num-requests 600 \
+    --rate 15 --out $R/fidelity_real_h200.json 2>&1 | tail -2
+  timeout 260 python3 -m kvtier.cli bench --model llama-2-13b --load-format dummy \
+    --policies recompute,swap,hcache,ellm --workload prepared \
+    --dataset-path .carry/sharegpt_llama2_13b_1500.json --num-prompts 600 \
+    --arrivals paper-gamma --slo-ttft 2000 --slo-tpot 100 --kv-cache-gb 20 --swap-space 24 \
+    --max-model-len 2048 --max-num-seqs 128 --max-duration 40 --gpu-monitor \
+    --ellm-calibration benchmarks/results/calib_h200_llama-2-13b.json \
+    --out $R/bench_13b 2>&1 | tail -8
+  tar -C $R -czf $R/bench_13b.tar.gz bench_13b && rm -rf $R/bench_13b
   ;;
 esac
