@@ -5,6 +5,7 @@
 #   bash benchmarks/h200_next.sh b   # re-profile 13B (issue 6), 13B policies on the H200 (issue 7)
 #   bash benchmarks/h200_next.sh c   # async scheduling: GPU tests, offline throughput off/on
 #   bash benchmarks/h200_next.sh d   # GPU tests, fidelity trace, 13B policies after the eLLM budget
+#   bash benchmarks/h200_next.sh e   # offline at 1024 seats / 16k tokens; eLLM's ridge budget on the GPU
 # a: swap overlap (copy stream + per-group events), HCache through piecewise graphs, the
 #    attention warm-up, the fused SiLU kernel; the fidelity trace's real half (the sim half
 #    runs on the CPU with the calibration from b); the swap-overlap bubble. (Offline
@@ -59,5 +60,18 @@ d)  # after the eLLM step budget, the HCache store rewrite and the warm-up steps
     --ellm-calibration benchmarks/results/calib_h200_llama-2-13b.json \
     --out $R/bench_13b 2>&1 | tail -8
   tar -C $R -czf $R/bench_13b.tar.gz bench_13b && rm -rf $R/bench_13b
+  ;;
+e)  # offline throughput with a larger token budget; eLLM's roofline budget measured
+  W=.carry/sharegpt_llama31_1000.json
+  timeout 110 python3 benchmarks/bench_offline_throughput.py --workload $W --max-num-seqs 1024 \
+    --max-num-batched-tokens 16384 --out $R/offline_sharegpt_h200_async_1024_16k.json 2>&1 \
+    | grep -E '"output_tokens_per_s|"mean_ms' | tail -4
+  timeout 200 python3 -m kvtier.cli bench --model llama-2-13b --load-format dummy \
+    --policies recompute,ellm --workload prepared \
+    --dataset-path .carry/sharegpt_llama2_13b_1500.json --num-prompts 600 \
+    --arrivals paper-gamma --slo-ttft 2000 --slo-tpot 100 --kv-cache-gb 20 --swap-space 24 \
+    --max-model-len 2048 --max-num-seqs 128 --max-duration 40 --gpu-monitor \
+    --ellm-recompute-budget ridge --out $R/bench_13b_ridge 2>&1 | tail -5
+  tar -C $R -czf $R/bench_13b_ridge.tar.gz bench_13b_ridge && rm -rf $R/bench_13b_ridge
   ;;
 esac
