@@ -157,41 +157,54 @@ class ModelRunner:
 
     @torch.inference_mode()
     def warm_up_steps(self) -> bool:
-        """Run a mixed step (decodes beside a prefill and a prefix-cached chunk) and a
-        decode-only step over free blocks before serving, so whatever they compile or
-        allocate the first time (Triton variants, cuBLAS heuristics, allocator growth) is not
-        paid inside a request's step: the H200 fidelity trace's first mixed step took 0.92 s
-        and its next one 95 ms with only the attention kernels warmed
-        (benchmarks/results/fidelity_real_h200.json). The blocks are written with garbage
-        KV, which is harmless: a block is always written before it is read. HCache's
+        """Before serving: a small mixed step (decodes beside a prefill and a prefix-cached
+        chunk), the largest mixed step the budget allows (max_num_seqs - 1 decodes at the
+        longest context beside prefill rows filling max_num_batched_tokens), and a decode-only
+        step. Whatever a first occurrence compiles or allocates is then not paid inside a
+        request's step: on the H200 fidelity trace the first mixed step took 0.92 s (a
+        compile), and mixed steps ran ~10 ms slow for the first ~600 steps while the caching
+        allocator grew, each new segment's cudaMalloc a sync in the middle of a piecewise
+        step that left the GPU waiting on the host's remaining launches
+        (benchmarks/results/fidelity_h200.md). The largest step's memory was reserved for
+        activations when the pools were sized, so it stays cached.
+        Every row reads and writes the same first blocks of the pool: garbage KV in free
+        blocks is harmless, a block is always written before it is read. HCache's
         hidden-state store keeps per-request rows of its own, so it is left out. Returns
         whether the steps ran."""
         if self.hidden is not None or self.gpu_kv is None:
             return False
-        bs, first = self.block_size, 0
-        rows = [(f"__warm{i}", start, n) for i, (start, n) in
-                enumerate([(19, 1), (33, 1), (7, 1), (0, 31), (16, 17)])]
-
-        def blocks(start: int, n: int) -> tuple[tuple[int, ...], ...]:
-            nonlocal first
-            k = cdiv(start + n + 1, bs)
-            ids = tuple(range(first, first + k))
-            first += k
-            return (ids,) * self.num_groups
-
-        mixed = [ScheduledRequest(rid, [1] * n, start, blocks(start, n), True, True,
-                                  _PROFILE_PARAMS, 0) for rid, start, n in rows]
-        if first > len(self.gpu_kv) - 1:
-            return False  # a pool too small to lend them (tiny test pools)
-        self.execute(StepPlan(scheduled=mixed))
-        decodes = [ScheduledRequest(sr.request_id, [1], sr.seq_len, ((),) * self.num_groups,
-                                    False, True, _PROFILE_PARAMS, 1) for sr in mixed]
-        self.execute(StepPlan(scheduled=decodes))
-        for sr in mixed:
+        sched, bs = self.config.scheduler, self.block_size
+        if cdiv(sched.max_model_len, bs) > len(self.gpu_kv) - 1:
+            return False  # a pool too small to share (tiny test pools)
+        small = [(19, 1), (33, 1), (7, 1), (0, 31), (16, 17)]
+        decodes = min(sched.max_num_seqs - 1, sched.max_num_batched_tokens // 2)
+        large = [(sched.max_model_len - 2, 1)] * decodes
+        rest, longest = sched.max_num_batched_tokens - decodes, sched.max_model_len - 1
+        while rest > 0 and len(large) < sched.max_num_seqs:
+            large.append((0, min(rest, longest)))
+            rest -= large[-1][1]
+        last: list[ScheduledRequest] = []
+        for rows in (small, large):
+            last = [self._warm_row(i, start, n) for i, (start, n) in enumerate(rows)]
+            self.execute(StepPlan(scheduled=last))
+            for sr in last:
+                self.block_tables.remove(sr.request_id)
+        short = [self._warm_row(i, start, n) for i, (start, n) in enumerate(small)]
+        self.execute(StepPlan(scheduled=short))
+        self.execute(StepPlan(scheduled=[
+            ScheduledRequest(sr.request_id, [1], sr.seq_len, ((),) * self.num_groups, False,
+                             True, _PROFILE_PARAMS, 1) for sr in short]))
+        for sr in short:
             self.block_tables.remove(sr.request_id)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return True
+
+    def _warm_row(self, i: int, start: int, n: int) -> ScheduledRequest:
+        """A warm-up row of n tokens from position `start`, over the pool's first blocks."""
+        ids = tuple(range(cdiv(start + n + 1, self.block_size)))
+        return ScheduledRequest(f"__warm{i}", [1] * n, start, (ids,) * self.num_groups, True,
+                                True, _PROFILE_PARAMS, 0)
 
     def close(self) -> None:
         """Drop every tensor this runner owns (weights, pools, graphs) and return the memory."""
