@@ -6,6 +6,7 @@
 #   bash benchmarks/h200_next.sh c   # async scheduling: GPU tests, offline throughput off/on
 #   bash benchmarks/h200_next.sh d   # GPU tests, fidelity trace, 13B policies after the eLLM budget
 #   bash benchmarks/h200_next.sh e   # offline at 1024 seats / 16k tokens; eLLM's ridge budget on the GPU
+#   bash benchmarks/h200_next.sh f   # the fidelity trace after the allocator warm-up
 # a: swap overlap (copy stream + per-group events), HCache through piecewise graphs, the
 #    attention warm-up, the fused SiLU kernel; the fidelity trace's real half (the sim half
 #    runs on the CPU with the calibration from b); the swap-overlap bubble. (Offline
@@ -73,5 +74,12 @@ e)  # offline throughput with a larger token budget; eLLM's roofline budget meas
     --max-model-len 2048 --max-num-seqs 128 --max-duration 40 --gpu-monitor \
     --ellm-recompute-budget ridge --out $R/bench_13b_ridge 2>&1 | tail -5
   tar -C $R -czf $R/bench_13b_ridge.tar.gz bench_13b_ridge && rm -rf $R/bench_13b_ridge
+  ;;
+f)  # the fidelity trace after the allocator warm-up step
+  timeout 60 python3 -m pytest -q -m gpu tests/runner/test_gpu_path.py -k "greedy_equals or async" \
+    -p no:cacheprovider 2>&1 | tail -4 > $R/gpu_tests_f.txt; cat $R/gpu_tests_f.txt
+  timeout 130 python3 benchmarks/fidelity_report.py real \
+    --workload .carry/sharegpt_llama2-13b_1000.json --model llama-2-13b --num-requests 600 \
+    --rate 15 --out $R/fidelity_real_h200.json 2>&1 | tail -2
   ;;
 esac
