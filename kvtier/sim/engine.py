@@ -16,6 +16,7 @@ from kvtier.costmodel.model import CostModel, engine_cost_config
 from kvtier.engine.args import EngineArgs
 from kvtier.engine.builder import (
     check_config,
+    freeze_startup_objects,
     hidden_blocks_for,
     with_planner,
     with_step_budget,
@@ -81,7 +82,9 @@ def build_sim_engine(
              config.model, num_gpus, hw.name,
              f"calibrated on {calib.hardware}" if calib else "uncalibrated roofline",
              pools.num_gpu_blocks, pools.num_host_blocks, config.kv_policy)
-    return LLMEngine(config, executor, tokenizer, kv, pools.block_bytes, clock=clock)
+    engine = LLMEngine(config, executor, tokenizer, kv, pools.block_bytes, clock=clock)
+    freeze_startup_objects()
+    return engine
 
 
 def ordinary_token(eos: tuple[int, ...], vocab_size: int) -> int:
