@@ -85,7 +85,7 @@ def build_engine(args: EngineArgs) -> LLMEngine:
 def freeze_startup_objects() -> None:
     """Move everything alive after start-up (torch, the model, the engine) out of the
     garbage collector's sight, as vLLM does: a gen-2 collection otherwise walks it all, a
-    pause of ~99 ms in a simulated serving run on the CPU against ~6 ms frozen
+    pause of ~96 ms in a simulated serving run on the CPU against ~5 ms frozen
     (benchmarks/bench_gc_pauses.py, gc_pauses_cpu.json) — inside a step whose launches
     the GPU waits on, an idle GPU for that long."""
     gc.collect()
