@@ -20,6 +20,11 @@ def _git(*args: str) -> str | None:
 
 
 def git_info() -> dict:
+    """The checkout's commit, unless KVTIER_GIT_COMMIT names it: a copy of the working tree
+    on another machine (the GPU runs) may carry a stale .git."""
+    given = os.environ.get("KVTIER_GIT_COMMIT")
+    if given:
+        return {"commit": given, "dirty": None, "source": "KVTIER_GIT_COMMIT"}
     status = _git("status", "--porcelain", "--untracked-files=no")
     return {"commit": _git("rev-parse", "HEAD"), "dirty": bool(status) if status is not None else None}
 
