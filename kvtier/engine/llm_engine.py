@@ -111,6 +111,9 @@ class LLMEngine:
     ) -> None:
         if request_id in self._parents:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if self._inflight is not None and self._in_flight(request_id):
+            # An aborted request's last step is still on the GPU: its token would land here.
+            raise ValueError(f"request id {request_id!r} is still in flight; use a new id")
         prompt_text, prompt_ids = self._tokenize(prompt)
         max_tokens = self._resolve_max_tokens(len(prompt_ids), params)
         metrics = RequestMetrics(arrival_time=arrival_time if arrival_time is not None else self.clock())
@@ -200,6 +203,12 @@ class LLMEngine:
         if previous is None:
             return []
         return self._finish_step(*previous)
+
+    def _in_flight(self, request_id: str) -> bool:
+        assert self._inflight is not None
+        prefix = request_id + "#"  # n > 1 children
+        return any(sr.request_id == request_id or sr.request_id.startswith(prefix)
+                   for sr in self._inflight[0].scheduled)
 
     def _finish_step(self, plan: StepPlan, launched: Any) -> list[RequestOutput]:
         result: StepResult = launched.result()

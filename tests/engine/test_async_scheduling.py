@@ -104,3 +104,22 @@ def test_async_plan_decodes_placeholder_and_stops_at_max_tokens():
     p4 = sched.schedule()  # tokens 2 and 3 in flight: max_tokens reached, nothing more
     assert not p4.scheduled
     eng.close()
+
+
+def test_async_refuses_a_reused_id_still_in_flight():
+    eng = _engine(num_gpu_blocks=40, async_scheduling=True)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    eng.add_request("a", [1, 2, 3], params)
+    eng.step()  # launched, not read back
+    eng.abort_request("a")
+    with pytest.raises(ValueError, match="in flight"):
+        eng.add_request("a", [4, 5], params)
+    eng.step()  # the in-flight step is read back: the id is free again
+    eng.add_request("a", [4, 5], params)
+    finals = {}
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            finals[out.request_id] = out.outputs[0].token_ids
+        eng.check_integrity()
+    assert len(finals["a"]) == 8
+    eng.close()
