@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
-# The next device session's runs (written when this session's device time ran out; nothing
-# here has run yet), in two calls of under 10 minutes each. Files land in $OUT directly.
-#   bash benchmarks/h200_next.sh a   # GPU tests of what is new, fidelity trace, offline, swap bubble
+# Device runs, one part per call (each under 10 minutes); files land in $OUT directly.
+# Parts a-f ran in session 4 (2026-11-30; their results are committed, see the README);
+# part g is what the next session should run first.
+#   bash benchmarks/h200_next.sh a   # GPU tests of what is new, fidelity trace, swap bubble
 #   bash benchmarks/h200_next.sh b   # re-profile 13B (issue 6), 13B policies on the H200 (issue 7)
 #   bash benchmarks/h200_next.sh c   # async scheduling: GPU tests, offline throughput off/on
 #   bash benchmarks/h200_next.sh d   # GPU tests, fidelity trace, 13B policies after the eLLM budget
 #   bash benchmarks/h200_next.sh e   # offline at 1024 seats / 16k tokens; eLLM's ridge budget on the GPU
 #   bash benchmarks/h200_next.sh f   # the fidelity trace after the allocator warm-up
-# a: swap overlap (copy stream + per-group events), HCache through piecewise graphs, the
-#    attention warm-up, the fused SiLU kernel; the fidelity trace's real half (the sim half
-#    runs on the CPU with the calibration from b); the swap-overlap bubble. (Offline
-#    throughput moves to the async-scheduling run.)
+#   bash benchmarks/h200_next.sh g   # NOT RUN YET: the fidelity trace after gc.freeze(), the
+#                                    # async-id guard's GPU tests, async 13B policies
 set -u
 export PYTHONUNBUFFERED=1 KVTIER_GIT_COMMIT=${KVTIER_GIT_COMMIT:-unknown}
 R=$OUT
@@ -81,5 +80,20 @@ f)  # the fidelity trace after the allocator warm-up step
   timeout 130 python3 benchmarks/fidelity_report.py real \
     --workload .carry/sharegpt_llama2-13b_1000.json --model llama-2-13b --num-requests 600 \
     --rate 15 --out $R/fidelity_real_h200.json 2>&1 | tail -2
+  ;;
+g)  # not run yet: after gc.freeze() (is it the mixed steps' scattered +6-10 ms outliers?)
+  timeout 120 python3 -m pytest -q -m gpu tests/runner -p no:cacheprovider 2>&1 | tail -4 \
+    > $R/gpu_tests_g.txt; cat $R/gpu_tests_g.txt
+  timeout 130 python3 benchmarks/fidelity_report.py real \
+    --workload .carry/sharegpt_llama2-13b_1000.json --model llama-2-13b --num-requests 600 \
+    --rate 15 --out $R/fidelity_real_h200.json 2>&1 | tail -2
+  timeout 260 python3 -m kvtier.cli bench --model llama-2-13b --load-format dummy \
+    --policies recompute,swap,hcache,ellm --workload prepared \
+    --dataset-path .carry/sharegpt_llama2_13b_1500.json --num-prompts 600 \
+    --arrivals paper-gamma --slo-ttft 2000 --slo-tpot 100 --kv-cache-gb 20 --swap-space 24 \
+    --max-model-len 2048 --max-num-seqs 128 --max-duration 40 --gpu-monitor --async-scheduling \
+    --ellm-calibration benchmarks/results/calib_h200_llama-2-13b.json \
+    --out $R/bench_13b_async 2>&1 | tail -8
+  tar -C $R -czf $R/bench_13b_async.tar.gz bench_13b_async && rm -rf $R/bench_13b_async
   ;;
 esac
