@@ -26,7 +26,7 @@ from kvtier.model.loader import build_model
 from kvtier.model.rope import cos_sin_cache
 from kvtier.runner.async_tokens import DeviceTokens, PendingStep
 from kvtier.runner.block_tables import BlockTables
-from kvtier.runner.cuda_graphs import DecodeGraphs
+from kvtier.runner.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from kvtier.runner.device import make_attention_backend, make_ops
 from kvtier.runner.hidden_states import HiddenStates
 from kvtier.runner.host_batch import HostBatch, build_host_batch
@@ -38,6 +38,13 @@ from kvtier.sampling_params import SamplingParams
 
 _PROFILE_PARAMS = SamplingParams(temperature=0.0, max_tokens=1)
 _sample_flag, _request_id = attrgetter("sample"), attrgetter("request_id")
+
+
+def pad_rows(idx: np.ndarray, sizes: list[int]) -> np.ndarray:
+    """`idx` padded to the smallest of `sizes` that holds it by repeating its last entry
+    (unchanged when it is empty or larger than every size)."""
+    size = next((s for s in sizes if s >= len(idx)), len(idx))
+    return np.pad(idx, (0, size - len(idx)), mode="edge") if len(idx) and size > len(idx) else idx
 
 
 class ModelRunner:
@@ -189,6 +196,9 @@ class ModelRunner:
             self.execute(StepPlan(scheduled=last))
             for sr in last:
                 self.block_tables.remove(sr.request_id)
+        for size in graph_batch_sizes(sched.max_num_seqs):  # every padded LM-head shape
+            self.model.compute_logits(torch.zeros(size, self.model_config.hidden_size,
+                                                  dtype=self.dtype, device=self.device))
         short = [self._warm_row(i, start, n) for i, (start, n) in enumerate(small)]
         self.execute(StepPlan(scheduled=short))
         self.execute(StepPlan(scheduled=[
@@ -295,10 +305,23 @@ class ModelRunner:
             ctx = ForwardContext(self.ops, self.attention, self.gpu_kv, meta, self.cos_sin, sink,
                                  kv_wait)
             hidden = self.model(input_ids, positions, ctx)
-        if len(batch.logits_idx) == 0:
+        n = len(batch.logits_idx)
+        if n == 0:
             return None
-        idx = torch.from_numpy(batch.logits_idx).to(self.device, non_blocking=True)
-        return self.model.compute_logits(hidden[idx])
+        idx = torch.from_numpy(self._padded_logits_idx(batch.logits_idx)).to(
+            self.device, non_blocking=True)
+        return self.model.compute_logits(hidden[idx])[:n]
+
+    def _padded_logits_idx(self, idx: np.ndarray) -> np.ndarray:
+        """On GPUs the LM head of a step with prefill rows runs eagerly over however many rows
+        sample; padded (repeating the last row) to the decode graphs' batch sizes, it meets
+        a handful of GEMM shapes, all run once at start-up (`warm_up_steps`), instead of a
+        new shape — a cuBLAS heuristic lookup and possibly a kernel module loaded on first
+        use — for each new count. The head reads its whole weight at any such size, so the
+        padding costs no time that matters."""
+        if self.device.type != "cuda":
+            return idx
+        return pad_rows(idx, graph_batch_sizes(self.config.scheduler.max_num_seqs))
 
     def _fill_placeholders(self, input_ids: torch.Tensor) -> None:
         """Async scheduling: the in-flight tokens into this step's device input ids."""

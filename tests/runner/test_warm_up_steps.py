@@ -27,3 +27,15 @@ def test_warm_up_steps_change_nothing():
     assert not any(r.startswith("__warm") for r in eng.executor.block_tables.row_of)
     assert _tokens(eng) == ref
     eng.check_integrity()
+
+
+def test_pad_rows_to_graph_sizes():
+    import numpy as np
+
+    from kvtier.runner.model_runner import pad_rows
+
+    sizes = [1, 2, 4, 8, 16]
+    assert pad_rows(np.array([3, 7, 9]), sizes).tolist() == [3, 7, 9, 9]
+    assert pad_rows(np.array([5]), sizes).tolist() == [5]
+    assert pad_rows(np.arange(20), sizes).tolist() == list(range(20))  # past every size
+    assert pad_rows(np.array([], dtype=np.int64), sizes).tolist() == []
