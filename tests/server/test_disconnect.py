@@ -16,11 +16,16 @@ from tests.server.conftest import MODEL, assert_engine_clean, make_engine, start
 LONG = 200  # tokens: far more than a client waits for before dropping
 
 
-@pytest.fixture(scope="module", params=policy_names())
+@pytest.fixture(scope="module", params=[*((p, False) for p in policy_names()),
+                                        ("recompute", True), ("swap", True)],
+                ids=lambda p: p[0] + ("-async" if p[1] else ""))
 def live(request, tiny_model_dir):
     """Per KV policy, on 32 blocks: too few for the requests below, so some of the aborted
-    requests are preempted ones (swapped out to host memory under `swap`)."""
-    srv = start_server(build_app(make_engine(tiny_model_dir, kv_policy=request.param, num_gpu_blocks=32)))
+    requests are preempted ones (swapped out to host memory under `swap`). Async scheduling
+    too: an aborted request may still have a step in flight."""
+    policy, async_scheduling = request.param
+    srv = start_server(build_app(make_engine(tiny_model_dir, kv_policy=policy, num_gpu_blocks=32,
+                                             async_scheduling=async_scheduling)))
     yield srv
     srv.stop()
 

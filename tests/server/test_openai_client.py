@@ -6,10 +6,20 @@ import httpx
 import openai
 import pytest
 
-from tests.server.conftest import MODEL, assert_engine_clean
+from kvtier.server.app import build_app
+from tests.server.conftest import MODEL, assert_engine_clean, make_engine, start_server
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hello there"}]
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async"])
+def live(request, tiny_model_dir):
+    """The engine one step at a time, and with async scheduling (outputs one step behind
+    the GPU): the API must not tell them apart."""
+    srv = start_server(build_app(make_engine(tiny_model_dir, async_scheduling=request.param)))
+    yield srv
+    srv.stop()
 
 
 @pytest.fixture(scope="module")
