@@ -82,6 +82,9 @@ def build_sim_engine(
              config.model, num_gpus, hw.name,
              f"calibrated on {calib.hardware}" if calib else "uncalibrated roofline",
              pools.num_gpu_blocks, pools.num_host_blocks, config.kv_policy)
+    if config.scheduler.async_scheduling:
+        log.warning("kvtier sim: --async-scheduling is not simulated: steps are priced one at "
+                    "a time, host work included, as the synchronous engine runs them")
     engine = LLMEngine(config, executor, tokenizer, kv, pools.block_bytes, clock=clock)
     freeze_startup_objects()
     return engine
