@@ -177,6 +177,10 @@ class PolicyOptions:
     uncached_ratio: float | None = None
     max_uncached_ratio: float = 0.5
     max_recompute_tokens: int = 4096  # dropped-prefix tokens recomputed per step, at most
+    # eLLM's layer-level overlap: a dropped prefix keeps the KV of this many top layer groups
+    # in the host pool; each step copies it in (per group, on the copy stream) while the
+    # lower groups recompute theirs, and the prefix rows stop below those groups.
+    prefix_host_groups: int = 0
     # eLLM adaptive mode: how many prefix tokens a step may recompute (capped by
     # max_recompute_tokens) — "ridge": what the linear layers carry free, the ridge point
     # minus the step's decodes; "cost": the same priced by the cost model (a step may grow by
@@ -205,6 +209,8 @@ class PolicyOptions:
                               f"count >= 0, got {rule!r}")
         if self.recompute_tolerance < 0:
             raise ConfigError("recompute_tolerance must be >= 0")
+        if self.prefix_host_groups < 0:
+            raise ConfigError("prefix_host_groups must be >= 0")
 
     @property
     def adaptive(self) -> bool:

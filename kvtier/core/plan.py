@@ -33,6 +33,9 @@ class ScheduledRequest:
     prefix_token_ids: list[int] = field(default_factory=list)
     # HCache: hidden-state blocks added this step (all of them when reset_blocks)
     new_hidden_ids: tuple[int, ...] = ()
+    # eLLM with an offloaded prefix: per layer group, the host blocks holding the dropped
+    # prefix's KV (empty for the groups that recompute it); () when every group recomputes.
+    prefix_host_blocks: tuple[tuple[int, ...], ...] = ()
 
     @property
     def num_new_tokens(self) -> int:

@@ -47,6 +47,11 @@ class EngineArgs:
                                         "the recompute scratch (default: 256 for a priced "
                                         "--ellm-recompute-budget, else half the step's "
                                         "token budget)"})
+    ellm_host_groups: int = field(
+        default=0, metadata={"help": "ellm: a dropped prefix keeps its KV of this many top "
+                                     "layer groups in the host pool, copied in each step "
+                                     "while the lower groups recompute (layer-level overlap; "
+                                     "0: every group recomputes)"})
     ellm_recompute_budget: str = field(
         default="auto", metadata={"help": "ellm: prefix tokens a step may recompute when "
                                           "prefixes are dropped on demand: ridge (ridge point "
@@ -104,7 +109,8 @@ class EngineArgs:
                 uncached_ratio=self.ellm_uncached_ratio,
                 max_uncached_ratio=self.ellm_max_uncached_ratio,
                 max_recompute_tokens=self.ellm_max_recompute_tokens or self._recompute_cap(sched),
-                recompute_budget=_budget_rule(self.ellm_recompute_budget)), device=self.device,
+                recompute_budget=_budget_rule(self.ellm_recompute_budget),
+                prefix_host_groups=self.ellm_host_groups), device=self.device,
             load_format=self.load_format, tokenizer=self.tokenizer, seed=self.seed,
             attention_backend=self.attention_backend, enforce_eager=self.enforce_eager,
             piecewise_graphs=self.piecewise_graphs, overlap_swap=self.overlap_swap,

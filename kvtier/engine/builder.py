@@ -34,6 +34,19 @@ def check_config(config) -> None:
         raise ConfigError(f"max_model_len {config.scheduler.max_model_len} exceeds the model's "
                           f"max_position_embeddings {mc.max_position_embeddings} (set "
                           "KVTIER_ALLOW_LONG_MAX_MODEL_LEN=1 to run past it anyway)")
+    host_groups = config.policy_options.prefix_host_groups
+    if host_groups:
+        groups = config.cache.num_layer_groups(mc.num_layers)
+        if config.kv_policy != "ellm":
+            raise ConfigError("--ellm-host-groups needs --kv-policy ellm")
+        if host_groups >= groups:
+            raise ConfigError(f"--ellm-host-groups must be below the {groups} layer groups "
+                              "(at least the first group recomputes)")
+        if not config.piecewise_graphs:
+            raise ConfigError("--ellm-host-groups needs the piecewise forward (its prefix rows "
+                              "stop below the copied-in groups); drop --no-piecewise-graphs")
+        if config.cache.swap_space_gb <= 0 and not config.cache.num_host_blocks:
+            raise ConfigError("--ellm-host-groups needs a host pool (--swap-space)")
 
 
 def build_engine(args: EngineArgs) -> LLMEngine:
@@ -73,6 +86,7 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     kv = KVCacheManager(
         num_groups=runner.num_groups, block_size=config.cache.block_size,
         num_gpu_blocks=num_gpu, num_host_blocks=num_host, num_hidden_blocks=num_hidden,
+        prefix_host_groups=config.policy_options.prefix_host_groups,
     )
     log.info("kvtier: %s on %s (%s), %d device + %d host KV blocks of %d KiB, policy %s",
              config.model, device, dtype, num_gpu, num_host,
@@ -106,7 +120,8 @@ def recompute_scratch_blocks(config) -> int:
     the most prefix tokens the policy lets the running requests drop."""
     if config.kv_policy != "ellm":
         return 0
-    return -(-config.policy_options.max_recompute_tokens // config.cache.block_size)
+    per_group_set = 1 + config.policy_options.prefix_host_groups  # copied-in groups: their own
+    return per_group_set * -(-config.policy_options.max_recompute_tokens // config.cache.block_size)
 
 
 def ellm_cost_model(config, args: EngineArgs, block_bytes: int, hw=None):

@@ -29,8 +29,18 @@ class KVCacheManager:
         num_host_blocks: int,
         watermark: float = 0.01,
         num_hidden_blocks: int | None = None,
+        prefix_host_groups: int = 0,
     ):
-        """`num_hidden_blocks`: a HiddenStore of that many blocks (HCache), or None."""
+        """`num_hidden_blocks`: a HiddenStore of that many blocks (HCache), or None.
+        `prefix_host_groups`: eLLM's dropped prefixes keep the KV of this many top layer
+        groups in the host pool (copied back each step) instead of recomputing them."""
+        if not 0 <= prefix_host_groups < num_groups:
+            raise ValueError(f"prefix_host_groups must be in [0, {num_groups}), "
+                             f"got {prefix_host_groups}")
+        self.prefix_host_groups = prefix_host_groups
+        # Device -> host copies of prefixes offloaded since the last plan (the scheduler
+        # moves them into the plan's swap-outs).
+        self.pending_swap_out: list[BlockCopy] = []
         self.num_groups, self.block_size = num_groups, block_size
         self.hidden = HiddenStore(num_hidden_blocks, block_size) if num_hidden_blocks else None
         self.gpu = BlockPool(num_gpu_blocks, "gpu")
@@ -100,10 +110,10 @@ class KVCacheManager:
     @staticmethod
     def _relocate(table: MapTable, src: Placement, dst: Placement,
                   new_ids: list[int]) -> list[tuple[int, int, int]]:
-        """Give every `src` entry the next of `new_ids` (-1 for nowhere) and placement `dst`;
-        returns (old block, new block, layer group) per entry."""
+        """Give every `src` entry past the dropped prefix the next of `new_ids` (-1 for
+        nowhere) and placement `dst`; returns (old block, new block, layer group) per entry."""
         moves = []
-        for (g, j, old), new in zip(table.entries(src), new_ids):
+        for (g, j, old), new in zip(_movable(table, src), new_ids):
             table.block_ids[g][j], table.placements[g][j] = new, dst
             moves.append((old, new, g))
         return moves
@@ -112,7 +122,7 @@ class KVCacheManager:
         """Room on the device for every `placement` entry plus `extra_tokens` more tokens,
         above the watermark."""
         table = self.tables.get(req.request_id)
-        away = len(table.entries(placement)) if table else 0
+        away = len(_movable(table, placement)) if table else 0
         need = away + self.blocks_needed(req, extra_tokens)
         return self.gpu.num_free - need >= self.watermark_blocks
 
@@ -120,7 +130,7 @@ class KVCacheManager:
         table = self.tables.get(req.request_id)
         if table is None:
             return []
-        n = len(table.entries(Placement.GPU))
+        n = len(_movable(table, Placement.GPU))
         if not self.host.can_allocate(n):
             return None
         moves = self._relocate(table, Placement.GPU, Placement.HOST, self.host.allocate(n))
@@ -134,7 +144,7 @@ class KVCacheManager:
         table = self.tables.get(req.request_id)
         if table is None:
             return []
-        n = len(table.entries(Placement.HOST))
+        n = len(_movable(table, Placement.HOST))
         moves = self._relocate(table, Placement.HOST, Placement.GPU, self.gpu.allocate(n))
         self.host.free([old for old, _, _ in moves])
         return [BlockCopy(src=old, dst=new, group=g) for old, new, g in moves]
@@ -148,7 +158,7 @@ class KVCacheManager:
         table = self.tables.get(req.request_id)
         if table is None:
             return
-        n = len(table.entries(Placement.GPU))
+        n = len(_movable(table, Placement.GPU))
         moves = self._relocate(table, Placement.GPU, Placement.HIDDEN, [-1] * n)
         self.gpu.free([old for old, _, _ in moves])
 
@@ -160,7 +170,7 @@ class KVCacheManager:
         table = self.tables.get(req.request_id)
         if table is None:
             return
-        n = len(table.entries(Placement.HIDDEN))
+        n = len(_movable(table, Placement.HIDDEN))
         self._relocate(table, Placement.HIDDEN, Placement.GPU, self.gpu.allocate(n))
 
     # ---- partial caching (eLLM): drop a prefix, recompute it every step -----------------
@@ -170,24 +180,52 @@ class KVCacheManager:
         return table.num_dropped_blocks * self.block_size if table is not None else 0
 
     def drop_prefix(self, req: Request, num_token_blocks: int) -> int:
-        """Drop the device KV of the request's first `num_token_blocks` token blocks (every
-        layer group; only a prefix can be dropped: its recomputation needs nothing after
-        it). Returns the number of physical blocks freed."""
+        """Take the device KV of the request's first `num_token_blocks` token blocks off the
+        device in every layer group (only a prefix: its recomputation needs nothing after
+        it): DROPPED, or, in the top `prefix_host_groups` groups, moved to the host pool
+        (`pending_swap_out`). Returns the number of device blocks freed; 0, with nothing
+        changed, when the host pool cannot take its part."""
         table = self.tables.get(req.request_id)
         if table is None:
             return 0
         start = table.num_dropped_blocks
         end = min(num_token_blocks, table.num_token_blocks)
+        first_host = self.num_groups - self.prefix_host_groups
+        n_host = max(0, end - start) * self.prefix_host_groups
+        if n_host and not self.host.can_allocate(n_host):
+            return 0
+        host_ids = iter(self.host.allocate(n_host) if n_host else [])
         freed = []
         for g in range(self.num_groups):
             for j in range(start, end):
                 assert table.placements[g][j] is Placement.GPU, "only device KV is dropped"
-                freed.append(table.block_ids[g][j])
-                table.block_ids[g][j], table.placements[g][j] = -1, Placement.DROPPED
+                old = table.block_ids[g][j]
+                freed.append(old)
+                if g >= first_host:
+                    new = next(host_ids)
+                    table.block_ids[g][j], table.placements[g][j] = new, Placement.HOST
+                    self.pending_swap_out.append(BlockCopy(src=old, dst=new, group=g))
+                else:
+                    table.block_ids[g][j], table.placements[g][j] = -1, Placement.DROPPED
+        table.num_host_groups = self.prefix_host_groups
         table.num_dropped_blocks = max(start, end)
         self.num_dropped_token_blocks += table.num_dropped_blocks - start
         self.gpu.free(freed)
         return len(freed)
+
+    def prefix_host_blocks(self, req: Request) -> tuple[tuple[int, ...], ...]:
+        """Host blocks of the request's dropped prefix, per layer group (empty for the
+        groups it recomputes); () when no group of it waits in the host pool."""
+        table = self.tables.get(req.request_id)
+        if table is None or not table.num_host_groups or not table.num_dropped_blocks:
+            return ()
+        k, first_host = table.num_dropped_blocks, self.num_groups - table.num_host_groups
+        return tuple(tuple(ids[:k]) if g >= first_host else ()
+                     for g, ids in enumerate(table.block_ids))
+
+    def take_pending_swap_out(self) -> list[BlockCopy]:
+        copies, self.pending_swap_out = self.pending_swap_out, []
+        return copies
 
     # ---- accounting ------------------------------------------------------------------
     def check_integrity(self) -> None:
@@ -196,9 +234,11 @@ class KVCacheManager:
         for rid, table in self.tables.items():
             lengths = {len(ids) for ids in table.block_ids}
             assert len(lengths) == 1, f"{rid}: layer groups have different block counts"
-            for pls in table.placements:  # DROPPED entries form a prefix of every group
+            first_host = self.num_groups - table.num_host_groups
+            for g, pls in enumerate(table.placements):  # the missing prefix of every group
                 k = table.num_dropped_blocks
-                assert all(p is Placement.DROPPED for p in pls[:k]), f"{rid}: dropped prefix"
+                off = Placement.HOST if g >= first_host else Placement.DROPPED
+                assert all(p is off for p in pls[:k]), f"{rid}: dropped prefix"
                 assert Placement.DROPPED not in pls[k:], f"{rid}: a hole after the prefix"
             gpu_owned += [b for _, _, b in table.entries(Placement.GPU)]
             host_owned += [b for _, _, b in table.entries(Placement.HOST)]
@@ -241,3 +281,10 @@ class KVCacheManager:
         hidden_used = self.hidden.pool.num_used if self.hidden is not None else 0
         return (not self.tables and self.gpu.num_used == 0 and self.host.num_used == 0
                 and hidden_used == 0)
+
+
+def _movable(table: MapTable, placement: Placement) -> list[tuple[int, int, int]]:
+    """`placement` entries past the dropped prefix: what moving a whole request moves (an
+    offloaded prefix stays in the host pool until the request ends)."""
+    k = table.num_dropped_blocks
+    return [e for e in table.entries(placement) if e[1] >= k]

@@ -25,7 +25,11 @@ class MapTable:
     def __init__(self, num_groups: int):
         self.block_ids: list[list[int]] = [[] for _ in range(num_groups)]
         self.placements: list[list[Placement]] = [[] for _ in range(num_groups)]
-        self.num_dropped_blocks = 0  # token blocks [0, k) are DROPPED in every group
+        # Token blocks [0, k) are missing from the device in every group: DROPPED, except in
+        # the last `num_host_groups` groups, whose prefix KV waits in the host pool (eLLM's
+        # layer-level overlap: copied in each step while the lower groups recompute).
+        self.num_dropped_blocks = 0
+        self.num_host_groups = 0
 
     @property
     def num_token_blocks(self) -> int:

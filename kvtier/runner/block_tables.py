@@ -75,11 +75,13 @@ class BlockTables:
         self.num_blocks[row] = start + k
         return row
 
-    def point_prefix(self, row: int, blocks: range) -> None:
+    def point_prefix(self, row: int, blocks: range, group: int | None = None) -> None:
         """Point a row's first len(blocks) columns (a dropped prefix) at `blocks`, in every
-        layer group (eLLM's recompute scratch; those columns are read nowhere else)."""
+        layer group or in `group` only (eLLM's recompute scratch; those columns are read
+        nowhere else)."""
         k = len(blocks)
-        self.table[:, row, :k] = np.arange(blocks.start, blocks.stop, dtype=np.int32)
+        where = slice(None) if group is None else group
+        self.table[where, row, :k] = np.arange(blocks.start, blocks.stop, dtype=np.int32)
         self._dirty.append((row, 0, k))
 
     def sync_device(self) -> None:

@@ -6,12 +6,12 @@ fancy-index into the block tables, so the cost per step grows with tokens, not P
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
 
 import numpy as np
 
-from kvtier.core.plan import ScheduledRequest
+from kvtier.core.plan import BlockCopy, ScheduledRequest
 from kvtier.runner.block_tables import BlockTables
 
 
@@ -27,6 +27,10 @@ class HostBatch:
     logits_idx: np.ndarray  # [num sampling requests] token index of each one's last token
     num_decodes: int
     max_blocks: int  # block-table columns the batch needs
+    # eLLM: rows recomputing dropped prefixes (last in the batch), and the copies that bring
+    # the offloaded part of those prefixes (top layer groups) from the host into scratch.
+    num_prefix_rows: int = 0
+    prefix_copies: list[BlockCopy] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -56,14 +60,20 @@ def build_host_batch(
     token_ids = list(map(_token_ids, scheduled))
     starts = list(map(_start_pos, scheduled))
     sample = list(map(_sample, scheduled))
+    copies: list[BlockCopy] = []
+    num_main = len(rows)
     if any(map(_prefix_token_ids, scheduled)):
-        _add_prefix_rows(scheduled, rows, token_ids, starts, sample, tables, block_size, scratch)
-    return _batch(np.asarray(rows, dtype=np.int64), token_ids, np.asarray(starts, dtype=np.int64),
-                  np.asarray(sample, dtype=bool), tables, block_size)
+        copies = _add_prefix_rows(scheduled, rows, token_ids, starts, sample, tables,
+                                  block_size, scratch)
+    batch = _batch(np.asarray(rows, dtype=np.int64), token_ids,
+                   np.asarray(starts, dtype=np.int64), np.asarray(sample, dtype=bool), tables,
+                   block_size)
+    batch.num_prefix_rows, batch.prefix_copies = len(rows) - num_main, copies
+    return batch
 
 
 def _add_prefix_rows(scheduled, rows, token_ids, starts, sample, tables: BlockTables,
-                     block_size: int, scratch: range) -> None:
+                     block_size: int, scratch: range) -> list[BlockCopy]:
     """eLLM: a request whose KV prefix [0, s) was dropped gets it recomputed this step.
 
     Its prefix tokens join the batch as one more prefill-like entry (positions 0..s-1, no
@@ -72,20 +82,36 @@ def _add_prefix_rows(scheduled, rows, token_ids, starts, sample, tables: BlockTa
     it back at once: the request's attention sees scratch [0, s) + cached [s, n) through
     the ordinary paged kernels, and layer l+F overwrites layer l's slot only after layer l
     is done, so s tokens of one layer group is all the memory the recompute needs.
+
+    Layer groups whose prefix KV waits in the host pool (`prefix_host_blocks`) get scratch
+    blocks of their own instead, which the returned copies fill while the lower groups
+    compute; the prefix rows stop before those groups (the runner truncates the batch).
     """
     nxt = scratch.start
+    copies: list[BlockCopy] = []
+
+    def lend(k: int) -> range:
+        nonlocal nxt
+        if nxt + k > scratch.stop:
+            raise RuntimeError("dropped prefixes exceed the recompute scratch blocks")
+        nxt += k
+        return range(nxt - k, nxt)
+
     for i, sr in enumerate(scheduled):
         k = len(sr.prefix_token_ids) // block_size
         if not k:
             continue
-        if nxt + k > scratch.stop:
-            raise RuntimeError("dropped prefixes exceed the recompute scratch blocks")
-        tables.point_prefix(rows[i], range(nxt, nxt + k))
-        nxt += k
+        tables.point_prefix(rows[i], lend(k))
+        for g, host_blocks in enumerate(sr.prefix_host_blocks):
+            if host_blocks:
+                dst = lend(k)
+                tables.point_prefix(rows[i], dst, group=g)
+                copies += [BlockCopy(src=h, dst=d, group=g) for h, d in zip(host_blocks, dst)]
         rows.append(rows[i])
         token_ids.append(sr.prefix_token_ids)
         starts.append(0)
         sample.append(False)
+    return copies
 
 
 def _batch(rows: np.ndarray, token_ids: list[list[int]], starts: np.ndarray,

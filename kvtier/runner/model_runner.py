@@ -239,10 +239,12 @@ class ModelRunner:
             self.block_tables.remove(rid)
             if self.hidden is not None:
                 self.hidden.forget(rid)
-        self._copy_blocks(plan.swap_out, plan.swap_in)
         if not plan.scheduled:
+            self._copy_blocks(plan.swap_out, plan.swap_in)
             return PendingStep(ready=StepResult(sampled={}))
         batch = self.prepare_batch(plan.scheduled)
+        # After the batch: it lends eLLM's offloaded prefixes scratch blocks to copy into.
+        self._copy_blocks(plan.swap_out, [*plan.swap_in, *batch.prefix_copies])
         self._placeholders = self.async_tokens.placeholder_sources(plan.scheduled,
                                                                    batch.input_ids)
         if self.hidden is not None:
@@ -299,8 +301,11 @@ class ModelRunner:
         hidden = None
         kv_wait = copies.wait_layer if copies.pending else None
         sink = self.hidden.sink(batch.num_tokens) if self.hidden is not None else None
+        truncate = self._prefix_truncation(batch, meta)
         if self.piecewise is not None:
-            hidden = self.piecewise.forward(input_ids, positions, meta, kv_wait, sink)
+            hidden = self.piecewise.forward(input_ids, positions, meta, kv_wait, sink, truncate)
+        if truncate is not None and hidden is None:
+            raise RuntimeError("an offloaded eLLM prefix needs the piecewise forward")
         if hidden is None:
             ctx = ForwardContext(self.ops, self.attention, self.gpu_kv, meta, self.cos_sin, sink,
                                  kv_wait)
@@ -322,6 +327,25 @@ class ModelRunner:
         if self.device.type != "cuda":
             return idx
         return pad_rows(idx, graph_batch_sizes(self.config.scheduler.max_num_seqs))
+
+    def _prefix_truncation(self, batch: HostBatch, meta: AttentionMetadata
+                           ) -> tuple[int, AttentionMetadata] | None:
+        """eLLM with offloaded prefixes: (the first layer whose prefix KV is copied in, the
+        metadata of the batch without the prefix rows), or None."""
+        h = self.config.policy_options.prefix_host_groups
+        if not h or not batch.num_prefix_rows:
+            return None
+        b = batch.num_reqs - batch.num_prefix_rows
+        n = int(batch.query_start_loc[b])
+        short = AttentionMetadata(
+            num_tokens=n, num_reqs=b, num_decodes=min(meta.num_decodes, b),
+            max_query_len=int(batch.query_lens[:b].max()),
+            max_seq_len=int(batch.seq_lens[:b].max()),
+            query_start_loc=meta.query_start_loc[: b + 1], seq_lens=meta.seq_lens[:b],
+            block_tables=meta.block_tables[:, :b], slot_mapping=meta.slot_mapping[:, :n],
+            layers_per_block=meta.layers_per_block, block_size=meta.block_size,
+            query_lens_cpu=meta.query_lens_cpu[:b], seq_lens_cpu=meta.seq_lens_cpu[:b])
+        return (self.num_groups - h) * self.layers_per_block, short
 
     def _fill_placeholders(self, input_ids: torch.Tensor) -> None:
         """Async scheduling: the in-flight tokens into this step's device input ids."""

@@ -135,12 +135,16 @@ class PiecewiseGraphs:
                 meta: AttentionMetadata,
                 kv_wait: Callable[[int], None] | None = None,
                 hidden_sink: Callable[[int, torch.Tensor], None] | None = None,
+                truncate: tuple[int, AttentionMetadata] | None = None,
                 ) -> torch.Tensor | None:
         """Final hidden states [num_tokens, hidden], or None if the step is too large.
         `kv_wait(l)` runs before layer l's attention: between pieces is the one place a
         step can wait for the swap-ins of a layer group (layer-level overlap) while the
         earlier layers' pieces already run. `hidden_sink(l, x)` receives layer l's attention
-        input (HCache)."""
+        input (HCache). `truncate=(L, meta')`: from layer L on, only meta'.num_tokens rows
+        go on, with meta' (eLLM's offloaded prefixes: their rows, last in the batch, are
+        recomputed through the first L layers only; rows are independent outside attention,
+        so the later pieces simply run at the smaller padded size)."""
         n = input_ids.shape[0]
         t = self.padded(n)
         if t is None:
@@ -154,6 +158,10 @@ class PiecewiseGraphs:
         self._run(0, t, ctx)
         for layer_idx, layer in enumerate(model.layers):
             assert isinstance(layer, DecoderLayer)
+            if truncate is not None and layer_idx == truncate[0]:
+                meta = truncate[1]
+                n = meta.num_tokens
+                t = self.padded(n) or t
             if hidden_sink is not None:
                 assert self.attn_in is not None, "pieces built without keep_attention_inputs"
                 hidden_sink(layer_idx, self.attn_in[:n])

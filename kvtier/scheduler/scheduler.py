@@ -251,22 +251,28 @@ class Scheduler:
                 req.num_pending_tokens = pending + 1
             dropped = num_dropped_tokens(req) if num_dropped_tokens is not None else 0
             prefix: list[int] = []
+            prefix_host: tuple[tuple[int, ...], ...] = ()
             if dropped:
                 prefix_recompute += dropped
                 prefix = req.token_ids_slice(0, dropped)
+                if kv.prefix_host_groups:
+                    prefix_host = kv.prefix_host_blocks(req)
             hidden: tuple[int, ...] = ()
             if hidden_store is not None:  # HCache keeps every computed token's hidden states
                 new_hidden = hidden_store.extend(req.request_id, end)
                 hidden = tuple(hidden_store.ids.get(req.request_id, ())) if reset else new_hidden
             # Positional: ScheduledRequest's field order (request_id, token_ids, start_pos,
             # new_block_ids, reset_blocks, sample, sampling_params, num_output_tokens,
-            # prefix_token_ids, new_hidden_ids); keywords cost more, 512 times a step.
+            # prefix_token_ids, new_hidden_ids, prefix_host_blocks); keywords cost more,
+            # 512 times a step.
             (decodes if n == 1 else others).append(ScheduledRequest(
                 req.request_id, token_ids, start, blocks, reset, sample,
-                req.sampling_params, len(out) + pending, prefix, hidden))
+                req.sampling_params, len(out) + pending, prefix, hidden, prefix_host))
         self.counters.num_prefix_recompute_tokens += prefix_recompute
         if others:
             decodes += others
+        if kv.pending_swap_out:  # eLLM prefixes offloaded this step: out before any swap-in
+            step.swap_out = kv.take_pending_swap_out() + step.swap_out
         plan = StepPlan(
             scheduled=decodes, swap_out=step.swap_out, swap_in=step.swap_in,
             restores=step.restores,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from kvtier.config import ConfigError
 from kvtier.costmodel.calibration import Calibration
 from kvtier.costmodel.hardware import HardwareProfile, get_hardware
 from kvtier.costmodel.model import CostModel, engine_cost_config
@@ -49,6 +50,9 @@ def build_sim_engine(
     a perturbed profile shows how much a wrong cost model costs)."""
     config = engine_args.create_engine_config()
     check_config(config)  # the real builder's checks that need no device
+    if config.policy_options.prefix_host_groups:
+        raise ConfigError("--ellm-host-groups is not simulated yet: the cost model prices a "
+                          "dropped prefix as recomputed through every layer")
     hw = get_hardware(hardware)
     calib = Calibration.load(calibration) if isinstance(calibration, (str, Path)) else calibration
     _, ckpt = resolve_model_config(config.model, config.load_format)

@@ -111,3 +111,38 @@ def test_gpu_slot_usage_counts_unfilled_tails_on_the_device_only():
     assert kv.gpu_slot_usage([a]) == (20, 16)
     kv.tables["a"].placements[1][2] = Placement.GPU
     kv.check_integrity()
+
+
+def test_drop_prefix_offloads_top_groups_to_host():
+    # 4 groups, the top 3 keep the dropped prefix in the host pool; group 0 recomputes it.
+    kv = KVCacheManager(num_groups=4, block_size=4, num_gpu_blocks=40, num_host_blocks=6,
+                        watermark=0.0, prefix_host_groups=3)
+    r = req("a", 12)
+    kv.allocate_slots(r, 12)  # 3 token blocks x 4 groups
+    r.num_computed_tokens = 12
+    gpu_before = kv.block_table(r)
+    assert kv.drop_prefix(r, 2) == 8  # 2 token blocks x 4 groups leave the device
+    table = kv.tables["a"]
+    assert table.placements[0][:2] == [Placement.DROPPED] * 2
+    for g in (1, 2, 3):
+        assert table.placements[g][:2] == [Placement.HOST] * 2
+    assert kv.num_dropped_tokens(r) == 8
+    copies = kv.take_pending_swap_out()
+    assert sorted((c.group, c.src) for c in copies) == sorted(
+        (g, gpu_before[g][j]) for g in (1, 2, 3) for j in (0, 1))
+    host = kv.prefix_host_blocks(r)
+    assert host[0] == () and all(len(host[g]) == 2 for g in (1, 2, 3))
+    assert {c.dst for c in copies} == {b for g in (1, 2, 3) for b in host[g]}
+    assert kv.host.num_used == 6 and kv.gpu.num_used == 4
+    kv.check_integrity()
+    # The host pool is full: a further drop changes nothing and frees nothing.
+    assert kv.drop_prefix(r, 3) == 0 and kv.num_dropped_tokens(r) == 8
+    kv.check_integrity()
+    kv.free(r)
+    assert kv.all_free()
+
+
+def test_prefix_host_groups_must_leave_a_recomputing_group():
+    with pytest.raises(ValueError, match="prefix_host_groups"):
+        KVCacheManager(num_groups=2, block_size=4, num_gpu_blocks=8, num_host_blocks=8,
+                       prefix_host_groups=2)
