@@ -7,7 +7,14 @@ import argparse
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from kvtier.config import CacheConfig, EngineConfig, PolicyOptions, SchedulerConfig
+from kvtier.config import (
+    CacheConfig,
+    ConfigError,
+    EngineConfig,
+    ModelConfig,
+    PolicyOptions,
+    SchedulerConfig,
+)
 from kvtier.model.loader import resolve_model_config
 
 
@@ -47,11 +54,12 @@ class EngineArgs:
                                         "the recompute scratch (default: 256 for a priced "
                                         "--ellm-recompute-budget, else half the step's "
                                         "token budget)"})
-    ellm_host_groups: int = field(
-        default=0, metadata={"help": "ellm: a dropped prefix keeps its KV of this many top "
-                                     "layer groups in the host pool, copied in each step "
-                                     "while the lower groups recompute (layer-level overlap; "
-                                     "0: every group recomputes)"})
+    ellm_host_groups: str = field(
+        default="0", metadata={"help": "ellm: a dropped prefix keeps its KV of this many top "
+                                       "layer groups in the host pool, copied in each step "
+                                       "while the lower groups recompute (layer-level "
+                                       "overlap); auto: the split whose copy and recompute "
+                                       "times match on the H200 roofline; 0: all recompute"})
     ellm_recompute_budget: str = field(
         default="auto", metadata={"help": "ellm: prefix tokens a step may recompute when "
                                           "prefixes are dropped on demand: ridge (ridge point "
@@ -110,12 +118,25 @@ class EngineArgs:
                 max_uncached_ratio=self.ellm_max_uncached_ratio,
                 max_recompute_tokens=self.ellm_max_recompute_tokens or self._recompute_cap(sched),
                 recompute_budget=_budget_rule(self.ellm_recompute_budget),
-                prefix_host_groups=self.ellm_host_groups), device=self.device,
+                prefix_host_groups=self._host_groups(model_config, cache)),
+            device=self.device,
             load_format=self.load_format, tokenizer=self.tokenizer, seed=self.seed,
             attention_backend=self.attention_backend, enforce_eager=self.enforce_eager,
             piecewise_graphs=self.piecewise_graphs, overlap_swap=self.overlap_swap,
             served_model_name=self.served_model_name,
         )
+
+    def _host_groups(self, mc: ModelConfig, cache: CacheConfig) -> int:
+        rule = _host_groups_rule(self.ellm_host_groups)
+        if rule != "auto":
+            return int(rule)
+        if self.kv_policy != "ellm":
+            return 0
+        from kvtier.costmodel.hardware import get_hardware
+        from kvtier.planner.layer_overlap import choose_host_groups
+
+        return choose_host_groups(mc, get_hardware("h200"), cache.layers_in_block(mc.num_layers),
+                                  block_size=cache.block_size).host_groups
 
     def _recompute_cap(self, sched: SchedulerConfig) -> int:
         """ellm's default max_recompute_tokens (it sizes the recompute scratch): half the
@@ -154,6 +175,15 @@ class EngineArgs:
     def from_cli_args(cls, ns: argparse.Namespace) -> EngineArgs:
         kw: dict[str, Any] = {f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)}
         return cls(**kw)
+
+
+def _host_groups_rule(rule: str | int) -> str | int:
+    """`--ellm-host-groups`: auto, or a group count given as digits."""
+    if isinstance(rule, int) or rule == "auto":
+        return rule
+    if not rule.isdigit():
+        raise ConfigError(f"--ellm-host-groups must be auto or a count >= 0, got {rule!r}")
+    return int(rule)
 
 
 def _budget_rule(rule: str | int) -> str | int:

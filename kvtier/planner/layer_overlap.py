@@ -1,0 +1,70 @@
+"""eLLM's layer-level overlap: which layer groups of a dropped prefix come back from the
+host pool each step and which are recomputed, chosen so that the two take the same time.
+
+With G groups of F layers and the top h groups' prefix KV kept in the host pool, a step
+recomputes the prefix's s tokens through the lower (G - h) * F layers (prefill-sized rows:
+compute-bound) while the copy stream brings the upper groups' KV over PCIe, one copy per
+token block and group; group g's attention waits for its own copy, and the upper groups
+come after the lower ones, so the copies have the lower groups' compute to hide behind:
+
+    recompute(h) = s * 2 * P_layer * F * (G - h) / bf16 FLOP/s
+    copy(h)      = s * KV_layer * F * h / PCIe B/s  +  h * ceil(s / B) * beta
+    bubble(h)    = max(0, copy(h) - recompute(h))      (what the copies leave exposed)
+
+The step pays about max(recompute, copy) for the prefix: the paper picks, among its
+configurations, the one whose two times match, which is where that maximum is smallest.
+Both grow linearly in s apart from the per-copy beta, so the choice barely depends on s.
+Tensor-free: the builder and the simulator can both ask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvtier.config import ModelConfig
+from kvtier.costmodel.hardware import CopyMechanism, HardwareProfile
+
+
+@dataclass(frozen=True)
+class OverlapConfig:
+    host_groups: int  # top layer groups copied in; the rest are recomputed
+    recompute_s: float
+    copy_s: float
+
+    @property
+    def step_s(self) -> float:
+        return max(self.recompute_s, self.copy_s)
+
+    @property
+    def bubble_s(self) -> float:
+        return max(0.0, self.copy_s - self.recompute_s)
+
+
+def layer_params(mc: ModelConfig) -> int:
+    h = mc.hidden_size
+    return h * (mc.q_size + 2 * mc.kv_size) + mc.q_size * h + 3 * h * mc.intermediate_size
+
+
+def overlap_configs(mc: ModelConfig, hw: HardwareProfile, layers_per_block: int,
+                    prefix_tokens: int, block_size: int = 16,
+                    dtype_bytes: int = 2) -> list[OverlapConfig]:
+    """Every split h = 0 .. G-1 (at least the first group recomputes: its KV needs only the
+    token ids, the others' copies need something to hide behind)."""
+    f = min(layers_per_block, mc.num_layers)
+    groups = -(-mc.num_layers // f)
+    recompute_per_layer = prefix_tokens * 2 * layer_params(mc) / hw.bf16_flops
+    kv_layer_bytes = prefix_tokens * 2 * mc.kv_size * dtype_bytes
+    link = hw.h2d[CopyMechanism.BULK]
+    blocks = -(-prefix_tokens // block_size)
+    out = []
+    for h in range(groups):
+        copy = link.seconds(kv_layer_bytes * f * h, h * blocks) if h else 0.0
+        out.append(OverlapConfig(h, recompute_per_layer * f * (groups - h), copy))
+    return out
+
+
+def choose_host_groups(mc: ModelConfig, hw: HardwareProfile, layers_per_block: int,
+                       prefix_tokens: int = 256, block_size: int = 16) -> OverlapConfig:
+    """The split whose recompute and copy times match best: the smallest max of the two."""
+    return min(overlap_configs(mc, hw, layers_per_block, prefix_tokens, block_size),
+               key=lambda c: (c.step_s, c.host_groups))
