@@ -10,6 +10,8 @@
 #   bash benchmarks/h200_next.sh f   # the fidelity trace after the allocator warm-up
 #   bash benchmarks/h200_next.sh g   # NOT RUN YET: the fidelity trace after gc.freeze(), the
 #                                    # async-id guard's GPU tests, async 13B policies
+#   bash benchmarks/h200_next.sh h   # NOT RUN YET: eLLM's offloaded prefixes (layer-level
+#                                    # overlap) against recompute, with and without overlap
 set -u
 export PYTHONUNBUFFERED=1 KVTIER_GIT_COMMIT=${KVTIER_GIT_COMMIT:-unknown}
 R=$OUT
@@ -95,5 +97,18 @@ g)  # not run yet: after gc.freeze() (is it the mixed steps' scattered +6-10 ms 
     --ellm-calibration benchmarks/results/calib_h200_llama-2-13b.json \
     --out $R/bench_13b_async 2>&1 | tail -8
   tar -C $R -czf $R/bench_13b_async.tar.gz bench_13b_async && rm -rf $R/bench_13b_async
+  ;;
+h)  # not run yet: eLLM with offloaded prefixes (--ellm-host-groups auto: 6 of 10 groups
+    # copied in, 4 recomputed) vs recompute, the ridge budget; then without the overlap
+  for ov in overlap-swap no-overlap-swap; do
+    timeout 200 python3 -m kvtier.cli bench --model llama-2-13b --load-format dummy \
+      --policies recompute,ellm --workload prepared \
+      --dataset-path .carry/sharegpt_llama2_13b_1500.json --num-prompts 600 \
+      --arrivals paper-gamma --slo-ttft 2000 --slo-tpot 100 --kv-cache-gb 20 --swap-space 24 \
+      --max-model-len 2048 --max-num-seqs 128 --max-duration 40 --gpu-monitor \
+      --ellm-recompute-budget ridge --ellm-host-groups auto --$ov \
+      --out $R/bench_13b_host_$ov 2>&1 | tail -4
+    tar -C $R -czf $R/bench_13b_host_$ov.tar.gz bench_13b_host_$ov && rm -rf $R/bench_13b_host_$ov
+  done
   ;;
 esac
