@@ -146,12 +146,14 @@ class CostModel:
             piecewise = piece is not None
             if pad is not None:
                 parts.update(self._graph(shape, pad))
+            elif piece is not None and shape.num_prefix_rows:
+                parts.update(self._piecewise_truncated(shape, piece))
             elif piece is not None:
                 parts.update(self._piecewise(shape, piece))
             else:
                 parts.update(self._eager(shape))
-            if not graph and self.config.overlap_swap and (shape.num_swap_in
-                                                           or shape.num_swap_out):
+            if not graph and self.config.overlap_swap and (
+                    shape.num_swap_in or shape.num_swap_out or shape.num_prefix_copy_blocks):
                 _, parts["copies"] = self.swap_overlap(shape, parts["forward"])
             parts["sample"] = self.timer.keyed(_sample_op(self.shapes, shape.num_sampled),
                                                shape.num_sampled) if shape.num_sampled else 0.0
@@ -183,7 +185,18 @@ class CostModel:
         """(forward with its waits for copies, the bubble) of an eager or piecewise step
         whose copies overlap a forward of `forward_s` seconds, layer group by layer group."""
         out, inn = self.copy_parts(shape)
-        return swap_overlap_seconds(forward_s, out, inn, self.group_layers())
+        top = (self.prefix_copy_seconds(shape), shape.prefix_host_groups)
+        return swap_overlap_seconds(forward_s, out, inn, self.group_layers(), top)
+
+    def prefix_copy_seconds(self, shape: StepShape) -> float:
+        """eLLM's offloaded prefixes: host -> device seconds of their block copies."""
+        n = shape.num_prefix_copy_blocks
+        if not n:
+            return 0.0
+        c = self.calib
+        if c is not None and self.timer.same_hw and c.copy_in_blocks:
+            return c.copy_in_blocks.at(n)
+        return self.copy_costs()[1].seconds(self.config.block_bytes * n)
 
     def group_layers(self) -> list[int]:
         """Layers in each layer group (the last may hold fewer)."""
@@ -234,6 +247,21 @@ class CostModel:
         host = h.eager_s + h.eager_s_per_req * shape.num_reqs + h.eager_s_per_token * n
         fwd = queue_seconds(layer, self.shapes.num_layers - 1, pre, [*last, *post])
         return {"host": host, "forward": fwd}
+
+    def _piecewise_truncated(self, shape: StepShape, t: int) -> dict[str, float]:
+        """A piecewise step whose prefix rows stop below the top `prefix_host_groups` layer
+        groups: the layers below run the whole batch, those above it without the prefix
+        rows (each side priced as a whole forward and taken pro rata by layers, the host
+        terms from the whole batch)."""
+        full = self._piecewise(shape, t)
+        short_shape = shape.without_prefix_rows()
+        n = short_shape.num_tokens  # the runner's pieces above pad to n, graph or not
+        short_t = next((size for size in self.piece_sizes if size >= n), t)
+        short = self._piecewise(short_shape, short_t)
+        L = self.shapes.num_layers
+        upper = min(L, shape.prefix_host_groups * (self.config.layers_per_block or L))
+        fwd = (full["forward"] * (L - upper) + short["forward"] * upper) / L
+        return {"host": full["host"], "forward": fwd}
 
     def piecewise_launches(self, shape: StepShape, t: int
                            ) -> tuple[list[Launch], list[Launch], list[Launch], list[Launch]]:
@@ -309,8 +337,9 @@ class CostModel:
         return out
 
     def copy_seconds(self, shape: StepShape) -> float:
-        """Swap-outs then swap-ins, one call each way (the runner's `_copy_blocks`)."""
-        return sum(self.copy_parts(shape))
+        """Swap-outs then swap-ins, one call each way (the runner's `_copy_blocks`), and the
+        copies of eLLM's offloaded prefixes."""
+        return sum(self.copy_parts(shape)) + self.prefix_copy_seconds(shape)
 
     def copy_parts(self, shape: StepShape) -> tuple[float, float]:
         """(swap-out seconds, swap-in seconds) of the step's copies."""

@@ -135,14 +135,20 @@ def queue_seconds_brute(layer: Sequence[Launch], num_layers: int, pre: Sequence[
 # Group 0's copies (and every swap-out) are always exposed; later groups' hide behind the
 # compute of the groups before them until the copies outrun it.
 def swap_overlap_seconds(forward_s: float, copy_out_s: float, copy_in_s: float,
-                         group_layers: Sequence[int]) -> tuple[float, float]:
+                         group_layers: Sequence[int],
+                         top_copy_in: tuple[float, int] = (0.0, 0)) -> tuple[float, float]:
     """(seconds from the forward's first launch until it ends, the bubble: how long it
-    waited for copies), with `group_layers[g]` layers in layer group g."""
+    waited for copies), with `group_layers[g]` layers in layer group g. `copy_in_s` is
+    spread evenly over the groups; `top_copy_in = (seconds, h)` more go to the top h groups
+    alone (eLLM's offloaded prefixes)."""
     num_layers, groups = sum(group_layers), len(group_layers)
+    top_s, top_h = top_copy_in
     if not num_layers:
-        return forward_s + copy_out_s + copy_in_s, copy_out_s + copy_in_s
+        return (forward_s + copy_out_s + copy_in_s + top_s,
+                copy_out_s + copy_in_s + top_s)
     per_layer = forward_s / num_layers
-    t = 0.0
+    t, arrived = 0.0, copy_out_s
     for g, n in enumerate(group_layers):
-        t = max(t, copy_out_s + (g + 1) * copy_in_s / groups) + n * per_layer
+        arrived += copy_in_s / groups + (top_s / top_h if g >= groups - top_h else 0.0)
+        t = max(t, arrived) + n * per_layer
     return t, t - forward_s

@@ -23,11 +23,18 @@ class StepShape:
     num_swap_in: int = 0  # blocks host -> device
     num_restored_tokens: int = 0  # HCache: KV re-projected from hidden states before the step
     num_captured_tokens: int = 0  # HCache: tokens whose hidden states go to the host
+    # eLLM's offloaded prefixes: the prefix rows (the last `num_prefix_rows` prefills) stop
+    # below the top `prefix_host_groups` layer groups, whose prefix KV comes in as
+    # `num_prefix_copy_blocks` host -> device block copies overlapping the forward.
+    num_prefix_rows: int = 0
+    prefix_host_groups: int = 0
+    num_prefix_copy_blocks: int = 0
 
     @classmethod
     def from_plan(cls, plan: StepPlan, captures_hidden: bool = False) -> StepShape:
         n_dec = ctx_sum = ctx_max = n_sampled = 0
-        prefills = []
+        prefills, prefix_rows = [], []
+        host_groups = copy_blocks = 0
         for sr in plan.scheduled:
             n = len(sr.token_ids)
             if n == 1:
@@ -38,12 +45,23 @@ class StepShape:
             else:
                 prefills.append((n, sr.start_pos))
             if sr.prefix_token_ids:  # eLLM: the runner recomputes it as one more prefill row
-                prefills.append((len(sr.prefix_token_ids), 0))
+                prefix_rows.append((len(sr.prefix_token_ids), 0))
+                if sr.prefix_host_blocks:
+                    host = [b for b in sr.prefix_host_blocks if b]
+                    host_groups = len(host)
+                    copy_blocks += sum(map(len, host))
             n_sampled += sr.sample
         restored = sum(r.num_tokens for r in plan.restores)
         captured = sum(len(sr.token_ids) for sr in plan.scheduled) if captures_hidden else 0
-        return cls(n_dec, ctx_sum, ctx_max, tuple(prefills), n_sampled,
-                   len(plan.swap_out), len(plan.swap_in), restored, captured)
+        return cls(n_dec, ctx_sum, ctx_max, tuple(prefills + prefix_rows), n_sampled,
+                   len(plan.swap_out), len(plan.swap_in), restored, captured,
+                   len(prefix_rows) if host_groups else 0, host_groups, copy_blocks)
+
+    def without_prefix_rows(self) -> StepShape:
+        """The batch above an offloaded prefix's last recomputed layer."""
+        k = self.num_prefix_rows
+        return StepShape(self.num_decodes, self.decode_ctx_sum, self.decode_ctx_max,
+                         self.prefills[: len(self.prefills) - k], self.num_sampled)
 
     @property
     def num_reqs(self) -> int:
@@ -75,9 +93,12 @@ class StepShape:
         return "mixed" if self.num_decodes else "prefill"
 
     def to_json(self) -> list:
-        return [self.num_decodes, self.decode_ctx_sum, self.decode_ctx_max,
-                [list(p) for p in self.prefills], self.num_sampled, self.num_swap_out,
-                self.num_swap_in, self.num_restored_tokens, self.num_captured_tokens]
+        row = [self.num_decodes, self.decode_ctx_sum, self.decode_ctx_max,
+               [list(p) for p in self.prefills], self.num_sampled, self.num_swap_out,
+               self.num_swap_in, self.num_restored_tokens, self.num_captured_tokens]
+        if self.num_prefix_rows:
+            row += [self.num_prefix_rows, self.prefix_host_groups, self.num_prefix_copy_blocks]
+        return row
 
     @classmethod
     def from_json(cls, row: list) -> StepShape:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 
-from kvtier.config import ConfigError
 from kvtier.costmodel.calibration import Calibration
 from kvtier.costmodel.hardware import HardwareProfile, get_hardware
 from kvtier.costmodel.model import CostModel, engine_cost_config
@@ -50,9 +49,6 @@ def build_sim_engine(
     a perturbed profile shows how much a wrong cost model costs)."""
     config = engine_args.create_engine_config()
     check_config(config)  # the real builder's checks that need no device
-    if config.policy_options.prefix_host_groups:
-        raise ConfigError("--ellm-host-groups is not simulated yet: the cost model prices a "
-                          "dropped prefix as recomputed through every layer")
     hw = get_hardware(hardware)
     calib = Calibration.load(calibration) if isinstance(calibration, (str, Path)) else calibration
     _, ckpt = resolve_model_config(config.model, config.load_format)
@@ -69,7 +65,8 @@ def build_sim_engine(
                         num_host_blocks=0 if hidden else pools.num_host_blocks,
                         num_hidden_blocks=(engine_args.num_hidden_blocks
                                            or hidden_blocks_for(config, torch.bfloat16))
-                        if hidden else None)
+                        if hidden else None,
+                        prefix_host_groups=config.policy_options.prefix_host_groups)
     cost = CostModel(mc, hw, calib, engine_cost_config(config, pools.block_bytes, num_gpus))
     if engine_args.ellm_planner:  # fitted to a calibrated cost model, as the real engine's
         config = with_planner(config, engine_args, pools.num_gpu_blocks * pools.block_bytes,

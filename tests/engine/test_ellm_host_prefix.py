@@ -85,7 +85,19 @@ def test_offloaded_prefix_config_errors(kw, match):
                                               max_model_len=64, num_gpu_blocks=40, **kw))
 
 
-def test_simulator_refuses_offloaded_prefix():
-    with pytest.raises(ConfigError, match="not simulated"):
-        build_sim_engine(EngineArgs(model="tiny-llama", load_format="dummy", kv_policy="ellm",
-                                    layers_per_block=1, ellm_host_groups=1))
+def test_simulator_prices_offloaded_prefix_between_recompute_and_nothing():
+    """The simulated engine runs the same plans: an offloaded prefix's step costs less than
+    recomputing it through every layer and more than not having it."""
+    from kvtier.costmodel.shape import StepShape
+
+    eng = build_sim_engine(EngineArgs(model="llama-2-13b", load_format="dummy",
+                                      kv_policy="ellm", ellm_host_groups="auto"))
+    cm = eng.executor.cost_model
+    h = eng.config.policy_options.prefix_host_groups
+    base = dict(num_decodes=64, decode_ctx_sum=64 * 400, decode_ctx_max=400, num_sampled=64)
+    recomputed = StepShape(**base, prefills=((256, 0),))
+    offloaded = StepShape(**base, prefills=((256, 0),), num_prefix_rows=1,
+                          prefix_host_groups=h, num_prefix_copy_blocks=h * 16)
+    none = StepShape(**base)
+    t_rec, t_off, t_none = (cm.predict(s).executor_s for s in (recomputed, offloaded, none))
+    assert t_none < t_off < t_rec

@@ -1,0 +1,68 @@
+"""eLLM's layer-level overlap in the simulator (issue 7, item 3): dropped prefixes recomputed
+through every layer group against prefixes whose top groups come back from the host pool
+each step while the lower groups recompute (`--ellm-host-groups`), under the same on-demand
+drop rules, on the paper's ShareGPT load (llama-2-13b, 40 GiB of KV, the H200 calibration).
+
+  PYTHONPATH=. python benchmarks/sim_ellm_layer_overlap.py \
+      --workload .carry/sharegpt_llama2_13b_1500.json \
+      --calibration benchmarks/results/calib_h200_llama-2-13b.json \
+      --out benchmarks/results/sim_ellm_layer_overlap.json
+
+Rows: recompute (the baseline), then ellm with each recompute budget rule and host groups
+0 (recompute every group), `auto` (the split whose copy and recompute times match) and one
+more and one fewer group than that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from benchmarks.common import write_result
+from benchmarks.sim_ellm_sweeps import run
+from kvtier.bench.arrivals import ArrivalKind, ArrivalSpec
+from kvtier.bench.prepared import load_prepared
+from kvtier.bench.request import LengthLimits
+from kvtier.bench.workload import with_arrivals
+from kvtier.engine.args import EngineArgs
+from kvtier.model.loader import resolve_model_config
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", required=True)
+    ap.add_argument("--calibration", default=None)
+    ap.add_argument("--num-prompts", type=int, default=1000)
+    ap.add_argument("--rate", type=float, default=50.0)
+    ap.add_argument("--kv-cache-gb", type=float, default=40.0)
+    ap.add_argument("--budgets", default="ridge,max")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    reqs = load_prepared(args.workload, args.num_prompts, LengthLimits())
+    reqs = with_arrivals(reqs, ArrivalSpec(ArrivalKind.GAMMA, rate=args.rate, cv=1.6925), seed=0)
+    base = EngineArgs(model="llama-2-13b", load_format="dummy", max_model_len=2048,
+                      kv_cache_gb=args.kv_cache_gb, swap_space=40, max_num_seqs=256)
+    rows = [{"policy": "recompute", **run(args, base, reqs)}]
+    print(rows[-1], flush=True)
+    auto = EngineArgs(**{**dataclasses.asdict(base), "kv_policy": "ellm",
+                         "ellm_host_groups": "auto"}).create_engine_config()
+    h_auto = auto.policy_options.prefix_host_groups
+    mc, _ = resolve_model_config("llama-2-13b", "dummy")
+    groups = auto.cache.num_layer_groups(mc.num_layers)
+    splits = sorted({0, h_auto, max(0, h_auto - 1), min(groups - 1, h_auto + 1)})
+    for budget in args.budgets.split(","):
+        for h in splits:
+            a = dataclasses.replace(base, kv_policy="ellm", ellm_recompute_budget=budget,
+                                    ellm_host_groups=str(h))
+            rows.append({"policy": "ellm", "recompute_budget": budget, "host_groups": h,
+                         "auto": h == h_auto, **run(args, a, reqs)})
+            print(rows[-1], flush=True)
+    write_result(args.out, {"benchmark": "sim_ellm_layer_overlap", "model": "llama-2-13b",
+                            "workload": args.workload, "num_prompts": args.num_prompts,
+                            "rate": args.rate, "kv_cache_gb": args.kv_cache_gb,
+                            "calibration": args.calibration, "layer_groups": groups,
+                            "auto_host_groups": h_auto, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
