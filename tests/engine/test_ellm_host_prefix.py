@@ -101,3 +101,21 @@ def test_simulator_prices_offloaded_prefix_between_recompute_and_nothing():
     none = StepShape(**base)
     t_rec, t_off, t_none = (cm.predict(s).executor_s for s in (recomputed, offloaded, none))
     assert t_none < t_off < t_rec
+
+
+def test_step_shape_records_offloaded_prefixes_and_round_trips():
+    from kvtier.core.plan import ScheduledRequest, StepPlan
+    from kvtier.costmodel.shape import StepShape
+
+    p = SamplingParams(temperature=0.0, max_tokens=4)
+    plan = StepPlan(scheduled=[
+        ScheduledRequest("a", [7], 40, ((), (), ()), False, True, p, 3, list(range(32)), (),
+                         ((), (11, 12), (13, 14))),
+        ScheduledRequest("b", [8], 20, ((), (), ()), False, True, p, 2)])
+    shape = StepShape.from_plan(plan)
+    assert (shape.num_prefix_rows, shape.prefix_host_groups, shape.num_prefix_copy_blocks) == (
+        1, 2, 4)
+    assert shape.prefills == ((32, 0),) and shape.without_prefix_rows().prefills == ()
+    assert StepShape.from_json(shape.to_json()) == shape
+    old = StepShape.from_plan(StepPlan(scheduled=plan.scheduled[1:]))
+    assert len(old.to_json()) == 9 and StepShape.from_json(old.to_json()) == old
