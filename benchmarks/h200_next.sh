@@ -98,8 +98,9 @@ g)  # not run yet: after gc.freeze() (is it the mixed steps' scattered +6-10 ms 
     --out $R/bench_13b_async 2>&1 | tail -8
   tar -C $R -czf $R/bench_13b_async.tar.gz bench_13b_async && rm -rf $R/bench_13b_async
   ;;
-h)  # not run yet: eLLM with offloaded prefixes (--ellm-host-groups auto: 6 of 10 groups
-    # copied in, 4 recomputed) vs recompute, the ridge budget; then without the overlap
+h)  # not run yet: eLLM with offloaded prefixes (--ellm-host-groups auto priced by the
+    # calibration: 9 of 10 groups copied in, 1 recomputed) vs recompute, the ridge budget;
+    # then without the overlap
   for ov in overlap-swap no-overlap-swap; do
     timeout 200 python3 -m kvtier.cli bench --model llama-2-13b --load-format dummy \
       --policies recompute,ellm --workload prepared \
@@ -107,6 +108,7 @@ h)  # not run yet: eLLM with offloaded prefixes (--ellm-host-groups auto: 6 of 1
       --arrivals paper-gamma --slo-ttft 2000 --slo-tpot 100 --kv-cache-gb 20 --swap-space 24 \
       --max-model-len 2048 --max-num-seqs 128 --max-duration 40 --gpu-monitor \
       --ellm-recompute-budget ridge --ellm-host-groups auto --$ov \
+      --ellm-calibration benchmarks/results/calib_h200_llama-2-13b.json \
       --out $R/bench_13b_host_$ov 2>&1 | tail -4
     tar -C $R -czf $R/bench_13b_host_$ov.tar.gz bench_13b_host_$ov && rm -rf $R/bench_13b_host_$ov
   done

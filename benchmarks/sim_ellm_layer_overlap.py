@@ -8,9 +8,10 @@ drop rules, on the paper's ShareGPT load (llama-2-13b, 40 GiB of KV, the H200 ca
       --calibration benchmarks/results/calib_h200_llama-2-13b.json \
       --out benchmarks/results/sim_ellm_layer_overlap.json
 
-Rows: recompute (the baseline), then ellm with each recompute budget rule and host groups
-0 (recompute every group), `auto` (the split whose copy and recompute times match) and one
-more and one fewer group than that.
+Rows: recompute (the baseline), then ellm with each recompute budget rule at every split
+h = 0 (recompute every group) .. G-1. `roofline_auto` is what `--ellm-host-groups auto`
+picks from the roofline alone, `priced_auto` what it picks with a calibration (the cost
+model's cheapest representative step: `choose_host_groups_priced`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from kvtier.bench.request import LengthLimits
 from kvtier.bench.workload import with_arrivals
 from kvtier.engine.args import EngineArgs
 from kvtier.model.loader import resolve_model_config
+from kvtier.sim import build_sim_engine
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,24 +46,26 @@ def main(argv: list[str] | None = None) -> None:
                       kv_cache_gb=args.kv_cache_gb, swap_space=40, max_num_seqs=256)
     rows = [{"policy": "recompute", **run(args, base, reqs)}]
     print(rows[-1], flush=True)
-    auto = EngineArgs(**{**dataclasses.asdict(base), "kv_policy": "ellm",
-                         "ellm_host_groups": "auto"}).create_engine_config()
-    h_auto = auto.policy_options.prefix_host_groups
+    auto_args = dataclasses.replace(base, kv_policy="ellm", ellm_host_groups="auto")
+    auto = auto_args.create_engine_config()
+    h_roofline = auto.policy_options.prefix_host_groups
+    h_priced = build_sim_engine(auto_args, "h200", args.calibration
+                                ).config.policy_options.prefix_host_groups
     mc, _ = resolve_model_config("llama-2-13b", "dummy")
     groups = auto.cache.num_layer_groups(mc.num_layers)
-    splits = sorted({0, h_auto, max(0, h_auto - 1), min(groups - 1, h_auto + 1)})
     for budget in args.budgets.split(","):
-        for h in splits:
+        for h in range(groups):
             a = dataclasses.replace(base, kv_policy="ellm", ellm_recompute_budget=budget,
                                     ellm_host_groups=str(h))
             rows.append({"policy": "ellm", "recompute_budget": budget, "host_groups": h,
-                         "auto": h == h_auto, **run(args, a, reqs)})
+                         **run(args, a, reqs)})
             print(rows[-1], flush=True)
     write_result(args.out, {"benchmark": "sim_ellm_layer_overlap", "model": "llama-2-13b",
                             "workload": args.workload, "num_prompts": args.num_prompts,
                             "rate": args.rate, "kv_cache_gb": args.kv_cache_gb,
                             "calibration": args.calibration, "layer_groups": groups,
-                            "auto_host_groups": h_auto, "rows": rows})
+                            "roofline_auto": h_roofline, "priced_auto": h_priced,
+                            "rows": rows})
 
 
 if __name__ == "__main__":

@@ -66,6 +66,7 @@ def build_engine(args: EngineArgs) -> LLMEngine:
 
     runner = ModelRunner(config, ckpt, device, dtype)
     peak = runner.profile_activation_peak()
+    config = with_priced_host_groups(config, args, dtype)
     scratch = recompute_scratch_blocks(config)  # eLLM's M_o: from the same memory
     pools = size_pools(config, device, dtype, peak, reserved_blocks=scratch)
     num_gpu, num_host = pools.num_gpu_blocks, pools.num_host_blocks
@@ -122,6 +123,24 @@ def recompute_scratch_blocks(config) -> int:
         return 0
     per_group_set = 1 + config.policy_options.prefix_host_groups  # copied-in groups: their own
     return per_group_set * -(-config.policy_options.max_recompute_tokens // config.cache.block_size)
+
+
+def with_priced_host_groups(config, args: EngineArgs, dtype):
+    """`--ellm-host-groups auto` with `--ellm-calibration`: the split the calibrated cost
+    model prices cheapest (without one, the roofline's choice from create_engine_config)."""
+    from dataclasses import replace
+
+    from kvtier.engine.memory import dtype_bytes
+    from kvtier.planner.layer_overlap import choose_host_groups_priced
+
+    if (args.ellm_host_groups != "auto" or config.kv_policy != "ellm"
+            or not args.ellm_calibration):
+        return config
+    mc, cache = config.model_config, config.cache
+    cm = ellm_cost_model(config, args, cache.block_bytes(mc, dtype_bytes(dtype)))
+    h = choose_host_groups_priced(cm, cache.num_layer_groups(mc.num_layers),
+                                  block_size=cache.block_size)
+    return config.with_(policy_options=replace(config.policy_options, prefix_host_groups=h))
 
 
 def ellm_cost_model(config, args: EngineArgs, block_bytes: int, hw=None):

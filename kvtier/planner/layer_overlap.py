@@ -20,9 +20,11 @@ Tensor-free: the builder and the simulator can both ask.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from kvtier.config import ModelConfig
 from kvtier.costmodel.hardware import CopyMechanism, HardwareProfile
+from kvtier.costmodel.shape import StepShape
 
 
 @dataclass(frozen=True)
@@ -68,3 +70,22 @@ def choose_host_groups(mc: ModelConfig, hw: HardwareProfile, layers_per_block: i
     """The split whose recompute and copy times match best: the smallest max of the two."""
     return min(overlap_configs(mc, hw, layers_per_block, prefix_tokens, block_size),
                key=lambda c: (c.step_s, c.host_groups))
+
+
+def choose_host_groups_priced(cost_model: Any, num_groups: int, prefix_tokens: int = 256,
+                              num_decodes: int = 64, decode_ctx: int = 400,
+                              block_size: int = 16) -> int:
+    """The same choice priced by the (calibrated) cost model on a representative step, a
+    prefix of `prefix_tokens` beside `num_decodes` decodes at `decode_ctx`: the split with
+    the cheapest predicted step, which is where the overlapped copies and the remaining
+    recompute balance (the roofline above prices GEMMs at the peak, which makes copying look
+    dearer than it is)."""
+    blocks = -(-prefix_tokens // block_size)
+
+    def step_s(h: int) -> float:
+        shape = StepShape(num_decodes, num_decodes * decode_ctx, decode_ctx,
+                          ((prefix_tokens, 0),), num_decodes, num_prefix_rows=1 if h else 0,
+                          prefix_host_groups=h, num_prefix_copy_blocks=h * blocks)
+        return float(cost_model.predict(shape).executor_s)
+
+    return min(range(num_groups), key=lambda h: (step_s(h), h))

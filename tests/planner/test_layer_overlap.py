@@ -50,3 +50,25 @@ def test_engine_option_auto_and_errors():
     with pytest.raises(ConfigError, match="ellm-host-groups"):
         EngineArgs(model="llama-2-13b", load_format="dummy",
                    ellm_host_groups="some").create_engine_config()
+
+
+def test_priced_choice_is_the_cheapest_predicted_step():
+    from kvtier.costmodel.shape import StepShape
+    from kvtier.planner.layer_overlap import choose_host_groups_priced
+    from kvtier.sim.engine import build_sim_engine
+
+    # The simulated engine's cost model: the runner's settings (F = 4, piecewise graphs).
+    eng = build_sim_engine(EngineArgs(model="llama-2-13b", load_format="dummy",
+                                      kv_policy="ellm", ellm_host_groups="auto"), "h200",
+                           "benchmarks/results/calib_h200_llama-2-13b.json")
+    cm = eng.executor.cost_model
+    h = choose_host_groups_priced(cm, 10)
+    assert eng.config.policy_options.prefix_host_groups == h
+
+    def step(h: int) -> float:
+        return cm.predict(StepShape(64, 64 * 400, 400, ((256, 0),), 64,
+                                    num_prefix_rows=1 if h else 0, prefix_host_groups=h,
+                                    num_prefix_copy_blocks=16 * h)).executor_s
+
+    assert step(h) == min(step(g) for g in range(10))
+    assert step(h) < step(0)  # copying beats recomputing every group
