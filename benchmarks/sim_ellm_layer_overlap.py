@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--num-prompts", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=50.0)
     ap.add_argument("--kv-cache-gb", type=float, default=40.0)
-    ap.add_argument("--budgets", default="ridge,max")
+    ap.add_argument("--budgets", default="auto,ridge,max")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     reqs = load_prepared(args.workload, args.num_prompts, LengthLimits())

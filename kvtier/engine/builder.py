@@ -190,7 +190,8 @@ def with_step_budget(config, hw=None, cost_model=None, decode_graphs: bool = Fal
     if rule == "cost":
         if cost_model is None:
             raise ConfigError("--ellm-recompute-budget cost needs --ellm-calibration")
-        budget = CostBudget(cost_model, bs, cap, opts.recompute_tolerance)
+        budget = CostBudget(cost_model, bs, cap, opts.recompute_tolerance,
+                            host_groups=opts.prefix_host_groups)
     elif rule == "ridge":
         budget = RidgeBudget(ridge_tokens(hw or get_hardware("h200")), bs, cap)
     else:

@@ -67,6 +67,7 @@ class CostBudget:
     block_size: int
     cap: int
     tolerance: float = 0.01
+    host_groups: int = 0  # offloaded prefixes (--ellm-host-groups): priced truncated + copied
     _memo: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
 
     def tokens(self, num_decodes: int, decode_ctx: int) -> int:
@@ -88,9 +89,12 @@ class CostBudget:
         # One prefill row per dropped block (make_room drops a few blocks from several
         # requests). Stop at the first block past the limit: the price is not monotone
         # (padded graph sizes), and a budget must hold for every load below it.
+        h = self.host_groups
         while k + bs <= self.cap:
             rows = ((bs, 0),) * ((k + bs) // bs)
-            if predict(StepShape(b, b * ctx, ctx, rows, b)).total_s > limit:
+            shape = StepShape(b, b * ctx, ctx, rows, b, num_prefix_rows=len(rows) if h else 0,
+                              prefix_host_groups=h, num_prefix_copy_blocks=h * len(rows))
+            if predict(shape).total_s > limit:
                 break
             k += bs
         return k
