@@ -44,11 +44,14 @@ def _greedy(**kw) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outs], counts
 
 
-@pytest.mark.parametrize("layers_per_block,host_groups", [(1, 1), (1, 3), (2, 1)])
-def test_offloaded_prefix_equals_full_caching(layers_per_block, host_groups):
+@pytest.mark.parametrize("layers_per_block,host_groups,async_scheduling",
+                         [(1, 1, False), (1, 3, False), (2, 1, False), (1, 2, True)])
+def test_offloaded_prefix_equals_full_caching(layers_per_block, host_groups,
+                                              async_scheduling):
     ref, _ = _greedy(layers_per_block=layers_per_block)
     out, counts = _greedy(layers_per_block=layers_per_block, kv_policy="ellm",
-                          ellm_uncached_ratio=0.5, ellm_host_groups=host_groups)
+                          ellm_uncached_ratio=0.5, ellm_host_groups=host_groups,
+                          async_scheduling=async_scheduling)
     assert counts["copied_in"] > 0 and counts["truncated"] > 0  # the path ran
     assert out == ref
 
