@@ -220,7 +220,8 @@ def with_planner(config, args: EngineArgs, kv_bytes: int, hw=None, cost_model=No
         hbm_bytes_per_s=hw.hbm_bytes_per_s, bf16_flops=hw.bf16_flops, kv_budget_bytes=kv_bytes,
         tpot_slo_s=args.ellm_tpot_slo_ms / 1e3, max_batch=config.scheduler.max_num_seqs,
         max_uncached_ratio=config.policy_options.max_uncached_ratio,
-        layers_per_block=config.cache.layers_per_block)
+        layers_per_block=config.cache.layers_per_block,
+        host_groups=config.policy_options.prefix_host_groups)
     if cost_model is not None:
         cfg = fit_to_cost_model(config.model_config, cfg, cost_model,
                                 config.scheduler.max_num_batched_tokens)

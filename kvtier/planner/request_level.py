@@ -55,6 +55,11 @@ class PlannerConfig:
     # r > 0 must beat the best batch at r = 0 by this fraction of throughput: a dropped
     # prefix is paid on every later step, and the fitted model is ~3 % off on decode steps.
     min_gain: float = 0.02
+    # eLLM's layer-level overlap (--ellm-host-groups): a dropped prefix recomputes only the
+    # lower groups and copies the top `host_groups` in over PCIe, beside the forward; its
+    # scratch (M_o) holds those groups' copies too.
+    host_groups: int = 0
+    pcie_bytes_per_s: float = 55e9
 
 
 @dataclass(frozen=True)
@@ -75,27 +80,39 @@ class RequestLevelPlanner:
         self.lm_head_params = embed
         self.kv_bytes_per_token = model.kv_bytes_per_token(d)
         layers_in_group = min(cfg.layers_per_block, model.num_layers)
-        self.scratch_bytes_per_token = self.kv_bytes_per_token * layers_in_group / model.num_layers
+        groups = -(-model.num_layers // layers_in_group)
+        # M_o per recomputed token: one group's KV for the recompute, plus the copied groups'.
+        self.scratch_bytes_per_token = (self.kv_bytes_per_token * layers_in_group
+                                        * (1 + cfg.host_groups) / model.num_layers)
+        self.recomputed_fraction = (groups - cfg.host_groups) / groups  # of the layers
 
     # ---- the model of one step -------------------------------------------------------
     def step_time(self, b: float, r: float, s: float) -> float:
         """Seconds of a decode step of b requests of context s with a fraction r of each
-        context dropped and recomputed (b * s * r extra tokens through the whole model)."""
+        context dropped and recomputed (b * s * r extra tokens through the model's lower
+        layers: all of them unless the top groups' prefix KV is copied in, see host_groups)."""
         c, m, d = self.cfg, self.m, self.cfg.dtype_bytes
         bw, flops = c.hbm_bytes_per_s * c.hbm_efficiency, c.bf16_flops * c.flops_efficiency
         recomputed = b * s * r
-        tokens = b + recomputed
-        linear = _smax(self.linear_params * d / bw, 2.0 * self.linear_params * tokens / flops)
+        f = self.recomputed_fraction
+        weights = self.linear_params * d / bw
+        linear = f * _smax(weights, 2.0 * self.linear_params * (b + recomputed) / flops)
+        if f < 1.0:  # the layers above the split see the decodes alone
+            linear += (1.0 - f) * _smax(weights, 2.0 * self.linear_params * b / flops)
         head = _smax(self.lm_head_params * d / bw, 2.0 * self.lm_head_params * b / flops)
         # Attention: decode rows read the cached KV; the recomputed prefix is a causal prefill
         # (its KV is written and read back from scratch, L2-resident in practice).
         kv_read = b * s * (1.0 - r) * self.kv_bytes_per_token
-        attn_flops = 4.0 * m.num_layers * m.q_size * (b * s + b * (s * r) ** 2 / 2.0)
+        attn_flops = 4.0 * m.num_layers * m.q_size * (b * s + f * b * (s * r) ** 2 / 2.0)
         attn = _smax(kv_read / bw, attn_flops / flops)
         # The switch cost of recomputing at all, smoothed (a step so SLSQP keeps a gradient):
         # full by r = 1 %, about a block of a 2k context.
         switch = c.recompute_overhead_s * r / (r + 0.002)
-        return linear + head + attn + c.step_overhead_s + switch
+        forward = linear + head + attn + c.step_overhead_s + switch
+        if f == 1.0:
+            return forward
+        copy = recomputed * self.kv_bytes_per_token * (1.0 - f) / c.pcie_bytes_per_s
+        return _smax(forward, copy)  # the copies run beside the forward
 
     def memory(self, b: float, r: float, s: float) -> float:
         cached = b * s * (1.0 - r) * self.kv_bytes_per_token

@@ -109,3 +109,18 @@ def test_a_failed_slsqp_falls_back_to_the_cached_batch_not_to_r_max():
         hbm_bytes_per_s=4.24e12, bf16_flops=761e12, kv_budget_bytes=40 * GiB, tpot_slo_s=0.001))
     d = tight.solve([512] * 8)
     assert not d.feasible and d.uncached_ratio == 0.0
+
+
+def test_offloaded_prefix_groups_cheapen_the_step_and_grow_the_scratch():
+    """--ellm-host-groups: the prefix recomputes only the lower groups (cheaper steps once
+    recompute is past the ridge) while its copied groups need scratch of their own (M_o)."""
+    from dataclasses import replace
+
+    base = planner(40)
+    cfg = replace(base.cfg, host_groups=6)  # 13B at F = 4: 10 groups, 6 copied in
+    host = RequestLevelPlanner(base.m, cfg)
+    assert host.recomputed_fraction == 0.4
+    assert host.step_time(64, 0.0, 1000) == base.step_time(64, 0.0, 1000)
+    assert host.step_time(64, 0.3, 1000) < base.step_time(64, 0.3, 1000)
+    assert host.memory(64, 0.3, 1000) > base.memory(64, 0.3, 1000)
+    assert host.memory(64, 0.0, 1000) == base.memory(64, 0.0, 1000)
