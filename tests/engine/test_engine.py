@@ -190,8 +190,8 @@ def test_unknown_policy_and_dtype():
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.function_scoped_fixture])
 @given(policy=st.sampled_from(["recompute", "swap", "ellm", "hcache"]), seed=st.integers(0, 1000),
-       layers_per_block=st.sampled_from([1, 2, 4]))
-def test_random_workload_integrity_every_step(policy, seed, layers_per_block):
+       layers_per_block=st.sampled_from([1, 2, 4]), async_scheduling=st.booleans())
+def test_random_workload_integrity_every_step(policy, seed, layers_per_block, async_scheduling):
     import random
 
     rng = random.Random(seed)
@@ -199,7 +199,8 @@ def test_random_workload_integrity_every_step(policy, seed, layers_per_block):
     eng = LLMEngine.from_engine_args(EngineArgs(
         model="tiny-llama", load_format="dummy", kv_policy=policy, max_model_len=64,
         num_gpu_blocks=groups * 4 + rng.randint(0, 8), num_host_blocks=rng.randint(0, 16),
-        layers_per_block=layers_per_block, max_num_batched_tokens=rng.choice([16, 64])))
+        layers_per_block=layers_per_block, max_num_batched_tokens=rng.choice([16, 64]),
+        async_scheduling=async_scheduling))
     n = rng.randint(2, 6)
     for i in range(n):
         eng.add_request(str(i), [rng.randint(0, 1000) for _ in range(rng.randint(1, 40))],
