@@ -181,6 +181,9 @@ class PolicyOptions:
     # in the host pool; each step copies it in (per group, on the copy stream) while the
     # lower groups recompute theirs, and the prefix rows stop below those groups.
     prefix_host_groups: int = 0
+    # ... of which at most this many groups' copies are in flight at once (they share that
+    # many sets of scratch: the paper's "swap <= 3 layers at a time"); 0: all of them.
+    prefix_copy_window: int = 2
     # eLLM adaptive mode: how many prefix tokens a step may recompute (capped by
     # max_recompute_tokens) — "ridge": what the linear layers carry free, the ridge point
     # minus the step's decodes; "cost": the same priced by the cost model (a step may grow by
@@ -209,8 +212,8 @@ class PolicyOptions:
                               f"count >= 0, got {rule!r}")
         if self.recompute_tolerance < 0:
             raise ConfigError("recompute_tolerance must be >= 0")
-        if self.prefix_host_groups < 0:
-            raise ConfigError("prefix_host_groups must be >= 0")
+        if self.prefix_host_groups < 0 or self.prefix_copy_window < 0:
+            raise ConfigError("prefix_host_groups and prefix_copy_window must be >= 0")
 
     @property
     def adaptive(self) -> bool:

@@ -60,6 +60,10 @@ class EngineArgs:
                                        "while the lower groups recompute (layer-level "
                                        "overlap); auto: the split whose copy and recompute "
                                        "times match on the H200 roofline; 0: all recompute"})
+    ellm_copy_window: int = field(
+        default=2, metadata={"help": "ellm: of the copied-in layer groups, how many are in "
+                                     "flight at once (they share that many sets of scratch; "
+                                     "0: all)"})
     ellm_recompute_budget: str = field(
         default="auto", metadata={"help": "ellm: prefix tokens a step may recompute when "
                                           "prefixes are dropped on demand: ridge (ridge point "
@@ -118,7 +122,8 @@ class EngineArgs:
                 max_uncached_ratio=self.ellm_max_uncached_ratio,
                 max_recompute_tokens=self.ellm_max_recompute_tokens or self._recompute_cap(sched),
                 recompute_budget=_budget_rule(self.ellm_recompute_budget),
-                prefix_host_groups=self._host_groups(model_config, cache)),
+                prefix_host_groups=self._host_groups(model_config, cache),
+                prefix_copy_window=self.ellm_copy_window),
             device=self.device,
             load_format=self.load_format, tokenizer=self.tokenizer, seed=self.seed,
             attention_backend=self.attention_backend, enforce_eager=self.enforce_eager,

@@ -121,8 +121,10 @@ def recompute_scratch_blocks(config) -> int:
     the most prefix tokens the policy lets the running requests drop."""
     if config.kv_policy != "ellm":
         return 0
-    per_group_set = 1 + config.policy_options.prefix_host_groups  # copied-in groups: their own
-    return per_group_set * -(-config.policy_options.max_recompute_tokens // config.cache.block_size)
+    opts = config.policy_options
+    copied = opts.prefix_host_groups  # copied-in groups share min(copied, window) scratch sets
+    sets = 1 + (min(copied, opts.prefix_copy_window) if opts.prefix_copy_window else copied)
+    return sets * -(-opts.max_recompute_tokens // config.cache.block_size)
 
 
 def with_priced_host_groups(config, args: EngineArgs, dtype):
@@ -221,7 +223,8 @@ def with_planner(config, args: EngineArgs, kv_bytes: int, hw=None, cost_model=No
         tpot_slo_s=args.ellm_tpot_slo_ms / 1e3, max_batch=config.scheduler.max_num_seqs,
         max_uncached_ratio=config.policy_options.max_uncached_ratio,
         layers_per_block=config.cache.layers_per_block,
-        host_groups=config.policy_options.prefix_host_groups)
+        host_groups=config.policy_options.prefix_host_groups,
+        copy_window=config.policy_options.prefix_copy_window)
     if cost_model is not None:
         cfg = fit_to_cost_model(config.model_config, cfg, cost_model,
                                 config.scheduler.max_num_batched_tokens)

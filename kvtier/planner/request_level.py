@@ -59,6 +59,7 @@ class PlannerConfig:
     # lower groups and copies the top `host_groups` in over PCIe, beside the forward; its
     # scratch (M_o) holds those groups' copies too.
     host_groups: int = 0
+    copy_window: int = 2  # copied groups in flight at once (0: all): scratch sets in M_o
     pcie_bytes_per_s: float = 55e9
 
 
@@ -81,9 +82,12 @@ class RequestLevelPlanner:
         self.kv_bytes_per_token = model.kv_bytes_per_token(d)
         layers_in_group = min(cfg.layers_per_block, model.num_layers)
         groups = -(-model.num_layers // layers_in_group)
-        # M_o per recomputed token: one group's KV for the recompute, plus the copied groups'.
+        # M_o per recomputed token: one group's KV for the recompute, plus a set for each
+        # copied group in flight.
+        in_flight = (min(cfg.host_groups, cfg.copy_window) if cfg.copy_window
+                     else cfg.host_groups)
         self.scratch_bytes_per_token = (self.kv_bytes_per_token * layers_in_group
-                                        * (1 + cfg.host_groups) / model.num_layers)
+                                        * (1 + in_flight) / model.num_layers)
         self.recomputed_fraction = (groups - cfg.host_groups) / groups  # of the layers
 
     # ---- the model of one step -------------------------------------------------------

@@ -53,9 +53,11 @@ _first = itemgetter(0)
 
 def build_host_batch(
     scheduled: list[ScheduledRequest], tables: BlockTables, block_size: int,
-    scratch: range = range(0),
+    scratch: range = range(0), copy_window: int = 0,
 ) -> HostBatch:
-    """`scratch`: device blocks lent to dropped-prefix recomputation this step (eLLM)."""
+    """`scratch`: device blocks lent to dropped-prefix recomputation this step (eLLM).
+    `copy_window`: scratch sets the copied-in groups of offloaded prefixes share (the j-th
+    copied group uses set j % copy_window; 0: one set per group)."""
     rows = tables.apply_all(scheduled)
     token_ids = list(map(_token_ids, scheduled))
     starts = list(map(_start_pos, scheduled))
@@ -64,7 +66,7 @@ def build_host_batch(
     num_main = len(rows)
     if any(map(_prefix_token_ids, scheduled)):
         copies = _add_prefix_rows(scheduled, rows, token_ids, starts, sample, tables,
-                                  block_size, scratch)
+                                  block_size, scratch, copy_window)
     batch = _batch(np.asarray(rows, dtype=np.int64), token_ids,
                    np.asarray(starts, dtype=np.int64), np.asarray(sample, dtype=bool), tables,
                    block_size)
@@ -73,7 +75,7 @@ def build_host_batch(
 
 
 def _add_prefix_rows(scheduled, rows, token_ids, starts, sample, tables: BlockTables,
-                     block_size: int, scratch: range) -> list[BlockCopy]:
+                     block_size: int, scratch: range, copy_window: int = 0) -> list[BlockCopy]:
     """eLLM: a request whose KV prefix [0, s) was dropped gets it recomputed this step.
 
     Its prefix tokens join the batch as one more prefill-like entry (positions 0..s-1, no
@@ -86,6 +88,8 @@ def _add_prefix_rows(scheduled, rows, token_ids, starts, sample, tables: BlockTa
     Layer groups whose prefix KV waits in the host pool (`prefix_host_blocks`) get scratch
     blocks of their own instead, which the returned copies fill while the lower groups
     compute; the prefix rows stop before those groups (the runner truncates the batch).
+    With a copy window W, copied groups share W sets of scratch: the j-th one reuses the set
+    of the (j-W)-th, so the runner holds its copy back until that group's attention is done.
     """
     nxt = scratch.start
     copies: list[BlockCopy] = []
@@ -102,11 +106,17 @@ def _add_prefix_rows(scheduled, rows, token_ids, starts, sample, tables: BlockTa
         if not k:
             continue
         tables.point_prefix(rows[i], lend(k))
-        for g, host_blocks in enumerate(sr.prefix_host_blocks):
-            if host_blocks:
+        sets: list[range] = []
+        copied = [g for g, host_blocks in enumerate(sr.prefix_host_blocks) if host_blocks]
+        for j, g in enumerate(copied):
+            if copy_window and j >= copy_window:
+                dst = sets[j % copy_window]
+            else:
                 dst = lend(k)
-                tables.point_prefix(rows[i], dst, group=g)
-                copies += [BlockCopy(src=h, dst=d, group=g) for h, d in zip(host_blocks, dst)]
+                sets.append(dst)
+            tables.point_prefix(rows[i], dst, group=g)
+            copies += [BlockCopy(src=h, dst=d, group=g)
+                       for h, d in zip(sr.prefix_host_blocks[g], dst)]
         rows.append(rows[i])
         token_ids.append(sr.prefix_token_ids)
         starts.append(0)

@@ -244,7 +244,8 @@ class ModelRunner:
             return PendingStep(ready=StepResult(sampled={}))
         batch = self.prepare_batch(plan.scheduled)
         # After the batch: it lends eLLM's offloaded prefixes scratch blocks to copy into.
-        self._copy_blocks(plan.swap_out, [*plan.swap_in, *batch.prefix_copies])
+        now, later = self._window_prefix_copies(batch.prefix_copies)
+        self._copy_blocks(plan.swap_out, [*plan.swap_in, *now], later)
         self._placeholders = self.async_tokens.placeholder_sources(plan.scheduled,
                                                                    batch.input_ids)
         if self.hidden is not None:
@@ -278,7 +279,7 @@ class ModelRunner:
         """A step's host batch, with the device block tables brought up to date: what a
         forward needs before `device_inputs` (also the seam the cost-model profiler uses)."""
         batch = build_host_batch(scheduled, self.block_tables, self.block_size,
-                                 self.recompute_scratch)
+                                 self.recompute_scratch, self._copy_window())
         self.block_tables.sync_device()
         return batch
 
@@ -302,10 +303,14 @@ class ModelRunner:
         kv_wait = copies.wait_layer if copies.pending else None
         sink = self.hidden.sink(batch.num_tokens) if self.hidden is not None else None
         truncate = self._prefix_truncation(batch, meta)
+        kv_after = copies.after_layer if copies.deferred else None
         if self.piecewise is not None:
-            hidden = self.piecewise.forward(input_ids, positions, meta, kv_wait, sink, truncate)
+            hidden = self.piecewise.forward(input_ids, positions, meta, kv_wait, sink, truncate,
+                                            kv_after)
         if truncate is not None and hidden is None:
             raise RuntimeError("an offloaded eLLM prefix needs the piecewise forward")
+        if copies.deferred:
+            raise RuntimeError("prefix copies held back for layers the forward never ran")
         if hidden is None:
             ctx = ForwardContext(self.ops, self.attention, self.gpu_kv, meta, self.cos_sin, sink,
                                  kv_wait)
@@ -347,6 +352,32 @@ class ModelRunner:
             query_lens_cpu=meta.query_lens_cpu[:b], seq_lens_cpu=meta.seq_lens_cpu[:b])
         return (self.num_groups - h) * self.layers_per_block, short
 
+    def _copy_window(self) -> int:
+        """Copied groups of offloaded prefixes in flight at once (0: all)."""
+        opts = self.config.policy_options
+        return opts.prefix_copy_window if opts.prefix_host_groups else 0
+
+    def _window_prefix_copies(self, copies: list[BlockCopy]
+                              ) -> tuple[list[BlockCopy], dict[int, list[tuple[int, list]]]]:
+        """(copies issued with the step's own, {group: [(target group, copies)]} held back
+        until that group's attention is done): the j-th copied group reuses the scratch of
+        the (j-W)-th (`build_host_batch`)."""
+        w = self._copy_window()
+        if not copies or not w:
+            return copies, {}
+        first = self.num_groups - self.config.policy_options.prefix_host_groups
+        now: list[BlockCopy] = []
+        by_target: dict[int, list[BlockCopy]] = {}
+        for c in copies:
+            if c.group - first < w:
+                now.append(c)
+            else:
+                by_target.setdefault(c.group, []).append(c)
+        later: dict[int, list[tuple[int, list]]] = {}
+        for g, cs in sorted(by_target.items()):
+            later.setdefault(g - w, []).append((g, cs))
+        return now, later
+
     def _fill_placeholders(self, input_ids: torch.Tensor) -> None:
         """Async scheduling: the in-flight tokens into this step's device input ids."""
         if self._placeholders is not None:
@@ -360,7 +391,8 @@ class ModelRunner:
         eos = () if p.ignore_eos else self.model_config.eos_token_ids
         return SampleRow(p, num_output, tuple(eos) + tuple(p.stop_token_ids))
 
-    def _copy_blocks(self, swap_out: list[BlockCopy], swap_in: list[BlockCopy]) -> None:
+    def _copy_blocks(self, swap_out: list[BlockCopy], swap_in: list[BlockCopy],
+                     deferred: dict[int, list[tuple[int, list]]] | None = None) -> None:
         """All swap-outs, then the swap-ins layer group by layer group (a device block freed
         by a swap-out may be the target of a swap-in in the same step); the forward waits
         per group (`SwapCopies`).
@@ -372,7 +404,7 @@ class ModelRunner:
         """
         gpu, host = self.gpu_kv, self.host_kv
         assert gpu is not None and host is not None
-        self.copies.issue(gpu, host, swap_out, swap_in)
+        self.copies.issue(gpu, host, swap_out, swap_in, deferred)
 
     def device_inputs(
         self, batch: HostBatch

@@ -136,6 +136,7 @@ class PiecewiseGraphs:
                 kv_wait: Callable[[int], None] | None = None,
                 hidden_sink: Callable[[int, torch.Tensor], None] | None = None,
                 truncate: tuple[int, AttentionMetadata] | None = None,
+                kv_after: Callable[[int], None] | None = None,
                 ) -> torch.Tensor | None:
         """Final hidden states [num_tokens, hidden], or None if the step is too large.
         `kv_wait(l)` runs before layer l's attention: between pieces is the one place a
@@ -144,7 +145,8 @@ class PiecewiseGraphs:
         input (HCache). `truncate=(L, meta')`: from layer L on, only meta'.num_tokens rows
         go on, with meta' (eLLM's offloaded prefixes: their rows, last in the batch, are
         recomputed through the first L layers only; rows are independent outside attention,
-        so the later pieces simply run at the smaller padded size)."""
+        so the later pieces simply run at the smaller padded size). `kv_after(l)` runs once
+        layer l's attention is issued (copies waiting for that layer's scratch to be read)."""
         n = input_ids.shape[0]
         t = self.padded(n)
         if t is None:
@@ -170,6 +172,8 @@ class PiecewiseGraphs:
             out = r.attention.forward(layer_idx, self.q[:n], self.k[:n], self.v[:n], r.gpu_kv,
                                       meta, layer.attn.scale)
             self.attn_out[:n].copy_(out)
+            if kv_after is not None:
+                kv_after(layer_idx)
             self._run(layer_idx + 1, t, ctx)
         x, _ = r.ops.fused_add_rms_norm(self.hidden[:n], self.residual[:n], model.final_norm,
                                         model.cfg.rms_norm_eps)

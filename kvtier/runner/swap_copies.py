@@ -135,22 +135,30 @@ class SwapCopies:
         self.waited = -1  # the latest event the compute stream already waits for
         self.unjoined = False  # copies issued that the compute stream may not wait for yet
         self.has_swap_in = False  # this step carries swap-ins
+        # Copies held back until a layer group's attention is done (eLLM's copy window: they
+        # land in scratch that group still reads): {group: [(target group, copies)]}.
+        self.deferred: dict[int, list[tuple[int, list[BlockCopy]]]] = {}
+        self._pools: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def pending(self) -> bool:
-        """Some layer of this step's forward still has to wait for a copy."""
-        return self.waited < len(self.events) - 1
+        """Some layer of this step's forward still has to wait for a copy (or issue one)."""
+        return self.waited < len(self.events) - 1 or bool(self.deferred)
 
     def issue(self, gpu: torch.Tensor, host: torch.Tensor,
-              swap_out: Sequence[BlockCopy], swap_in: Sequence[BlockCopy]) -> None:
+              swap_out: Sequence[BlockCopy], swap_in: Sequence[BlockCopy],
+              deferred: dict[int, list[tuple[int, list[BlockCopy]]]] | None = None) -> None:
         """All swap-outs, then the swap-ins group by group, one event after each group
-        that has any (and one after the swap-outs when there are no swap-ins in group 0)."""
+        that has any (and one after the swap-outs when there are no swap-ins in group 0).
+        `deferred[g]`: swap-ins issued only once layer group g's attention has been issued
+        (`after_layer`), each for its target group."""
         s = self.streams
         if self.unjoined:  # the previous step's copies, before anything reuses their blocks
             s.join()
             self.unjoined = False
         self.events, self.ready, self.waited = [], [-1] * self.num_groups, -1
-        self.has_swap_in = bool(swap_in)
+        self.deferred, self._pools = dict(deferred or {}), (gpu, host)
+        self.has_swap_in = bool(swap_in) or bool(self.deferred)
         if not swap_out and not swap_in:
             return
         s.begin()
@@ -171,6 +179,28 @@ class SwapCopies:
                     self.events.append(s.record())
                     current = len(self.events) - 1
                 self.ready[g] = current
+        self.unjoined = True
+
+    def after_layer(self, layer_idx: int) -> None:
+        """After layer `layer_idx`'s attention has been issued: at the end of a layer group,
+        the copies deferred behind it go out, behind everything the compute stream has so
+        far (that group's reads of the scratch they overwrite)."""
+        f = self.layers_per_block
+        if (layer_idx + 1) % f and layer_idx + 1 != self.num_groups * f:
+            return
+        later = self.deferred.pop(layer_idx // f, None)
+        if not later:
+            return
+        assert self._pools is not None
+        gpu, host = self._pools
+        s = self.streams
+        s.begin()
+        with s.copying():
+            for target, copies in later:
+                for c in copies:
+                    gpu[c.dst].copy_(host[c.src], non_blocking=True)
+                self.events.append(s.record())
+                self.ready[target] = len(self.events) - 1
         self.unjoined = True
 
     def wait_layer(self, layer_idx: int) -> None:

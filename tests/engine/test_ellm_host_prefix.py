@@ -27,9 +27,11 @@ def _greedy(**kw) -> list[list[int]]:
     runner = llm.engine.executor
     issue, truncation = runner.copies.issue, runner._prefix_truncation
 
-    def count_issue(gpu, host, swap_out, swap_in):
+    def count_issue(gpu, host, swap_out, swap_in, deferred=None):
         counts["copied_in"] += len(swap_in)
-        return issue(gpu, host, swap_out, swap_in)
+        counts["deferred"] = counts.get("deferred", 0) + sum(
+            len(cs) for later in (deferred or {}).values() for _, cs in later)
+        return issue(gpu, host, swap_out, swap_in, deferred)
 
     def count_truncation(batch, meta):
         out = truncation(batch, meta)
@@ -44,15 +46,19 @@ def _greedy(**kw) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outs], counts
 
 
-@pytest.mark.parametrize("layers_per_block,host_groups,async_scheduling",
-                         [(1, 1, False), (1, 3, False), (2, 1, False), (1, 2, True)])
-def test_offloaded_prefix_equals_full_caching(layers_per_block, host_groups,
+@pytest.mark.parametrize("layers_per_block,host_groups,window,async_scheduling",
+                         [(1, 1, 2, False), (1, 3, 0, False), (1, 3, 1, False),
+                          (1, 3, 2, False), (2, 1, 2, False), (1, 3, 1, True)])
+def test_offloaded_prefix_equals_full_caching(layers_per_block, host_groups, window,
                                               async_scheduling):
+    # Windows below the copied groups: later groups' copies wait for an earlier group's
+    # attention to finish reading the scratch they reuse.
     ref, _ = _greedy(layers_per_block=layers_per_block)
     out, counts = _greedy(layers_per_block=layers_per_block, kv_policy="ellm",
                           ellm_uncached_ratio=0.5, ellm_host_groups=host_groups,
-                          async_scheduling=async_scheduling)
+                          ellm_copy_window=window, async_scheduling=async_scheduling)
     assert counts["copied_in"] > 0 and counts["truncated"] > 0  # the path ran
+    assert (counts["deferred"] > 0) == (0 < window < host_groups)
     assert out == ref
 
 
