@@ -124,14 +124,18 @@ def test_gpu_async_scheduling_equals_cpu_fp32(tmp_path, policy, batched_tokens):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("host_groups,async_scheduling", [(1, False), (3, False), (2, True)])
-def test_gpu_ellm_offloaded_prefix_equals_cpu_fp32(tmp_path, host_groups, async_scheduling):
+@pytest.mark.parametrize("host_groups,window,async_scheduling",
+                         [(1, 2, False), (3, 0, False), (3, 1, False), (2, 2, True)])
+def test_gpu_ellm_offloaded_prefix_equals_cpu_fp32(tmp_path, host_groups, window,
+                                                   async_scheduling):
     # The top layer groups' prefix KV is copied in from pinned host blocks on the copy
-    # stream while the prefix rows recompute the lower groups through the graph pieces.
+    # stream while the prefix rows recompute the lower groups through the graph pieces; a
+    # window below the copied groups makes later copies wait for earlier groups' attention.
     path = save_tiny_model("llama-gqa", tmp_path)
     cpu, _ = greedy_tokens(path, device="cpu")
     gpu, stats = greedy_tokens(path, device="cuda", kv_policy="ellm", ellm_uncached_ratio=0.5,
                                block_size=4, layers_per_block=1, ellm_host_groups=host_groups,
-                               swap_space=1, async_scheduling=async_scheduling)
+                               swap_space=1, async_scheduling=async_scheduling,
+                               ellm_copy_window=window)
     assert stats.num_prefix_recompute_tokens_total > 0
     assert gpu == cpu
