@@ -83,6 +83,8 @@ class CostModelConfig:
     # default is on, off here so hand-built models keep the serial pricing they were fit with):
     overlap_swap: bool = False
     layers_per_block: int = 0  # CacheConfig.layers_in_block: the copies' layer groups (0: one)
+    # eLLM's offloaded prefixes: copied groups in flight at once (PolicyOptions'; 0: all)
+    prefix_copy_window: int = 0
 
 
 def engine_cost_config(config, block_bytes: int, num_gpus: int = 1) -> CostModelConfig:
@@ -99,7 +101,8 @@ def engine_cost_config(config, block_bytes: int, num_gpus: int = 1) -> CostModel
         piecewise_graphs=config.piecewise_graphs,
         max_num_batched_tokens=sched.max_num_batched_tokens,
         overlap_swap=config.overlap_swap,
-        layers_per_block=config.cache.layers_in_block(mc.num_layers))
+        layers_per_block=config.cache.layers_in_block(mc.num_layers),
+        prefix_copy_window=config.policy_options.prefix_copy_window)
 
 
 @dataclass(frozen=True)
@@ -186,7 +189,8 @@ class CostModel:
         whose copies overlap a forward of `forward_s` seconds, layer group by layer group."""
         out, inn = self.copy_parts(shape)
         top = (self.prefix_copy_seconds(shape), shape.prefix_host_groups)
-        return swap_overlap_seconds(forward_s, out, inn, self.group_layers(), top)
+        return swap_overlap_seconds(forward_s, out, inn, self.group_layers(), top,
+                                    self.config.prefix_copy_window)
 
     def prefix_copy_seconds(self, shape: StepShape) -> float:
         """eLLM's offloaded prefixes: host -> device seconds of their block copies."""

@@ -136,19 +136,30 @@ def queue_seconds_brute(layer: Sequence[Launch], num_layers: int, pre: Sequence[
 # compute of the groups before them until the copies outrun it.
 def swap_overlap_seconds(forward_s: float, copy_out_s: float, copy_in_s: float,
                          group_layers: Sequence[int],
-                         top_copy_in: tuple[float, int] = (0.0, 0)) -> tuple[float, float]:
+                         top_copy_in: tuple[float, int] = (0.0, 0),
+                         window: int = 0) -> tuple[float, float]:
     """(seconds from the forward's first launch until it ends, the bubble: how long it
     waited for copies), with `group_layers[g]` layers in layer group g. `copy_in_s` is
     spread evenly over the groups; `top_copy_in = (seconds, h)` more go to the top h groups
-    alone (eLLM's offloaded prefixes)."""
+    alone (eLLM's offloaded prefixes), of which the j-th may start only once the (j -
+    window)-th group's layers are done (`window` 0: all at once; the runner issues such a
+    copy when that group's attention is issued, so this errs on the late side)."""
     num_layers, groups = sum(group_layers), len(group_layers)
     top_s, top_h = top_copy_in
     if not num_layers:
         return (forward_s + copy_out_s + copy_in_s + top_s,
                 copy_out_s + copy_in_s + top_s)
     per_layer = forward_s / num_layers
+    first_top = groups - top_h
     t, arrived = 0.0, copy_out_s
+    ends: list[float] = []
     for g, n in enumerate(group_layers):
-        arrived += copy_in_s / groups + (top_s / top_h if g >= groups - top_h else 0.0)
+        arrived += copy_in_s / groups
+        if top_h and g >= first_top:
+            j = g - first_top
+            if window and j >= window:
+                arrived = max(arrived, ends[g - window])
+            arrived += top_s / top_h
         t = max(t, arrived) + n * per_layer
+        ends.append(t)
     return t, t - forward_s

@@ -128,3 +128,14 @@ def test_step_shape_records_offloaded_prefixes_and_round_trips():
     assert StepShape.from_json(shape.to_json()) == shape
     old = StepShape.from_plan(StepPlan(scheduled=plan.scheduled[1:]))
     assert len(old.to_json()) == 9 and StepShape.from_json(old.to_json()) == old
+
+
+def test_a_narrow_copy_window_is_priced_no_faster():
+    """Copies held back behind earlier groups can only start later: the same step with a
+    window below the copied groups never prices below the unbounded one."""
+    from kvtier.costmodel.overlap import swap_overlap_seconds
+
+    groups = [4] * 10
+    free, _ = swap_overlap_seconds(20e-3, 0.0, 0.0, groups, (8e-3, 9), window=0)
+    narrow, bubble = swap_overlap_seconds(20e-3, 0.0, 0.0, groups, (8e-3, 9), window=1)
+    assert free == pytest.approx(20e-3) and narrow > free and bubble > 0
