@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device runs, one part per call (each under 10 minutes); files land in $OUT directly.
 # Parts a-f ran in session 4 (2026-11-30; their results are committed, see the README);
-# part g is what the next session should run first.
+# parts g and h are what the next session should run first.
 #   bash benchmarks/h200_next.sh a   # GPU tests of what is new, fidelity trace, swap bubble
 #   bash benchmarks/h200_next.sh b   # re-profile 13B (issue 6), 13B policies on the H200 (issue 7)
 #   bash benchmarks/h200_next.sh c   # async scheduling: GPU tests, offline throughput off/on
@@ -15,102 +15,84 @@
 set -u
 export PYTHONUNBUFFERED=1 KVTIER_GIT_COMMIT=${KVTIER_GIT_COMMIT:-unknown}
 R=$OUT
+W8=.carry/sharegpt_llama31_1000.json
+
+fidelity_real() {  # the 600-request 13B fidelity trace (real half)
+  timeout 130 python3 benchmarks/fidelity_report.py real \
+    --workload .carry/sharegpt_llama2-13b_1000.json --model llama-2-13b --num-requests 600 \
+    --rate 15 --out $R/fidelity_real_h200.json 2>&1 | tail -2
+}
+
+bench_13b() {  # NAME TIMEOUT POLICIES [flags...]: the 13B paper-load comparison, tarred
+  local name=$1 limit=$2 policies=$3
+  shift 3
+  timeout $limit python3 -m kvtier.cli bench --model llama-2-13b --load-format dummy \
+    --policies $policies --workload prepared \
+    --dataset-path .carry/sharegpt_llama2_13b_1500.json --num-prompts 600 \
+    --arrivals paper-gamma --slo-ttft 2000 --slo-tpot 100 --kv-cache-gb 20 --swap-space 24 \
+    --max-model-len 2048 --max-num-seqs 128 --max-duration 40 --gpu-monitor "$@" \
+    --out $R/$name 2>&1 | tail -8
+  tar -C $R -czf $R/$name.tar.gz $name && rm -rf $R/$name  # $OUT returns <= 8 files
+}
+
+offline() {  # OUT [flags...]: offline ShareGPT throughput, llama-3.1-8b
+  local out=$1
+  shift
+  timeout 120 python3 benchmarks/bench_offline_throughput.py --workload $W8 "$@" \
+    --out $R/$out 2>&1 | grep -E '"output_tokens_per_s|"mean_ms' | tail -4
+}
+
 case "${1:-a}" in
 a)
   timeout 150 python3 -m pytest -q -m gpu tests/runner tests/kernels/test_kernel_silu_and_mul.py \
     -p no:cacheprovider 2>&1 | tail -8 > $R/gpu_tests.txt; cat $R/gpu_tests.txt
-  timeout 130 python3 benchmarks/fidelity_report.py real \
-    --workload .carry/sharegpt_llama2-13b_1000.json --model llama-2-13b --num-requests 600 \
-    --rate 15 --out $R/fidelity_real_h200.json 2>&1 | tail -2
+  fidelity_real
   timeout 120 python3 benchmarks/bench_swap_overlap.py --quick --out $R/swap_overlap_h200.json \
     2>&1 | tail -4
   ;;
 b)
   timeout 300 python3 -m kvtier.costmodel.calibrate llama-2-13b \
     --out $R/calib_h200_llama-2-13b.json 2>&1 | tail -5
-  timeout 250 python3 -m kvtier.cli bench --model llama-2-13b --load-format dummy \
-    --policies recompute,swap,hcache,ellm --workload prepared \
-    --dataset-path .carry/sharegpt_llama2_13b_1500.json --num-prompts 600 \
-    --arrivals paper-gamma --slo-ttft 2000 --slo-tpot 100 --kv-cache-gb 20 --swap-space 24 \
-    --max-model-len 2048 --max-num-seqs 128 --max-duration 40 --gpu-monitor \
-    --out $R/bench_13b 2>&1 | tail -8
-  tar -C $R -czf $R/bench_13b.tar.gz bench_13b && rm -rf $R/bench_13b  # $OUT returns <= 8 files
+  bench_13b bench_13b 250 recompute,swap,hcache,ellm
   ;;
 c)  # async scheduling: GPU exactness, then offline throughput without and with it
   timeout 150 python3 -m pytest -q -m gpu tests/runner/test_gpu_path.py -k "async" \
     -p no:cacheprovider 2>&1 | tail -8 > $R/gpu_tests_async.txt; cat $R/gpu_tests_async.txt
-  W=.carry/sharegpt_llama31_1000.json
-  timeout 120 python3 benchmarks/bench_offline_throughput.py --workload $W \
-    --out $R/offline_sharegpt_h200_sync.json 2>&1 | grep -E '"output_tokens_per_s|"mean_ms' | tail -4
-  timeout 120 python3 benchmarks/bench_offline_throughput.py --workload $W --async-scheduling \
-    --out $R/offline_sharegpt_h200.json 2>&1 | grep -E '"output_tokens_per_s|"mean_ms' | tail -4
-  timeout 120 python3 benchmarks/bench_offline_throughput.py --workload $W --async-scheduling \
-    --max-num-seqs 1024 --out $R/offline_sharegpt_h200_async_1024.json 2>&1 \
-    | grep -E '"output_tokens_per_s|"mean_ms' | tail -4
+  offline offline_sharegpt_h200_sync.json --no-async-scheduling
+  offline offline_sharegpt_h200.json --async-scheduling
+  offline offline_sharegpt_h200_async_1024.json --async-scheduling --max-num-seqs 1024
   ;;
 d)  # after the eLLM step budget, the HCache store rewrite and the warm-up steps
   timeout 120 python3 -m pytest -q -m gpu tests/runner -p no:cacheprovider 2>&1 | tail -8 \
     > $R/gpu_tests_d.txt; cat $R/gpu_tests_d.txt
-  timeout 130 python3 benchmarks/fidelity_report.py real \
-    --workload .carry/sharegpt_llama2-13b_1000.json --model llama-2-13b --num-requests 600 \
-    --rate 15 --out $R/fidelity_real_h200.json 2>&1 | tail -2
-  timeout 260 python3 -m kvtier.cli bench --model llama-2-13b --load-format dummy \
-    --policies recompute,swap,hcache,ellm --workload prepared \
-    --dataset-path .carry/sharegpt_llama2_13b_1500.json --num-prompts 600 \
-    --arrivals paper-gamma --slo-ttft 2000 --slo-tpot 100 --kv-cache-gb 20 --swap-space 24 \
-    --max-model-len 2048 --max-num-seqs 128 --max-duration 40 --gpu-monitor \
-    --ellm-calibration benchmarks/results/calib_h200_llama-2-13b.json \
-    --out $R/bench_13b 2>&1 | tail -8
-  tar -C $R -czf $R/bench_13b.tar.gz bench_13b && rm -rf $R/bench_13b
+  fidelity_real
+  bench_13b bench_13b 260 recompute,swap,hcache,ellm \
+    --ellm-calibration benchmarks/results/calib_h200_llama-2-13b.json
   ;;
 e)  # offline throughput with a larger token budget; eLLM's roofline budget measured
-  W=.carry/sharegpt_llama31_1000.json
-  timeout 110 python3 benchmarks/bench_offline_throughput.py --workload $W --max-num-seqs 1024 \
-    --max-num-batched-tokens 16384 --out $R/offline_sharegpt_h200_async_1024_16k.json 2>&1 \
-    | grep -E '"output_tokens_per_s|"mean_ms' | tail -4
-  timeout 200 python3 -m kvtier.cli bench --model llama-2-13b --load-format dummy \
-    --policies recompute,ellm --workload prepared \
-    --dataset-path .carry/sharegpt_llama2_13b_1500.json --num-prompts 600 \
-    --arrivals paper-gamma --slo-ttft 2000 --slo-tpot 100 --kv-cache-gb 20 --swap-space 24 \
-    --max-model-len 2048 --max-num-seqs 128 --max-duration 40 --gpu-monitor \
-    --ellm-recompute-budget ridge --out $R/bench_13b_ridge 2>&1 | tail -5
-  tar -C $R -czf $R/bench_13b_ridge.tar.gz bench_13b_ridge && rm -rf $R/bench_13b_ridge
+  offline offline_sharegpt_h200_async_1024_16k.json --max-num-seqs 1024 \
+    --max-num-batched-tokens 16384
+  bench_13b bench_13b_ridge 200 recompute,ellm --ellm-recompute-budget ridge
   ;;
 f)  # the fidelity trace after the allocator warm-up step
   timeout 60 python3 -m pytest -q -m gpu tests/runner/test_gpu_path.py -k "greedy_equals or async" \
     -p no:cacheprovider 2>&1 | tail -4 > $R/gpu_tests_f.txt; cat $R/gpu_tests_f.txt
-  timeout 130 python3 benchmarks/fidelity_report.py real \
-    --workload .carry/sharegpt_llama2-13b_1000.json --model llama-2-13b --num-requests 600 \
-    --rate 15 --out $R/fidelity_real_h200.json 2>&1 | tail -2
+  fidelity_real
   ;;
 g)  # not run yet: after gc.freeze() (is it the mixed steps' scattered +6-10 ms outliers?)
   timeout 120 python3 -m pytest -q -m gpu tests/runner -p no:cacheprovider 2>&1 | tail -4 \
     > $R/gpu_tests_g.txt; cat $R/gpu_tests_g.txt
-  timeout 130 python3 benchmarks/fidelity_report.py real \
-    --workload .carry/sharegpt_llama2-13b_1000.json --model llama-2-13b --num-requests 600 \
-    --rate 15 --out $R/fidelity_real_h200.json 2>&1 | tail -2
-  timeout 260 python3 -m kvtier.cli bench --model llama-2-13b --load-format dummy \
-    --policies recompute,swap,hcache,ellm --workload prepared \
-    --dataset-path .carry/sharegpt_llama2_13b_1500.json --num-prompts 600 \
-    --arrivals paper-gamma --slo-ttft 2000 --slo-tpot 100 --kv-cache-gb 20 --swap-space 24 \
-    --max-model-len 2048 --max-num-seqs 128 --max-duration 40 --gpu-monitor --async-scheduling \
-    --ellm-calibration benchmarks/results/calib_h200_llama-2-13b.json \
-    --out $R/bench_13b_async 2>&1 | tail -8
-  tar -C $R -czf $R/bench_13b_async.tar.gz bench_13b_async && rm -rf $R/bench_13b_async
+  fidelity_real
+  bench_13b bench_13b_async 260 recompute,swap,hcache,ellm --async-scheduling \
+    --ellm-calibration benchmarks/results/calib_h200_llama-2-13b.json
   ;;
 h)  # not run yet: eLLM with offloaded prefixes (--ellm-host-groups auto priced by the
     # calibration: 9 of 10 groups copied in, 1 recomputed) vs recompute, the ridge budget;
     # then without the overlap
   for ov in overlap-swap no-overlap-swap; do
-    timeout 200 python3 -m kvtier.cli bench --model llama-2-13b --load-format dummy \
-      --policies recompute,ellm --workload prepared \
-      --dataset-path .carry/sharegpt_llama2_13b_1500.json --num-prompts 600 \
-      --arrivals paper-gamma --slo-ttft 2000 --slo-tpot 100 --kv-cache-gb 20 --swap-space 24 \
-      --max-model-len 2048 --max-num-seqs 128 --max-duration 40 --gpu-monitor \
-      --ellm-recompute-budget ridge --ellm-host-groups auto --$ov \
-      --ellm-calibration benchmarks/results/calib_h200_llama-2-13b.json \
-      --out $R/bench_13b_host_$ov 2>&1 | tail -4
-    tar -C $R -czf $R/bench_13b_host_$ov.tar.gz bench_13b_host_$ov && rm -rf $R/bench_13b_host_$ov
+    bench_13b bench_13b_host_$ov 200 recompute,ellm --ellm-recompute-budget ridge \
+      --ellm-host-groups auto --$ov \
+      --ellm-calibration benchmarks/results/calib_h200_llama-2-13b.json
   done
   ;;
 esac

@@ -16,32 +16,20 @@ model's cheapest representative step: `choose_host_groups_priced`).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 
 from benchmarks.common import write_result
-from benchmarks.sim_ellm_sweeps import run
-from kvtier.bench.arrivals import ArrivalKind, ArrivalSpec
-from kvtier.bench.prepared import load_prepared
-from kvtier.bench.request import LengthLimits
-from kvtier.bench.workload import with_arrivals
+from benchmarks.sim_ellm_sweeps import load_requests, run, workload_parser
 from kvtier.engine.args import EngineArgs
 from kvtier.model.loader import resolve_model_config
 from kvtier.sim import build_sim_engine
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--workload", required=True)
-    ap.add_argument("--calibration", default=None)
-    ap.add_argument("--num-prompts", type=int, default=1000)
-    ap.add_argument("--rate", type=float, default=50.0)
-    ap.add_argument("--kv-cache-gb", type=float, default=40.0)
+    ap = workload_parser()
     ap.add_argument("--budgets", default="auto,ridge,max")
-    ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    reqs = load_prepared(args.workload, args.num_prompts, LengthLimits())
-    reqs = with_arrivals(reqs, ArrivalSpec(ArrivalKind.GAMMA, rate=args.rate, cv=1.6925), seed=0)
+    reqs = load_requests(args)
     base = EngineArgs(model="llama-2-13b", load_format="dummy", max_model_len=2048,
                       kv_cache_gb=args.kv_cache_gb, swap_space=40, max_num_seqs=256)
     rows = [{"policy": "recompute", **run(args, base, reqs)}]

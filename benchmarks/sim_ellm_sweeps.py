@@ -56,7 +56,8 @@ def run(args, engine_args: EngineArgs, requests, planner_scale: float | None = N
             "prefix_recompute_tokens": stats.num_prefix_recompute_tokens_total}
 
 
-def main(argv: list[str] | None = None) -> None:
+def workload_parser() -> argparse.ArgumentParser:
+    """The simulated eLLM experiments' common options: the prepared trace and its load."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--workload", required=True)
     ap.add_argument("--calibration", default=None)
@@ -64,9 +65,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rate", type=float, default=50.0)
     ap.add_argument("--kv-cache-gb", type=float, default=40.0)
     ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def load_requests(args: argparse.Namespace):
+    """The trace's first --num-prompts requests, gamma arrivals at --rate (the paper's CV)."""
     reqs = load_prepared(args.workload, args.num_prompts, LengthLimits())
-    reqs = with_arrivals(reqs, ArrivalSpec(ArrivalKind.GAMMA, rate=args.rate, cv=1.6925), seed=0)
+    return with_arrivals(reqs, ArrivalSpec(ArrivalKind.GAMMA, rate=args.rate, cv=1.6925), seed=0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = workload_parser().parse_args(argv)
+    reqs = load_requests(args)
     base = EngineArgs(model="llama-2-13b", load_format="dummy", max_model_len=2048,
                       kv_cache_gb=args.kv_cache_gb, swap_space=1, max_num_seqs=256)
     ratio = [{"uncached_ratio": 0.0, **run(args, base, reqs)}]

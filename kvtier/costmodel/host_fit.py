@@ -130,9 +130,9 @@ def _mapes(rel: np.ndarray, graph: np.ndarray, piecewise: np.ndarray) -> dict:
             "step_mape_piecewise": float(rel[piecewise].mean()) if piecewise.any() else None}
 
 
-def piecewise_issue_check(cm: CostModel, steps: list[dict]) -> dict:
-    """The model's host chain of piecewise steps against the profiler's measured issue times
-    (steps that carry `issue_piecewise_s`); empty when there are none."""
+def _issue_times(cm: CostModel, steps: list[dict]) -> list[tuple[float, float]]:
+    """(the model's host time to issue the piecewise forward, the profiler's measured one)
+    of every step that carries `issue_piecewise_s` and runs as pieces."""
     pairs = []
     for st in steps:
         if st.get("issue_piecewise_s"):
@@ -140,6 +140,13 @@ def piecewise_issue_check(cm: CostModel, steps: list[dict]) -> dict:
             t = cm.piecewise_size(shape)
             if t is not None:
                 pairs.append((cm.piecewise_issue_seconds(shape, t), st["issue_piecewise_s"]))
+    return pairs
+
+
+def piecewise_issue_check(cm: CostModel, steps: list[dict]) -> dict:
+    """The model's host chain of piecewise steps against the profiler's measured issue times
+    (steps that carry `issue_piecewise_s`); empty when there are none."""
+    pairs = _issue_times(cm, steps)
     if not pairs:
         return {}
     p, m = np.array(pairs).T
@@ -153,14 +160,8 @@ def piece_layer_s(calib: Calibration, make_model: MakeModel, steps: list[dict]) 
     (steps carrying `issue_piecewise_s`): the median over steps of what the measured launch
     costs leave unexplained, per layer (never negative); None without such steps."""
     cm = make_model(replace(calib, host=replace(calib.host, piece_layer_s=0.0)))
-    per = []
-    for st in steps:
-        if st.get("issue_piecewise_s"):
-            shape = StepShape.from_json(st["shape"])
-            t = cm.piecewise_size(shape)
-            if t is not None:
-                rest = st["issue_piecewise_s"] - cm.piecewise_issue_seconds(shape, t)
-                per.append(rest / cm.shapes.num_layers)
+    per = [(measured - modelled) / cm.shapes.num_layers
+           for modelled, measured in _issue_times(cm, steps)]
     return max(0.0, statistics.median(per)) if per else None
 
 

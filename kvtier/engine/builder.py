@@ -66,7 +66,14 @@ def build_engine(args: EngineArgs) -> LLMEngine:
 
     runner = ModelRunner(config, ckpt, device, dtype)
     peak = runner.profile_activation_peak()
-    config = with_priced_host_groups(config, args, dtype)
+    # One calibrated cost model prices eLLM's split, its recompute budget and its planner.
+    cost_model = None
+    if config.kv_policy == "ellm" and args.ellm_calibration:
+        from kvtier.engine.memory import dtype_bytes
+
+        cost_model = ellm_cost_model(config, args,
+                                     config.cache.block_bytes(mc, dtype_bytes(dtype)))
+        config = with_priced_host_groups(config, args.ellm_host_groups, cost_model)
     scratch = recompute_scratch_blocks(config)  # eLLM's M_o: from the same memory
     pools = size_pools(config, device, dtype, peak, reserved_blocks=scratch)
     num_gpu, num_host = pools.num_gpu_blocks, pools.num_host_blocks
@@ -79,8 +86,6 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     runner.allocate_kv(num_gpu, num_host, scratch)
     if device.type == "cuda":
         runner.warm_up_steps()
-    cost_model = (ellm_cost_model(config, args, pools.block_bytes)
-                  if config.kv_policy == "ellm" and args.ellm_calibration else None)
     if args.ellm_planner:
         config = with_planner(config, args, num_gpu * pools.block_bytes, cost_model=cost_model)
     config = with_step_budget(config, cost_model=cost_model, decode_graphs=runner.use_cuda_graphs)
@@ -127,20 +132,18 @@ def recompute_scratch_blocks(config) -> int:
     return sets * -(-opts.max_recompute_tokens // config.cache.block_size)
 
 
-def with_priced_host_groups(config, args: EngineArgs, dtype):
-    """`--ellm-host-groups auto` with `--ellm-calibration`: the split the calibrated cost
-    model prices cheapest (without one, the roofline's choice from create_engine_config)."""
+def with_priced_host_groups(config, rule: str, cost_model):
+    """`--ellm-host-groups auto` with a calibrated cost model (the real engine's
+    `--ellm-calibration`, the simulator's own): the split it prices cheapest. Without one,
+    the roofline's choice from create_engine_config stands."""
     from dataclasses import replace
 
-    from kvtier.engine.memory import dtype_bytes
     from kvtier.planner.layer_overlap import choose_host_groups_priced
 
-    if (args.ellm_host_groups != "auto" or config.kv_policy != "ellm"
-            or not args.ellm_calibration):
+    if rule != "auto" or config.kv_policy != "ellm" or cost_model.calib is None:
         return config
     mc, cache = config.model_config, config.cache
-    cm = ellm_cost_model(config, args, cache.block_bytes(mc, dtype_bytes(dtype)))
-    h = choose_host_groups_priced(cm, cache.num_layer_groups(mc.num_layers),
+    h = choose_host_groups_priced(cost_model, cache.num_layer_groups(mc.num_layers),
                                   block_size=cache.block_size)
     return config.with_(policy_options=replace(config.policy_options, prefix_host_groups=h))
 

@@ -85,6 +85,7 @@ class LLMEngine:
         self.scheduler = Scheduler(replace(config.scheduler, async_scheduling=self._async), kv,
                                    get_policy(config.kv_policy, config.policy_options))
         self._inflight: tuple[StepPlan, Any] | None = None  # async: launched, not yet read
+        self._inflight_ids: set[str] | None = None  # its request ids, built when first asked
         self._parents: dict[str, _Parent] = {}
         self._child_of: dict[str, tuple[_Parent, _Child]] = {}
         self._last_step_tokens = 0
@@ -200,15 +201,19 @@ class LLMEngine:
         one meanwhile) and hand out that step's outputs."""
         launched = self.executor.launch(plan)
         previous, self._inflight = self._inflight, (plan, launched)
+        self._inflight_ids = None
         if previous is None:
             return []
         return self._finish_step(*previous)
 
     def _in_flight(self, request_id: str) -> bool:
+        """Whether the launched step computes for this id (or its n > 1 children `id#i`):
+        one set a step, built only when a request arrives while it is in flight."""
         assert self._inflight is not None
-        prefix = request_id + "#"  # n > 1 children
-        return any(sr.request_id == request_id or sr.request_id.startswith(prefix)
-                   for sr in self._inflight[0].scheduled)
+        if self._inflight_ids is None:
+            ids = [sr.request_id for sr in self._inflight[0].scheduled]
+            self._inflight_ids = {*ids, *(rid.rsplit("#", 1)[0] for rid in ids)}
+        return request_id in self._inflight_ids
 
     def _finish_step(self, plan: StepPlan, launched: Any) -> list[RequestOutput]:
         result: StepResult = launched.result()
@@ -301,7 +306,7 @@ class LLMEngine:
         self.abort_request(list(self._parents))
         if self._inflight is not None:  # its tokens land before the runner frees its memory
             self._finish_step(*self._inflight)
-            self._inflight = None
+            self._inflight = self._inflight_ids = None
         close = getattr(self.executor, "close", None)
         if close is not None:
             close()

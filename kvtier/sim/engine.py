@@ -19,12 +19,12 @@ from kvtier.engine.builder import (
     freeze_startup_objects,
     hidden_blocks_for,
     with_planner,
+    with_priced_host_groups,
     with_step_budget,
 )
 from kvtier.engine.llm_engine import LLMEngine
 from kvtier.kv.manager import KVCacheManager
 from kvtier.model.loader import resolve_model_config
-from kvtier.planner.layer_overlap import choose_host_groups_priced
 from kvtier.policies import get_policy
 from kvtier.sim.clock import VirtualClock
 from kvtier.sim.executor import SimulatedExecutor
@@ -62,12 +62,7 @@ def build_sim_engine(
     cache = config.cache
     hidden = get_policy(config.kv_policy).keeps_hidden_states  # as the real builder: HCache
     cost = CostModel(mc, hw, calib, engine_cost_config(config, pools.block_bytes, num_gpus))
-    if (engine_args.ellm_host_groups == "auto" and config.kv_policy == "ellm"
-            and calib is not None):  # as the real builder with --ellm-calibration
-        h = choose_host_groups_priced(cost, cache.num_layer_groups(mc.num_layers),
-                                      block_size=cache.block_size)
-        config = config.with_(policy_options=replace(config.policy_options,
-                                                     prefix_host_groups=h))
+    config = with_priced_host_groups(config, engine_args.ellm_host_groups, cost)
     kv = KVCacheManager(num_groups=cache.num_layer_groups(mc.num_layers),
                         block_size=cache.block_size, num_gpu_blocks=pools.num_gpu_blocks,
                         num_host_blocks=0 if hidden else pools.num_host_blocks,
