@@ -11,7 +11,10 @@ drop rules, on the paper's ShareGPT load (llama-2-13b, 40 GiB of KV, the H200 ca
 Rows: recompute (the baseline), then ellm with each recompute budget rule at every split
 h = 0 (recompute every group) .. G-1. `roofline_auto` is what `--ellm-host-groups auto`
 picks from the roofline alone, `priced_auto` what it picks with a calibration (the cost
-model's cheapest representative step: `choose_host_groups_priced`).
+model's cheapest representative step: `choose_host_groups_priced`). `planned`: the
+request-level planner's mode with nothing copied, the auto split at copy window 2, and at
+window 0 (every copied group its own scratch). `priced_budget_tokens_at_ctx_400`: the
+default budget by decode count, without and with the auto split.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ import dataclasses
 
 from benchmarks.common import write_result
 from benchmarks.sim_ellm_sweeps import load_requests, run, workload_parser
+from kvtier.costmodel.hardware import get_hardware
 from kvtier.engine.args import EngineArgs
 from kvtier.model.loader import resolve_model_config
+from kvtier.planner.layer_overlap import overlap_configs
 from kvtier.sim import build_sim_engine
 
 
@@ -48,12 +53,30 @@ def main(argv: list[str] | None = None) -> None:
             rows.append({"policy": "ellm", "recompute_budget": budget, "host_groups": h,
                          **run(args, a, reqs)})
             print(rows[-1], flush=True)
+    planned = []  # the planner's mode: what the copy window's scratch (M_o) costs
+    for h, window in (("0", 2), ("auto", 2), ("auto", 0)):
+        a = dataclasses.replace(base, kv_policy="ellm", ellm_planner=True, ellm_host_groups=h,
+                                ellm_copy_window=window)
+        planned.append({"host_groups": h, "copy_window": window, **run(args, a, reqs)})
+        print(planned[-1], flush=True)
+    budget = {}  # the priced budget (prefix tokens a step) by decodes, context 400
+    for h in ("0", "auto"):
+        e = build_sim_engine(dataclasses.replace(auto_args, ellm_host_groups=h), "h200",
+                             args.calibration)
+        b = e.config.policy_options.step_budget
+        budget[h] = {n: b.tokens(n, 400) for n in (16, 64, 128, 170, 200, 256)}
+    # The roofline chooser's table for a 256-token prefix (what `auto` weighs without one).
+    split_ms = [{"host_groups": c.host_groups, "recompute_ms": 1e3 * c.recompute_s,
+                 "copy_ms": 1e3 * c.copy_s, "step_ms": 1e3 * c.step_s}
+                for c in overlap_configs(mc, get_hardware("h200"), 4, 256)]
     write_result(args.out, {"benchmark": "sim_ellm_layer_overlap", "model": "llama-2-13b",
                             "workload": args.workload, "num_prompts": args.num_prompts,
                             "rate": args.rate, "kv_cache_gb": args.kv_cache_gb,
                             "calibration": args.calibration, "layer_groups": groups,
                             "roofline_auto": h_roofline, "priced_auto": h_priced,
-                            "rows": rows})
+                            "rows": rows, "planned": planned,
+                            "priced_budget_tokens_at_ctx_400": budget,
+                            "roofline_splits_prefix_256": split_ms})
 
 
 if __name__ == "__main__":
