@@ -9,7 +9,8 @@
 steps (all kinds counted, mixed steps scored). Signed error (predicted - measured) /
 measured: > 0 over-priced. "slow" counts mixed steps that took >= 1.25x their price.
 --slow: every step of any kind that took >= 1.25x its price (and whether it was the run's
-first step at its padded piece size). --loop-gaps K: the K longest gaps between one step's
+first step at its padded piece size; its host issue time and the garbage collector's time
+inside it, where the trace recorded them). --loop-gaps K: the K longest gaps between one step's
 execute and the next's (host time in the engine loop; no pricing). --exclude-slow: the
 size and time tables without the mixed steps that took >= 1.25x their price.
 """
@@ -100,9 +101,19 @@ def slow_steps(real: dict, calib: Calibration, factor: float = SLOW) -> list[dic
             out.append({"step": i, "t_s": round(r.start_s - t0, 2), "kind": kind,
                         "tokens": r.shape.num_tokens, "padded": pad, "first_at_pad": first,
                         "measured_ms": round(r.execute_s * 1e3, 2),
-                        "predicted_ms": round(p * 1e3, 2)})
+                        "predicted_ms": round(p * 1e3, 2),
+                        "issue_ms": None if r.issue_s is None else round(r.issue_s * 1e3, 2),
+                        "gc_ms": round(gc_overlap(real, r) * 1e3, 2)})
     by_kind = {k: sum(1 for x in out if x["kind"] == k) for k in counts}
     return out + [{"steps_by_kind": counts, "slow_by_kind": by_kind}]
+
+
+def gc_overlap(real: dict, r: StepRecord) -> float:
+    """Seconds of the step's wall time that Python's garbage collector ran (the real run
+    records its collections as [start, seconds, generation] in `gc_events`)."""
+    end = r.start_s + r.execute_s
+    return sum(max(0.0, min(end, s + d) - max(r.start_s, s))
+               for s, d, _ in real.get("gc_events", ()))
 
 
 def loop_gaps(real: dict, k: int) -> list[dict]:

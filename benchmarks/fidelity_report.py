@@ -23,9 +23,11 @@ are held out, so the step-time errors here are out-of-sample.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -51,6 +53,26 @@ def engine_args(a: dict) -> EngineArgs:
                       num_gpu_blocks=a.get("num_gpu_blocks"),
                       num_host_blocks=a.get("num_host_blocks"),
                       piecewise_graphs=a.get("piecewise_graphs", False))
+
+
+@contextmanager
+def gc_recorder():
+    """Python's garbage collections while the block runs: [start (perf_counter, the steps'
+    clock), seconds, generation] each, to tell a collector pause from a slow step."""
+    events: list[list] = []
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            events.append([started[0], time.perf_counter() - started[0], info["generation"]])
+
+    gc.callbacks.append(on_gc)
+    try:
+        yield events
+    finally:
+        gc.callbacks.remove(on_gc)
 
 
 def request_rows(result: RunResult) -> list[list]:
@@ -80,14 +102,18 @@ def run_real(args: argparse.Namespace) -> None:
     print(f"engine ready in {time.perf_counter() - t0:.1f} s ({n_splits} split variants)", flush=True)
     recorder = RecordingExecutor(engine.executor)
     engine.executor = recorder
-    result = run_workload(EngineBackend(engine), reqs, RunOptions(progress=False))
+    with gc_recorder() as gc_events:
+        result = run_workload(EngineBackend(engine), reqs, RunOptions(progress=False))
     kv = engine.scheduler.kv
     cfg.update(num_gpu_blocks=kv.gpu.num_blocks, num_host_blocks=kv.host.num_blocks)
     summary = summarize_run(result)
     write_result(args.out, {
         "git_commit_env": os.environ.get("KVTIER_GIT_COMMIT"), "config": cfg, "workload": workload, "summary": summary.to_dict(),
         "engine": engine_summary(result), "max_submit_lag_s": result.max_submit_lag_s,
-        "requests": request_rows(result), "steps": [r.to_json() for r in recorder.records]})
+        "requests": request_rows(result), "steps": [r.to_json() for r in recorder.records],
+        "gc_events": gc_events,
+        # time.time() - time.perf_counter(): puts the steps on the wall clock (nvidia-smi logs)
+        "wall_minus_perf_counter_s": time.time() - time.perf_counter()})
     print(f"real: {summary.request_throughput:.2f} req/s, {len(recorder.records)} steps, "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
 

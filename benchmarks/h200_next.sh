@@ -10,8 +10,10 @@
 #   bash benchmarks/h200_next.sh f   # the fidelity trace after the allocator warm-up
 #   bash benchmarks/h200_next.sh g   # NOT RUN YET: the fidelity trace after gc.freeze(), the
 #                                    # async-id guard's GPU tests, async 13B policies
-#   bash benchmarks/h200_next.sh h   # NOT RUN YET: eLLM's offloaded prefixes (layer-level
-#                                    # overlap) against recompute, with and without overlap
+#   bash benchmarks/h200_next.sh h   # eLLM's offloaded prefixes (layer-level overlap) against
+#                                    # recompute, with and without overlap (g, h: session 5)
+#   bash benchmarks/h200_next.sh i   # the fidelity trace with host issue times, collector
+#                                    # pauses and GPU clocks; eLLM's overlap bubble per split
 set -u
 export PYTHONUNBUFFERED=1 KVTIER_GIT_COMMIT=${KVTIER_GIT_COMMIT:-unknown}
 R=$OUT
@@ -79,14 +81,14 @@ f)  # the fidelity trace after the allocator warm-up step
     -p no:cacheprovider 2>&1 | tail -4 > $R/gpu_tests_f.txt; cat $R/gpu_tests_f.txt
   fidelity_real
   ;;
-g)  # not run yet: after gc.freeze() (is it the mixed steps' scattered +6-10 ms outliers?)
+g)  # after gc.freeze() (is it the mixed steps' scattered +6-10 ms outliers?)
   timeout 120 python3 -m pytest -q -m gpu tests/runner -p no:cacheprovider 2>&1 | tail -4 \
     > $R/gpu_tests_g.txt; cat $R/gpu_tests_g.txt
   fidelity_real
   bench_13b bench_13b_async 260 recompute,swap,hcache,ellm --async-scheduling \
     --ellm-calibration benchmarks/results/calib_h200_llama-2-13b.json
   ;;
-h)  # not run yet: eLLM with offloaded prefixes (--ellm-host-groups auto priced by the
+h)  # eLLM with offloaded prefixes (--ellm-host-groups auto priced by the
     # calibration: 9 of 10 groups copied in, 1 recomputed) vs recompute, the ridge budget;
     # then without the overlap
   for ov in overlap-swap no-overlap-swap; do
@@ -94,5 +96,16 @@ h)  # not run yet: eLLM with offloaded prefixes (--ellm-host-groups auto priced 
       --ellm-host-groups auto --$ov \
       --ellm-calibration benchmarks/results/calib_h200_llama-2-13b.json
   done
+  ;;
+i)  # why the early mixed steps run slow (host issue time per step, gc pauses, SM clocks);
+    # the bubble eLLM's copies leave at each host-group split
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
+    --format=csv -lms 250 > $R/smi_fidelity.csv 2>&1 &
+  local_smi=$!
+  fidelity_real
+  kill $local_smi
+  timeout 300 python3 benchmarks/bench_ellm_overlap.py \
+    --calibration benchmarks/results/calib_h200_llama-2-13b.json \
+    --out $R/ellm_overlap_h200.json 2>&1 | tail -22
   ;;
 esac

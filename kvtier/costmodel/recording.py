@@ -1,6 +1,8 @@
-"""An executor wrapper that records every step: its shape, when it started and how long
-`execute` took (wall clock). Around the real runner it yields the ground truth the cost
-model is scored on; around the simulated one, the engine loop's own overhead."""
+"""An executor wrapper that records every step: its shape, when it started, how long
+`execute` took (wall clock) and, where the executor launches steps without waiting for them
+(the real runner), how long issuing the step took on the host. Around the real runner it
+yields the ground truth the cost model is scored on; around the simulated one, the engine
+loop's own overhead."""
 
 from __future__ import annotations
 
@@ -16,13 +18,17 @@ class StepRecord:
     start_s: float  # perf_counter at the call
     execute_s: float
     shape: StepShape
+    # Host seconds until `launch` returned: every kernel issued, nothing waited for. Close
+    # to execute_s means the host, not the GPU, set the step's time. None: not measured.
+    issue_s: float | None = None
 
     def to_json(self) -> list:
-        return [self.start_s, self.execute_s, self.shape.to_json()]
+        row = [self.start_s, self.execute_s, self.shape.to_json()]
+        return row if self.issue_s is None else [*row, self.issue_s]
 
     @classmethod
     def from_json(cls, row: list) -> StepRecord:
-        return cls(row[0], row[1], StepShape.from_json(row[2]))
+        return cls(row[0], row[1], StepShape.from_json(row[2]), row[3] if len(row) > 3 else None)
 
 
 class RecordingExecutor:
@@ -32,8 +38,15 @@ class RecordingExecutor:
 
     def execute(self, plan: StepPlan) -> StepResult:
         t0 = time.perf_counter()
-        result = self.inner.execute(plan)
-        self.records.append(StepRecord(t0, time.perf_counter() - t0, StepShape.from_plan(plan)))
+        launch = getattr(self.inner, "launch", None)
+        if launch is None:
+            result, issued = self.inner.execute(plan), None
+        else:  # the runner's execute is launch(plan).result(): the same work, split in two
+            pending = launch(plan)
+            issued = time.perf_counter() - t0
+            result = pending.result()
+        self.records.append(StepRecord(t0, time.perf_counter() - t0, StepShape.from_plan(plan),
+                                       issued))
         return result
 
     def __getattr__(self, name: str):

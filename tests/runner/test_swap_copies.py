@@ -209,3 +209,19 @@ def test_swap_overlap_benchmark_runs_on_the_cpu(tmp_path):
     case = json.loads(out.read_text())["cases"][0]
     assert case["swap_in_blocks"] == 2 * 2 * 2  # requests x token blocks x groups
     assert {"step_overlap", "step_serial", "copies", "forward_piecewise"} <= set(case)
+
+
+def test_ellm_overlap_benchmark_runs_on_the_cpu(tmp_path):
+    from benchmarks.bench_ellm_overlap import main
+
+    out = tmp_path / "r.json"
+    assert main(["--model", "tiny-llama-gqa", "--device", "cpu", "--cases", "2:32:64",
+                 "--host-groups", "0,2,3", "--decodes", "2", "--layers-per-block", "1",
+                 "--reps", "1", "--warmup", "0", "--out", str(out)]) == 0
+    import json
+
+    cases = json.loads(out.read_text())["cases"]
+    assert [c["host_groups"] for c in cases] == [0, 2, 3]
+    # requests x prefix blocks (32 tokens / 16) x copied groups; none when all recompute
+    assert [c["copy_blocks"] for c in cases] == [0, 2 * 2 * 2, 2 * 2 * 3]
+    assert {"overlap", "compute", "copies", "serial", "bubble_ms"} <= set(cases[1])
