@@ -14,6 +14,8 @@
 #                                    # recompute, with and without overlap (g, h: session 5)
 #   bash benchmarks/h200_next.sh i   # the fidelity trace with host issue times, collector
 #                                    # pauses and GPU clocks; eLLM's overlap bubble per split
+#   bash benchmarks/h200_next.sh j   # after the attention host-path trim: GPU tests, fidelity
+#   bash benchmarks/h200_next.sh k   # re-profile 13B on that commit (the fidelity calibration)
 set -u
 export PYTHONUNBUFFERED=1 KVTIER_GIT_COMMIT=${KVTIER_GIT_COMMIT:-unknown}
 R=$OUT
@@ -107,5 +109,18 @@ i)  # why the early mixed steps run slow (host issue time per step, gc pauses, S
   timeout 300 python3 benchmarks/bench_ellm_overlap.py \
     --calibration benchmarks/results/calib_h200_llama-2-13b.json \
     --out $R/ellm_overlap_h200.json 2>&1 | tail -22
+  ;;
+j)  # the mixed steps' host issue time after deriving attention's per-step views once
+  timeout 150 python3 -m pytest -q -m gpu tests/runner -p no:cacheprovider 2>&1 | tail -4 \
+    > $R/gpu_tests_j.txt; cat $R/gpu_tests_j.txt
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
+    --format=csv -lms 250 > $R/smi_fidelity.csv 2>&1 &
+  local_smi=$!
+  fidelity_real
+  kill $local_smi
+  ;;
+k)
+  timeout 330 python3 -m kvtier.costmodel.calibrate llama-2-13b \
+    --out $R/calib_h200_llama-2-13b.json 2>&1 | tail -5
   ;;
 esac

@@ -22,7 +22,9 @@ class AttentionBackend(Protocol):
         kv_cache: torch.Tensor,  # [num_blocks, F, 2, block_size, num_kv_heads, head_dim]
         meta: AttentionMetadata,
         scale: float,
+        out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]; None: allocated
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """Write k/v at meta.slot_mapping[group] into slot `layer_idx % F`, then attend
-        causally over each request's whole context (cached prefix + the new tokens)."""
+        causally over each request's whole context (cached prefix + the new tokens), into
+        `out` when given (the piecewise forward passes its static buffer)."""
         ...

@@ -59,11 +59,13 @@ class TorchAttentionBackend:
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         group, slot = meta.layer_slot(layer_idx)
         layer_cache = kv_cache[:, slot]
         write_kv(layer_cache, k, v, meta.slot_mapping[group])
-        out = torch.empty_like(q)
+        if out is None:
+            out = torch.empty_like(q)
         start = 0
         for b, (q_len, seq_len) in enumerate(zip(meta.query_lens_cpu, meta.seq_lens_cpu)):
             nb = -(-seq_len // meta.block_size)

@@ -1,5 +1,10 @@
 """Triton paged attention: kv_write, then split-K decode for the leading decode rows and the
-varlen prefill kernel for the rest. Same contract as `TorchAttentionBackend` (the oracle)."""
+varlen prefill kernel for the rest. Same contract as `TorchAttentionBackend` (the oracle).
+
+A step calls this once per layer with the same metadata; the views and launch parameters
+that depend only on the step (per layer group: block tables, slots; the decode split
+count) are derived on the first call and kept in `meta.derived`. Steps with prefill rows
+issue their attention eagerly between graph pieces, so this host time is theirs."""
 
 from __future__ import annotations
 
@@ -7,8 +12,45 @@ import torch
 
 from kvtier.attention.metadata import AttentionMetadata
 from kvtier.kernels.kv_write import kv_write
-from kvtier.kernels.paged_decode_attention import paged_decode_attention
+from kvtier.kernels.paged_decode_attention import choose_num_splits, paged_decode_attention
 from kvtier.kernels.paged_prefill_attention import paged_prefill_attention
+
+
+class _StepViews:
+    """Per-step views, built lazily: layer slots of the pool, per-group tables and slots."""
+
+    def __init__(self, meta: AttentionMetadata, kv_cache: torch.Tensor):
+        self.meta, self.kv_cache = meta, kv_cache
+        self.layers: dict[int, torch.Tensor] = {}
+        self.groups: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        nd = meta.num_decodes
+        self.decode_lens = meta.seq_lens[:nd]
+        self.prefill_lens = meta.seq_lens[nd:]
+        self.prefill_starts = meta.query_start_loc[nd:]
+        self.num_splits: int | None = None
+
+    def layer(self, slot: int) -> torch.Tensor:
+        """[num_blocks, 2, block_size, Hkv, D], strided: one layer's view of the pool."""
+        view = self.layers.get(slot)
+        if view is None:
+            view = self.layers[slot] = self.kv_cache[:, slot]
+        return view
+
+    def group(self, g: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(decode rows' tables, prefill rows' tables, slot mapping) of layer group g."""
+        views = self.groups.get(g)
+        if views is None:
+            nd = self.meta.num_decodes
+            tables = self.meta.block_tables[g]
+            views = self.groups[g] = (tables[:nd], tables[nd:], self.meta.slot_mapping[g])
+        return views
+
+
+def step_views(meta: AttentionMetadata, kv_cache: torch.Tensor) -> _StepViews:
+    views = meta.derived.get("triton")
+    if views is None or views.kv_cache is not kv_cache:
+        views = meta.derived["triton"] = _StepViews(meta, kv_cache)
+    return views
 
 
 class TritonAttentionBackend:
@@ -23,23 +65,28 @@ class TritonAttentionBackend:
         kv_cache: torch.Tensor,  # [num_blocks, F, 2, block_size, num_kv_heads, head_dim]
         meta: AttentionMetadata,
         scale: float,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         group, slot = meta.layer_slot(layer_idx)
-        layer_cache = kv_cache[:, slot]  # [num_blocks, 2, block_size, Hkv, D], strided
-        block_tables = meta.block_tables[group]  # [num_reqs, max_blocks]
+        step = step_views(meta, kv_cache)
+        layer_cache = step.layer(slot)  # [num_blocks, 2, block_size, Hkv, D], strided
+        decode_tables, prefill_tables, slots = step.group(group)
         n = meta.num_tokens
-        kv_write(layer_cache, k[:n], v[:n], meta.slot_mapping[group])
-        out = torch.empty_like(q)
+        kv_write(layer_cache, k[:n], v[:n], slots)
+        if out is None:
+            out = torch.empty_like(q)
         nd = meta.num_decodes  # decode rows come first, one token each: tokens [0, nd)
         if nd > 0:
+            qd = q[:nd]
+            if step.num_splits is None:
+                step.num_splits = choose_num_splits(qd, layer_cache, meta.max_seq_len)
             paged_decode_attention(
-                q[:nd], layer_cache, block_tables[:nd], meta.seq_lens[:nd], scale,
-                out=out[:nd], max_seq_len=meta.max_seq_len,
+                qd, layer_cache, decode_tables, step.decode_lens, scale,
+                out=out[:nd], max_seq_len=meta.max_seq_len, num_splits=step.num_splits,
             )
         if nd < meta.num_reqs:
             paged_prefill_attention(
-                q, layer_cache, block_tables[nd:], meta.seq_lens[nd:],
-                meta.query_start_loc[nd:], scale,
+                q, layer_cache, prefill_tables, step.prefill_lens, step.prefill_starts, scale,
                 num_tokens=n - nd, q_base=nd, out=out,
             )
         return out

@@ -50,7 +50,7 @@ def kv_write(
 ) -> None:
     T, H, D = k.shape
     _, two, block_size, Hc, Dc = kv_cache.shape
-    check(two == 2 and (Hc, Dc) == (H, D), f"kv_cache {tuple(kv_cache.shape)} vs k {k.shape}")
+    check(two == 2 and (Hc, Dc) == (H, D), lambda: f"kv_cache {tuple(kv_cache.shape)} vs k {k.shape}")
     check(v.shape == k.shape, "k and v: same shape")
     check(slots.dtype == torch.int64 and slots.shape[0] >= T and slots.is_contiguous(),
           "slots: contiguous int64 [T]")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -27,19 +29,28 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def check(cond: bool, msg: str) -> None:
+def check(cond: bool, msg: str | Callable[[], str]) -> None:
+    """Raise ValueError(msg) unless cond. A message that formats shapes is passed as a
+    lambda: the wrappers run once per layer on the hot path, where formatting every
+    message in advance cost more host time than the checks themselves."""
     if not cond:
-        raise ValueError(msg)
+        raise ValueError(msg() if callable(msg) else msg)
 
 
 def check_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
-    check(t.stride(-1) == 1, f"{name}: last dim must be contiguous, strides {t.stride()}")
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name}: last dim must be contiguous, strides {t.stride()}")
 
 
 def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
     return 4  # interpreter: a few splits exercise the reduction without slowing tests
+
+
+@functools.cache
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _fix_interpreter_scalar_index() -> None:

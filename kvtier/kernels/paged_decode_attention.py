@@ -215,6 +215,16 @@ def default_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, sms: int
     return best
 
 
+def choose_num_splits(q: torch.Tensor, kv_cache: torch.Tensor, max_seq_len: int,
+                      block_n: int | None = None, num_stages: int = 3) -> int:
+    """The split count `paged_decode_attention` picks for this problem when given none (a
+    caller launching the same problem for every layer computes it once)."""
+    B, _, D = q.shape
+    block_n = block_n or _default_block_n(D, q.dtype)
+    per_sm = _programs_per_sm(block_n, D, q.element_size(), num_stages)
+    return default_num_splits(B, kv_cache.shape[3], max_seq_len, num_sms(q.device), per_sm)
+
+
 def _programs_per_sm(block_n: int, head_dim: int, elem_bytes: int, num_stages: int) -> int:
     """Resident decode programs per SM, bounded by shared memory (K and V tiles per stage)."""
     smem = num_stages * 2 * block_n * triton.next_power_of_2(head_dim) * elem_bytes
@@ -235,14 +245,14 @@ def check_decode_args(
     """Shape, dtype and stride checks of a decode problem; returns `out`, allocated if None."""
     B, Hq, D = q.shape
     _, two, block_size, Hkv, Dk = kv_cache.shape
-    check(two == 2 and Dk == D, f"kv_cache {tuple(kv_cache.shape)} does not match q {q.shape}")
-    check(Hq % Hkv == 0, f"Hq={Hq} is not a multiple of Hkv={Hkv}")
+    check(two == 2 and Dk == D, lambda: f"kv_cache {tuple(kv_cache.shape)} does not match q {q.shape}")
+    check(Hq % Hkv == 0, lambda: f"Hq={Hq} is not a multiple of Hkv={Hkv}")
     check(block_tables.dim() == 2 and block_tables.shape[0] >= B, "block_tables: [B, max_blocks]")
     check(block_tables.dtype == torch.int32 and seq_lens.dtype == torch.int32,
           "block_tables and seq_lens must be int32")
     check(seq_lens.shape[0] >= B and seq_lens.is_contiguous(), "seq_lens: contiguous [B]")
     check(block_tables.stride(1) == 1, "block_tables rows must be contiguous")
-    check(kv_cache.dtype == q.dtype, f"dtype mismatch: q {q.dtype}, kv {kv_cache.dtype}")
+    check(kv_cache.dtype == q.dtype, lambda: f"dtype mismatch: q {q.dtype}, kv {kv_cache.dtype}")
     for name, t in (("q", q), ("kv_cache", kv_cache)):
         check_last_dim_contiguous(name, t)
     if out is None:
@@ -303,8 +313,7 @@ def paged_decode_attention(
     if num_splits is None:
         if max_seq_len is None:
             max_seq_len = int(seq_lens[:B].max())  # syncs; callers on the hot path pass it
-        per_sm = _programs_per_sm(block_n, D, q.element_size(), num_stages)
-        num_splits = default_num_splits(B, Hkv, max_seq_len, num_sms(q.device), per_sm)
+        num_splits = choose_num_splits(q, kv_cache, max_seq_len, block_n, num_stages)
     G = Hq // Hkv
     D_PAD = next_pow2(D)
     part, lse = split_partials(out, num_splits)

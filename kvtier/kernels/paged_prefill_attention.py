@@ -169,17 +169,17 @@ def check_prefill_args(
     T, Hq, D = q.shape
     _, two, block_size, Hkv, Dk = kv_cache.shape
     R = seq_lens.shape[0]
-    check(two == 2 and Dk == D, f"kv_cache {tuple(kv_cache.shape)} does not match q {q.shape}")
-    check(Hq % Hkv == 0, f"Hq={Hq} is not a multiple of Hkv={Hkv}")
+    check(two == 2 and Dk == D, lambda: f"kv_cache {tuple(kv_cache.shape)} does not match q {q.shape}")
+    check(Hq % Hkv == 0, lambda: f"Hq={Hq} is not a multiple of Hkv={Hkv}")
     check(query_start_loc.shape[0] == R + 1 and query_start_loc.is_contiguous(),
           "query_start_loc: contiguous [R + 1]")
     check(block_tables.dim() == 2 and block_tables.shape[0] == R and block_tables.stride(1) == 1,
           "block_tables: [R, max_blocks], rows contiguous")
     for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens),
                     ("query_start_loc", query_start_loc)):
-        check(t.dtype == torch.int32, f"{name} must be int32")
+        check(t.dtype == torch.int32, name + " must be int32")
     check(seq_lens.is_contiguous(), "seq_lens must be contiguous")
-    check(kv_cache.dtype == q.dtype, f"dtype mismatch: q {q.dtype}, kv {kv_cache.dtype}")
+    check(kv_cache.dtype == q.dtype, lambda: f"dtype mismatch: q {q.dtype}, kv {kv_cache.dtype}")
     check_last_dim_contiguous("q", q)
     check_last_dim_contiguous("kv_cache", kv_cache)
     if out is None:

@@ -45,7 +45,7 @@ def _rms_norm_kernel(
 def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
             eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:
     H = x.shape[-1]
-    check(weight.shape == (H,) and weight.is_contiguous(), f"weight: [{H}] contiguous")
+    check(weight.shape == (H,) and weight.is_contiguous(), lambda: f"weight: [{H}] contiguous")
     check(x.stride(-1) == 1, "x: last dim must be contiguous")
     x2 = x.reshape(-1, H)
     # weight * h.to(x.dtype) follows torch type promotion (an fp32 weight gives fp32 out).

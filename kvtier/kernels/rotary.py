@@ -69,8 +69,8 @@ def rotary(
     """Returns rotated (q, k); with inplace=True they are q and k themselves (strided views,
     e.g. of a fused qkv output, are fine)."""
     T, Hq, D = q.shape
-    check(k.dim() == 3 and k.shape[0] == T and k.shape[2] == D, f"k {k.shape} vs q {q.shape}")
-    check(D % 2 == 0 and cos_sin_cache.shape[1] == D, f"cos_sin_cache must be [max_pos, {D}]")
+    check(k.dim() == 3 and k.shape[0] == T and k.shape[2] == D, lambda: f"k {k.shape} vs q {q.shape}")
+    check(D % 2 == 0 and cos_sin_cache.shape[1] == D, lambda: f"cos_sin_cache must be [max_pos, {D}]")
     check(cos_sin_cache.dtype == torch.float32 and cos_sin_cache.stride(1) == 1,
           "cos_sin_cache: fp32, rows contiguous")
     check(positions.shape == (T,) and positions.is_contiguous(), "positions: contiguous [T]")

@@ -38,7 +38,7 @@ def _silu_and_mul_kernel(
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up [..., 2I] -> silu(gate_up[..., :I]) * gate_up[..., I:]  ([..., I])"""
     two_i = gate_up.shape[-1]
-    check(two_i % 2 == 0, f"last dim {two_i} must be even (gate and up halves)")
+    check(two_i % 2 == 0, lambda: f"last dim {two_i} must be even (gate and up halves)")
     check(gate_up.stride(-1) == 1, "gate_up: last dim must be contiguous")
     inter = two_i // 2
     x2 = gate_up.reshape(-1, two_i)

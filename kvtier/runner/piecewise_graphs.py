@@ -158,20 +158,22 @@ class PiecewiseGraphs:
         self.positions[:n].copy_(positions)
         self.positions[n:t].zero_()
         self._run(0, t, ctx)
+        q, k, v, out = self.q[:n], self.k[:n], self.v[:n], self.attn_out[:n]
+        attention, kv = r.attention, r.gpu_kv
         for layer_idx, layer in enumerate(model.layers):
             assert isinstance(layer, DecoderLayer)
             if truncate is not None and layer_idx == truncate[0]:
                 meta = truncate[1]
                 n = meta.num_tokens
                 t = self.padded(n) or t
+                q, k, v, out = self.q[:n], self.k[:n], self.v[:n], self.attn_out[:n]
             if hidden_sink is not None:
                 assert self.attn_in is not None, "pieces built without keep_attention_inputs"
                 hidden_sink(layer_idx, self.attn_in[:n])
             if kv_wait is not None:
                 kv_wait(layer_idx)
-            out = r.attention.forward(layer_idx, self.q[:n], self.k[:n], self.v[:n], r.gpu_kv,
-                                      meta, layer.attn.scale)
-            self.attn_out[:n].copy_(out)
+            # straight into the next piece's input buffer: no output tensor, no copy launch
+            attention.forward(layer_idx, q, k, v, kv, meta, layer.attn.scale, out=out)
             if kv_after is not None:
                 kv_after(layer_idx)
             self._run(layer_idx + 1, t, ctx)
