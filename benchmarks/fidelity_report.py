@@ -55,6 +55,21 @@ def engine_args(a: dict) -> EngineArgs:
                       piecewise_graphs=a.get("piecewise_graphs", False))
 
 
+def allocator_probe():
+    """The CUDA caching allocator's growth counters, or None off the GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+
+    def read() -> list[int]:
+        st = torch.cuda.memory_stats()
+        return [st.get("segment.all.allocated", 0), st.get("num_alloc_retries", 0),
+                st.get("reserved_bytes.all.current", 0)]
+
+    return read
+
+
 @contextmanager
 def gc_recorder():
     """Python's garbage collections while the block runs: [start (perf_counter, the steps'
@@ -100,7 +115,7 @@ def run_real(args: argparse.Namespace) -> None:
     sched = engine.config.scheduler
     n_splits = warm_decode_splits(engine.executor, sched.max_num_seqs, sched.max_model_len)
     print(f"engine ready in {time.perf_counter() - t0:.1f} s ({n_splits} split variants)", flush=True)
-    recorder = RecordingExecutor(engine.executor)
+    recorder = RecordingExecutor(engine.executor, probe=allocator_probe())
     engine.executor = recorder
     with gc_recorder() as gc_events:
         result = run_workload(EngineBackend(engine), reqs, RunOptions(progress=False))
@@ -112,6 +127,9 @@ def run_real(args: argparse.Namespace) -> None:
         "engine": engine_summary(result), "max_submit_lag_s": result.max_submit_lag_s,
         "requests": request_rows(result), "steps": [r.to_json() for r in recorder.records],
         "gc_events": gc_events,
+        # per step: [device segments cudaMalloc'ed, allocation retries (cached blocks freed,
+        # a device sync), reserved bytes], cumulative, read after the step
+        "allocator": recorder.probes,
         # time.time() - time.perf_counter(): puts the steps on the wall clock (nvidia-smi logs)
         "wall_minus_perf_counter_s": time.time() - time.perf_counter()})
     print(f"real: {summary.request_throughput:.2f} req/s, {len(recorder.records)} steps, "

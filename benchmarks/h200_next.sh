@@ -16,6 +16,8 @@
 #                                    # pauses and GPU clocks; eLLM's overlap bubble per split
 #   bash benchmarks/h200_next.sh j   # after the attention host-path trim: GPU tests, fidelity
 #   bash benchmarks/h200_next.sh k   # re-profile 13B on that commit (the fidelity calibration)
+#   bash benchmarks/h200_next.sh l   # the fidelity trace with the allocator's counters per
+#                                    # step, then again with expandable segments
 set -u
 export PYTHONUNBUFFERED=1 KVTIER_GIT_COMMIT=${KVTIER_GIT_COMMIT:-unknown}
 R=$OUT
@@ -118,6 +120,12 @@ j)  # the mixed steps' host issue time after deriving attention's per-step views
   local_smi=$!
   fidelity_real
   kill $local_smi
+  ;;
+l)  # do the slow early mixed steps coincide with the caching allocator growing?
+  fidelity_real
+  mv $R/fidelity_real_h200.json $R/fidelity_real_h200_alloc.json
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True fidelity_real
+  mv $R/fidelity_real_h200.json $R/fidelity_real_h200_expandable.json
   ;;
 k)
   timeout 330 python3 -m kvtier.costmodel.calibrate llama-2-13b \

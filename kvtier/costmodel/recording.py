@@ -7,7 +7,9 @@ loop's own overhead."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from kvtier.core.plan import StepPlan, StepResult
 from kvtier.costmodel.shape import StepShape
@@ -32,9 +34,14 @@ class StepRecord:
 
 
 class RecordingExecutor:
-    def __init__(self, inner):
+    def __init__(self, inner, probe: Callable[[], Any] | None = None):
+        """`probe`: called after each step (outside its timed span); what it returns is kept
+        in `probes`, one per record (a fidelity trace reads the caching allocator's
+        counters with it)."""
         self.inner = inner
         self.records: list[StepRecord] = []
+        self.probe = probe
+        self.probes: list[Any] = []
 
     def execute(self, plan: StepPlan) -> StepResult:
         t0 = time.perf_counter()
@@ -47,6 +54,8 @@ class RecordingExecutor:
             result = pending.result()
         self.records.append(StepRecord(t0, time.perf_counter() - t0, StepShape.from_plan(plan),
                                        issued))
+        if self.probe is not None:
+            self.probes.append(self.probe())
         return result
 
     def __getattr__(self, name: str):
