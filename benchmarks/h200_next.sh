@@ -18,15 +18,17 @@
 #   bash benchmarks/h200_next.sh k   # re-profile 13B on that commit (the fidelity calibration)
 #   bash benchmarks/h200_next.sh l   # the fidelity trace with the allocator's counters per
 #                                    # step, then again with expandable segments
+#   bash benchmarks/h200_next.sh m   # on one machine: the 13B calibration (its loop now
+#                                    # fitted to its serving trace's gaps), then the trace
 set -u
 export PYTHONUNBUFFERED=1 KVTIER_GIT_COMMIT=${KVTIER_GIT_COMMIT:-unknown}
 R=$OUT
 W8=.carry/sharegpt_llama31_1000.json
 
-fidelity_real() {  # the 600-request 13B fidelity trace (real half)
+fidelity_real() {  # the 600-request 13B fidelity trace (real half) [flags...]
   timeout 130 python3 benchmarks/fidelity_report.py real \
     --workload .carry/sharegpt_llama2-13b_1000.json --model llama-2-13b --num-requests 600 \
-    --rate 15 --out $R/fidelity_real_h200.json 2>&1 | tail -2
+    --rate 15 "$@" --out $R/fidelity_real_h200.json 2>&1 | tail -2
 }
 
 bench_13b() {  # NAME TIMEOUT POLICIES [flags...]: the 13B paper-load comparison, tarred
@@ -122,10 +124,15 @@ j)  # the mixed steps' host issue time after deriving attention's per-step views
   kill $local_smi
   ;;
 l)  # do the slow early mixed steps coincide with the caching allocator growing?
-  fidelity_real
+  fidelity_real --allocator-probe
   mv $R/fidelity_real_h200.json $R/fidelity_real_h200_alloc.json
-  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True fidelity_real
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True fidelity_real --allocator-probe
   mv $R/fidelity_real_h200.json $R/fidelity_real_h200_expandable.json
+  ;;
+m)  # calibration and fidelity trace from one lease: the host's speed is the machine's
+  timeout 200 python3 -m kvtier.costmodel.calibrate llama-2-13b \
+    --out $R/calib_h200_llama-2-13b.json 2>&1 | grep -E "loop|wrote" | tail -4
+  fidelity_real
   ;;
 k)
   timeout 330 python3 -m kvtier.costmodel.calibrate llama-2-13b \

@@ -15,8 +15,10 @@ this GPU, fit the cost model's calibration, write it.
                 the attention backend's wrappers, a torch copy
     serving     a short synthetic trace served by the engine, every step recorded: the host
                 parameters are fitted to these (the host's launch cost while serving is not
-                what back-to-back repetitions of one step show), the sweep steps check them
-    loop        the engine loop's host time around the executor (CPU only)
+                what back-to-back repetitions of one step show), the sweep steps check them;
+                so is the engine loop's host time between steps
+    loop        the engine loop's host time around the simulated executor (CPU only): the
+                loop's parameters where the serving trace has no gaps recorded
 """
 
 from __future__ import annotations
@@ -186,8 +188,12 @@ def serving_steps(engine: LLMEngine, num_requests: int, log: Log = print) -> lis
         run_workload(EngineBackend(engine), reqs, RunOptions(progress=False, id_prefix="calib"))
     finally:
         engine.executor = recorder.inner
-    steps = [{"shape": r.shape.to_json(), "wall_s": r.execute_s, "issue_s": None}
-             for r in recorder.records if r.shape.num_reqs]
+    # loop_s: the engine loop's host time after the step, until the next one started (the
+    # real engine, runner and bench loop on this machine; None after the last step)
+    recs = recorder.records
+    gaps = [b.start_s - a.start_s - a.execute_s for a, b in zip(recs, recs[1:])] + [None]
+    steps = [{"shape": r.shape.to_json(), "wall_s": r.execute_s, "issue_s": None, "loop_s": g}
+             for r, g in zip(recs, gaps) if r.shape.num_reqs]
     log(f"serving: {num_requests} requests, {len(steps)} steps in "
         f"{time.perf_counter() - t0:.1f} s ({n} decode split variants warmed)")
     return steps

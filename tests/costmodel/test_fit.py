@@ -69,3 +69,21 @@ def test_launch_cost_is_found_from_wall_times_alone():
     assert calib.fit_report["steps"]["launch_from"] == "grid search on walls"
     assert calib.host.launch_s == pytest.approx(HOST.launch_s, abs=0.5e-6)
     assert calib.fit_report["steps"]["step_mape_eager"] < 0.01
+
+
+def test_the_loop_is_fitted_to_the_serving_trace_gaps_when_recorded():
+    # Gaps of 80 us + 20 us a scheduled request after each step, the bench loop's idle waits
+    # (over 20 ms) among them: the fit recovers the line and leaves the waits out.
+    steps = synthetic_steps()
+    for i, st in enumerate(steps):
+        n = StepShape.from_json(st["shape"]).num_reqs
+        st["loop_s"] = 0.5 if i % 7 == 3 else 80e-6 + 20e-6 * n
+    steps[-1]["loop_s"] = None
+    raw = raw_measurements(synthetic_steps())
+    raw["serving_steps"] = steps
+    calib = fit_calibration(raw)
+    assert calib.fit_report["loop_fitted_on"] == "serving steps"
+    assert calib.loop.seconds(100, 100) == pytest.approx(80e-6 + 20e-6 * 100, rel=1e-3)
+    # without recorded gaps the simulated loop's measurement stands
+    assert fit_calibration(raw_measurements(synthetic_steps())).fit_report[
+        "loop_fitted_on"] == "the simulated engine's loop"
