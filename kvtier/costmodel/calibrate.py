@@ -210,11 +210,14 @@ def environment() -> dict:
         env["triton"] = triton.__version__
     except ImportError:
         env["triton"] = None
-    try:
-        env["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                                           text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        env["git_commit"] = os.environ.get("KVTIER_GIT_COMMIT")  # a copy without .git
+    # KVTIER_GIT_COMMIT first: a device copy of the working tree carries a stale .git
+    env["git_commit"] = os.environ.get("KVTIER_GIT_COMMIT")
+    if not env["git_commit"]:
+        try:
+            env["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
+                                               text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            env["git_commit"] = None
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name()
     return env
