@@ -397,10 +397,11 @@ class ModelRunner:
         by a swap-out may be the target of a swap-in in the same step); the forward waits
         per group (`SwapCopies`).
 
-        One copy per block, straight between the device pool and the pinned host pool:
-        a block is hundreds of KiB to a few MiB (F layers x block_size tokens), where a
-        single cudaMemcpyAsync already runs near PCIe speed (the H200 probe: 37.5 GB/s at
-        320 KiB, 51 GB/s at 2 MiB), and no pageable staging copy is made on either side.
+        Straight between the device pool and the pinned host pool, one copy per run of
+        consecutive blocks (`copy_blocks`): a block is hundreds of KiB to a few MiB (F
+        layers x block_size tokens), where a single cudaMemcpyAsync already runs near PCIe
+        speed (the H200 probe: 37.5 GB/s at 320 KiB, 51 GB/s at 2 MiB), so runs save the
+        host's per-call cost, and no pageable staging copy is made on either side.
         """
         gpu, host = self.gpu_kv, self.host_kv
         assert gpu is not None and host is not None

@@ -123,6 +123,28 @@ def make_streams(device: torch.device, overlap: bool) -> Streams:
     return InOrderStreams()
 
 
+def copy_blocks(dst_pool: torch.Tensor, src_pool: torch.Tensor, dst: Sequence[int],
+                src: Sequence[int]) -> None:
+    """dst_pool[dst[i]] = src_pool[src[i]], non-blocking. A run of copies whose source and
+    target blocks both advance by one goes as one slice copy: one cudaMemcpyAsync of k
+    blocks instead of k calls, each of which costs the host ~10 µs (a request's blocks are
+    mostly allocated in runs; eLLM's prefix copies issue thousands a step)."""
+    i, n = 0, len(dst)
+    while i < n:
+        d, s, k = dst[i], src[i], 1
+        while i + k < n and dst[i + k] == d + k and src[i + k] == s + k:
+            k += 1
+        if k == 1:
+            dst_pool[d].copy_(src_pool[s], non_blocking=True)
+        else:
+            dst_pool[d : d + k].copy_(src_pool[s : s + k], non_blocking=True)
+        i += k
+
+
+def _swap_in(gpu: torch.Tensor, host: torch.Tensor, copies: Sequence[BlockCopy]) -> None:
+    copy_blocks(gpu, host, [c.dst for c in copies], [c.src for c in copies])
+
+
 class SwapCopies:
     """Issues a step's swap copies and answers, per layer, what the forward must wait for."""
 
@@ -167,15 +189,13 @@ class SwapCopies:
             by_group[c.group].append(c)
         current = -1
         with s.copying():
-            for c in swap_out:
-                host[c.dst].copy_(gpu[c.src], non_blocking=True)
+            copy_blocks(host, gpu, [c.dst for c in swap_out], [c.src for c in swap_out])
             if swap_out and not by_group[0]:
                 self.events.append(s.record())
                 current = 0
             for g, copies in enumerate(by_group):
                 if copies:
-                    for c in copies:
-                        gpu[c.dst].copy_(host[c.src], non_blocking=True)
+                    _swap_in(gpu, host, copies)
                     self.events.append(s.record())
                     current = len(self.events) - 1
                 self.ready[g] = current
@@ -197,8 +217,7 @@ class SwapCopies:
         s.begin()
         with s.copying():
             for target, copies in later:
-                for c in copies:
-                    gpu[c.dst].copy_(host[c.src], non_blocking=True)
+                _swap_in(gpu, host, copies)
                 self.events.append(s.record())
                 self.ready[target] = len(self.events) - 1
         self.unjoined = True

@@ -53,14 +53,16 @@ class LoggingTensor:
 
     def __getitem__(self, i):
         pool = self
+        where = f"{i.start}:{i.stop}" if isinstance(i, slice) else i
 
         class Block:
             def copy_(self, src, non_blocking=False):
                 assert pool.streams.on_copy, "copies go on the copy stream"
-                pool.streams.log.append(("copy", f"{src.name}{src.i}->{pool.name}{i}"))
+                pool.streams.log.append(("copy", f"{src.name}{src.i}->{pool.name}{where}"))
 
         b = Block()
-        b.name, b.i = self.name, i
+        # a slice is a run of blocks moved by one copy (`copy_blocks`): "5:7"
+        b.name, b.i = self.name, f"{i.start}:{i.stop}" if isinstance(i, slice) else i
         return b
 
 
@@ -96,8 +98,7 @@ def test_swap_outs_alone_gate_the_first_attention():
     # A block freed by a swap-out may be written by this step's kv_write in any group.
     s, sc, gpu, host = make()
     sc.issue(gpu, host, [BlockCopy(5, 50, 0), BlockCopy(6, 51, 2)], [])
-    assert s.log == [("begin",), ("copy", "gpu5->host50"), ("copy", "gpu6->host51"),
-                     ("record", 1)]
+    assert s.log == [("begin",), ("copy", "gpu5:7->host50:52"), ("record", 1)]
     assert not sc.has_swap_in
     s.log.clear()
     sc.wait_layer(0)
@@ -225,3 +226,20 @@ def test_ellm_overlap_benchmark_runs_on_the_cpu(tmp_path):
     # requests x prefix blocks (32 tokens / 16) x copied groups; none when all recompute
     assert [c["copy_blocks"] for c in cases] == [0, 2 * 2 * 2, 2 * 2 * 3]
     assert {"overlap", "compute", "copies", "serial", "bubble_ms"} <= set(cases[1])
+
+
+def test_copy_blocks_moves_runs_as_slices_and_equals_block_by_block_copies():
+    import torch
+
+    from kvtier.runner.swap_copies import copy_blocks
+
+    src = torch.arange(20 * 6, dtype=torch.float32).reshape(20, 2, 3)
+    # runs (3..5 -> 10..12), a lone pair, a run broken by a jump, a descending pair
+    dst_ids = [10, 11, 12, 0, 4, 5, 7, 19, 18]
+    src_ids = [3, 4, 5, 9, 14, 15, 16, 1, 2]
+    got = torch.zeros(20, 2, 3)
+    copy_blocks(got, src, dst_ids, src_ids)
+    want = torch.zeros(20, 2, 3)
+    for d, s in zip(dst_ids, src_ids):
+        want[d] = src[s]
+    assert torch.equal(got, want)
