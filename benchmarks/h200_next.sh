@@ -20,6 +20,10 @@
 #                                    # step, then again with expandable segments
 #   bash benchmarks/h200_next.sh m   # on one machine: the 13B calibration (its loop now
 #                                    # fitted to its serving trace's gaps), then the trace
+#   bash benchmarks/h200_next.sh n   # NOT RUN YET: GPU tests after the coalesced block copies;
+#                                    # eLLM's bubble again; swap's overlap again
+#   bash benchmarks/h200_next.sh o   # NOT RUN YET: the 13B policies over a longer window
+#                                    # (3,000 prompts, 150 s) for issue 7's "few minutes"
 set -u
 export PYTHONUNBUFFERED=1 KVTIER_GIT_COMMIT=${KVTIER_GIT_COMMIT:-unknown}
 R=$OUT
@@ -133,6 +137,25 @@ m)  # calibration and fidelity trace from one lease: the host's speed is the mac
   timeout 200 python3 -m kvtier.costmodel.calibrate llama-2-13b \
     --out $R/calib_h200_llama-2-13b.json 2>&1 | grep -E "loop|wrote" | tail -4
   fidelity_real
+  ;;
+n)  # after copy_blocks: exactness of swaps and offloaded prefixes, then the two bubbles
+  timeout 150 python3 -m pytest -q -m gpu tests/runner -p no:cacheprovider 2>&1 | tail -4 \
+    > $R/gpu_tests_n.txt; cat $R/gpu_tests_n.txt
+  timeout 300 python3 benchmarks/bench_ellm_overlap.py \
+    --calibration benchmarks/results/calib_h200_llama-2-13b.json \
+    --out $R/ellm_overlap_h200.json 2>&1 | tail -17
+  timeout 120 python3 benchmarks/bench_swap_overlap.py --quick --out $R/swap_overlap_h200.json \
+    2>&1 | tail -3
+  ;;
+o)  # issue 7's real-H200 comparison over minutes rather than 40 s (one policy pair a call)
+  timeout 560 python3 -m kvtier.cli bench --model llama-2-13b --load-format dummy \
+    --policies recompute,ellm --workload prepared \
+    --dataset-path .carry/sharegpt_llama2_13b_3000.json --num-prompts 3000 \
+    --arrivals paper-gamma --slo-ttft 2000 --slo-tpot 100 --kv-cache-gb 20 --swap-space 24 \
+    --max-model-len 2048 --max-num-seqs 128 --max-duration 150 --gpu-monitor \
+    --async-scheduling --ellm-calibration benchmarks/results/calib_h200_llama-2-13b.json \
+    --out $R/bench_13b_long 2>&1 | tail -6
+  tar -C $R -czf $R/bench_13b_long.tar.gz bench_13b_long && rm -rf $R/bench_13b_long
   ;;
 k)
   timeout 330 python3 -m kvtier.costmodel.calibrate llama-2-13b \
