@@ -3,6 +3,7 @@
 The device part of a step comes from the operator curves; what the host adds is fitted:
 
     graph steps   wall = graph_s + graph_s_per_req * B + device
+                         + graph_s_per_tail_token * layers * (longest context - mean)
     eager steps   wall = eager_s + eager_s_per_req * B + eager_s_per_token * T
                          + launch queue (launch_s per kernel, device kernels behind it)
     piecewise     wall = the same eager_s terms (same input preparation)
@@ -36,8 +37,8 @@ _OUTLIER = 4.0
 
 
 def _zero_terms(host: HostParams, launch_s: float) -> HostParams:
-    return replace(host, graph_s=0.0, graph_s_per_req=0.0, eager_s=0.0, eager_s_per_req=0.0,
-                   eager_s_per_token=0.0, launch_s=launch_s)
+    return replace(host, graph_s=0.0, graph_s_per_req=0.0, graph_s_per_tail_token=0.0,
+                   eager_s=0.0, eager_s_per_req=0.0, eager_s_per_token=0.0, launch_s=launch_s)
 
 
 def _nnls_rel(a: np.ndarray, residual: np.ndarray, walls: np.ndarray) -> np.ndarray:
@@ -68,9 +69,12 @@ class HostFitter:
         g = np.flatnonzero(self.graph & keep)
         e = np.flatnonzero(~self.graph & keep)
         if len(g):
-            a = np.array([[1.0, self.shapes[i].num_reqs] for i in g])
+            cm = self.make_model(self.calib)
+            a = np.array([[1.0, self.shapes[i].num_reqs,
+                           cm.attention_tail_tokens(self.shapes[i])] for i in g])
             x = _nnls_rel(a, self.walls[g] - base[g], self.walls[g])
-            host = replace(host, graph_s=float(x[0]), graph_s_per_req=float(x[1]))
+            host = replace(host, graph_s=float(x[0]), graph_s_per_req=float(x[1]),
+                           graph_s_per_tail_token=float(x[2]))
         if len(e):
             a = np.array([[1.0, self.shapes[i].num_reqs, self.shapes[i].num_tokens] for i in e])
             x = _nnls_rel(a, self.walls[e] - base[e], self.walls[e])

@@ -232,8 +232,18 @@ class CostModel:
     def _graph(self, shape: StepShape, pad: int) -> dict[str, float]:
         layer = self.layer_kernels(shape, pad, graph=True)
         head = self.head_kernels(pad, pad)
-        host = self.host.graph_s + self.host.graph_s_per_req * shape.num_reqs
-        return {"host": host, "layers": self.shapes.num_layers * sum(layer), "head": sum(head)}
+        h = self.host
+        host = h.graph_s + h.graph_s_per_req * shape.num_reqs
+        return {"host": host, "layers": self.shapes.num_layers * sum(layer), "head": sum(head),
+                "attn_tail": h.graph_s_per_tail_token * self.attention_tail_tokens(shape)}
+
+    def attention_tail_tokens(self, shape: StepShape) -> float:
+        """Layers x tokens by which the longest decode context exceeds the mean (see
+        `HostParams.graph_s_per_tail_token`)."""
+        if not shape.num_decodes:
+            return 0.0
+        mean = shape.decode_ctx_sum / shape.num_decodes
+        return self.shapes.num_layers * max(0.0, shape.decode_ctx_max - mean)
 
     def _eager(self, shape: StepShape) -> dict[str, float]:
         t = shape.num_tokens

@@ -87,3 +87,26 @@ def test_the_loop_is_fitted_to_the_serving_trace_gaps_when_recorded():
     # without recorded gaps the simulated loop's measurement stands
     assert fit_calibration(raw_measurements(synthetic_steps())).fit_report[
         "loop_fitted_on"] == "the simulated engine's loop"
+
+
+def test_graph_steps_longest_context_tail_is_fitted():
+    # Graph steps whose contexts are uneven (longest > mean) took 30 ns a layer per token
+    # of the difference longer than their grid point: the fit finds that and leaves the
+    # per-request term where the synthetic host put it.
+    from dataclasses import replace
+
+    tail_s = 30e-9
+    cm = CostModel(model_config(), get_hardware("h200"), replace(calibration(), host=replace(
+        HOST, graph_s_per_tail_token=tail_s)),
+        CostModelConfig(block_bytes=raw_measurements()["meta"]["block_bytes"]))
+    rng = random.Random(1)
+    steps = []
+    for b in (2, 5, 9, 16, 30, 48, 64, 100, 128, 200, 256, 12, 40, 90):
+        mean = rng.randint(100, 900)
+        longest = mean + rng.randint(0, 2000)
+        sh = StepShape(b, b * mean, longest, (), b)
+        assert cm.graph_batch(sh) is not None
+        steps.append({"shape": sh.to_json(), "wall_s": cm.predict(sh).executor_s, "issue_s": None})
+    calib = fit_calibration(raw_measurements(synthetic_steps() + steps))
+    assert calib.host.graph_s_per_tail_token == pytest.approx(tail_s, rel=1e-3)
+    assert calib.host.graph_s_per_req == pytest.approx(HOST.graph_s_per_req, rel=1e-2)
