@@ -7,17 +7,22 @@ much is the lease (host speed and GPU step times differ between machines of one 
       --out benchmarks/results/fidelity_h200_runs.json
 
 Each trace is `benchmarks/fidelity_report.py real` on the H200 (the device call that made it
-is in `benchmarks/h200_next.sh`); scoring runs the simulator on this CPU (~6 s a pair).
+is in `benchmarks/h200_next.sh`); each calibration is refit in memory from its raw
+measurements with this commit's fit first; scoring runs the simulator on this CPU (~8 s a
+pair).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from pathlib import Path
 
 from benchmarks.common import write_result
 from benchmarks.fidelity_scoring import score_report
+from kvtier.costmodel.calibration import Calibration
+from kvtier.costmodel.fit import fit_calibration
 
 RESULTS = Path("benchmarks/results")
 NEWEST = "calib_h200_llama-2-13b.json"
@@ -39,11 +44,20 @@ RUNS = [
 ]
 
 
-def score(trace: str, calibration: str, workload: str | None) -> dict:
+def refit(calibration: str, into: Path) -> str:
+    """The calibration refit from its raw measurements with today's fit, so both columns
+    differ only in what was measured (the committed files keep the fit they were made with)."""
+    old = Calibration.load(RESULTS / calibration)
+    path = into / calibration
+    fit_calibration(old.raw, old.environment).save(path)
+    return str(path)
+
+
+def score(trace: str, calibration: str, workload: str | None, into: Path) -> dict:
     real = json.loads((RESULTS / trace).read_text())
     if workload:
         real["workload"]["path"] = workload
-    report = score_report(real, str(RESULTS / calibration), str(RESULTS / trace))
+    report = score_report(real, refit(calibration, into), str(RESULTS / trace))
     st, err = report["step_time"], report["errors"]
     return {"trace": trace, "calibration": calibration, "steps": st["all"]["count"],
             "mape_all": st["all"]["mape"], "mape_decode": st["decode_graph"]["mape"],
@@ -58,9 +72,10 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     rows = []
+    into = Path(tempfile.mkdtemp(prefix="kvtier_refit_"))
     for change, trace, own in RUNS:
         for calibration in dict.fromkeys([own, NEWEST]):
-            row = {"run": change, **score(trace, calibration, args.workload)}
+            row = {"run": change, **score(trace, calibration, args.workload, into)}
             rows.append(row)
             print(f"{change:45s} {calibration:38s} mixed {row['mape_mixed']:.3f} "
                   f"thr {row['output_throughput']:+.3f} ttft {row['ttft_p50']:+.3f} "
