@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device runs, one part per call (each under 10 minutes); files land in $OUT directly.
-# Parts a-f ran in session 4 (2026-11-30; their results are committed, see the README);
-# parts g and h are what the next session should run first.
+# Parts a-f ran in session 4, g-m in session 5 (2026-11-30; their results are committed, see
+# the README); parts n and o are what the next session should run first.
 #   bash benchmarks/h200_next.sh a   # GPU tests of what is new, fidelity trace, swap bubble
 #   bash benchmarks/h200_next.sh b   # re-profile 13B (issue 6), 13B policies on the H200 (issue 7)
 #   bash benchmarks/h200_next.sh c   # async scheduling: GPU tests, offline throughput off/on

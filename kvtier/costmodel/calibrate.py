@@ -192,7 +192,10 @@ def serving_steps(engine: LLMEngine, num_requests: int, log: Log = print) -> lis
     # real engine, runner and bench loop on this machine; None after the last step)
     recs = recorder.records
     gaps = [b.start_s - a.start_s - a.execute_s for a, b in zip(recs, recs[1:])] + [None]
-    steps = [{"shape": r.shape.to_json(), "wall_s": r.execute_s, "issue_s": None, "loop_s": g}
+    # launch_s: until the runner's launch returned (every kernel issued; while serving that
+    # includes waiting for the GPU's queue, so not the pure issue cost `issue_s` means)
+    steps = [{"shape": r.shape.to_json(), "wall_s": r.execute_s, "issue_s": None, "loop_s": g,
+              "launch_s": r.issue_s}
              for r, g in zip(recs, gaps) if r.shape.num_reqs]
     log(f"serving: {num_requests} requests, {len(steps)} steps in "
         f"{time.perf_counter() - t0:.1f} s ({n} decode split variants warmed)")

@@ -87,3 +87,23 @@ def test_backend_gpu(dtype: torch.dtype) -> None:
     query_lens = [1] * 40 + [500, 1000, 37]
     seq_lens = torch.randint(1, 3000, (40,)).tolist() + [2500, 1000, 4000]
     _check(query_lens, seq_lens, 40, 4, 32, 8, 128, dtype, num_layers=8)
+
+
+def test_backend_writes_into_a_given_output_buffer() -> None:
+    # The piecewise forward passes its static buffer: the result lands there, every layer,
+    # from views the backend derived once for the step.
+    query_lens, seq_lens = [1, 1, 12, 18], [5, 33, 33, 18]
+    num_blocks = sum(-(-s // BLOCK_SIZE) for s in seq_lens) + 2
+    meta = _metadata(query_lens, seq_lens, 2, 2, num_blocks, 2)
+    cache = torch.randn(num_blocks, 2, 2, BLOCK_SIZE, 2, 32, device=DEVICE)
+    ref_cache = cache.clone()
+    T = meta.num_tokens
+    buf = torch.zeros(T + 5, 4, 32, device=DEVICE)  # rows past T: a padded buffer's tail
+    for layer in range(4):
+        q, k, v = (torch.randn(T, h, 32, device=DEVICE) for h in (4, 2, 2))
+        ref = TorchAttentionBackend().forward(layer, q, k, v, ref_cache, meta, 32**-0.5)
+        out = TritonAttentionBackend().forward(layer, q, k, v, cache, meta, 32**-0.5,
+                                               out=buf[:T])
+        assert out.data_ptr() == buf.data_ptr()
+        assert_close(buf[:T], ref)
+    assert "triton" in meta.derived and torch.equal(buf[T:], torch.zeros(5, 4, 32))
