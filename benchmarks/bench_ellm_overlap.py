@@ -32,7 +32,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from benchmarks.bench_swap_overlap import Timer, ms
+from benchmarks.bench_swap_overlap import Timer, add_common_args, make_cost_models, ms
 
 CASES = [(1, 128, 1024), (4, 256, 1024), (8, 256, 1024), (16, 256, 1024)]  # (N, s, ctx)
 QUICK_CASES = [(2, 32, 64)]
@@ -43,10 +43,7 @@ BLOCK_SIZE = 16
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="llama-2-13b",
-                   help="dummy preset (llama-2-13b, llama-3.1-8b, tiny-llama-gqa) or HF dir")
-    p.add_argument("--device", default="cuda", help="cuda | cpu (cpu: a smoke run only)")
-    p.add_argument("--dtype", default=None, help="default bfloat16 on cuda, float32 on cpu")
+    add_common_args(p, quick="one small case, 3 reps")
     p.add_argument("--cases", default=None,
                    help="N:s:ctx,... requests with a dropped prefix x prefix tokens x "
                         "context (default: " + ",".join(":".join(map(str, c)) for c in CASES)
@@ -56,13 +53,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--decodes", type=int, default=64, help="M plain decodes beside them")
     p.add_argument("--copy-window", type=int, default=2,
                    help="copied groups in flight at once (the engine's --ellm-copy-window)")
-    p.add_argument("--layers-per-block", type=int, default=4, help="F: layers per KV block")
-    p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--calibration", default=None, help="calibration JSON for predictions")
-    p.add_argument("--hardware", default="h200", help="the cost model's hardware profile")
-    p.add_argument("--quick", action="store_true", help="one small case, 3 reps")
-    p.add_argument("--out", default=None, help="result JSON (benchmarks/common.write_result)")
     return p.parse_args(argv)
 
 
@@ -129,15 +119,6 @@ def step_rows(engine, n: int, s: int, ctx: int, h: int, decodes: int, seed: int)
     return install, rows
 
 
-def prefix_copies(runner, rows) -> list:
-    """The BlockCopy list the runner issues for these rows (host block -> scratch block)."""
-    from kvtier.runner.host_batch import build_host_batch
-
-    batch = build_host_batch(rows, runner.block_tables, runner.block_size,
-                             runner.recompute_scratch, runner._copy_window())
-    return batch.prefix_copies
-
-
 def bench_case(engine, timer: Timer, n: int, s: int, ctx: int, h: int,
                args: argparse.Namespace, cost_models: dict | None) -> dict[str, Any]:
     from kvtier.core.plan import StepPlan
@@ -159,7 +140,7 @@ def bench_case(engine, timer: Timer, n: int, s: int, ctx: int, h: int,
 
     copy_blocks = runner._copy_blocks
     try:
-        copies = prefix_copies(runner, rows)
+        copies = runner.prepare_batch(rows).prefix_copies  # host block -> scratch block
         out["copy_blocks"] = len(copies)
         out["copy_gib"] = round(len(copies) * engine.block_bytes / 2**30, 4)
         streams(True)
@@ -194,21 +175,6 @@ def bench_case(engine, timer: Timer, n: int, s: int, ctx: int, h: int,
         out["predicted"] = {name: round(cm.predict(shape).executor_s * 1e3, 4)
                             for name, cm in cost_models.items()}
     return out
-
-
-def make_cost_models(engine, args: argparse.Namespace) -> dict | None:
-    if not args.calibration:
-        return None
-    from kvtier.costmodel.calibration import Calibration
-    from kvtier.costmodel.hardware import get_hardware
-    from kvtier.costmodel.model import CostModel, engine_cost_config
-
-    calib = Calibration.load(args.calibration)
-    base = engine_cost_config(engine.config, engine.block_bytes)
-    hw = get_hardware(args.hardware)
-    return {name: CostModel(engine.config.model_config, hw, calib,
-                            replace(base, overlap_swap=on))
-            for name, on in (("overlap", True), ("serial", False))}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,23 +38,28 @@ BLOCK_SIZE = 16
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="llama-2-13b",
-                   help="dummy preset (llama-2-13b, llama-3.1-8b, tiny-llama-gqa) or HF dir")
-    p.add_argument("--device", default="cuda", help="cuda | cpu (cpu: a smoke run only)")
-    p.add_argument("--dtype", default=None, help="default bfloat16 on cuda, float32 on cpu")
+    add_common_args(p, quick="two small cases, 3 reps")
     p.add_argument("--cases", default=None,
                    help="N:ctx,N:ctx,... swapped-in requests x tokens (default: "
                         + ",".join(f"{n}:{c}" for n, c in CASES) + ")")
     p.add_argument("--decodes", type=int, default=32, help="M running decodes beside them")
     p.add_argument("--decode-ctx", type=int, default=1024, help="context of the M decodes")
+    return p.parse_args(argv)
+
+
+def add_common_args(p: argparse.ArgumentParser, quick: str) -> None:
+    """The options the copy-overlap benchmarks share (this one and bench_ellm_overlap)."""
+    p.add_argument("--model", default="llama-2-13b",
+                   help="dummy preset (llama-2-13b, llama-3.1-8b, tiny-llama-gqa) or HF dir")
+    p.add_argument("--device", default="cuda", help="cuda | cpu (cpu: a smoke run only)")
+    p.add_argument("--dtype", default=None, help="default bfloat16 on cuda, float32 on cpu")
     p.add_argument("--layers-per-block", type=int, default=4, help="F: layers per KV block")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--calibration", default=None, help="calibration JSON for predictions")
     p.add_argument("--hardware", default="h200", help="the cost model's hardware profile")
-    p.add_argument("--quick", action="store_true", help="two small cases, 3 reps")
+    p.add_argument("--quick", action="store_true", help=quick)
     p.add_argument("--out", default=None, help="result JSON (benchmarks/common.write_result)")
-    return p.parse_args(argv)
 
 
 def _cases(args: argparse.Namespace) -> list[tuple[int, int]]:
@@ -206,21 +211,22 @@ def bench_case(engine, timer: Timer, n: int, ctx: int, args: argparse.Namespace,
 
 
 def make_cost_models(engine, args: argparse.Namespace) -> dict | None:
+    """{"overlap": ..., "serial": ...}: the engine's own cost-model settings, copies
+    overlapped per layer group or not."""
     if not args.calibration:
         return None
+    from dataclasses import replace
+
     from kvtier.costmodel.calibration import Calibration
     from kvtier.costmodel.hardware import get_hardware
-    from kvtier.costmodel.model import CostModel, CostModelConfig
+    from kvtier.costmodel.model import CostModel, engine_cost_config
 
     calib = Calibration.load(args.calibration)
-    cfg = engine.config
-    base = dict(max_num_seqs=cfg.scheduler.max_num_seqs, block_bytes=engine.block_bytes,
-                piecewise_graphs=True,
-                max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
-                layers_per_block=engine.executor.layers_per_block)
+    base = engine_cost_config(engine.config, engine.block_bytes)
     hw = get_hardware(args.hardware)
-    return {on: CostModel(cfg.model_config, hw, calib, CostModelConfig(overlap_swap=o, **base))
-            for on, o in (("overlap", True), ("serial", False))}
+    return {name: CostModel(engine.config.model_config, hw, calib,
+                            replace(base, overlap_swap=on))
+            for name, on in (("overlap", True), ("serial", False))}
 
 
 def main(argv: list[str] | None = None) -> int:

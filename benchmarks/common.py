@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import platform
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from kvtier.bench.environment import git_info
 
 # Measured ceilings of the H200 reference machine (../shared/hw/h200_probe_2026-11-30.json).
 H200_HBM_BYTES_PER_S = 4.24e12
@@ -35,14 +35,7 @@ def environment() -> dict[str, Any]:
         env["triton"] = None
     # The device machine gets a copy of the working tree whose .git (if any) may be stale:
     # the caller's KVTIER_GIT_COMMIT wins.
-    env["git_commit"] = os.environ.get("KVTIER_GIT_COMMIT")
-    if not env["git_commit"]:
-        try:
-            env["git_commit"] = subprocess.run(
-                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-            ).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            env["git_commit"] = None
+    env["git_commit"] = git_info()["commit"]
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name()
         env["gpu_memory_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30

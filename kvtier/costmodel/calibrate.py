@@ -27,9 +27,7 @@ import argparse
 import datetime as dt
 import json
 import logging
-import os
 import platform
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -39,10 +37,11 @@ from pathlib import Path
 import torch
 
 from kvtier.bench.engine_backend import EngineBackend
+from kvtier.bench.environment import git_info
 from kvtier.bench.runner import RunOptions, run_workload
 from kvtier.costmodel.calibration import Calibration, model_dims
 from kvtier.costmodel.fit import fit_calibration
-from kvtier.costmodel.recording import RecordingExecutor
+from kvtier.costmodel.recording import RecordingExecutor, loop_overheads
 from kvtier.costmodel.step_sweeps import StepSweeper, step_cases
 from kvtier.costmodel.sweeps import Log, OpSweeper
 from kvtier.costmodel.timing import DeviceTimer
@@ -191,7 +190,7 @@ def serving_steps(engine: LLMEngine, num_requests: int, log: Log = print) -> lis
     # loop_s: the engine loop's host time after the step, until the next one started (the
     # real engine, runner and bench loop on this machine; None after the last step)
     recs = recorder.records
-    gaps = [b.start_s - a.start_s - a.execute_s for a, b in zip(recs, recs[1:])] + [None]
+    gaps = [gap for _, gap in loop_overheads(recs)] + [None]
     # launch_s: until the runner's launch returned (every kernel issued; while serving that
     # includes waiting for the GPU's queue, so not the pure issue cost `issue_s` means)
     steps = [{"shape": r.shape.to_json(), "wall_s": r.execute_s, "issue_s": None, "loop_s": g,
@@ -213,14 +212,7 @@ def environment() -> dict:
         env["triton"] = triton.__version__
     except ImportError:
         env["triton"] = None
-    # KVTIER_GIT_COMMIT first: a device copy of the working tree carries a stale .git
-    env["git_commit"] = os.environ.get("KVTIER_GIT_COMMIT")
-    if not env["git_commit"]:
-        try:
-            env["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                                               text=True, check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            env["git_commit"] = None
+    env["git_commit"] = git_info()["commit"]  # KVTIER_GIT_COMMIT first (stale device .git)
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name()
     return env

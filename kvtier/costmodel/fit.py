@@ -10,14 +10,13 @@ range from 5 ms to 500 ms and each should count alike.
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 from scipy.optimize import nnls
 
+from kvtier.bench.environment import git_info
 from kvtier.config import ModelConfig
 from kvtier.costmodel.calibration import Calibration, HostParams, LoopParams, PrefillFit
 from kvtier.costmodel.curves import Curve
@@ -168,14 +167,6 @@ def fit_calibration(raw: dict[str, Any], environment: dict | None = None) -> Cal
     return replace(calib, host=host, fit_report=report)
 
 
-def _head() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description="refit a calibration from its raw measurements")
     ap.add_argument("calibration")
@@ -184,7 +175,7 @@ def main() -> None:
     old = Calibration.load(args.calibration)
     env = dict(old.environment)
     env["refit"] = "python -m kvtier.costmodel.fit (the fit of kvtier commit {})".format(
-        os.environ.get("KVTIER_GIT_COMMIT") or _head())
+        git_info()["commit"])
     new = fit_calibration(old.raw, env)
     new.save(args.out or args.calibration)
     print(new.fit_report)
