@@ -45,6 +45,8 @@ def main() -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--piecewise-graphs", action=argparse.BooleanOptionalAction, default=True,
                     help="CUDA graphs around attention for mixed steps")
+    ap.add_argument("--max-graph-batch-size", type=int, default=512,
+                    help="largest decode batch with a full CUDA graph")
     ap.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                     help="launch step N+1 before reading step N's tokens (the engine's "
                          "--async-scheduling; --no-async-scheduling: one step at a time)")
@@ -55,7 +57,8 @@ def main() -> None:
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               layers_per_block=args.layers_per_block, swap_space=1,
               gpu_memory_utilization=args.gpu_memory_utilization,
-              piecewise_graphs=args.piecewise_graphs, async_scheduling=args.async_scheduling)
+              piecewise_graphs=args.piecewise_graphs,
+              max_graph_batch_size=args.max_graph_batch_size, async_scheduling=args.async_scheduling)
     warm = [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, detokenize=False)]
     llm.generate([{"prompt_token_ids": reqs[0][0]}], warm)
     engine = llm.engine

@@ -22,8 +22,10 @@
 #                                    # fitted to its serving trace's gaps), then the trace
 #   bash benchmarks/h200_next.sh n   # NOT RUN YET: GPU tests after the coalesced block copies;
 #                                    # eLLM's bubble again; swap's overlap again
-#   bash benchmarks/h200_next.sh o   # NOT RUN YET: the 13B policies over a longer window
+#   bash benchmarks/h200_next.sh o   # the 13B policies over a longer window
 #                                    # (3,000 prompts, 150 s) for issue 7's "few minutes"
+#   bash benchmarks/h200_next.sh p   # offline throughput after the host trim (n, o, p: session 6)
+#                                    # with decode graphs up to 512 (vLLM's cap) and up to 1024
 set -u
 export PYTHONUNBUFFERED=1 KVTIER_GIT_COMMIT=${KVTIER_GIT_COMMIT:-unknown}
 R=$OUT
@@ -156,6 +158,12 @@ o)  # issue 7's real-H200 comparison over minutes rather than 40 s (one policy p
     --async-scheduling --ellm-calibration benchmarks/results/calib_h200_llama-2-13b.json \
     --out $R/bench_13b_long 2>&1 | tail -6
   tar -C $R -czf $R/bench_13b_long.tar.gz bench_13b_long && rm -rf $R/bench_13b_long
+  ;;
+p)  # offline ShareGPT at 1024 seats / 16k tokens: decode graphs to 512, then to 1024
+  offline offline_sharegpt_h200_async_1024_16k_host_trim.json --max-num-seqs 1024 \
+    --max-num-batched-tokens 16384
+  offline offline_sharegpt_h200_async_1024_16k_graphs1024.json --max-num-seqs 1024 \
+    --max-num-batched-tokens 16384 --max-graph-batch-size 1024
   ;;
 k)
   timeout 330 python3 -m kvtier.costmodel.calibrate llama-2-13b \

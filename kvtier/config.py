@@ -236,6 +236,9 @@ class EngineConfig:
     seed: int = 0
     attention_backend: str = "auto"  # auto | torch | triton
     enforce_eager: bool = False  # no CUDA graphs
+    # Decode steps up to this many requests replay a full-model graph; larger ones run as
+    # pieces around eager attention (vLLM's default cap is 512).
+    max_graph_batch_size: int = 512
     # Steps with prefill rows run as graph pieces around eager attention (captured when CUDA
     # graphs are allowed; HCache's decode steps replay pieces too, no full-model graph).
     piecewise_graphs: bool = True
@@ -243,6 +246,10 @@ class EngineConfig:
     # that group's first attention (kvtier/runner/swap_copies.py); off: copies then forward.
     overlap_swap: bool = True
     served_model_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_graph_batch_size < 1:
+            raise ConfigError(f"max_graph_batch_size must be >= 1, got {self.max_graph_batch_size}")
 
     def with_(self, **kw: Any) -> EngineConfig:
         return replace(self, **kw)

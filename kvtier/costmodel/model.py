@@ -73,6 +73,7 @@ class CostModelConfig:
     # pieces (a piece hands each layer's attention input to the host between graphs).
     decode_graphs: bool = True
     max_num_seqs: int = 256  # graphs are captured for padded batches up to this
+    max_graph_batch_size: int = 512  # EngineConfig's: and no larger
     block_bytes: int = 0  # one KV block (CacheConfig.block_bytes), for swap copies
     num_gpus: int = 1  # tensor parallel degree
     # Steps with prefill rows replay piecewise graphs (EngineConfig.piecewise_graphs; only
@@ -98,6 +99,7 @@ def engine_cost_config(config, block_bytes: int, num_gpus: int = 1) -> CostModel
     return CostModelConfig(
         cuda_graphs=not config.enforce_eager, decode_graphs=not hidden,
         max_num_seqs=sched.max_num_seqs, block_bytes=block_bytes, num_gpus=num_gpus,
+        max_graph_batch_size=config.max_graph_batch_size,
         piecewise_graphs=config.piecewise_graphs,
         max_num_batched_tokens=sched.max_num_batched_tokens,
         overlap_swap=config.overlap_swap,
@@ -128,7 +130,7 @@ class CostModel:
         self.timer = OpTimer(hw, self.shapes, calib)
         self.host = calib.host if calib is not None else HostParams()
         self.loop = calib.loop if calib is not None else LoopParams()
-        self.graph_sizes = (graph_batch_sizes(config.max_num_seqs)
+        self.graph_sizes = (graph_batch_sizes(config.max_num_seqs, config.max_graph_batch_size)
                             if config.cuda_graphs and config.decode_graphs else [])
         self.piece_sizes = (piecewise_sizes(config.max_num_batched_tokens)
                             if config.cuda_graphs and config.piecewise_graphs else [])

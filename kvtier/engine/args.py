@@ -81,6 +81,9 @@ class EngineArgs:
                                         "probe ceilings alone)"})
     attention_backend: str = field(default="auto", metadata={"help": "auto|torch|triton"})
     enforce_eager: bool = field(default=False, metadata={"help": "disable CUDA graphs"})
+    max_graph_batch_size: int = field(
+        default=512, metadata={"help": "largest decode batch replayed as a full CUDA graph "
+                                       "(larger ones run as pieces around eager attention)"})
     piecewise_graphs: bool = field(
         default=True, metadata={"help": "CUDA graphs around attention for mixed steps"})
     overlap_swap: bool = field(
@@ -127,6 +130,7 @@ class EngineArgs:
             device=self.device,
             load_format=self.load_format, tokenizer=self.tokenizer, seed=self.seed,
             attention_backend=self.attention_backend, enforce_eager=self.enforce_eager,
+            max_graph_batch_size=self.max_graph_batch_size,
             piecewise_graphs=self.piecewise_graphs, overlap_swap=self.overlap_swap,
             served_model_name=self.served_model_name,
         )

@@ -25,9 +25,14 @@ if TYPE_CHECKING:
     from kvtier.runner.model_runner import ModelRunner
 
 
-def graph_batch_sizes(max_num_seqs: int) -> list[int]:
-    sizes = [1, 2, 4, 8] + list(range(16, 257, 16)) + list(range(288, 513, 32))
-    return [s for s in sizes if s <= max_num_seqs] or [1]
+def graph_batch_sizes(max_num_seqs: int, max_graph_batch_size: int = 512) -> list[int]:
+    """Padded decode batch sizes with a graph: fine-grained where padding costs most, then
+    every 64 past 512 (SGLang's `cuda_graph_max_bs`, vLLM's `max_cudagraph_capture_size`)."""
+    sizes = ([1, 2, 4, 8] + list(range(16, 257, 16)) + list(range(288, 513, 32))
+             + list(range(576, max_graph_batch_size + 1, 64)))
+    cap = min(max_num_seqs, max_graph_batch_size)
+    kept = [s for s in sizes if s < cap]
+    return kept + [cap]  # the largest batch the scheduler can form has a graph of its own
 
 
 class DecodeGraphs:
@@ -36,7 +41,7 @@ class DecodeGraphs:
         # keeps a dead engine's GPU memory alive until the garbage collector runs.
         self.runner: ModelRunner = weakref.proxy(runner)
         dev = runner.device
-        self.sizes = graph_batch_sizes(runner.config.scheduler.max_num_seqs)
+        self.sizes = runner.graph_sizes
         m = self.sizes[-1]
         g, max_blocks = runner.num_groups, runner.block_tables.table.shape[2]
         self.scratch_slot = scratch_block * runner.block_size

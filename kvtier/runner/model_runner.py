@@ -83,6 +83,12 @@ class ModelRunner:
                 and self.attention.name == "triton")
 
     @property
+    def graph_sizes(self) -> list[int]:
+        """The padded decode batch sizes that have a graph (and the LM head's padded rows)."""
+        return graph_batch_sizes(self.config.scheduler.max_num_seqs,
+                                 self.config.max_graph_batch_size)
+
+    @property
     def use_cuda_graphs(self) -> bool:
         """Full-model decode graphs. HCache keeps every layer's attention input, which a
         piecewise step hands over between its pieces but a whole-model graph cannot."""
@@ -196,7 +202,7 @@ class ModelRunner:
             self.execute(StepPlan(scheduled=last))
             for sr in last:
                 self.block_tables.remove(sr.request_id)
-        for size in graph_batch_sizes(sched.max_num_seqs):  # every padded LM-head shape
+        for size in self.graph_sizes:  # every padded LM-head shape
             self.model.compute_logits(torch.zeros(size, self.model_config.hidden_size,
                                                   dtype=self.dtype, device=self.device))
         short = [self._warm_row(i, start, n) for i, (start, n) in enumerate(small)]
@@ -331,7 +337,7 @@ class ModelRunner:
         padding costs no time that matters."""
         if self.device.type != "cuda":
             return idx
-        return pad_rows(idx, graph_batch_sizes(self.config.scheduler.max_num_seqs))
+        return pad_rows(idx, self.graph_sizes)
 
     def _prefix_truncation(self, batch: HostBatch, meta: AttentionMetadata
                            ) -> tuple[int, AttentionMetadata] | None:

@@ -39,3 +39,20 @@ def test_pad_rows_to_graph_sizes():
     assert pad_rows(np.array([5]), sizes).tolist() == [5]
     assert pad_rows(np.arange(20), sizes).tolist() == list(range(20))  # past every size
     assert pad_rows(np.array([], dtype=np.int64), sizes).tolist() == []
+
+
+def test_graph_batch_sizes_reach_the_cap():
+    import pytest
+
+    from kvtier.config import ConfigError
+    from kvtier.runner.cuda_graphs import graph_batch_sizes
+
+    assert graph_batch_sizes(1024)[-2:] == [480, 512]  # vLLM's default cap
+    assert graph_batch_sizes(1024, 1024)[-3:] == [896, 960, 1024]
+    assert graph_batch_sizes(100)[-2:] == [96, 100]  # the scheduler's largest batch too
+    assert graph_batch_sizes(1) == [1]
+    sizes = graph_batch_sizes(700, 1024)
+    assert sizes == sorted(set(sizes)) and sizes[-1] == 700
+    with pytest.raises(ConfigError, match="max_graph_batch_size"):
+        EngineArgs(model="tiny-llama", load_format="dummy",
+                   max_graph_batch_size=0).create_engine_config()
