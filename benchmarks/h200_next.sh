@@ -26,6 +26,7 @@
 #                                    # (3,000 prompts, 150 s) for issue 7's "few minutes"
 #   bash benchmarks/h200_next.sh p   # offline throughput after the host trim (n, o, p: session 6)
 #                                    # with decode graphs up to 512 (vLLM's cap) and up to 1024
+#   bash benchmarks/h200_next.sh q   # where a 1024-seat decode step's time goes (profiler)
 set -u
 export PYTHONUNBUFFERED=1 KVTIER_GIT_COMMIT=${KVTIER_GIT_COMMIT:-unknown}
 R=$OUT
@@ -164,6 +165,13 @@ p)  # offline ShareGPT at 1024 seats / 16k tokens: decode graphs to 512, then to
     --max-num-batched-tokens 16384
   offline offline_sharegpt_h200_async_1024_16k_graphs1024.json --max-num-seqs 1024 \
     --max-num-batched-tokens 16384 --max-graph-batch-size 1024
+  ;;
+q)  # kernels of decode steps at ~1000, ~700 and ~300 requests (1024 seats, graphs to 1024)
+  for skip in 12 200 500; do
+    timeout 150 python3 benchmarks/profile_offline_steps.py --workload $W8 --skip $skip \
+      --steps 6 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch-size 1024 \
+      --out $R/profile_offline_decode_h200_skip$skip.json 2>&1 | tail -3
+  done
   ;;
 k)
   timeout 330 python3 -m kvtier.costmodel.calibrate llama-2-13b \

@@ -92,13 +92,17 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=40)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--piecewise-graphs", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--max-num-seqs", type=int, default=512)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--max-graph-batch-size", type=int, default=512)
     ap.add_argument("--cprofile", action="store_true",
                     help="Python profile of the window (cProfile) instead of torch.profiler")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     reqs = json.load(open(args.workload))["requests"]
     llm = LLM(args.model, load_format="dummy", dtype="bfloat16", max_model_len=4096,
-              max_num_seqs=512, max_num_batched_tokens=8192, layers_per_block=4, swap_space=1,
+              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+              max_graph_batch_size=args.max_graph_batch_size, layers_per_block=4, swap_space=1,
               gpu_memory_utilization=0.9, piecewise_graphs=args.piecewise_graphs)
     engine = llm.engine
     for i, (prompt, out) in enumerate(reqs):
