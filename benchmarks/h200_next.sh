@@ -27,6 +27,8 @@
 #   bash benchmarks/h200_next.sh p   # offline throughput after the host trim (n, o, p: session 6)
 #                                    # with decode graphs up to 512 (vLLM's cap) and up to 1024
 #   bash benchmarks/h200_next.sh q   # where a 1024-seat decode step's time goes (profiler)
+#   bash benchmarks/h200_next.sh r   # part o with eLLM dropping prefixes (ridge budget,
+#                                    # offloaded groups with overlap)
 set -u
 export PYTHONUNBUFFERED=1 KVTIER_GIT_COMMIT=${KVTIER_GIT_COMMIT:-unknown}
 R=$OUT
@@ -159,6 +161,17 @@ o)  # issue 7's real-H200 comparison over minutes rather than 40 s (one policy p
     --async-scheduling --ellm-calibration benchmarks/results/calib_h200_llama-2-13b.json \
     --out $R/bench_13b_long 2>&1 | tail -6
   tar -C $R -czf $R/bench_13b_long.tar.gz bench_13b_long && rm -rf $R/bench_13b_long
+  ;;
+r)  # part o, eLLM at the ridge budget with offloaded prefix groups copied in beside compute
+  timeout 560 python3 -m kvtier.cli bench --model llama-2-13b --load-format dummy \
+    --policies recompute,ellm --workload prepared \
+    --dataset-path .carry/sharegpt_llama2_13b_3000.json --num-prompts 3000 \
+    --arrivals paper-gamma --slo-ttft 2000 --slo-tpot 100 --kv-cache-gb 20 --swap-space 24 \
+    --max-model-len 2048 --max-num-seqs 128 --max-duration 150 --gpu-monitor \
+    --async-scheduling --ellm-recompute-budget ridge --ellm-host-groups auto --overlap-swap \
+    --ellm-calibration benchmarks/results/calib_h200_llama-2-13b.json \
+    --out $R/bench_13b_long_ridge 2>&1 | tail -6
+  tar -C $R -czf $R/bench_13b_long_ridge.tar.gz bench_13b_long_ridge && rm -rf $R/bench_13b_long_ridge
   ;;
 p)  # offline ShareGPT at 1024 seats / 16k tokens: decode graphs to 512, then to 1024
   offline offline_sharegpt_h200_async_1024_16k_host_trim.json --max-num-seqs 1024 \
