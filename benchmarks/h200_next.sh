@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Device runs, one part per call (each under 10 minutes); files land in $OUT directly.
-# Parts a-f ran in session 4, g-m in session 5 (2026-11-30; their results are committed, see
-# the README); parts n and o are what the next session should run first.
+# Parts a-f ran in session 4, g-m in session 5, n-r in session 6 (2026-11-30; their results
+# are committed, see the README).
 #   bash benchmarks/h200_next.sh a   # GPU tests of what is new, fidelity trace, swap bubble
 #   bash benchmarks/h200_next.sh b   # re-profile 13B (issue 6), 13B policies on the H200 (issue 7)
 #   bash benchmarks/h200_next.sh c   # async scheduling: GPU tests, offline throughput off/on
 #   bash benchmarks/h200_next.sh d   # GPU tests, fidelity trace, 13B policies after the eLLM budget
 #   bash benchmarks/h200_next.sh e   # offline at 1024 seats / 16k tokens; eLLM's ridge budget on the GPU
 #   bash benchmarks/h200_next.sh f   # the fidelity trace after the allocator warm-up
-#   bash benchmarks/h200_next.sh g   # NOT RUN YET: the fidelity trace after gc.freeze(), the
+#   bash benchmarks/h200_next.sh g   # the fidelity trace after gc.freeze(), the
 #                                    # async-id guard's GPU tests, async 13B policies
 #   bash benchmarks/h200_next.sh h   # eLLM's offloaded prefixes (layer-level overlap) against
 #                                    # recompute, with and without overlap (g, h: session 5)
@@ -20,11 +20,11 @@
 #                                    # step, then again with expandable segments
 #   bash benchmarks/h200_next.sh m   # on one machine: the 13B calibration (its loop now
 #                                    # fitted to its serving trace's gaps), then the trace
-#   bash benchmarks/h200_next.sh n   # NOT RUN YET: GPU tests after the coalesced block copies;
+#   bash benchmarks/h200_next.sh n   # GPU tests after the coalesced block copies;
 #                                    # eLLM's bubble again; swap's overlap again
 #   bash benchmarks/h200_next.sh o   # the 13B policies over a longer window
 #                                    # (3,000 prompts, 150 s) for issue 7's "few minutes"
-#   bash benchmarks/h200_next.sh p   # offline throughput after the host trim (n, o, p: session 6)
+#   bash benchmarks/h200_next.sh p   # offline throughput after the host trim,
 #                                    # with decode graphs up to 512 (vLLM's cap) and up to 1024
 #   bash benchmarks/h200_next.sh q   # where a 1024-seat decode step's time goes (profiler)
 #   bash benchmarks/h200_next.sh r   # part o with eLLM dropping prefixes (ridge budget,
