@@ -29,6 +29,8 @@
 #   bash benchmarks/h200_next.sh q   # where a 1024-seat decode step's time goes (profiler)
 #   bash benchmarks/h200_next.sh r   # part o with eLLM dropping prefixes (ridge budget,
 #                                    # offloaded groups with overlap)
+#   bash benchmarks/h200_next.sh s   # NOT RUN YET: part o's window for swap and hcache, so all
+#                                    # four policies have run over minutes (issue 7)
 set -u
 export PYTHONUNBUFFERED=1 KVTIER_GIT_COMMIT=${KVTIER_GIT_COMMIT:-unknown}
 R=$OUT
@@ -161,6 +163,16 @@ o)  # issue 7's real-H200 comparison over minutes rather than 40 s (one policy p
     --async-scheduling --ellm-calibration benchmarks/results/calib_h200_llama-2-13b.json \
     --out $R/bench_13b_long 2>&1 | tail -6
   tar -C $R -czf $R/bench_13b_long.tar.gz bench_13b_long && rm -rf $R/bench_13b_long
+  ;;
+s)  # part o's long window for the other two policies (one pair a call: ~6 min)
+  timeout 560 python3 -m kvtier.cli bench --model llama-2-13b --load-format dummy \
+    --policies swap,hcache --workload prepared \
+    --dataset-path .carry/sharegpt_llama2_13b_3000.json --num-prompts 3000 \
+    --arrivals paper-gamma --slo-ttft 2000 --slo-tpot 100 --kv-cache-gb 20 --swap-space 24 \
+    --max-model-len 2048 --max-num-seqs 128 --max-duration 150 --gpu-monitor \
+    --async-scheduling --out $R/bench_13b_long_swap_hcache 2>&1 | tail -6
+  tar -C $R -czf $R/bench_13b_long_swap_hcache.tar.gz bench_13b_long_swap_hcache \
+    && rm -rf $R/bench_13b_long_swap_hcache
   ;;
 r)  # part o, eLLM at the ridge budget with offloaded prefix groups copied in beside compute
   timeout 560 python3 -m kvtier.cli bench --model llama-2-13b --load-format dummy \
