@@ -23,6 +23,7 @@ from dataclasses import replace
 import torch
 
 from benchmarks.common import H200_BF16_FLOPS, H200_HBM_BYTES_PER_S, write_result
+from kvtier.config import ModelConfig
 from kvtier.core.plan import ScheduledRequest, StepPlan
 from kvtier.engine.args import EngineArgs
 from kvtier.engine.llm_engine import LLMEngine
@@ -82,13 +83,17 @@ def time_steps(runner, plan: StepPlan, iters: int) -> dict[str, float]:
     return {"median_s": statistics.median(walls), "min_s": min(walls)}
 
 
-def decode_bytes(engine: LLMEngine, batch: int, context: int) -> tuple[int, int]:
-    """(weight bytes read, KV bytes read) of one decode step."""
-    mc = engine.model_config
+def weight_bytes(mc: ModelConfig) -> int:
+    """bf16 bytes of the weights a forward reads (and multiplies: 2 FLOPs each per token)."""
     weights = mc.num_params() * 2
     if not mc.tie_word_embeddings:
         weights -= mc.vocab_size * mc.hidden_size * 2  # the embedding table is gathered, not read
-    return weights, batch * context * mc.kv_bytes_per_token(2)
+    return weights
+
+
+def decode_bytes(mc: ModelConfig, batch: int, context: int) -> tuple[int, int]:
+    """(weight bytes read, KV bytes read) of one decode step."""
+    return weight_bytes(mc), batch * context * mc.kv_bytes_per_token(2)
 
 
 def roofline(weight_bytes: int, kv_bytes: int, batch: int) -> tuple[float, float]:
@@ -115,7 +120,7 @@ def run_decode(model: str, batches: list[int], contexts: list[int], kv_gb: float
             first, steady = decode_plans(engine, b, c)
             engine.executor.execute(first)
             t = time_steps(engine.executor, steady, iters=20)
-            wb, kvb = decode_bytes(engine, b, c)
+            wb, kvb = decode_bytes(engine.model_config, b, c)
             hbm, per_op = roofline(wb, kvb, b)
             engine.executor.execute(StepPlan(scheduled=[], finished_ids=[s.request_id for s in steady.scheduled]))
             rows.append({**row, **t, "weight_bytes": wb, "kv_bytes": kvb, "roofline_s": hbm,

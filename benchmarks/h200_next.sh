@@ -31,6 +31,10 @@
 #                                    # offloaded groups with overlap)
 #   bash benchmarks/h200_next.sh s   # NOT RUN YET: part o's window for swap and hcache, so all
 #                                    # four policies have run over minutes (issue 7)
+#   bash benchmarks/h200_next.sh t   # NOT RUN YET: after greedy argmax on bf16 logits: GPU
+#                                    # tests, offline at 1024 seats, a profile of its decode steps
+#   bash benchmarks/h200_next.sh u   # NOT RUN YET: decode attention tile / stage / warp variants
+#                                    # at the offline run's short contexts (issue 3)
 set -u
 export PYTHONUNBUFFERED=1 KVTIER_GIT_COMMIT=${KVTIER_GIT_COMMIT:-unknown}
 R=$OUT
@@ -163,6 +167,19 @@ o)  # issue 7's real-H200 comparison over minutes rather than 40 s (one policy p
     --async-scheduling --ellm-calibration benchmarks/results/calib_h200_llama-2-13b.json \
     --out $R/bench_13b_long 2>&1 | tail -6
   tar -C $R -czf $R/bench_13b_long.tar.gz bench_13b_long && rm -rf $R/bench_13b_long
+  ;;
+t)  # greedy sampling straight from bf16 logits (no fp32 copy): exactness, then its effect
+  timeout 200 python3 -m pytest -q -m gpu tests/runner -p no:cacheprovider 2>&1 | tail -3 \
+    > $R/gpu_tests_t.txt; cat $R/gpu_tests_t.txt
+  offline offline_sharegpt_h200_async_1024_16k_bf16_logits.json --max-num-seqs 1024 \
+    --max-num-batched-tokens 16384 --max-graph-batch-size 1024
+  timeout 150 python3 benchmarks/profile_offline_steps.py --workload $W8 --skip 12 --steps 6 \
+    --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch-size 1024 \
+    --out $R/profile_offline_decode_h200_bf16_logits.json 2>&1 | tail -2
+  ;;
+u)  # which decode tile config suits the offline run's short contexts, targets kept
+  timeout 560 python3 benchmarks/bench_kernels.py --parts short_context \
+    --commit "$KVTIER_GIT_COMMIT" --out $R/kernels_short_context_h200.json 2>&1 | tail -12
   ;;
 s)  # part o's long window for the other two policies (one pair a call: ~6 min)
   timeout 560 python3 -m kvtier.cli bench --model llama-2-13b --load-format dummy \

@@ -5,7 +5,7 @@
            piecewise graphs on, T <= max:   host_eager(B, T) + queue(pieces at T_pad,
                                                                      attention at the real rows)
            otherwise (eager):               host_eager(B, T) + overlap(launches, kernels)
-         + sample(S)                        (fp32 logits, argmax, the host sync)
+         + sample(S)                        (argmax over the logits, the host sync)
     loop = schedule + update + outputs      (the engine loop around the executor)
 
 `layer` is the sum of the layer's operator times (GEMMs at the padded batch, decode and

@@ -16,7 +16,7 @@ def warm_decode_splits(runner, max_num_seqs: int, max_model_len: int) -> int:
 
     mc = runner.model_config
     elem = torch.empty((), dtype=runner.dtype).element_size()
-    per_sm = pda._programs_per_sm(pda._default_block_n(mc.head_dim, runner.dtype), mc.head_dim,
+    per_sm = pda.programs_per_sm(pda._default_block_n(mc.head_dim, runner.dtype), mc.head_dim,
                                   elem, 3)
     sms = num_sms(runner.device)
     splits = {pda.default_num_splits(b, mc.num_kv_heads, s, sms, per_sm)

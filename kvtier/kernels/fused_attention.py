@@ -43,11 +43,11 @@ from kvtier.kernels.paged_decode_attention import (
     MIN_TOKENS_PER_SPLIT,
     DenseSegment,
     _default_block_n,
-    _programs_per_sm,
     check_decode_args,
     decode_split,
     default_num_splits,
     paged_decode_attention_ref,
+    programs_per_sm,
     reduce_splits,
     split_partials,
 )
@@ -307,7 +307,7 @@ def fused_paged_attention(
             d_splits = min(d_max_splits, triton.cdiv(d_progs, d_work))
     elif d_work > 0 and decode is not None and decode.num_splits is None:
         # One program per item: split as the standalone decode would for the whole GPU.
-        per_sm = _programs_per_sm(d_meta["D_BLOCK_N"], D, dtype.itemsize, num_stages)
+        per_sm = programs_per_sm(d_meta["D_BLOCK_N"], D, dtype.itemsize, num_stages)
         d_splits = default_num_splits(d_work, 1, d_max_seq_len, num_sms(device), per_sm)
     d_work *= d_splits
     if persistent:

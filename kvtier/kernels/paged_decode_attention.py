@@ -221,11 +221,11 @@ def choose_num_splits(q: torch.Tensor, kv_cache: torch.Tensor, max_seq_len: int,
     caller launching the same problem for every layer computes it once)."""
     B, _, D = q.shape
     block_n = block_n or _default_block_n(D, q.dtype)
-    per_sm = _programs_per_sm(block_n, D, q.element_size(), num_stages)
+    per_sm = programs_per_sm(block_n, D, q.element_size(), num_stages)
     return default_num_splits(B, kv_cache.shape[3], max_seq_len, num_sms(q.device), per_sm)
 
 
-def _programs_per_sm(block_n: int, head_dim: int, elem_bytes: int, num_stages: int) -> int:
+def programs_per_sm(block_n: int, head_dim: int, elem_bytes: int, num_stages: int) -> int:
     """Resident decode programs per SM, bounded by shared memory (K and V tiles per stage)."""
     smem = num_stages * 2 * block_n * triton.next_power_of_2(head_dim) * elem_bytes
     return max(1, min(8, (227 * 1024) // smem))

@@ -290,7 +290,7 @@ class ModelRunner:
         return batch
 
     def _logits(self, batch: HostBatch) -> torch.Tensor | None:
-        """Logits of the sampling requests' last tokens ([num_sampling, vocab] fp32)."""
+        """Logits of the sampling requests' last tokens ([num_sampling, vocab], model dtype)."""
         copies = self.copies
         # Swap-ins under overlap: the piecewise graphs wait between layer groups, the full
         # graph could not (it would wait for every copy before its first kernel).

@@ -29,10 +29,12 @@ class Sampled:
 
 
 def sample(logits: torch.Tensor, rows: list[SampleRow]) -> Sampled:
-    """logits: [B, V] fp32, one row per SampleRow."""
+    """logits: [B, V] in the model's dtype, one row per SampleRow."""
     if plain_greedy(rows):
-        # The common benchmark/greedy batch: one argmax, one device->host copy.
+        # The common benchmark/greedy batch: one argmax (exact in any dtype), one device->host
+        # copy.
         return Sampled(logits.argmax(dim=-1).tolist(), [None] * len(rows))
+    logits = logits.float()  # softmax, temperature, logprobs: fp32 (a copy unless already)
     for i, row in enumerate(rows):
         if row.banned_ids:
             logits[i, list(row.banned_ids)] = float("-inf")

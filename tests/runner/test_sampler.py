@@ -1,0 +1,45 @@
+"""The sampler takes logits in the model's dtype: greedy picks from them as they are, every
+other path samples from their fp32 cast, so bf16 logits give exactly what their fp32 copy
+gives."""
+
+import torch
+
+from kvtier.runner.sampler import SampleRow, sample
+from kvtier.sampling_params import SamplingParams
+
+
+def _logits(rows: int, vocab: int = 300, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, vocab, generator=g).to(torch.bfloat16)
+    x[0, 7] = x[0, 11] = x[0].max() + 1  # a tie: the first index wins in either dtype
+    return x
+
+
+def _rows(params: SamplingParams, n: int, banned: tuple[int, ...] = ()) -> list[SampleRow]:
+    return [SampleRow(params, 3, banned) for _ in range(n)]
+
+
+def test_greedy_on_bf16_equals_its_fp32_cast():
+    logits = _logits(16)
+    greedy = _rows(SamplingParams(temperature=0.0), 16)
+    out = sample(logits, greedy)
+    assert out.token_ids == logits.float().argmax(dim=-1).tolist()
+    assert out.token_ids[0] == 7
+
+
+def test_other_paths_sample_the_fp32_cast():
+    logits = _logits(8, seed=1)
+    kept = logits.clone()
+    for params, banned in (
+        (SamplingParams(temperature=0.0, logprobs=3), ()),
+        (SamplingParams(temperature=0.0, logprobs=0), (7, 11)),  # min_tokens' banned ids
+        (SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=5, logprobs=2), ()),
+    ):
+        got = sample(logits, _rows(params, 8, banned))
+        want = sample(logits.float(), _rows(params, 8, banned))
+        assert got.token_ids == want.token_ids
+        assert got.logprobs == want.logprobs
+        assert all(lp is not None and set(lp) >= {t} for lp, t in zip(got.logprobs,
+                                                                       got.token_ids))
+        assert not set(banned) & set(got.token_ids)
+    assert torch.equal(logits, kept)  # the banned ids went into the fp32 copy
