@@ -180,6 +180,7 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits in the model's dtype. Greedy argmax needs no fp32 copy (the cast is exact, so
         it picks the same token); the sampler casts the rows that need more (kvtier/runner/
-        sampler.py). At 1,000 requests the copy was ~0.4 ms of a decode step on the H200."""
+        sampler.py). At 1,000 requests a decode step's profile on the H200 had ~0.4 ms of copies
+        the size of that cast (benchmarks/results/profile_offline_decode_h200_skip12.json)."""
         head = self.embed if self.lm_head is None else self.lm_head
         return F.linear(hidden, head)
