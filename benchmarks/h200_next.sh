@@ -35,6 +35,8 @@
 #                                    # tests, offline at 1024 seats, a profile of its decode steps
 #   bash benchmarks/h200_next.sh u   # NOT RUN YET: decode attention tile / stage / warp variants
 #                                    # at the offline run's short contexts (issue 3)
+#   bash benchmarks/h200_next.sh v   # NOT RUN YET: cuBLAS on the decode GEMMs by token count,
+#                                    # padded / transposed / cuBLASLt beside the plain call
 set -u
 export PYTHONUNBUFFERED=1 KVTIER_GIT_COMMIT=${KVTIER_GIT_COMMIT:-unknown}
 R=$OUT
@@ -180,6 +182,10 @@ t)  # greedy sampling straight from bf16 logits (no fp32 copy): exactness, then 
 u)  # which decode tile config suits the offline run's short contexts, targets kept
   timeout 560 python3 benchmarks/bench_kernels.py --parts short_context \
     --commit "$KVTIER_GIT_COMMIT" --out $R/kernels_short_context_h200.json 2>&1 | tail -12
+  ;;
+v)  # where cuBLAS falls short of the GEMM floors near the ridge, and what a call change buys
+  timeout 400 python3 benchmarks/bench_gemm_shapes.py --out $R/gemm_shapes_h200.json 2>&1 \
+    | tail -16
   ;;
 s)  # part o's long window for the other two policies (one pair a call: ~6 min)
   timeout 560 python3 -m kvtier.cli bench --model llama-2-13b --load-format dummy \
