@@ -6,7 +6,7 @@ The offline ShareGPT run's decode steps spend 64 % of their floor in the linear 
 ~178 requests and 95 % at ~1,000 (benchmarks/results/profile_offline_decode_h200_skip*.json):
 near the ridge point (~180 tokens) the GEMMs are neither cleanly memory- nor compute-bound.
 Each row times one linear of the model at m tokens, inside a CUDA graph of 20 calls that
-cycle over enough weight copies to miss the 60 MB L2, as a decode step reads each layer's
+cycle over enough weight copies to miss the 60 MB L2 (bench_kernels.time_graph), as a decode step reads each layer's
 weights once. Floor: the larger of (weights + activations) at 4.24 TB/s and 2mnk at
 761 TFLOP/s.
 
@@ -16,19 +16,18 @@ weights once. Floor: the larger of (weights + activations) at 4.24 TB/s and 2mnk
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
+from benchmarks.bench_kernels import time_graph
 from benchmarks.common import H200_BF16_FLOPS, H200_HBM_BYTES_PER_S, write_result
 from kvtier.costmodel.operators import Shapes
 from kvtier.model.loader import resolve_model_config
 
 TOKENS = (1, 16, 32, 64, 96, 128, 176, 256, 384, 512, 664, 768, 984, 1024)
 L2_BYTES = 60 << 20
-CALLS = 20
 
 
 def floor_s(m: int, n: int, k: int, elem: int = 2) -> float:
@@ -39,27 +38,6 @@ def floor_s(m: int, n: int, k: int, elem: int = 2) -> float:
 
 def round_up(m: int, multiple: int) -> int:
     return -(-m // multiple) * multiple
-
-
-def time_calls(calls: list[Callable[[], object]], reps: int = 10) -> float:
-    """Median seconds per call of a CUDA graph that runs `calls` in turn, CALLS of them."""
-    for c in calls:  # cuBLAS picks its kernels outside the capture
-        c()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(CALLS):
-            calls[i % len(calls)]()
-    graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / CALLS)
-    return statistics.median(times)
 
 
 def variants(x: torch.Tensor, weights: list[torch.Tensor], m: int
@@ -84,7 +62,7 @@ def bench_shape(name: str, n: int, k: int, tokens: tuple[int, ...]) -> list[dict
         floor = floor_s(m, n, k)
         row = {"gemm": name, "m": m, "n": n, "k": k, "floor_us": floor * 1e6}
         for variant, calls in variants(x, weights, m).items():
-            t = time_calls(calls)
+            t = time_graph(calls)
             row[f"{variant}_us"] = t * 1e6
             row[f"{variant}_of_floor"] = floor / t
         row.update(_cublaslt(x, weights, floor))
@@ -101,7 +79,7 @@ def _cublaslt(x: torch.Tensor, weights: list[torch.Tensor], floor: float) -> dic
     before = torch.backends.cuda.preferred_blas_library()
     torch.backends.cuda.preferred_blas_library("cublaslt")
     try:
-        t = time_calls([lambda w=w: F.linear(x, w) for w in weights])
+        t = time_graph([lambda w=w: F.linear(x, w) for w in weights])
     finally:
         torch.backends.cuda.preferred_blas_library(before)
     return {"cublaslt_us": t * 1e6, "cublaslt_of_floor": floor / t}
@@ -138,7 +116,7 @@ def main() -> None:
     steps = per_step(rows, mc.num_layers)
     for s in steps:
         print({key: round(v, 3) if isinstance(v, float) else v for key, v in s.items()})
-    write_result(args.out, {"model": args.model, "calls_per_graph": CALLS, "gemms": rows,
+    write_result(args.out, {"model": args.model, "gemms": rows,
                             "per_step": steps})
 
 
