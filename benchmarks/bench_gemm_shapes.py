@@ -6,8 +6,8 @@ The offline ShareGPT run's decode steps spend 64 % of their floor in the linear 
 ~178 requests and 95 % at ~1,000 (benchmarks/results/profile_offline_decode_h200_skip*.json):
 near the ridge point (~180 tokens) the GEMMs are neither cleanly memory- nor compute-bound.
 Each row times one linear of the model at m tokens, inside a CUDA graph of 20 calls that
-cycle over enough weight copies to miss the 60 MB L2 (bench_kernels.time_graph), as a decode step reads each layer's
-weights once. Floor: the larger of (weights + activations) at 4.24 TB/s and 2mnk at
+cycle over enough weight copies to miss the 60 MB L2 (bench_kernels.time_graph), as a
+decode step reads each layer's weights once. Floor: the larger of (weights + activations) at 4.24 TB/s and 2mnk at
 761 TFLOP/s.
 
   python benchmarks/bench_gemm_shapes.py --out benchmarks/results/gemm_shapes_h200.json
@@ -21,13 +21,12 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from benchmarks.bench_kernels import time_graph
+from benchmarks.bench_kernels import L2_BYTES, time_graph
 from benchmarks.common import H200_BF16_FLOPS, H200_HBM_BYTES_PER_S, write_result
 from kvtier.costmodel.operators import Shapes
 from kvtier.model.loader import resolve_model_config
 
 TOKENS = (1, 16, 32, 64, 96, 128, 176, 256, 384, 512, 664, 768, 984, 1024)
-L2_BYTES = 60 << 20
 
 
 def floor_s(m: int, n: int, k: int, elem: int = 2) -> float:
