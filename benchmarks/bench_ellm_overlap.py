@@ -28,11 +28,18 @@ With --calibration the cost model's price of each step is put beside it.
 from __future__ import annotations
 
 import argparse
-import time
 from dataclasses import replace
 from typing import Any
 
-from benchmarks.bench_swap_overlap import Timer, add_common_args, make_cost_models, ms
+from benchmarks.bench_swap_overlap import (
+    Timer,
+    common_parser,
+    model_geometry,
+    ms,
+    overlap_figures,
+    parse_cases,
+    set_up,
+)
 
 CASES = [(1, 128, 1024), (4, 256, 1024), (8, 256, 1024), (16, 256, 1024)]  # (N, s, ctx)
 QUICK_CASES = [(2, 32, 64)]
@@ -41,9 +48,7 @@ BLOCK_SIZE = 16
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_args(p, quick="one small case, 3 reps")
+    p = common_parser(__doc__, quick="one small case, 3 reps")
     p.add_argument("--cases", default=None,
                    help="N:s:ctx,... requests with a dropped prefix x prefix tokens x "
                         "context (default: " + ",".join(":".join(map(str, c)) for c in CASES)
@@ -56,12 +61,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _cases(args: argparse.Namespace) -> list[tuple[int, int, int]]:
-    if args.cases:
-        return [tuple(int(x) for x in c.split(":")) for c in args.cases.split(",")]  # type: ignore[misc]
-    return QUICK_CASES if args.quick else CASES
-
-
 def build(args: argparse.Namespace, cases: list[tuple[int, int, int]]):
     """An eLLM engine whose pools hold the largest case: device = every row's full context
     (the dropped prefixes' columns are re-pointed at scratch each step), host = the copied
@@ -70,17 +69,13 @@ def build(args: argparse.Namespace, cases: list[tuple[int, int, int]]):
     from kvtier.engine.args import EngineArgs
     from kvtier.engine.llm_engine import LLMEngine
     from kvtier.kv.manager import cdiv
-    from kvtier.model.loader import resolve_model_config
 
-    mc, _ = resolve_model_config(args.model, "dummy")
-    f = min(args.layers_per_block, mc.num_layers)
-    groups = cdiv(mc.num_layers, f)
+    f, groups, dtype = model_geometry(args)
     dev = max((n + args.decodes) * cdiv(c, BLOCK_SIZE) * groups for n, _, c in cases)
     host = max(n * (groups - 1) * cdiv(s, BLOCK_SIZE) for n, s, _ in cases)
     rows = max(n for n, _, _ in cases) + args.decodes
     prefix_tokens = max(n * s for n, s, _ in cases)
     batched = max(256, 1 << (rows + prefix_tokens - 1).bit_length())
-    dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     return LLMEngine.from_engine_args(EngineArgs(
         model=args.model, load_format="dummy", dtype=dtype, device=args.device,
         max_model_len=max(c for _, _, c in cases), max_num_seqs=max(rows, 8),
@@ -163,13 +158,8 @@ def bench_case(engine, timer: Timer, n: int, s: int, ctx: int, h: int,
         runner._copy_blocks = copy_blocks
         streams(engine.config.overlap_swap)
         runner.execute(finish_plan(rows))
-    bubble = ms(out["overlap"]) - ms(out["compute"])
-    out["bubble_ms"] = round(bubble, 4)
-    if copies:
-        out["hidden_ms"] = round(ms(out["copies"]) - bubble, 4)
-        out["saved_ms"] = round(ms(out["serial"]) - ms(out["overlap"]), 4)
-        out["pcie_gb_s"] = round(len(copies) * engine.block_bytes / (ms(out["copies"]) / 1e3)
-                                 / 1e9, 2)
+    out.update(overlap_figures(out["overlap"], out["compute"], out.get("serial"),
+                               out.get("copies"), len(copies) * engine.block_bytes))
     if cost_models:
         shape = StepShape.from_plan(step)
         out["predicted"] = {name: round(cm.predict(shape).executor_s * 1e3, 4)
@@ -179,22 +169,15 @@ def bench_case(engine, timer: Timer, n: int, s: int, ctx: int, h: int,
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.quick:
-        args.reps = min(args.reps, 3)
-    cases = _cases(args)
-    t0 = time.perf_counter()
-    engine = build(args, cases)
+    cases = parse_cases(args, CASES, QUICK_CASES)
+    engine, timer, cost_models, built_s = set_up(args, build, cases)
     runner = engine.executor
     G = runner.num_groups
     hs = ([int(x) for x in args.host_groups.split(",")] if args.host_groups else HOST_GROUPS)
     hs = sorted({min(h, G - 1) for h in hs})
-    print(f"engine built in {time.perf_counter() - t0:.1f} s: {engine.config.model}, G={G} "
+    print(f"engine built in {built_s:.1f} s: {engine.config.model}, G={G} "
           f"layer groups, {len(runner.recompute_scratch)} scratch blocks of "
           f"{engine.block_bytes / 2**20:.2f} MiB", flush=True)
-    if runner.device.type == "cuda":
-        runner.gpu_kv.normal_()  # never time attention on zeros
-    timer = Timer(runner, args.reps, args.warmup)
-    cost_models = make_cost_models(engine, args)
     results = []
     for n, s, ctx in cases:
         base = None

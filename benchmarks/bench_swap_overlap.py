@@ -36,9 +36,7 @@ BLOCK_SIZE = 16
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_args(p, quick="two small cases, 3 reps")
+    p = common_parser(__doc__, quick="two small cases, 3 reps")
     p.add_argument("--cases", default=None,
                    help="N:ctx,N:ctx,... swapped-in requests x tokens (default: "
                         + ",".join(f"{n}:{c}" for n, c in CASES) + ")")
@@ -47,8 +45,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def add_common_args(p: argparse.ArgumentParser, quick: str) -> None:
-    """The options the copy-overlap benchmarks share (this one and bench_ellm_overlap)."""
+def common_parser(doc: str | None, quick: str) -> argparse.ArgumentParser:
+    """A parser with the options the copy-overlap benchmarks share (this one and
+    bench_ellm_overlap)."""
+    p = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="llama-2-13b",
                    help="dummy preset (llama-2-13b, llama-3.1-8b, tiny-llama-gqa) or HF dir")
     p.add_argument("--device", default="cuda", help="cuda | cpu (cpu: a smoke run only)")
@@ -60,12 +61,25 @@ def add_common_args(p: argparse.ArgumentParser, quick: str) -> None:
     p.add_argument("--hardware", default="h200", help="the cost model's hardware profile")
     p.add_argument("--quick", action="store_true", help=quick)
     p.add_argument("--out", default=None, help="result JSON (benchmarks/common.write_result)")
+    return p
 
 
-def _cases(args: argparse.Namespace) -> list[tuple[int, int]]:
+def parse_cases(args: argparse.Namespace, cases: list, quick_cases: list) -> list[tuple]:
+    """--cases "a:b,c:d" as int tuples; else the quick or the full default list."""
     if args.cases:
-        return [tuple(int(x) for x in c.split(":")) for c in args.cases.split(",")]  # type: ignore[misc]
-    return QUICK_CASES if args.quick else CASES
+        return [tuple(int(x) for x in c.split(":")) for c in args.cases.split(",")]
+    return quick_cases if args.quick else cases
+
+
+def model_geometry(args: argparse.Namespace) -> tuple[int, int, str]:
+    """(layers per block, layer groups, dtype) of the engine a benchmark builds."""
+    from kvtier.kv.manager import cdiv
+    from kvtier.model.loader import resolve_model_config
+
+    mc, _ = resolve_model_config(args.model, "dummy")
+    f = min(args.layers_per_block, mc.num_layers)
+    dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    return f, cdiv(mc.num_layers, f), dtype
 
 
 def build(args: argparse.Namespace, cases: list[tuple[int, int]]):
@@ -75,18 +89,14 @@ def build(args: argparse.Namespace, cases: list[tuple[int, int]]):
     from kvtier.engine.args import EngineArgs
     from kvtier.engine.llm_engine import LLMEngine
     from kvtier.kv.manager import cdiv
-    from kvtier.model.loader import resolve_model_config
 
-    mc, _ = resolve_model_config(args.model, "dummy")
-    f = min(args.layers_per_block, mc.num_layers)
-    groups = cdiv(mc.num_layers, f)
+    f, groups, dtype = model_geometry(args)
     blocks = lambda tokens: cdiv(tokens, BLOCK_SIZE) * groups  # noqa: E731
     host = max(n * blocks(c) for n, c in cases)
     dev = max(n * blocks(c) for n, c in cases) + args.decodes * blocks(args.decode_ctx)
     max_len = max([c for _, c in cases] + [args.decode_ctx])  # a row ends at its ctx
     rows = max(n for n, _ in cases) + args.decodes
     batched = max(256, 1 << (rows - 1).bit_length())
-    dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     return LLMEngine.from_engine_args(EngineArgs(
         model=args.model, load_format="dummy", dtype=dtype, device=args.device,
         max_model_len=max_len, max_num_seqs=max(rows, 8), max_num_batched_tokens=batched,
@@ -137,6 +147,20 @@ class Timer:
 
 def ms(row: dict[str, float]) -> float:
     return row.get("gpu_ms", row["wall_ms"])
+
+
+def overlap_figures(overlap: dict, forward: dict, serial: dict | None = None,
+                    copies: dict | None = None, copied_bytes: int = 0) -> dict[str, float]:
+    """What the timed variants of a step say: bubble = overlap - forward alone (how long
+    the forward waited for copies); with copies, hidden = copies - bubble, saved = serial -
+    overlap, and the copies' rate."""
+    bubble = ms(overlap) - ms(forward)
+    out = {"bubble_ms": round(bubble, 4)}
+    if copies is not None and serial is not None:
+        out["hidden_ms"] = round(ms(copies) - bubble, 4)
+        out["saved_ms"] = round(ms(serial) - ms(overlap), 4)
+        out["pcie_gb_s"] = round(copied_bytes / (ms(copies) / 1e3) / 1e9, 2)
+    return out
 
 
 def bench_case(engine, timer: Timer, n: int, ctx: int, args: argparse.Namespace,
@@ -191,13 +215,10 @@ def bench_case(engine, timer: Timer, n: int, ctx: int, args: argparse.Namespace,
     finally:
         with_overlap(engine.config.overlap_swap)
         runner.execute(finish_plan(rows))
-    bubble = ms(out["step_overlap"]) - ms(out["forward_piecewise"])
-    out["bubble_ms"] = round(bubble, 4)
+    out.update(overlap_figures(out["step_overlap"], out["forward_piecewise"],
+                               out["step_serial"], out["copies"],
+                               len(swap_in) * engine.block_bytes))
     out["bubble_floor_ms"] = round(ms(out["copies"]) / G, 4)  # group 0's copies
-    out["hidden_ms"] = round(ms(out["copies"]) - bubble, 4)
-    out["saved_ms"] = round(ms(out["step_serial"]) - ms(out["step_overlap"]), 4)
-    out["pcie_gb_s"] = round(len(swap_in) * engine.block_bytes / (ms(out["copies"]) / 1e3)
-                             / 1e9, 2)
     if cost_models:
         shape = StepShape.from_plan(step)
         pred: dict[str, Any] = {}
@@ -229,22 +250,29 @@ def make_cost_models(engine, args: argparse.Namespace) -> dict | None:
             for name, on in (("overlap", True), ("serial", False))}
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def set_up(args: argparse.Namespace, build_engine, cases: list):
+    """(engine, timer, cost models, seconds to build) of a copy-overlap benchmark run; the
+    device pool filled with random KV (attention is never timed on zeros)."""
     if args.quick:
         args.reps = min(args.reps, 3)
-    cases = _cases(args)
     t0 = time.perf_counter()
-    engine = build(args, cases)
-    print(f"engine built in {time.perf_counter() - t0:.1f} s: {engine.config.model}, "
+    engine = build_engine(args, cases)
+    built_s = time.perf_counter() - t0
+    runner = engine.executor
+    if runner.device.type == "cuda":
+        runner.gpu_kv.normal_()
+    return engine, Timer(runner, args.reps, args.warmup), make_cost_models(engine, args), built_s
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cases = parse_cases(args, CASES, QUICK_CASES)
+    engine, timer, cost_models, built_s = set_up(args, build, cases)
+    print(f"engine built in {built_s:.1f} s: {engine.config.model}, "
           f"{engine.scheduler.kv.gpu.num_blocks} device + {engine.scheduler.kv.host.num_blocks} "
           f"host blocks of {engine.block_bytes / 2**20:.2f} MiB, "
           f"G={engine.executor.num_groups} layer groups", flush=True)
     runner = engine.executor
-    if runner.device.type == "cuda":
-        runner.gpu_kv.normal_()  # never time attention on zeros (copies do not care)
-    timer = Timer(runner, args.reps, args.warmup)
-    cost_models = make_cost_models(engine, args)
     results = []
     for n, ctx in cases:
         row = bench_case(engine, timer, n, ctx, args, cost_models)
