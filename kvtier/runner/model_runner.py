@@ -11,6 +11,7 @@ could only wait for every copy before it starts.
 
 from __future__ import annotations
 
+import functools
 from itertools import compress
 from operator import attrgetter
 
@@ -82,9 +83,10 @@ class ModelRunner:
         return (self.device.type == "cuda" and not self.config.enforce_eager
                 and self.attention.name == "triton")
 
-    @property
+    @functools.cached_property
     def graph_sizes(self) -> list[int]:
-        """The padded decode batch sizes that have a graph (and the LM head's padded rows)."""
+        """The padded decode batch sizes that have a graph (and the LM head's padded rows);
+        fixed by the config, read by every step with prefill rows."""
         return graph_batch_sizes(self.config.scheduler.max_num_seqs,
                                  self.config.max_graph_batch_size)
 
