@@ -255,5 +255,12 @@ class EngineConfig:
         return replace(self, **kw)
 
 
+def copied_groups_in_flight(host_groups: int, copy_window: int) -> int:
+    """eLLM's offloaded prefixes: copied-in layer groups whose scratch exists at once (they
+    share `copy_window` sets; 0: one set each). The recompute scratch (M_o) is 1 + this many
+    sets of one group's prefix KV."""
+    return min(host_groups, copy_window) if copy_window else host_groups
+
+
 def dataclass_option_names(cls: type) -> list[str]:
     return [f.name for f in fields(cls)]

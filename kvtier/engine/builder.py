@@ -7,7 +7,7 @@ import gc
 import logging
 import os
 
-from kvtier.config import ConfigError
+from kvtier.config import ConfigError, copied_groups_in_flight
 from kvtier.engine.args import EngineArgs
 from kvtier.engine.llm_engine import LLMEngine
 from kvtier.engine.memory import check_weights_fit, size_pools
@@ -127,8 +127,7 @@ def recompute_scratch_blocks(config) -> int:
     if config.kv_policy != "ellm":
         return 0
     opts = config.policy_options
-    copied = opts.prefix_host_groups  # copied-in groups share min(copied, window) scratch sets
-    sets = 1 + (min(copied, opts.prefix_copy_window) if opts.prefix_copy_window else copied)
+    sets = 1 + copied_groups_in_flight(opts.prefix_host_groups, opts.prefix_copy_window)
     return sets * -(-opts.max_recompute_tokens // config.cache.block_size)
 
 

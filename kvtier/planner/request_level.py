@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import minimize
 
-from kvtier.config import ModelConfig
+from kvtier.config import ModelConfig, copied_groups_in_flight
 
 _P = 8.0  # smooth max: (x^p + y^p)^(1/p) is within 9 % of max(x, y), and differentiable
 
@@ -84,8 +84,7 @@ class RequestLevelPlanner:
         groups = -(-model.num_layers // layers_in_group)
         # M_o per recomputed token: one group's KV for the recompute, plus a set for each
         # copied group in flight.
-        in_flight = (min(cfg.host_groups, cfg.copy_window) if cfg.copy_window
-                     else cfg.host_groups)
+        in_flight = copied_groups_in_flight(cfg.host_groups, cfg.copy_window)
         self.scratch_bytes_per_token = (self.kv_bytes_per_token * layers_in_group
                                         * (1 + in_flight) / model.num_layers)
         self.recomputed_fraction = (groups - cfg.host_groups) / groups  # of the layers
