@@ -14,7 +14,7 @@ import argparse
 import json
 import time
 
-from benchmarks.common import write_result
+from benchmarks.common import batch_bin, write_result
 from kvtier import LLM, SamplingParams
 
 
@@ -31,7 +31,12 @@ def step_summary(steps: list[tuple[float, int, int]]) -> dict:
                 "mean_tokens": sum(r[2] for r in rows) / len(rows)}
 
     small = [s for s in dec if s[1] < 64]
-    return {"decode_only": part(dec), "mixed": part(mixed), "decode_only_batch_lt_64": part(small)}
+    bins: dict[str, list[tuple[float, int, int]]] = {}
+    for s in dec:
+        bins.setdefault(batch_bin(s[1]), []).append(s)
+    return {"decode_only": part(dec), "mixed": part(mixed), "decode_only_batch_lt_64": part(small),
+            "decode_only_by_batch": {k: part(v) for k, v in sorted(bins.items(),
+                                                                    key=lambda kv: kv[1][0][1])}}
 
 
 def main() -> None:

@@ -16,6 +16,18 @@ H200_HBM_BYTES_PER_S = 4.24e12
 H200_BF16_FLOPS = 761e12
 H200_PCIE_BYTES_PER_S = 55e9
 
+# Decode batch-size ranges for splitting an offline run's steps (and their floors) by batch:
+# the linear layers are weight-read bound below the ridge (~180 tokens), compute bound above.
+BATCH_BIN_EDGES = (1, 17, 65, 129, 257, 513, 1025)
+
+
+def batch_bin(batch: int) -> str:
+    """The label of the range holding `batch` ("1-16", ..., "513-1024", or "1025+")."""
+    for lo, hi in zip(BATCH_BIN_EDGES, BATCH_BIN_EDGES[1:]):
+        if lo <= batch < hi:
+            return f"{lo}-{hi - 1}"
+    return f"{BATCH_BIN_EDGES[-1]}+"
+
 
 def environment() -> dict[str, Any]:
     import torch

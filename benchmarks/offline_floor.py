@@ -21,7 +21,7 @@ import json
 import numpy as np
 
 from benchmarks.bench_gpu_path import decode_bytes, roofline, weight_bytes
-from benchmarks.common import H200_BF16_FLOPS, H200_HBM_BYTES_PER_S, write_result
+from benchmarks.common import H200_BF16_FLOPS, H200_HBM_BYTES_PER_S, batch_bin, write_result
 from kvtier.model.loader import resolve_model_config
 
 
@@ -33,6 +33,7 @@ def decode_floor(mc, prompts: np.ndarray, outputs: np.ndarray, at_batches: list[
     total = kv_total = small_s = 0.0
     steps = small_steps = 0
     at: dict[int, dict] = {}
+    by_batch: dict[str, dict] = {}
     for t in range(int(outputs.max())):
         alive = outputs > t
         batch = int(alive.sum())
@@ -46,6 +47,9 @@ def decode_floor(mc, prompts: np.ndarray, outputs: np.ndarray, at_batches: list[
                 at[b] = {"step": t, "batch": batch, "mean_context": context / batch,
                          "linear_s": per_op - kv / H200_HBM_BYTES_PER_S,
                          "kv_read_s": kv / H200_HBM_BYTES_PER_S, "floor_s": per_op}
+        cell = by_batch.setdefault(batch_bin(batch), {"count": 0, "total_s": 0.0})
+        cell["count"] += 1
+        cell["total_s"] += per_op
         steps += 1
         if batch < small:
             small_s += per_op
@@ -53,7 +57,19 @@ def decode_floor(mc, prompts: np.ndarray, outputs: np.ndarray, at_batches: list[
     return {"steps": steps, "seconds": total, "kv_read_s": kv_total,
             "linear_s": total - kv_total,
             f"batch_lt_{small}": {"steps": small_steps, "seconds": small_s},
-            "steps_at_batch": at}
+            "steps_at_batch": at, "by_batch": by_batch}
+
+
+def compare_by_batch(floor: dict[str, dict], measured: dict[str, dict]) -> dict[str, dict]:
+    """Per batch range: measured decode-only seconds beside the floor's (a measured run's
+    step count in a range can differ by a few steps: prefill chunks mix with decodes)."""
+    out = {}
+    for label, f in floor.items():
+        m = measured.get(label, {"count": 0, "total_s": 0.0})
+        out[label] = {"floor_steps": f["count"], "floor_s": f["total_s"],
+                      "measured_steps": m["count"], "measured_s": m.get("total_s", 0.0),
+                      "excess_s": m.get("total_s", 0.0) - f["total_s"]}
+    return out
 
 
 def main() -> None:
@@ -81,6 +97,9 @@ def main() -> None:
         result["measured"] = {"file": args.measured, "elapsed_s": m["elapsed_s"],
                               "output_tokens_per_s": m["output_tokens_per_s"],
                               "fraction_of_floor": total_s / m["elapsed_s"]}
+        if "decode_only_by_batch" in m["steps"]:
+            result["measured"]["by_batch"] = compare_by_batch(
+                decode["by_batch"], m["steps"]["decode_only_by_batch"])
     print(json.dumps({k: v for k, v in result.items() if k != "workload"}, indent=1))
     write_result(args.out, result)
 
