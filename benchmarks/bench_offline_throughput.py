@@ -11,11 +11,13 @@ is off (as in vLLM), `--no-async-scheduling` measures that.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import time
 
 from benchmarks.common import batch_bin, write_result
 from kvtier import LLM, SamplingParams
+from kvtier.bench.gpu_monitor import GpuMonitor, GpuSummary
 
 
 def step_summary(steps: list[tuple[float, int, int]]) -> dict:
@@ -39,6 +41,24 @@ def step_summary(steps: list[tuple[float, int, int]]) -> dict:
                                                                     key=lambda kv: kv[1][0][1])}}
 
 
+def gpu_by_batch(gpu: GpuSummary, starts: list[float], steps: list[tuple[float, int, int]]
+                 ) -> dict:
+    """NVML's samples grouped by the batch range of the step running when each was taken
+    (mixed steps apart): is the GPU ever idle, and at what power and SM clock, per range."""
+    groups: dict[str, list] = {}
+    for smp in gpu.samples:
+        i = bisect.bisect_right(starts, smp.t_s) - 1
+        if 0 <= i < len(steps):
+            wall, reqs, tokens = steps[i]
+            label = batch_bin(reqs) if tokens <= reqs else "mixed"
+            groups.setdefault(label, []).append(smp)
+    return {k: {"samples": len(v),
+                "gpu_util_pct": sum(x.gpu_util_pct for x in v) / len(v),
+                "power_w": sum(x.power_w for x in v) / len(v),
+                "sm_clock_mhz": sum(x.sm_clock_mhz for x in v) / len(v)}
+            for k, v in groups.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workload", required=True)
@@ -58,12 +78,14 @@ def main() -> None:
     args = ap.parse_args()
     work = json.load(open(args.workload))
     reqs = work["requests"]
+    t_start = time.perf_counter()
     llm = LLM(args.model, load_format="dummy", dtype="bfloat16", max_model_len=4096,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               layers_per_block=args.layers_per_block, swap_space=1,
               gpu_memory_utilization=args.gpu_memory_utilization,
               piecewise_graphs=args.piecewise_graphs,
               max_graph_batch_size=args.max_graph_batch_size, async_scheduling=args.async_scheduling)
+    startup_s = time.perf_counter() - t_start  # weights, KV pool, kernel warm-up, graphs
     warm = [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, detokenize=False)]
     llm.generate([{"prompt_token_ids": reqs[0][0]}], warm)
     engine = llm.engine
@@ -74,15 +96,22 @@ def main() -> None:
     # (wall s, requests, tokens) per step: where the time goes. Under async scheduling a
     # step's wall time is the loop's period (host work and the GPU overlap), not one step's.
     steps = []
+    starts = []  # each step's start, on the GPU monitor's clock
     n_out = 0
+    monitor = GpuMonitor.create(interval_s=0.02)
+    if monitor is not None:
+        monitor.start()
     t0 = time.perf_counter()
+    m0 = time.monotonic()
     while engine.has_unfinished_requests():
         s0 = time.perf_counter()
+        starts.append(time.monotonic() - m0)
         done = engine.step()
         st = engine.get_stats()
         n_out += sum(len(o.outputs[0].token_ids) for o in done)
         steps.append((time.perf_counter() - s0, st.num_scheduled_requests, st.num_scheduled_tokens))
     elapsed = time.perf_counter() - t0
+    gpu = monitor.stop() if monitor is not None else None
     n_in = sum(len(p) for p, _ in reqs)
     assert n_out == sum(out for _, out in reqs), "every request must produce its full output"
     stats = llm.engine.get_stats()
@@ -91,8 +120,10 @@ def main() -> None:
         "num_requests": len(reqs), "prompt_tokens": n_in, "output_tokens": n_out,
         "elapsed_s": elapsed, "requests_per_s": len(reqs) / elapsed,
         "output_tokens_per_s": n_out / elapsed, "total_tokens_per_s": (n_in + n_out) / elapsed,
-        "num_preemptions": stats.num_preemptions_total, "gpu_blocks_total": stats.gpu_blocks_total,
+        "startup_s": startup_s, "num_preemptions": stats.num_preemptions_total, "gpu_blocks_total": stats.gpu_blocks_total,
         "steps": step_summary(steps),
+        "gpu": None if gpu is None else {**gpu.to_dict(n_out),
+                                         "by_batch": gpu_by_batch(gpu, starts, steps)},
         "options": vars(args),
     }
     print(json.dumps(result, indent=1))

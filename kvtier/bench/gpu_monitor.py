@@ -21,6 +21,7 @@ class GpuSample:
     gpu_util_pct: float
     mem_used_bytes: int
     power_w: float
+    sm_clock_mhz: float = 0.0  # 0 where the board does not report it
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,10 @@ class GpuSummary:
         return _mean([s.power_w for s in self.samples])
 
     @property
+    def mean_sm_clock_mhz(self) -> float:
+        return _mean([s.sm_clock_mhz for s in self.samples])
+
+    @property
     def max_mem_used_bytes(self) -> int:
         return max((s.mem_used_bytes for s in self.samples), default=0)
 
@@ -47,6 +52,7 @@ class GpuSummary:
             "device_name": self.device_name,
             "mean_gpu_util_pct": self.mean_gpu_util_pct,
             "mean_power_w": self.mean_power_w,
+            "mean_sm_clock_mhz": self.mean_sm_clock_mhz,
             "max_mem_used_bytes": self.max_mem_used_bytes,
             "energy_j": self.energy_j,
             "energy_per_output_token_j": self.energy_j / output_tokens if output_tokens else None,
@@ -121,7 +127,15 @@ class GpuMonitor:
         util = nvml.nvmlDeviceGetUtilizationRates(h)
         mem = nvml.nvmlDeviceGetMemoryInfo(h)
         power_mw = nvml.nvmlDeviceGetPowerUsage(h)
-        return GpuSample(time.monotonic() - self._t0, float(util.gpu), int(mem.used), power_mw / 1000.0)
+        return GpuSample(time.monotonic() - self._t0, float(util.gpu), int(mem.used),
+                         power_mw / 1000.0, self._sm_clock_mhz())
+
+    def _sm_clock_mhz(self) -> float:
+        # The SM clock shows power or thermal throttling: a GEMM-bound step slows with it.
+        try:
+            return float(self._nvml.nvmlDeviceGetClockInfo(self._handle, self._nvml.NVML_CLOCK_SM))
+        except Exception:  # an NVML without clock queries
+            return 0.0
 
     def _energy_mj(self) -> int | None:
         try:

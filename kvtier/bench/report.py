@@ -78,9 +78,9 @@ def write_steps_csv(run: RunResult, path: Path) -> None:
 def write_gpu_csv(gpu: GpuSummary, path: Path) -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["t_s", "gpu_util_pct", "mem_used_bytes", "power_w"])
+        w.writerow(["t_s", "gpu_util_pct", "mem_used_bytes", "power_w", "sm_clock_mhz"])
         for g in gpu.samples:
-            w.writerow([g.t_s, g.gpu_util_pct, g.mem_used_bytes, g.power_w])
+            w.writerow([g.t_s, g.gpu_util_pct, g.mem_used_bytes, g.power_w, g.sm_clock_mhz])
 
 
 def write_plots(results: list[PolicyResult], out: Path) -> dict[str, str]:

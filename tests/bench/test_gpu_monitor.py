@@ -24,8 +24,14 @@ class FakeNvml:
     def nvmlDeviceGetMemoryInfo(self, h):
         return SimpleNamespace(used=5 << 30, total=141 << 30)
 
+    NVML_CLOCK_SM = 1
+
     def nvmlDeviceGetPowerUsage(self, h):
         return 200_000  # mW
+
+    def nvmlDeviceGetClockInfo(self, h, kind):
+        assert kind == self.NVML_CLOCK_SM
+        return 1980
 
     def nvmlDeviceGetTotalEnergyConsumption(self, h):
         if not self.has_energy:
@@ -41,6 +47,7 @@ def test_samples_and_energy(has_energy):
     s = mon.stop()
     assert s.device_name == "Fake H200" and len(s.samples) >= 5
     assert s.mean_gpu_util_pct == 80 and s.mean_power_w == 200 and s.max_mem_used_bytes == 5 << 30
+    assert s.mean_sm_clock_mhz == 1980
     assert s.energy_j == pytest.approx(200 * 0.2, rel=0.25)
     d = s.to_dict(output_tokens=100)
     assert d["energy_per_output_token_j"] == pytest.approx(s.energy_j / 100)

@@ -32,7 +32,7 @@ def test_uncalibrated_decode_is_above_the_hbm_roofline_and_grows_with_context():
 
 def test_graph_padding_and_eager_fallback():
     cm = model(max_num_seqs=256)
-    assert cm.graph_batch(decode(17, 100)) == 32
+    assert cm.graph_batch(decode(17, 100)) == 24
     assert cm.graph_batch(decode(256, 100)) == 256
     mixed = StepShape(num_decodes=3, decode_ctx_sum=300, decode_ctx_max=100,
                       prefills=((50, 0),), num_sampled=4)
