@@ -34,9 +34,9 @@ GiB = 1 << 30
 
 
 def release(engine: LLMEngine) -> None:
-    """Free an engine's GPU memory before the next one is built."""
-    runner = engine.executor
-    runner.graphs = runner.gpu_kv = runner.host_kv = runner.model = None
+    """Free an engine's GPU memory before the next one is built (the engine's own close,
+    then a collection for anything a reference cycle still holds)."""
+    engine.close()
     gc.collect()
     torch.cuda.empty_cache()
 
