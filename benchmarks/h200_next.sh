@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device runs, one part per call (each under 10 minutes); files land in $OUT directly.
-# Parts a-f ran in session 4, g-m in session 5, n-r in session 6 (2026-11-30; their results
+# Parts a-f ran in session 4, g-m in session 5, n-r in session 6, s-v in session 7 (2026-11-30; their results
 # are committed, see the README).
 #   bash benchmarks/h200_next.sh a   # GPU tests of what is new, fidelity trace, swap bubble
 #   bash benchmarks/h200_next.sh b   # re-profile 13B (issue 6), 13B policies on the H200 (issue 7)
@@ -29,13 +29,13 @@
 #   bash benchmarks/h200_next.sh q   # where a 1024-seat decode step's time goes (profiler)
 #   bash benchmarks/h200_next.sh r   # part o with eLLM dropping prefixes (ridge budget,
 #                                    # offloaded groups with overlap)
-#   bash benchmarks/h200_next.sh s   # NOT RUN YET: part o's window for swap and hcache, so all
+#   bash benchmarks/h200_next.sh s   # (session 7) part o's window for swap and hcache, so all
 #                                    # four policies have run over minutes (issue 7)
-#   bash benchmarks/h200_next.sh t   # NOT RUN YET: after greedy argmax on bf16 logits: GPU
+#   bash benchmarks/h200_next.sh t   # (session 7) after greedy argmax on bf16 logits: GPU
 #                                    # tests, offline at 1024 seats, a profile of its decode steps
-#   bash benchmarks/h200_next.sh u   # NOT RUN YET: decode attention tile / stage / warp variants
+#   bash benchmarks/h200_next.sh u   # (session 7) decode attention tile / stage / warp variants
 #                                    # at the offline run's short contexts (issue 3)
-#   bash benchmarks/h200_next.sh v   # NOT RUN YET: cuBLAS on the decode GEMMs by token count,
+#   bash benchmarks/h200_next.sh v   # (session 7) cuBLAS on the decode GEMMs by token count,
 #                                    # padded / transposed / cuBLASLt beside the plain call
 set -u
 export PYTHONUNBUFFERED=1 KVTIER_GIT_COMMIT=${KVTIER_GIT_COMMIT:-unknown}

@@ -226,7 +226,7 @@ class ModelRunner:
 
     def close(self) -> None:
         """Drop every tensor this runner owns (weights, pools, graphs) and return the memory."""
-        self.copies.streams.join()  # nothing reuses the pools' memory before the copies end
+        self.copies.close()  # the copies end, and it drops its references to the pools
         self.graphs = None
         self.gpu_kv = self.host_kv = None
         self.hidden = None

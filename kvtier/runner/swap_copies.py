@@ -235,3 +235,11 @@ class SwapCopies:
         if self.pending:
             self.waited = len(self.events) - 1
             self.streams.wait(self.events[-1])
+
+    def close(self) -> None:
+        """Let the copies in flight end, then drop the pools `issue` kept for `after_layer`:
+        the runner's close() frees its pools, and this reference would keep both alive
+        until the whole runner is collected."""
+        self.streams.join()
+        self.unjoined = False
+        self.events, self.deferred, self._pools = [], {}, None
