@@ -22,7 +22,12 @@ from dataclasses import replace
 
 import torch
 
-from benchmarks.common import H200_BF16_FLOPS, H200_HBM_BYTES_PER_S, write_result
+from benchmarks.common import (
+    H200_BF16_FLOPS,
+    H200_HBM_BYTES_PER_S,
+    median_replay_s,
+    write_result,
+)
 from kvtier.config import ModelConfig
 from kvtier.core.plan import ScheduledRequest, StepPlan
 from kvtier.engine.args import EngineArgs
@@ -87,19 +92,6 @@ def time_steps(runner, plan: StepPlan, iters: int) -> dict[str, float]:
     return {"median_s": statistics.median(walls), "min_s": min(walls)}
 
 
-def replay_time(graph: torch.cuda.CUDAGraph, iters: int = 30) -> float:
-    """Median device seconds of one replay of a captured decode step (no host work)."""
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
-
-
 def weight_bytes(mc: ModelConfig) -> int:
     """bf16 bytes of the weights a forward reads (and multiplies: 2 FLOPs each per token)."""
     weights = mc.num_params() * 2
@@ -141,7 +133,7 @@ def run_decode(model: str, batches: list[int], contexts: list[int], kv_gb: float
             if graphs is not None and graphs.padded_size(b) is not None:
                 # The same step's device time alone: the step wall above adds the host work
                 # that a synchronous step does not overlap (async scheduling hides it).
-                t["device_s"] = replay_time(graphs.graphs[graphs.padded_size(b)])
+                t["device_s"] = median_replay_s(graphs.graphs[graphs.padded_size(b)], 30)
             wb, kvb = decode_bytes(engine.model_config, b, c)
             hbm, per_op = roofline(wb, kvb, b)
             engine.executor.execute(StepPlan(scheduled=[], finished_ids=[s.request_id for s in steady.scheduled]))
@@ -202,7 +194,7 @@ def run_host_overhead(model: str, num_requests: int, context: int, kv_gb: float)
             engine.step()
             walls.append(time.perf_counter() - t0)
         graph = engine.executor.graphs.graphs[engine.executor.graphs.padded_size(num_requests)]
-        step, dev = statistics.median(walls), replay_time(graph)
+        step, dev = statistics.median(walls), median_replay_s(graph, 30)
         rows[kind] = {"step_ms": step * 1e3, "device_ms": dev * 1e3,
                       "host_overhead_ms": (step - dev) * 1e3}
         engine.abort_request([f"{kind}{i}" for i in range(num_requests)])

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import subprocess
 import sys
 from collections.abc import Callable
@@ -30,6 +29,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import median_replay_s  # noqa: E402
 from kvtier.kernels.paged_decode_attention import (  # noqa: E402
     default_num_splits,
     paged_decode_attention,
@@ -60,15 +60,7 @@ def time_graph(calls: list[Callable[[], Any]], reps: int = 10) -> float:
                 calls[i % len(calls)]()
     graph.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / n)
-    return statistics.median(times)
+    return median_replay_s(graph, reps) / n
 
 
 def copy_bandwidth_gbps() -> float:

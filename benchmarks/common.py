@@ -54,6 +54,23 @@ def environment() -> dict[str, Any]:
     return env
 
 
+def median_replay_s(graph: Any, iters: int) -> float:
+    """Median device seconds of one replay of a captured CUDA graph (events, no host work)."""
+    import statistics
+
+    import torch
+
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
 def write_result(path: str | Path, payload: dict[str, Any]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
