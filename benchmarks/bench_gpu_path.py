@@ -51,8 +51,8 @@ def make_engine(model: str, max_len: int, max_seqs: int, kv_gb: float, layers_pe
                 piecewise: bool = False) -> LLMEngine:
     """Decode-only and single-prompt steps: piecewise graphs (steps with prefill rows beside
     decodes) would only add capture time, so they are off unless asked for."""
-    # The previous engine is unreferenced by now; collect it before this one's pool is
-    # allocated (after LLMEngine.close() the KV pool can stay alive until the engine dies).
+    # Return what the previous engine left to the caching allocator (and anything a
+    # reference cycle still holds) before this one's pool is allocated.
     gc.collect()
     torch.cuda.empty_cache()
     return LLMEngine.from_engine_args(EngineArgs(
