@@ -37,6 +37,9 @@
 #                                    # at the offline run's short contexts (issue 3)
 #   bash benchmarks/h200_next.sh v   # (session 7) cuBLAS on the decode GEMMs by token count,
 #                                    # padded / transposed / cuBLASLt beside the plain call
+#   bash benchmarks/h200_next.sh w   # NOT RUN YET: host overhead at 256 requests three times
+#                                    # (with the decode targets' device-time column), then a
+#                                    # Python profile of 40 synchronous decode steps at 256 seats
 set -u
 export PYTHONUNBUFFERED=1 KVTIER_GIT_COMMIT=${KVTIER_GIT_COMMIT:-unknown}
 R=$OUT
@@ -220,6 +223,18 @@ q)  # kernels of decode steps at ~1000, ~700 and ~300 requests (1024 seats, grap
       --steps 6 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch-size 1024 \
       --out $R/profile_offline_decode_h200_skip$skip.json 2>&1 | tail -3
   done
+  ;;
+w)  # session 7 measured the host overhead at 0.98-2.80 ms on one machine (0.91 before): where
+  # does a synchronous step's host time go there, and how much does it vary?
+  timeout 120 python3 benchmarks/bench_gpu_path.py --parts decode_targets,host \
+    --out $R/gpu_path_h200_targets_w.json 2>&1 | grep -o "host_overhead_ms': [0-9.]*"
+  for i in 2 3; do
+    timeout 60 python3 benchmarks/bench_gpu_path.py --parts host --out $R/host_w$i.json 2>&1 \
+      | grep -o "host_overhead_ms': [0-9.]*"
+  done
+  timeout 150 python3 benchmarks/profile_offline_steps.py --workload $W8 --skip 40 --steps 40 \
+    --max-num-seqs 256 --cprofile \
+    --out $R/cprofile_decode_256_h200.json 2>&1 | tail -2
   ;;
 k)
   timeout 330 python3 -m kvtier.costmodel.calibrate llama-2-13b \
