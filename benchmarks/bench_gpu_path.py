@@ -51,10 +51,6 @@ def make_engine(model: str, max_len: int, max_seqs: int, kv_gb: float, layers_pe
                 piecewise: bool = False) -> LLMEngine:
     """Decode-only and single-prompt steps: piecewise graphs (steps with prefill rows beside
     decodes) would only add capture time, so they are off unless asked for."""
-    # Return what the previous engine left to the caching allocator (and anything a
-    # reference cycle still holds) before this one's pool is allocated.
-    gc.collect()
-    torch.cuda.empty_cache()
     return LLMEngine.from_engine_args(EngineArgs(
         model=model, load_format="dummy", dtype="bfloat16", max_model_len=max_len,
         max_num_seqs=max_seqs, kv_cache_gb=kv_gb, swap_space=0.01,

@@ -20,6 +20,11 @@ from kvtier import LLM, SamplingParams
 from kvtier.bench.gpu_monitor import GpuMonitor, GpuSummary
 
 
+def step_label(reqs: int, tokens: int) -> str:
+    """A decode-only step's batch range, or "mixed" (prefill rows in it)."""
+    return batch_bin(reqs) if tokens <= reqs else "mixed"
+
+
 def step_summary(steps: list[tuple[float, int, int]]) -> dict:
     """Time split between decode-only steps (one token per request) and mixed ones."""
     dec = [s for s in steps if s[2] <= s[1]]
@@ -33,12 +38,11 @@ def step_summary(steps: list[tuple[float, int, int]]) -> dict:
                 "mean_tokens": sum(r[2] for r in rows) / len(rows)}
 
     small = [s for s in dec if s[1] < 64]
-    bins: dict[str, list[tuple[float, int, int]]] = {}
+    bins: dict[str, list[tuple[float, int, int]]] = {}  # in the order the run reaches them
     for s in dec:
-        bins.setdefault(batch_bin(s[1]), []).append(s)
+        bins.setdefault(step_label(s[1], s[2]), []).append(s)
     return {"decode_only": part(dec), "mixed": part(mixed), "decode_only_batch_lt_64": part(small),
-            "decode_only_by_batch": {k: part(v) for k, v in sorted(bins.items(),
-                                                                    key=lambda kv: kv[1][0][1])}}
+            "decode_only_by_batch": {k: part(v) for k, v in bins.items()}}
 
 
 def gpu_by_batch(gpu: GpuSummary, starts: list[float], steps: list[tuple[float, int, int]]
@@ -49,9 +53,7 @@ def gpu_by_batch(gpu: GpuSummary, starts: list[float], steps: list[tuple[float, 
     for smp in gpu.samples:
         i = bisect.bisect_right(starts, smp.t_s) - 1
         if 0 <= i < len(steps):
-            wall, reqs, tokens = steps[i]
-            label = batch_bin(reqs) if tokens <= reqs else "mixed"
-            groups.setdefault(label, []).append(smp)
+            groups.setdefault(step_label(steps[i][1], steps[i][2]), []).append(smp)
     return {k: {"samples": len(v),
                 "gpu_util_pct": sum(x.gpu_util_pct for x in v) / len(v),
                 "power_w": sum(x.power_w for x in v) / len(v),

@@ -29,8 +29,9 @@ def graph_batch_sizes(max_num_seqs: int, max_graph_batch_size: int = 512) -> lis
     """Padded decode batch sizes with a graph, vLLM's capture list: every 8 up to 256, then
     every 16 up to the cap (vLLM's `max_cudagraph_capture_size`, SGLang's
     `cuda_graph_max_bs`). Past ~180 tokens the linear layers are compute bound, so a padded
-    row costs as much as a real one: steps of 16 keep the padding under 1.6 % from 1,000
-    requests, where steps of 64 cost 3 % on average (benchmarks/results/offline_*by_batch*)."""
+    row costs as much as a real one: steps of 16 pad a step past 256 by 6 % at most, where
+    steps of 64 padded one of 520 requests to 576. Offline ShareGPT on the H200: 19,061 ->
+    19,248 output tok/s (benchmarks/results/offline_sharegpt_h200_{by_batch_F4,graphs16_1}.json)."""
     sizes = ([1, 2, 4] + list(range(8, 257, 8))
              + list(range(272, max_graph_batch_size + 1, 16)))
     cap = min(max_num_seqs, max_graph_batch_size)

@@ -179,7 +179,9 @@ class SwapCopies:
             s.join()
             self.unjoined = False
         self.events, self.ready, self.waited = [], [-1] * self.num_groups, -1
-        self.deferred, self._pools = dict(deferred or {}), (gpu, host)
+        # The pools are kept only while deferred copies still need them (after_layer).
+        self.deferred = dict(deferred or {})
+        self._pools = (gpu, host) if self.deferred else None
         self.has_swap_in = bool(swap_in) or bool(self.deferred)
         if not swap_out and not swap_in:
             return
@@ -213,6 +215,8 @@ class SwapCopies:
             return
         assert self._pools is not None
         gpu, host = self._pools
+        if not self.deferred:
+            self._pools = None
         s = self.streams
         s.begin()
         with s.copying():
@@ -237,9 +241,9 @@ class SwapCopies:
             self.streams.wait(self.events[-1])
 
     def close(self) -> None:
-        """Let the copies in flight end, then drop the pools `issue` kept for `after_layer`:
-        the runner's close() frees its pools, and this reference would keep both alive
-        until the whole runner is collected."""
+        """Let the copies in flight end, then drop what a step left (deferred copies of a
+        forward that never ran, and the pools kept for them): the runner's close() frees
+        its pools, and such a reference would keep both alive until the runner is collected."""
         self.streams.join()
         self.unjoined = False
         self.events, self.deferred, self._pools = [], {}, None
