@@ -168,6 +168,44 @@ def run_prefill(model: str, lengths: list[int], kv_gb: float) -> list[dict]:
     return rows
 
 
+def step_phases(engine: LLMEngine, iters: int) -> dict[str, float]:
+    """Median ms of each part of a synchronous step, timed by wrapping the engine's own
+    calls for `iters` more steps (a few µs of wrapper each): scheduling, the runner's launch
+    (host batch, uploads, graph replay and sampling issued), the wait for the sampled tokens
+    (the GPU's remaining work), the scheduler's update and the engine's outputs."""
+    times: dict[str, list[float]] = {}
+    runner, sched = engine.executor, engine.scheduler
+    patched: list = []
+
+    def wrap(obj, name: str, label: str, on_result=None) -> None:
+        fn = getattr(obj, name)
+
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            out = fn(*a, **k)
+            times.setdefault(label, []).append(time.perf_counter() - t0)
+            return on_result(out) if on_result else out
+        setattr(obj, name, timed)
+
+    def time_result(pending):
+        wrap(pending, "result", "wait_tokens")
+        return pending
+
+    for obj, name, *how in ((sched, "schedule", "schedule"),
+                            (runner, "launch", "launch", time_result),
+                            (sched, "update", "update"), (engine, "_process", "outputs"),
+                            (runner, "prepare_batch", "launch.host_batch")):
+        wrap(obj, name, *how)
+        patched.append((obj, name))
+    try:
+        for _ in range(iters):
+            engine.step()
+    finally:
+        for obj, name in patched:
+            delattr(obj, name)  # the class's method again
+    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+
 def run_host_overhead(model: str, num_requests: int, context: int, kv_gb: float) -> dict:
     """Host time of a decode step: a whole `engine.step()` (schedule, inputs, graph replay,
     sampling, update, outputs) minus the device time of the same step's graph replay."""
@@ -192,7 +230,9 @@ def run_host_overhead(model: str, num_requests: int, context: int, kv_gb: float)
         graph = engine.executor.graphs.graphs[engine.executor.graphs.padded_size(num_requests)]
         step, dev = statistics.median(walls), median_replay_s(graph, 30)
         rows[kind] = {"step_ms": step * 1e3, "device_ms": dev * 1e3,
-                      "host_overhead_ms": (step - dev) * 1e3}
+                      "host_overhead_ms": (step - dev) * 1e3,
+                      "step_ms_all": [w * 1e3 for w in walls],
+                      "phases_ms": step_phases(engine, 30)}
         engine.abort_request([f"{kind}{i}" for i in range(num_requests)])
     release(engine)
     return {"model": model, "running_requests": num_requests, "context": context, **rows}

@@ -12,6 +12,7 @@ TFLOP/s = 2 * 2 * Hq * D * L^2 / 2 / time, beside torch's flash SDPA on the same
 
     python benchmarks/bench_kernels.py --out results.json [--sweep]
     python benchmarks/bench_kernels.py --parts short_context --out short.json  # tile variants
+    python benchmarks/bench_kernels.py --parts mixed_context --out mixed.json  # split caps
 """
 
 from __future__ import annotations
@@ -203,6 +204,61 @@ def short_context_sweep(max_model_len: int = 4096) -> list[dict[str, Any]]:
     return rows
 
 
+# Batches the decode graphs pad to in the offline run's middle phase, where the graph's split
+# count (from max_model_len) is 2-4 while most contexts are a few hundred tokens.
+MIXED_BATCHES = (40, 72, 136, 184, 248, 272, 400, 664)
+MIXED_MEAN_CONTEXTS = (150, 400, 1000)
+MIN_SPLIT_TOKENS = (1, 128, 256, 512, 1024)
+
+
+def bench_decode_mixed(batch: int, mean_ctx: int, min_split_tokens: int,
+                       max_model_len: int = 4096, seed: int = 0) -> dict[str, Any]:
+    """Decode over contexts drawn uniformly from [16, 2 x mean) (llama-3.1-8b), the split
+    count fixed from max_model_len as a decode graph fixes it, each request capping its own
+    splits at seq_len // min_split_tokens (1: every request takes the graph's count, as the
+    kernel did before the cap)."""
+    hq, hkv, d = MODELS["llama-3.1-8b"]
+    g = torch.Generator().manual_seed(seed + batch + mean_ctx)
+    lens = torch.randint(16, 2 * mean_ctx, (batch,), generator=g)
+    max_blocks = -(-int(lens.max()) // BLOCK_SIZE)
+    kv_bytes = int(lens.sum()) * hkv * d * 2 * 2
+    copies = max(1, min(16, -(-4 * L2_BYTES // kv_bytes)))
+    num_blocks = batch * max_blocks
+    pools = [torch.randn(num_blocks, 2, BLOCK_SIZE, hkv, d, dtype=torch.bfloat16,
+                         device="cuda") for _ in range(copies)]
+    tables = torch.randperm(num_blocks, device="cuda", dtype=torch.int32).view(batch, max_blocks)
+    seq_lens = lens.to(torch.int32).cuda()
+    q = torch.randn(batch, hq, d, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty_like(q)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits = default_num_splits(batch, hkv, max_model_len, sms)
+    calls = [
+        (lambda p=p: paged_decode_attention(q, p, tables, seq_lens, d**-0.5, out=out,
+                                            num_splits=splits,
+                                            min_split_tokens=min_split_tokens))
+        for p in pools
+    ]
+    t = time_graph(calls)
+    moved = kv_bytes + 2 * q.numel() * q.element_size()
+    del pools
+    torch.cuda.empty_cache()
+    gbps = moved / t / 1e9
+    return {"model": "llama-3.1-8b", "batch": batch, "context": mean_ctx, "F": 1,
+            "num_splits": splits, "min_split_tokens": min_split_tokens,
+            "time_us": round(t * 1e6, 2), "bytes": moved, "GBps": round(gbps, 1),
+            "pct_roofline": round(100 * gbps / HBM_ROOFLINE_GBPS, 1)}
+
+
+def mixed_context_sweep() -> list[dict[str, Any]]:
+    rows = []
+    for batch in MIXED_BATCHES:
+        for mean_ctx in MIXED_MEAN_CONTEXTS:
+            for m in MIN_SPLIT_TOKENS:
+                rows.append(bench_decode_mixed(batch, mean_ctx, m))
+                print(rows[-1], flush=True)
+    return rows
+
+
 def _git_commit() -> str:
     try:
         return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True,
@@ -217,7 +273,7 @@ def main() -> None:
     ap.add_argument("--commit", default=None, help="git commit (default: git rev-parse HEAD)")
     ap.add_argument("--sweep", action="store_true", help="also try kernel config variants")
     ap.add_argument("--parts", default="decode,prefill",
-                    help="comma list of decode, prefill, sweep, short_context")
+                    help="comma list of decode, prefill, sweep, short_context, mixed_context")
     args = ap.parse_args()
     parts = set(args.parts.split(",")) | ({"sweep"} if args.sweep else set())
     result: dict[str, Any] = {
@@ -250,6 +306,8 @@ def main() -> None:
         result["sweep"] = sweep()
     if "short_context" in parts:
         result["short_context"] = short_context_sweep()
+    if "mixed_context" in parts:
+        result["mixed_context"] = mixed_context_sweep()
     Path(args.out).write_text(json.dumps(result, indent=1))
     _print_table(result)
 
@@ -257,7 +315,7 @@ def main() -> None:
 def _print_table(r: dict[str, Any]) -> None:
     print(f"\n{r['gpu']}  copy {r['measured_copy_GBps']} GB/s  (roofline {HBM_ROOFLINE_GBPS})")
     print(f"{'model':14} {'B':>4} {'ctx':>5} {'F':>2} {'splits':>6} {'us':>8} {'GB/s':>7} {'%':>5}")
-    for d in r.get("decode", []) + r.get("short_context", []):
+    for d in r.get("decode", []) + r.get("short_context", []) + r.get("mixed_context", []):
         print(f"{d['model']:14} {d['batch']:4} {d['context']:5} {d['F']:2} {d['num_splits']:6} "
               f"{d['time_us']:8} {d['GBps']:7} {d['pct_roofline']:5}")
     for p in r.get("prefill", []):

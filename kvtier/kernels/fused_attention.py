@@ -41,6 +41,7 @@ from kvtier.kernels.launch import check, dot_precision, next_pow2, num_sms, upca
 from kvtier.kernels.paged_decode_attention import (
     LOG2E,
     MIN_TOKENS_PER_SPLIT,
+    REQUEST_MIN_SPLIT_TOKENS,
     DenseSegment,
     _default_block_n,
     check_decode_args,
@@ -141,7 +142,7 @@ def _fused_attention_kernel(
     d_bt_ptr, d_stride_bt, d_seq_lens_ptr,
     d_pk_ptr, d_pv_ptr, d_stride_p_tok, d_stride_p_head, d_prefix_loc_ptr,
     d_out_ptr, d_stride_ob, d_stride_oh, d_part_ptr, d_lse_ptr,
-    d_num_kv_heads, d_num_splits, d_work, d_programs,
+    d_num_kv_heads, d_num_splits, d_min_split_tokens, d_work, d_programs,
     qk_scale,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr,
@@ -184,7 +185,7 @@ def _fused_attention_kernel(
                 d_bt_ptr, d_stride_bt, d_seq_lens_ptr,
                 d_pk_ptr, d_pv_ptr, d_stride_p_tok, d_stride_p_head, d_prefix_loc_ptr,
                 d_out_ptr, d_stride_ob, d_stride_oh, d_part_ptr, d_lse_ptr,
-                qk_scale, d_num_splits,
+                qk_scale, d_num_splits, d_min_split_tokens,
                 D_G, D_G_PAD, HEAD_DIM, D_PAD, BLOCK_SIZE, D_BLOCK_N, D_SINGLE_SPLIT,
                 D_HAS_PREFIX, UPCAST, PRECISION,
             )
@@ -332,7 +333,7 @@ def fused_paged_attention(
             decode.block_tables, decode.block_tables.stride(0), decode.seq_lens,
             pk, pv, pk.stride(0), pk.stride(1), ploc,
             d_out, d_out.stride(0), d_out.stride(1), part, lse,
-            kv.shape[3], d_splits, d_work,
+            kv.shape[3], d_splits, REQUEST_MIN_SPLIT_TOKENS, d_work,
         )
         d_meta["D_SINGLE_SPLIT"] = d_splits == 1
     # An absent part gets the present part's tensors as placeholders and no programs.
@@ -346,7 +347,7 @@ def fused_paged_attention(
     if decode is None:
         q, kv = p_args[0], p_args[3]
         d_args = (q, 0, 0, kv, 0, 0, 0, 0, p_args[8], 0, p_args[10],
-                  q, q, 0, 0, p_args[10], q, 0, 0, q, q, 1, 1, 0)
+                  q, q, 0, 0, p_args[10], q, 0, 0, q, q, 1, 1, 1, 0)
         d_meta = dict(D_G=p_meta["P_G"], D_G_PAD=max(16, p_meta["P_G_PAD"]), D_BLOCK_N=16,
                       D_HAS_PREFIX=False, D_SINGLE_SPLIT=True)
 
@@ -361,7 +362,7 @@ def fused_paged_attention(
     )
     if decode is not None and d_splits > 1:
         assert d_out is not None
-        reduce_splits(part, lse, d_out)
+        reduce_splits(part, lse, d_out, decode.seq_lens, REQUEST_MIN_SPLIT_TOKENS)
     return p_out, d_out, split
 
 

@@ -6,7 +6,11 @@ uses it for all G = Hq/Hkv query heads of its group (q heads padded to 16 rows s
 runs on tensor cores: decode is memory-bound, the padding costs no bandwidth). When batch x
 KV heads is too small to fill the SMs, each request's context is cut into `num_splits`
 ranges; every program writes a partial output and its log-sum-exp, and `_reduce_splits`
-merges them.
+merges them. A CUDA graph fixes `num_splits` for its batch size at capture (from
+max_model_len), so each request caps its own split count by its length: a request gets
+min(num_splits, seq_len // min_split_tokens) splits (at least one), a single-split request
+writes its output directly, and the programs past its count exit at once. Short requests
+in a graph captured for long ones then pay no partial outputs and no reduce.
 
 Context of request b (absolute token positions):
 
@@ -44,6 +48,9 @@ LOG2E = 1.4426950408889634
 # Below this many tokens per split, the extra partial outputs and the reduce cost more than
 # the parallelism gains.
 MIN_TOKENS_PER_SPLIT = 256
+# Each request's own cap (`min_split_tokens`): a request splits only into ranges at least
+# this long, whatever the launch's split count.
+REQUEST_MIN_SPLIT_TOKENS = MIN_TOKENS_PER_SPLIT
 MAX_SPLITS = 64
 
 
@@ -60,6 +67,13 @@ class DenseSegment:
 
 
 @triton.jit
+def request_splits(seq_len, num_splits, min_split_tokens):
+    """Splits of one request: num_splits, fewer where its ranges would be shorter than
+    min_split_tokens, at least one."""
+    return tl.minimum(tl.maximum(seq_len // min_split_tokens, 1), num_splits)
+
+
+@triton.jit
 def decode_split(
     b, kv_head, split, num_kv_heads,  # which (request, KV head, split); Hkv
     q_ptr, stride_qb, stride_qh,  # [B, Hq, D]
@@ -69,7 +83,7 @@ def decode_split(
     pk_ptr, pv_ptr, stride_p_tok, stride_p_head, prefix_loc_ptr,  # dense prefix (optional)
     out_ptr, stride_ob, stride_oh,  # [B, Hq, D] (SINGLE_SPLIT)
     part_ptr, lse_ptr,  # [B, Hq, num_splits, D] fp32, [B, Hq, num_splits] fp32
-    qk_scale, num_splits,
+    qk_scale, num_splits, min_split_tokens,
     G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
     HAS_PREFIX: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
@@ -77,9 +91,11 @@ def decode_split(
     """One (request, KV head, split) of the decode: the body of `_decode_split_kernel`, shared
     with the horizontally fused kernel (kvtier/kernels/fused_attention.py)."""
     seq_len = tl.load(seq_lens_ptr + b)
-    # Each request cuts its own context into num_splits tile-aligned ranges: the grid depends
-    # only on (B, Hkv, num_splits), so a captured CUDA graph stays valid as lengths grow.
-    part = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    # Each request cuts its own context into its own number of tile-aligned ranges: the grid
+    # depends only on (B, Hkv, num_splits), so a captured CUDA graph stays valid as lengths
+    # grow. Splits past the request's count see an empty range.
+    splits = request_splits(seq_len, num_splits, min_split_tokens)
+    part = tl.cdiv(tl.cdiv(seq_len, splits), BLOCK_N) * BLOCK_N
     lo = split * part
     hi = tl.minimum(lo + part, seq_len)
 
@@ -126,23 +142,28 @@ def decode_split(
         m, l_i, acc = online_softmax_update(q, k, v, m, l_i, acc, valid[None, :], qk_scale,
                                           PRECISION)
 
-    # A split past the end of a short request saw no tokens: l_i = 0, lse = -inf, weight 0.
+    # A split of a request's own count that saw no tokens (possible where tile rounding
+    # leaves the last range empty): l_i = 0, lse = -inf, weight 0 in the reduce.
     has = l_i > 0
     o = acc / tl.where(has, l_i, 1.0)[:, None]
     w_mask = g_ok[:, None] & d_ok[None, :]
+    dst = out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :]
     if SINGLE_SPLIT:
-        dst = out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :]
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=w_mask)
     else:
+        # A one-split request is done here; the reduce leaves its rows alone.
+        tl.store(dst, o.to(out_ptr.dtype.element_ty),
+                 mask=w_mask & ((splits == 1) & (split == 0)))
+        mine = (split < splits) & (splits > 1)
         row = (b * (G * num_kv_heads) + heads) * num_splits + split  # [G_PAD]
-        tl.store(part_ptr + row[:, None] * HEAD_DIM + d[None, :], o, mask=w_mask)
+        tl.store(part_ptr + row[:, None] * HEAD_DIM + d[None, :], o, mask=w_mask & mine)
         tl.store(lse_ptr + row, tl.where(has, m + tl.log2(tl.where(has, l_i, 1.0)),
-                                         float("-inf")), mask=g_ok)
+                                         float("-inf")), mask=g_ok & mine)
 
 
 # Values that change from step to step are runtime arguments and never specialized on, so
 # the eager path compiles each kernel once instead of once per (splits, table width) seen.
-@triton.jit(do_not_specialize=["stride_bt", "num_splits"])
+@triton.jit(do_not_specialize=["stride_bt", "num_splits", "min_split_tokens"])
 def _decode_split_kernel(
     q_ptr, stride_qb, stride_qh,  # [B, Hq, D]
     kv_ptr, stride_kv_block, stride_kv_kv, stride_kv_tok, stride_kv_head,
@@ -151,7 +172,7 @@ def _decode_split_kernel(
     pk_ptr, pv_ptr, stride_p_tok, stride_p_head, prefix_loc_ptr,  # dense prefix (optional)
     out_ptr, stride_ob, stride_oh,  # [B, Hq, D] (SINGLE_SPLIT)
     part_ptr, lse_ptr,  # [B, Hq, num_splits, D] fp32, [B, Hq, num_splits] fp32
-    qk_scale, num_splits,
+    qk_scale, num_splits, min_split_tokens,
     G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
     HAS_PREFIX: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
@@ -163,30 +184,36 @@ def _decode_split_kernel(
         block_tables_ptr, stride_bt, seq_lens_ptr,
         pk_ptr, pv_ptr, stride_p_tok, stride_p_head, prefix_loc_ptr,
         out_ptr, stride_ob, stride_oh, part_ptr, lse_ptr, qk_scale, num_splits,
-        G, G_PAD, HEAD_DIM, D_PAD, BLOCK_SIZE, BLOCK_N, SINGLE_SPLIT, HAS_PREFIX, UPCAST,
-        PRECISION,
+        min_split_tokens, G, G_PAD, HEAD_DIM, D_PAD, BLOCK_SIZE, BLOCK_N, SINGLE_SPLIT,
+        HAS_PREFIX, UPCAST, PRECISION,
     )
 
 
-@triton.jit(do_not_specialize=["num_splits"])
+@triton.jit(do_not_specialize=["num_splits", "min_split_tokens"])
 def _reduce_splits_kernel(
     part_ptr, lse_ptr,  # [B, Hq, num_splits, D] fp32, [B, Hq, num_splits] fp32 (log2 domain)
     out_ptr, stride_ob, stride_oh,  # [B, Hq, D]
-    num_splits, S_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    D_PAD: tl.constexpr,
+    seq_lens_ptr, num_splits, min_split_tokens,
+    S_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
+    splits = request_splits(tl.load(seq_lens_ptr + b), num_splits, min_split_tokens)
     s = tl.arange(0, S_PAD)
     d = tl.arange(0, D_PAD)
     row = (b * tl.num_programs(1) + h) * num_splits + s  # [S_PAD]
-    lse = tl.load(lse_ptr + row, mask=s < num_splits, other=float("-inf"))
-    w = tl.exp2(lse - tl.max(lse, 0))  # split 0 always has tokens, so the max is finite
+    mine = (s < splits) & (splits > 1)  # a one-split request's output is written already
+    lse = tl.load(lse_ptr + row, mask=mine, other=float("-inf"))
+    # A split request's split 0 always has tokens: its max is finite and its weights sum
+    # to >= 1. A one-split request's row is all -inf; the guards keep its (unstored)
+    # arithmetic finite.
+    top = tl.where(splits > 1, tl.max(lse, 0), 0.0)
+    w = tl.exp2(lse - top)
     o = tl.load(part_ptr + row[:, None] * HEAD_DIM + d[None, :],
-                mask=(s < num_splits)[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
-    res = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)
+                mask=mine[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
+    res = tl.sum(w[:, None] * o, 0) / tl.maximum(tl.sum(w, 0), 1.0)
     tl.store(out_ptr + b * stride_ob + h * stride_oh + d, res.to(out_ptr.dtype.element_ty),
-             mask=d < HEAD_DIM)
+             mask=(d < HEAD_DIM) & (splits > 1))
 
 
 def default_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, sms: int,
@@ -279,13 +306,14 @@ def split_partials(out: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, to
     return part, lse
 
 
-def reduce_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> None:
-    """Merges the splits' partial outputs into `out` [B, Hq, D] (one small launch)."""
+def reduce_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor,
+                  seq_lens: torch.Tensor, min_split_tokens: int) -> None:
+    """Merges the splits' partial outputs into `out` [B, Hq, D] (one small launch), for the
+    requests that had more than one split."""
     B, Hq, num_splits, D = part.shape
     _reduce_splits_kernel[(B, Hq)](
-        part, lse, out, out.stride(0), out.stride(1),
-        num_splits, S_PAD=next_pow2(num_splits), HEAD_DIM=D, D_PAD=next_pow2(D),
-        num_warps=4,
+        part, lse, out, out.stride(0), out.stride(1), seq_lens, num_splits, min_split_tokens,
+        S_PAD=next_pow2(num_splits), HEAD_DIM=D, D_PAD=next_pow2(D), num_warps=4,
     )
 
 
@@ -303,6 +331,7 @@ def paged_decode_attention(
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int = 3,
+    min_split_tokens: int | None = None,  # a request's own split cap (module default)
 ) -> torch.Tensor:  # [B, Hq, D]
     B, Hq, D = q.shape
     block_size, Hkv = kv_cache.shape[2], kv_cache.shape[3]
@@ -314,6 +343,7 @@ def paged_decode_attention(
         if max_seq_len is None:
             max_seq_len = int(seq_lens[:B].max())  # syncs; callers on the hot path pass it
         num_splits = choose_num_splits(q, kv_cache, max_seq_len, block_n, num_stages)
+    min_split_tokens = min_split_tokens or REQUEST_MIN_SPLIT_TOKENS
     G = Hq // Hkv
     D_PAD = next_pow2(D)
     part, lse = split_partials(out, num_splits)
@@ -328,14 +358,14 @@ def paged_decode_attention(
         pk, pv, pk.stride(0), pk.stride(1), ploc,
         out, out.stride(0), out.stride(1),
         part, lse,
-        scale * LOG2E, num_splits,
+        scale * LOG2E, num_splits, min_split_tokens,
         G=G, G_PAD=max(16, next_pow2(G)), HEAD_DIM=D, D_PAD=D_PAD,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, SINGLE_SPLIT=num_splits == 1,
         HAS_PREFIX=prefix is not None, UPCAST=upcast(q.dtype), PRECISION=dot_precision(q.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
-        reduce_splits(part, lse, out)
+        reduce_splits(part, lse, out, seq_lens, min_split_tokens)
     return out
 
 

@@ -40,7 +40,10 @@ def _check(seq_lens: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype,
 def test_decode_matches_reference(dtype: torch.dtype, hq: int, hkv: int, d: int,
                                   num_splits: int) -> None:
     # 1 token, a page boundary exactly, a long-ish one; block_n=32 spans two 16-token pages.
-    _check([1, 16, 70, 33], hq, hkv, d, dtype, num_splits=num_splits, block_n=32)
+    # With 16 tokens a split at least, the rows get 1, 1, 3 and 2 of 3 splits: one-split rows
+    # (written directly) and split rows (merged by the reduce) share the launch.
+    _check([1, 16, 70, 33], hq, hkv, d, dtype, num_splits=num_splits, block_n=32,
+           min_split_tokens=16)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -48,7 +51,15 @@ def test_decode_matches_reference(dtype: torch.dtype, hq: int, hkv: int, d: int,
 def test_decode_with_dense_prefix(dtype: torch.dtype, num_splits: int) -> None:
     # prefix shorter than a page, empty, longer than a tile, and the whole context but one.
     _check([20, 9, 75, 40], 4, 2, 64, dtype, prefix_lens=[5, 0, 37, 39],
-           num_splits=num_splits, block_n=16)
+           num_splits=num_splits, block_n=16, min_split_tokens=8)
+
+
+def test_short_requests_skip_the_splits() -> None:
+    """A launch fixed at 4 splits (a CUDA graph's) over requests of 1..4 splits' worth: a
+    one-split row's output comes from its kernel alone, the reduce leaves it untouched, and
+    every row still matches the reference."""
+    _check([5, 40, 17, 100, 64], 2, 2, 64, torch.float32, num_splits=4, block_n=16,
+           min_split_tokens=20)
 
 
 def test_decode_default_splits_and_tiles() -> None:
