@@ -208,10 +208,14 @@ def short_context_sweep(max_model_len: int = 4096) -> list[dict[str, Any]]:
 # count (from max_model_len) is 2-4 while most contexts are a few hundred tokens.
 MIXED_BATCHES = (40, 72, 136, 184, 248, 272, 400, 664)
 MIXED_MEAN_CONTEXTS = (150, 400, 1000)
-MIN_SPLIT_TOKENS = (1, 128, 256, 512, 1024)
+# (split count: None = the graph's, tokens a split at least, pipeline stages); the first run
+# of this sweep compared caps 1-1024 (kernels_mixed_context_h200_min_split.json).
+MIXED_VARIANTS = ((None, 256, 3), (None, 1, 3), (1, 256, 3), (None, 256, 2), (1, 256, 2),
+                  (1, 256, 1))
 
 
 def bench_decode_mixed(batch: int, mean_ctx: int, min_split_tokens: int,
+                       num_splits: int | None = None, num_stages: int = 3,
                        max_model_len: int = 4096, seed: int = 0) -> dict[str, Any]:
     """Decode over contexts drawn uniformly from [16, 2 x mean) (llama-3.1-8b), the split
     count fixed from max_model_len as a decode graph fixes it, each request capping its own
@@ -231,10 +235,10 @@ def bench_decode_mixed(batch: int, mean_ctx: int, min_split_tokens: int,
     q = torch.randn(batch, hq, d, dtype=torch.bfloat16, device="cuda")
     out = torch.empty_like(q)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    splits = default_num_splits(batch, hkv, max_model_len, sms)
+    splits = num_splits or default_num_splits(batch, hkv, max_model_len, sms)
     calls = [
         (lambda p=p: paged_decode_attention(q, p, tables, seq_lens, d**-0.5, out=out,
-                                            num_splits=splits,
+                                            num_splits=splits, num_stages=num_stages,
                                             min_split_tokens=min_split_tokens))
         for p in pools
     ]
@@ -245,6 +249,7 @@ def bench_decode_mixed(batch: int, mean_ctx: int, min_split_tokens: int,
     gbps = moved / t / 1e9
     return {"model": "llama-3.1-8b", "batch": batch, "context": mean_ctx, "F": 1,
             "num_splits": splits, "min_split_tokens": min_split_tokens,
+            "num_stages": num_stages,
             "time_us": round(t * 1e6, 2), "bytes": moved, "GBps": round(gbps, 1),
             "pct_roofline": round(100 * gbps / HBM_ROOFLINE_GBPS, 1)}
 
@@ -253,8 +258,8 @@ def mixed_context_sweep() -> list[dict[str, Any]]:
     rows = []
     for batch in MIXED_BATCHES:
         for mean_ctx in MIXED_MEAN_CONTEXTS:
-            for m in MIN_SPLIT_TOKENS:
-                rows.append(bench_decode_mixed(batch, mean_ctx, m))
+            for splits, m, stages in MIXED_VARIANTS:
+                rows.append(bench_decode_mixed(batch, mean_ctx, m, splits, stages))
                 print(rows[-1], flush=True)
     return rows
 

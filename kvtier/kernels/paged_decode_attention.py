@@ -93,12 +93,37 @@ def decode_split(
     seq_len = tl.load(seq_lens_ptr + b)
     # Each request cuts its own context into its own number of tile-aligned ranges: the grid
     # depends only on (B, Hkv, num_splits), so a captured CUDA graph stays valid as lengths
-    # grow. Splits past the request's count see an empty range.
+    # grow. A split past the request's count exits before loading anything more.
     splits = request_splits(seq_len, num_splits, min_split_tokens)
-    part = tl.cdiv(tl.cdiv(seq_len, splits), BLOCK_N) * BLOCK_N
-    lo = split * part
-    hi = tl.minimum(lo + part, seq_len)
+    if split < splits:
+        part = tl.cdiv(tl.cdiv(seq_len, splits), BLOCK_N) * BLOCK_N
+        lo = split * part
+        decode_range(
+            b, kv_head, split, splits, num_kv_heads, lo, tl.minimum(lo + part, seq_len),
+            q_ptr, stride_qb, stride_qh,
+            kv_ptr, stride_kv_block, stride_kv_kv, stride_kv_tok, stride_kv_head,
+            block_tables_ptr, stride_bt,
+            pk_ptr, pv_ptr, stride_p_tok, stride_p_head, prefix_loc_ptr,
+            out_ptr, stride_ob, stride_oh, part_ptr, lse_ptr, qk_scale, num_splits,
+            G, G_PAD, HEAD_DIM, D_PAD, BLOCK_SIZE, BLOCK_N, SINGLE_SPLIT, HAS_PREFIX, UPCAST,
+            PRECISION,
+        )
 
+
+@triton.jit
+def decode_range(
+    b, kv_head, split, splits, num_kv_heads, lo, hi,  # context positions [lo, hi)
+    q_ptr, stride_qb, stride_qh,
+    kv_ptr, stride_kv_block, stride_kv_kv, stride_kv_tok, stride_kv_head,
+    block_tables_ptr, stride_bt,
+    pk_ptr, pv_ptr, stride_p_tok, stride_p_head, prefix_loc_ptr,
+    out_ptr, stride_ob, stride_oh, part_ptr, lse_ptr, qk_scale, num_splits,
+    G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
+    HAS_PREFIX: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Split `split` (of the request's `splits`) over positions [lo, hi): its output, or its
+    partial output and log-sum-exp."""
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D_PAD)
     g_ok = g < G
@@ -154,7 +179,7 @@ def decode_split(
         # A one-split request is done here; the reduce leaves its rows alone.
         tl.store(dst, o.to(out_ptr.dtype.element_ty),
                  mask=w_mask & ((splits == 1) & (split == 0)))
-        mine = (split < splits) & (splits > 1)
+        mine = splits > 1
         row = (b * (G * num_kv_heads) + heads) * num_splits + split  # [G_PAD]
         tl.store(part_ptr + row[:, None] * HEAD_DIM + d[None, :], o, mask=w_mask & mine)
         tl.store(lse_ptr + row, tl.where(has, m + tl.log2(tl.where(has, l_i, 1.0)),

@@ -17,8 +17,12 @@ def _check(shape: tuple[int, ...], dtype: torch.dtype) -> None:
     assert_close(out, ref, dtype)
 
 
+# Rows enough for the error norm to average: Triton's interpreter truncates fp32 -> bf16
+# (the GPU rounds to nearest), so each of the kernel's two roundings costs up to an ulp and
+# the relative error sits near 0.75 % in CI; over 16 outputs one run in ten passed 1e-2, over
+# a thousand none of 400 did (max 0.93 %).
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(5, 64), (2, 3, 2200), (1, 32)])
+@pytest.mark.parametrize("shape", [(40, 64), (2, 3, 2200), (64, 32)])
 def test_silu_and_mul(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
     _check(shape, dtype)
 
