@@ -48,6 +48,8 @@ LOG2E = 1.4426950408889634
 # Below this many tokens per split, the extra partial outputs and the reduce cost more than
 # the parallelism gains.
 MIN_TOKENS_PER_SPLIT = 256
+# From this many waves of (request, KV head) programs on, the decode does not split.
+SPLIT_FREE_WAVES = 2
 # Each request's own cap (`min_split_tokens`): a request splits only into ranges at least
 # this long, whatever the launch's split count.
 REQUEST_MIN_SPLIT_TOKENS = MIN_TOKENS_PER_SPLIT
@@ -251,9 +253,18 @@ def default_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, sms: int
     idles SMs. A single wave also ramps poorly (88 %), and every split adds partial-output
     traffic and a reduce (~0.3 % each). So: the fewest splits that keep 95 % of the slots
     busy, else the best trade-off; never fewer than MIN_TOKENS_PER_SPLIT tokens a split.
+
+    That wave arithmetic holds for equal contexts. Served batches mix lengths, which smears
+    the last wave, and a decode graph fixes its split count from max_model_len, not from the
+    lengths it will meet: over contexts drawn from [16, 2 x mean) (means 150-1000), one split
+    beat the graph's 2-4 at every batch from 136 up (e.g. 184 requests of mean 400: 91 us vs
+    106 us a layer) and at 72 for means up to 400, lost 4 % at 72 x 1000 and lost at 40
+    (kernels_mixed_context_h200.json). So from SPLIT_FREE_WAVES waves of programs on: one.
     """
     programs = batch * num_kv_heads
     slots = sms * programs_per_sm
+    if programs >= SPLIT_FREE_WAVES * slots:
+        return 1
     useful = max(1, min(MAX_SPLITS, triton.cdiv(max_seq_len, MIN_TOKENS_PER_SPLIT)))
     best, best_score = 1, -1.0
     for splits in range(1, useful + 1):
