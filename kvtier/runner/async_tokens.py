@@ -14,6 +14,7 @@ runs while the GPU computes the other. Two things make that exact:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -86,8 +87,10 @@ class DeviceTokens:
             raise RuntimeError(f"no sampled token in flight for request {e}") from None
         return dst, src
 
-    def fill(self, input_ids: torch.Tensor, where: tuple[np.ndarray, np.ndarray]) -> None:
-        """Write the in-flight tokens into `input_ids` (device) at the placeholder rows."""
+    def fill(self, input_ids: torch.Tensor, where: tuple[np.ndarray, np.ndarray],
+             upload: Callable[[np.ndarray], torch.Tensor]) -> None:
+        """Write the in-flight tokens into `input_ids` (device) at the placeholder rows;
+        `upload` puts the index arrays on the device."""
         assert self.tokens is not None
-        dst, src = (torch.from_numpy(a).to(self.device, non_blocking=True) for a in where)
+        dst, src = map(upload, where)
         input_ids[dst] = self.tokens[src]

@@ -8,6 +8,8 @@ device.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -84,8 +86,9 @@ class BlockTables:
         self.table[where, row, :k] = np.arange(blocks.start, blocks.stop, dtype=np.int32)
         self._dirty.append((row, 0, k))
 
-    def sync_device(self) -> None:
-        """Copy this step's new entries to the device mirror: one small upload, one scatter."""
+    def sync_device(self, upload: Callable[[np.ndarray], torch.Tensor] | None = None) -> None:
+        """Copy this step's new entries to the device mirror: one small upload, one scatter.
+        `upload` puts a host array on the device (the runner's pinned staging)."""
         if self.device_table is None or not self._dirty:
             self._dirty.clear()
             return
@@ -97,8 +100,11 @@ class BlockTables:
         cols = np.arange(len(rows)) + np.repeat(dirty[:, 1] - run_start, counts)
         values = self.table[:, rows, cols]  # [G, N]
         dev = self.device_table.device
-        packed = torch.from_numpy(np.stack([rows, cols]).astype(np.int64)).to(dev, non_blocking=True)
-        vals = torch.from_numpy(np.ascontiguousarray(values)).to(dev, non_blocking=True)
+        if upload is None:
+            def upload(a: np.ndarray) -> torch.Tensor:
+                return torch.from_numpy(np.ascontiguousarray(a)).to(dev, non_blocking=True)
+        packed = upload(np.stack([rows, cols]).astype(np.int64))
+        vals = upload(values)
         self.device_table[:, packed[0], packed[1]] = vals
         self._dirty.clear()
 

@@ -107,14 +107,14 @@ class DecodeGraphs:
         size = self.padded_size(b)
         if size is None:
             return None
-        rows = torch.from_numpy(batch.rows).to(self.input_ids.device, non_blocking=True)
-        self.input_ids[:b].copy_(torch.from_numpy(batch.input_ids), non_blocking=True)
+        host = self.runner.staging.host
+        rows = self.runner.staging.put(batch.rows)
+        self.input_ids[:b].copy_(host(batch.input_ids), non_blocking=True)
         if fill_inputs is not None:
             fill_inputs(self.input_ids[:b])
-        self.positions[:b].copy_(torch.from_numpy(batch.positions), non_blocking=True)
-        self.seq_lens[:b].copy_(torch.from_numpy(batch.seq_lens.astype(np.int32)),
-                                non_blocking=True)
-        self.slot_mapping[:, :b].copy_(torch.from_numpy(batch.slots), non_blocking=True)
+        self.positions[:b].copy_(host(batch.positions), non_blocking=True)
+        self.seq_lens[:b].copy_(host(batch.seq_lens.astype(np.int32)), non_blocking=True)
+        self.slot_mapping[:, :b].copy_(host(batch.slots), non_blocking=True)
         self.block_tables[:, :b].copy_(self.runner.block_tables.gather_device(rows))
         if size > b:  # padded rows: one token over the scratch block
             self.seq_lens[b:size].fill_(1)

@@ -34,6 +34,7 @@ from kvtier.runner.host_batch import HostBatch, build_host_batch
 from kvtier.runner.kernel_warmup import warm_up_attention
 from kvtier.runner.piecewise_graphs import PiecewiseGraphs
 from kvtier.runner.sampler import SampleRow, plain_greedy, sample
+from kvtier.runner.staging import PinnedStaging
 from kvtier.runner.swap_copies import SwapCopies, make_streams
 from kvtier.sampling_params import SamplingParams
 
@@ -75,6 +76,7 @@ class ModelRunner:
         self.copies = SwapCopies(make_streams(device, config.overlap_swap), self.num_groups,
                                  self.layers_per_block)
         self.async_tokens = DeviceTokens(config.scheduler.max_num_seqs, device)
+        self.staging = PinnedStaging(device)
         self._placeholders: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
@@ -286,9 +288,10 @@ class ModelRunner:
     def prepare_batch(self, scheduled: list[ScheduledRequest]) -> HostBatch:
         """A step's host batch, with the device block tables brought up to date: what a
         forward needs before `device_inputs` (also the seam the cost-model profiler uses)."""
+        self.staging.next_step()
         batch = build_host_batch(scheduled, self.block_tables, self.block_size,
                                  self.recompute_scratch, self._copy_window())
-        self.block_tables.sync_device()
+        self.block_tables.sync_device(self.staging.put)
         return batch
 
     def _logits(self, batch: HostBatch) -> torch.Tensor | None:
@@ -326,8 +329,7 @@ class ModelRunner:
         n = len(batch.logits_idx)
         if n == 0:
             return None
-        idx = torch.from_numpy(self._padded_logits_idx(batch.logits_idx)).to(
-            self.device, non_blocking=True)
+        idx = self.staging.put(self._padded_logits_idx(batch.logits_idx))
         return self.model.compute_logits(hidden[idx])[:n]
 
     def _padded_logits_idx(self, idx: np.ndarray) -> np.ndarray:
@@ -389,7 +391,7 @@ class ModelRunner:
     def _fill_placeholders(self, input_ids: torch.Tensor) -> None:
         """Async scheduling: the in-flight tokens into this step's device input ids."""
         if self._placeholders is not None:
-            self.async_tokens.fill(input_ids, self._placeholders)
+            self.async_tokens.fill(input_ids, self._placeholders, self.staging.put)
 
     def _sample_row(self, sr: ScheduledRequest) -> SampleRow:
         p = sr.sampling_params
@@ -418,11 +420,10 @@ class ModelRunner:
     def device_inputs(
         self, batch: HostBatch
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        dev = self.device
+        staging = self.staging
 
         def put(a: np.ndarray, dtype=None) -> torch.Tensor:
-            t = torch.from_numpy(np.ascontiguousarray(a if dtype is None else a.astype(dtype)))
-            return t.to(dev, non_blocking=True)
+            return staging.put(a if dtype is None else a.astype(dtype))
 
         tables = self.block_tables.gather_device(put(batch.rows), batch.max_blocks)  # [G, B, w]
         meta = AttentionMetadata(
