@@ -50,7 +50,13 @@ def make_engine(model: str, max_len: int, max_seqs: int, kv_gb: float, layers_pe
                 eager: bool = False, max_batched: int = 8192,
                 piecewise: bool = False) -> LLMEngine:
     """Decode-only and single-prompt steps: piecewise graphs (steps with prefill rows beside
-    decodes) would only add capture time, so they are off unless asked for."""
+    decodes) would only add capture time, so they are off unless asked for. Starts by
+    returning the allocator's cached segments: a previous engine's pool freed only when its
+    caller's frame ended stays cached, and the new engine's weights would be carved out of
+    it, leaving too little contiguous memory for the new pool (seen on the H200: 65 GiB
+    reserved but unallocated, the second 80 GiB pool out of memory)."""
+    gc.collect()
+    torch.cuda.empty_cache()
     return LLMEngine.from_engine_args(EngineArgs(
         model=model, load_format="dummy", dtype="bfloat16", max_model_len=max_len,
         max_num_seqs=max_seqs, kv_cache_gb=kv_gb, swap_space=0.01,
