@@ -22,7 +22,7 @@ import datetime
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ BLOCK_SIZE = 16
 L2_BYTES = 60 << 20
 
 
-def time_graph(calls: list[Callable[[], Any]], reps: int = 10) -> float:
+def time_graph(calls: Sequence[Callable[..., Any]], reps: int = 10) -> float:
     """Median seconds per call: capture all calls (at least 20, cycling) in one CUDA graph
     and time its replays with events."""
     for c in calls:  # compile + warm up outside the graph
@@ -91,25 +91,33 @@ def _decode_setup(batch: int, ctx: int, hq: int, hkv: int, d: int, F: int = 1
     return pools, tables, seq_lens, q, kv_bytes
 
 
-def bench_decode(model: str, batch: int, ctx: int, F: int = 1, **kw: Any) -> dict[str, Any]:
-    hq, hkv, d = MODELS[model]
-    pools, tables, seq_lens, q, kv_bytes = _decode_setup(batch, ctx, hq, hkv, d, F)
+def _time_decode(pools: list[torch.Tensor], tables: torch.Tensor, seq_lens: torch.Tensor,
+                 q: torch.Tensor, kv_bytes: int, **kernel_kw: Any) -> dict[str, Any]:
+    """Graph-replayed decode over each pool in turn; frees the pools. Bandwidth counts the
+    KV read plus q and out."""
     out = torch.empty_like(q)
-    splits = kw.pop("num_splits", None) or default_num_splits(
-        batch, hkv, ctx, torch.cuda.get_device_properties(0).multi_processor_count)
     calls = [
-        (lambda p=p: paged_decode_attention(q, p, tables, seq_lens, d**-0.5, out=out,
-                                            num_splits=splits, **kw))
+        (lambda p=p: paged_decode_attention(q, p, tables, seq_lens, q.shape[-1] ** -0.5,
+                                            out=out, **kernel_kw))
         for p in pools
     ]
     t = time_graph(calls)
     moved = kv_bytes + 2 * q.numel() * q.element_size()
-    del pools
+    pools.clear()
     torch.cuda.empty_cache()
     gbps = moved / t / 1e9
-    return {"model": model, "batch": batch, "context": ctx, "F": F, "num_splits": splits,
-            **kw, "time_us": round(t * 1e6, 2), "bytes": moved, "GBps": round(gbps, 1),
+    return {"time_us": round(t * 1e6, 2), "bytes": moved, "GBps": round(gbps, 1),
             "pct_roofline": round(100 * gbps / HBM_ROOFLINE_GBPS, 1)}
+
+
+def bench_decode(model: str, batch: int, ctx: int, F: int = 1, **kw: Any) -> dict[str, Any]:
+    hq, hkv, d = MODELS[model]
+    pools, tables, seq_lens, q, kv_bytes = _decode_setup(batch, ctx, hq, hkv, d, F)
+    splits = kw.pop("num_splits", None) or default_num_splits(
+        batch, hkv, ctx, torch.cuda.get_device_properties(0).multi_processor_count)
+    timed = _time_decode(pools, tables, seq_lens, q, kv_bytes, num_splits=splits, **kw)
+    return {"model": model, "batch": batch, "context": ctx, "F": F, "num_splits": splits,
+            **kw, **timed}
 
 
 def bench_prefill(model: str, length: int, **kw: Any) -> dict[str, Any]:
@@ -233,25 +241,13 @@ def bench_decode_mixed(batch: int, mean_ctx: int, min_split_tokens: int,
     tables = torch.randperm(num_blocks, device="cuda", dtype=torch.int32).view(batch, max_blocks)
     seq_lens = lens.to(torch.int32).cuda()
     q = torch.randn(batch, hq, d, dtype=torch.bfloat16, device="cuda")
-    out = torch.empty_like(q)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     splits = num_splits or default_num_splits(batch, hkv, max_model_len, sms)
-    calls = [
-        (lambda p=p: paged_decode_attention(q, p, tables, seq_lens, d**-0.5, out=out,
-                                            num_splits=splits, num_stages=num_stages,
-                                            min_split_tokens=min_split_tokens))
-        for p in pools
-    ]
-    t = time_graph(calls)
-    moved = kv_bytes + 2 * q.numel() * q.element_size()
-    del pools
-    torch.cuda.empty_cache()
-    gbps = moved / t / 1e9
+    timed = _time_decode(pools, tables, seq_lens, q, kv_bytes, num_splits=splits,
+                         num_stages=num_stages, min_split_tokens=min_split_tokens)
     return {"model": "llama-3.1-8b", "batch": batch, "context": mean_ctx, "F": 1,
             "num_splits": splits, "min_split_tokens": min_split_tokens,
-            "num_stages": num_stages,
-            "time_us": round(t * 1e6, 2), "bytes": moved, "GBps": round(gbps, 1),
-            "pct_roofline": round(100 * gbps / HBM_ROOFLINE_GBPS, 1)}
+            "num_stages": num_stages, **timed}
 
 
 def mixed_context_sweep() -> list[dict[str, Any]]:
