@@ -37,9 +37,9 @@
 #                                    # at the offline run's short contexts (issue 3)
 #   bash benchmarks/h200_next.sh v   # (session 7) cuBLAS on the decode GEMMs by token count,
 #                                    # padded / transposed / cuBLASLt beside the plain call
-#   bash benchmarks/h200_next.sh w   # NOT RUN YET: host overhead at 256 requests three times
-#                                    # (with the decode targets' device-time column), then a
-#                                    # Python profile of 40 synchronous decode steps at 256 seats
+#   bash benchmarks/h200_next.sh w   # not run: session 8 measured the host overhead by part
+#                                    # instead (bench_gpu_path.py's phases_ms; README), on two
+#                                    # machines, with its own calls (each result names its command)
 set -u
 export PYTHONUNBUFFERED=1 KVTIER_GIT_COMMIT=${KVTIER_GIT_COMMIT:-unknown}
 R=$OUT
