@@ -18,7 +18,6 @@ import time
 from benchmarks.common import batch_bin, write_result
 from kvtier import LLM, SamplingParams
 from kvtier.bench.gpu_monitor import GpuMonitor, GpuSummary
-from kvtier.kernels import paged_decode_attention
 
 
 def step_label(reqs: int, tokens: int) -> str:
@@ -78,13 +77,7 @@ def main() -> None:
     ap.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                     help="launch step N+1 before reading step N's tokens (the engine's "
                          "--async-scheduling; --no-async-scheduling: one step at a time)")
-    ap.add_argument("--decode-min-split-tokens", type=int, default=None,
-                    help="ablation: each request's own split cap in the decode attention "
-                         "(kernel default 256; 1 = every request takes its graph's split count)")
     args = ap.parse_args()
-    if args.decode_min_split_tokens is not None:
-        # Read at each launch, so set before the engine captures its graphs.
-        paged_decode_attention.REQUEST_MIN_SPLIT_TOKENS = args.decode_min_split_tokens
     work = json.load(open(args.workload))
     reqs = work["requests"]
     t_start = time.perf_counter()

@@ -30,9 +30,10 @@ class HostParams:
     # Not host time but fitted with it: a graph step's decode attention past what its grid
     # point (the batch at the mean context) measured, per layer and per token that the
     # longest context runs past the mean. At graph batch sizes a request's context is one
-    # program per KV head (the split count is fixed for max_model_len, 1 past ~50
-    # requests), so the longest one finishes last, alone; the profile's grid has uniform
-    # contexts. On the H200 13B profile's serving steps: 21 ns, and graph_s_per_req fell
+    # program per KV head (one split from two waves of programs on, 14 requests of
+    # llama-2-13b: `default_num_splits`), so the longest one finishes last, alone; the
+    # profile's grid has uniform contexts. On the H200 13B profile's serving steps (fitted
+    # under the earlier rule, 1 split past ~50 requests): 21 ns, and graph_s_per_req fell
     # from 23 to 10 us, in line with the ~0.8 ms a graph step at ~80 requests takes to issue.
     graph_s_per_tail_token: float = 0.0
     # Eager steps (prefill chunks present): inputs and metadata, then the forward is issued

@@ -41,7 +41,6 @@ from kvtier.kernels.launch import check, dot_precision, next_pow2, num_sms, upca
 from kvtier.kernels.paged_decode_attention import (
     LOG2E,
     MIN_TOKENS_PER_SPLIT,
-    REQUEST_MIN_SPLIT_TOKENS,
     DenseSegment,
     _default_block_n,
     check_decode_args,
@@ -333,7 +332,7 @@ def fused_paged_attention(
             decode.block_tables, decode.block_tables.stride(0), decode.seq_lens,
             pk, pv, pk.stride(0), pk.stride(1), ploc,
             d_out, d_out.stride(0), d_out.stride(1), part, lse,
-            kv.shape[3], d_splits, REQUEST_MIN_SPLIT_TOKENS, d_work,
+            kv.shape[3], d_splits, MIN_TOKENS_PER_SPLIT, d_work,
         )
         d_meta["D_SINGLE_SPLIT"] = d_splits == 1
     # An absent part gets the present part's tensors as placeholders and no programs.
@@ -362,7 +361,7 @@ def fused_paged_attention(
     )
     if decode is not None and d_splits > 1:
         assert d_out is not None
-        reduce_splits(part, lse, d_out, decode.seq_lens, REQUEST_MIN_SPLIT_TOKENS)
+        reduce_splits(part, lse, d_out, decode.seq_lens, MIN_TOKENS_PER_SPLIT)
     return p_out, d_out, split
 
 

@@ -46,13 +46,10 @@ from kvtier.kernels.launch import (
 
 LOG2E = 1.4426950408889634
 # Below this many tokens per split, the extra partial outputs and the reduce cost more than
-# the parallelism gains.
+# the parallelism gains: the cap of a launch's split count and of each request's own.
 MIN_TOKENS_PER_SPLIT = 256
 # From this many waves of (request, KV head) programs on, the decode does not split.
 SPLIT_FREE_WAVES = 2
-# Each request's own cap (`min_split_tokens`): a request splits only into ranges at least
-# this long, whatever the launch's split count.
-REQUEST_MIN_SPLIT_TOKENS = MIN_TOKENS_PER_SPLIT
 MAX_SPLITS = 64
 
 
@@ -367,7 +364,7 @@ def paged_decode_attention(
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int = 3,
-    min_split_tokens: int | None = None,  # a request's own split cap (module default)
+    min_split_tokens: int = MIN_TOKENS_PER_SPLIT,  # a request splits into ranges this long
 ) -> torch.Tensor:  # [B, Hq, D]
     B, Hq, D = q.shape
     block_size, Hkv = kv_cache.shape[2], kv_cache.shape[3]
@@ -379,7 +376,6 @@ def paged_decode_attention(
         if max_seq_len is None:
             max_seq_len = int(seq_lens[:B].max())  # syncs; callers on the hot path pass it
         num_splits = choose_num_splits(q, kv_cache, max_seq_len, block_n, num_stages)
-    min_split_tokens = min_split_tokens or REQUEST_MIN_SPLIT_TOKENS
     G = Hq // Hkv
     D_PAD = next_pow2(D)
     part, lse = split_partials(out, num_splits)

@@ -107,8 +107,9 @@ class DecodeGraphs:
         size = self.padded_size(b)
         if size is None:
             return None
-        host = self.runner.staging.host
-        rows = self.runner.staging.put(batch.rows)
+        staging = self.runner.staging
+        host = staging.host
+        rows = staging.put(batch.rows)
         self.input_ids[:b].copy_(host(batch.input_ids), non_blocking=True)
         if fill_inputs is not None:
             fill_inputs(self.input_ids[:b])
