@@ -13,6 +13,7 @@ TFLOP/s = 2 * 2 * Hq * D * L^2 / 2 / time, beside torch's flash SDPA on the same
     python benchmarks/bench_kernels.py --out results.json [--sweep]
     python benchmarks/bench_kernels.py --parts short_context --out short.json  # tile variants
     python benchmarks/bench_kernels.py --parts mixed_context --out mixed.json  # split caps
+    python benchmarks/bench_kernels.py --parts sharegpt_context --out sg.json  # run's contexts
 """
 
 from __future__ import annotations
@@ -229,25 +230,38 @@ def bench_decode_mixed(batch: int, mean_ctx: int, min_split_tokens: int,
     count fixed from max_model_len as a decode graph fixes it, each request capping its own
     splits at seq_len // min_split_tokens (1: every request takes the graph's count, as the
     kernel did before the cap)."""
-    hq, hkv, d = MODELS["llama-3.1-8b"]
     g = torch.Generator().manual_seed(seed + batch + mean_ctx)
     lens = torch.randint(16, 2 * mean_ctx, (batch,), generator=g)
+    row = bench_decode_lens(lens, num_splits=num_splits, max_model_len=max_model_len,
+                            num_stages=num_stages, min_split_tokens=min_split_tokens)
+    return {**row, "context": mean_ctx}
+
+
+def bench_decode_lens(lens: torch.Tensor, num_splits: int | None = None, F: int = 1,
+                      max_model_len: int = 4096, **kernel_kw: Any) -> dict[str, Any]:
+    """Decode of one layer over requests of the given contexts (llama-3.1-8b), in that order
+    (program ids follow the rows), over randomly placed blocks of a pool of F layers a block;
+    the split count fixed from max_model_len as a decode graph fixes it."""
+    hq, hkv, d = MODELS["llama-3.1-8b"]
+    batch = len(lens)
     max_blocks = -(-int(lens.max()) // BLOCK_SIZE)
     kv_bytes = int(lens.sum()) * hkv * d * 2 * 2
     copies = max(1, min(16, -(-4 * L2_BYTES // kv_bytes)))
     num_blocks = batch * max_blocks
-    pools = [torch.randn(num_blocks, 2, BLOCK_SIZE, hkv, d, dtype=torch.bfloat16,
-                         device="cuda") for _ in range(copies)]
+    pools = []
+    for _ in range(copies):
+        pool = torch.empty(num_blocks, F, 2, BLOCK_SIZE, hkv, d, dtype=torch.bfloat16,
+                           device="cuda")
+        pool.normal_()
+        pools.append(pool[:, F - 1])
     tables = torch.randperm(num_blocks, device="cuda", dtype=torch.int32).view(batch, max_blocks)
     seq_lens = lens.to(torch.int32).cuda()
     q = torch.randn(batch, hq, d, dtype=torch.bfloat16, device="cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     splits = num_splits or default_num_splits(batch, hkv, max_model_len, sms)
-    timed = _time_decode(pools, tables, seq_lens, q, kv_bytes, num_splits=splits,
-                         num_stages=num_stages, min_split_tokens=min_split_tokens)
-    return {"model": "llama-3.1-8b", "batch": batch, "context": mean_ctx, "F": 1,
-            "num_splits": splits, "min_split_tokens": min_split_tokens,
-            "num_stages": num_stages, **timed}
+    timed = _time_decode(pools, tables, seq_lens, q, kv_bytes, num_splits=splits, **kernel_kw)
+    return {"model": "llama-3.1-8b", "batch": batch, "context": round(float(lens.float().mean())),
+            "max_context": int(lens.max()), "F": F, "num_splits": splits, **kernel_kw, **timed}
 
 
 def mixed_context_sweep() -> list[dict[str, Any]]:
@@ -257,6 +271,48 @@ def mixed_context_sweep() -> list[dict[str, Any]]:
             for splits, m, stages in MIXED_VARIANTS:
                 rows.append(bench_decode_mixed(batch, mean_ctx, m, splits, stages))
                 print(rows[-1], flush=True)
+    return rows
+
+
+# Decode steps of the offline ShareGPT run (every request admitted and prefilled at once,
+# then step s holds the requests with more than s output tokens at prompt + s tokens, in
+# arrival order), where the attention reached 63-84 % of HBM in the run's profile.
+SHAREGPT_STEPS = (12, 100, 200, 400, 600)
+# (label, lens transform, kernel keywords): the graph's rule; the same lengths longest
+# first (how much the long requests' programs trail the rest); long requests split; one
+# wave more of resident programs; the same tokens spread evenly (what the uniform
+# sweeps measure).
+SHAREGPT_VARIANTS = (
+    ("graph", None, {}),
+    ("longest_first", "sort", {}),
+    ("split4_256", None, {"num_splits": 4, "min_split_tokens": 256}),
+    ("split8_128", None, {"num_splits": 8, "min_split_tokens": 128}),
+    ("longest_first_split4", "sort", {"num_splits": 4, "min_split_tokens": 256}),
+    ("block32_stages2", None, {"block_n": 32, "num_stages": 2}),
+    ("uniform", "uniform", {}),
+)
+
+
+def sharegpt_step_lens(workload: str, step: int) -> torch.Tensor:
+    """Contexts of the decode rows `step` steps into the offline run of `workload`."""
+    requests = json.loads(Path(workload).read_text())["requests"]
+    return torch.tensor([len(ids) + step for ids, out in requests if out > step])
+
+
+def sharegpt_context_sweep(workload: str) -> list[dict[str, Any]]:
+    rows = []
+    for step in SHAREGPT_STEPS:
+        lens = sharegpt_step_lens(workload, step)
+        for label, transform, kw in SHAREGPT_VARIANTS:
+            if transform == "sort":
+                case = lens.sort(descending=True).values
+            elif transform == "uniform":
+                case = torch.full_like(lens, round(float(lens.float().mean())))
+            else:
+                case = lens
+            rows.append({"step": step, "variant": label,
+                         **bench_decode_lens(case, F=4, **kw)})
+            print(rows[-1], flush=True)
     return rows
 
 
@@ -274,7 +330,10 @@ def main() -> None:
     ap.add_argument("--commit", default=None, help="git commit (default: git rev-parse HEAD)")
     ap.add_argument("--sweep", action="store_true", help="also try kernel config variants")
     ap.add_argument("--parts", default="decode,prefill",
-                    help="comma list of decode, prefill, sweep, short_context, mixed_context")
+                    help="comma list of decode, prefill, sweep, short_context, mixed_context, "
+                         "sharegpt_context")
+    ap.add_argument("--workload", default=".carry/sharegpt_llama31_1000.json",
+                    help="prepared ShareGPT workload (sharegpt_context)")
     args = ap.parse_args()
     parts = set(args.parts.split(",")) | ({"sweep"} if args.sweep else set())
     result: dict[str, Any] = {
@@ -309,6 +368,8 @@ def main() -> None:
         result["short_context"] = short_context_sweep()
     if "mixed_context" in parts:
         result["mixed_context"] = mixed_context_sweep()
+    if "sharegpt_context" in parts:
+        result["sharegpt_context"] = sharegpt_context_sweep(args.workload)
     Path(args.out).write_text(json.dumps(result, indent=1))
     _print_table(result)
 
@@ -316,7 +377,7 @@ def main() -> None:
 def _print_table(r: dict[str, Any]) -> None:
     print(f"\n{r['gpu']}  copy {r['measured_copy_GBps']} GB/s  (roofline {HBM_ROOFLINE_GBPS})")
     print(f"{'model':14} {'B':>4} {'ctx':>5} {'F':>2} {'splits':>6} {'us':>8} {'GB/s':>7} {'%':>5}")
-    for d in r.get("decode", []) + r.get("short_context", []) + r.get("mixed_context", []):
+    for d in r.get("decode", []) + r.get("short_context", []) + r.get("mixed_context", []) + r.get("sharegpt_context", []):
         print(f"{d['model']:14} {d['batch']:4} {d['context']:5} {d['F']:2} {d['num_splits']:6} "
               f"{d['time_us']:8} {d['GBps']:7} {d['pct_roofline']:5}")
     for p in r.get("prefill", []):
