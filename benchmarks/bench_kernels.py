@@ -279,12 +279,14 @@ def mixed_context_sweep() -> list[dict[str, Any]]:
 # arrival order), where the attention reached 63-84 % of HBM in the run's profile.
 SHAREGPT_STEPS = (12, 100, 200, 400, 600)
 # (label, lens transform, kernel keywords): the graph's rule; the same lengths longest
-# first (how much the long requests' programs trail the rest); long requests split; one
+# first (how much the long requests' programs trail the rest), sorted on the host or
+# launched in that order through the kernel's `order` index; long requests split; one
 # wave more of resident programs; the same tokens spread evenly (what the uniform
 # sweeps measure).
 SHAREGPT_VARIANTS = (
     ("graph", None, {}),
     ("longest_first", "sort", {}),
+    ("order_longest_first", "order", {}),
     ("split4_256", None, {"num_splits": 4, "min_split_tokens": 256}),
     ("split8_128", None, {"num_splits": 8, "min_split_tokens": 128}),
     ("longest_first_split4", "sort", {"num_splits": 4, "min_split_tokens": 256}),
@@ -310,8 +312,11 @@ def sharegpt_context_sweep(workload: str) -> list[dict[str, Any]]:
                 case = torch.full_like(lens, round(float(lens.float().mean())))
             else:
                 case = lens
-            rows.append({"step": step, "variant": label,
-                         **bench_decode_lens(case, F=4, **kw)})
+            if transform == "order":  # launch order from an index array, rows unsorted
+                kw = {**kw, "order": lens.argsort(descending=True).to(torch.int32).cuda()}
+            row = bench_decode_lens(case, F=4, **kw)
+            row.pop("order", None)
+            rows.append({"step": step, "variant": label, **row})
             print(rows[-1], flush=True)
     return rows
 

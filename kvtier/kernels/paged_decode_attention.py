@@ -189,6 +189,7 @@ def decode_range(
 # the eager path compiles each kernel once instead of once per (splits, table width) seen.
 @triton.jit(do_not_specialize=["stride_bt", "num_splits", "min_split_tokens"])
 def _decode_split_kernel(
+    order_ptr,  # [B] int32: the request each row of programs serves (HAS_ORDER)
     q_ptr, stride_qb, stride_qh,  # [B, Hq, D]
     kv_ptr, stride_kv_block, stride_kv_kv, stride_kv_tok, stride_kv_head,
     block_tables_ptr, stride_bt,  # [B, max_blocks]
@@ -200,9 +201,17 @@ def _decode_split_kernel(
     G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
     HAS_PREFIX: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_ORDER: tl.constexpr,
 ):
+    # KV heads vary fastest: a request's programs start together (they read interleaved
+    # slices of the same blocks), and programs start in `order`, so a batch ordered longest
+    # first starts its longest contexts in the first wave instead of leaving them to the
+    # last one (the hardware issues programs roughly in id order).
+    b = tl.program_id(1)
+    if HAS_ORDER:
+        b = tl.load(order_ptr + b)
     decode_split(
-        tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(1),
+        b, tl.program_id(0), tl.program_id(2), tl.num_programs(0),
         q_ptr, stride_qb, stride_qh,
         kv_ptr, stride_kv_block, stride_kv_kv, stride_kv_tok, stride_kv_head,
         block_tables_ptr, stride_bt, seq_lens_ptr,
@@ -365,6 +374,7 @@ def paged_decode_attention(
     num_warps: int = 4,
     num_stages: int = 3,
     min_split_tokens: int = MIN_TOKENS_PER_SPLIT,  # a request splits into ranges this long
+    order: torch.Tensor | None = None,  # [B] int32 permutation: requests in launch order
 ) -> torch.Tensor:  # [B, Hq, D]
     B, Hq, D = q.shape
     block_size, Hkv = kv_cache.shape[2], kv_cache.shape[3]
@@ -382,7 +392,11 @@ def paged_decode_attention(
     pk = prefix.k if prefix is not None else q
     pv = prefix.v if prefix is not None else q
     ploc = prefix.start_loc if prefix is not None else seq_lens
-    _decode_split_kernel[(B, Hkv, num_splits)](
+    if order is not None:
+        check(order.dtype == torch.int32 and order.shape[0] >= B,
+              f"order must be int32 with at least {B} entries")
+    _decode_split_kernel[(Hkv, B, num_splits)](
+        order if order is not None else seq_lens,
         q, q.stride(0), q.stride(1),
         kv_cache, kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         block_tables, block_tables.stride(0),
@@ -394,7 +408,7 @@ def paged_decode_attention(
         G=G, G_PAD=max(16, next_pow2(G)), HEAD_DIM=D, D_PAD=D_PAD,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, SINGLE_SPLIT=num_splits == 1,
         HAS_PREFIX=prefix is not None, UPCAST=upcast(q.dtype), PRECISION=dot_precision(q.dtype),
-        num_warps=num_warps, num_stages=num_stages,
+        HAS_ORDER=order is not None, num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
         reduce_splits(part, lse, out, seq_lens, min_split_tokens)
