@@ -44,6 +44,9 @@ class AttentionMetadata:
     # Host copies for the pure-torch path (no device sync needed to read them).
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
+    # [num_decodes] int32 permutation: the order the decode attention launches its rows in
+    # (a performance hint: any order gives the same outputs). None: row order.
+    decode_order: torch.Tensor | None = None
     # What a backend derives from this step's metadata once and reuses in every layer
     # (tensor views, launch parameters): a step issues its attention once per layer, and
     # rebuilding them each time was a measurable share of a mixed step's host time.

@@ -83,6 +83,7 @@ class TritonAttentionBackend:
             paged_decode_attention(
                 qd, layer_cache, decode_tables, step.decode_lens, scale,
                 out=out[:nd], max_seq_len=meta.max_seq_len, num_splits=step.num_splits,
+                order=meta.decode_order,
             )
         if nd < meta.num_reqs:
             paged_prefill_attention(

@@ -394,7 +394,7 @@ def paged_decode_attention(
     ploc = prefix.start_loc if prefix is not None else seq_lens
     if order is not None:
         check(order.dtype == torch.int32 and order.shape[0] >= B,
-              f"order must be int32 with at least {B} entries")
+              lambda: f"order must be int32 with at least {B} entries")
     _decode_split_kernel[(Hkv, B, num_splits)](
         order if order is not None else seq_lens,
         q, q.stride(0), q.stride(1),

@@ -54,6 +54,7 @@ class DecodeGraphs:
         self.positions = torch.zeros(m, dtype=torch.int64, device=dev)
         self.query_start_loc = torch.arange(m + 1, dtype=torch.int32, device=dev)
         self.seq_lens = torch.ones(m, dtype=torch.int32, device=dev)
+        self.decode_order = torch.arange(m, dtype=torch.int32, device=dev)
         self.block_tables = torch.full((g, m, max_blocks), scratch_block, dtype=torch.int32,
                                        device=dev)
         self.slot_mapping = torch.full((g, m), self.scratch_slot, dtype=torch.int64, device=dev)
@@ -70,6 +71,7 @@ class DecodeGraphs:
             block_tables=self.block_tables[:, :b], slot_mapping=self.slot_mapping[:, :b],
             layers_per_block=r.layers_per_block, block_size=r.block_size,
             query_lens_cpu=[1] * b, seq_lens_cpu=[max_len] * b,
+            decode_order=self.decode_order[:b],
         )
 
     def _forward(self, b: int) -> torch.Tensor:
@@ -115,6 +117,10 @@ class DecodeGraphs:
             fill_inputs(self.input_ids[:b])
         self.positions[:b].copy_(host(batch.positions), non_blocking=True)
         self.seq_lens[:b].copy_(host(batch.seq_lens.astype(np.int32)), non_blocking=True)
+        # Padded rows (one token each) launch last, after the step's real rows.
+        order = np.arange(size, dtype=np.int32)
+        order[:b] = batch.decode_order
+        self.decode_order[:size].copy_(host(order), non_blocking=True)
         self.slot_mapping[:, :b].copy_(host(batch.slots), non_blocking=True)
         self.block_tables[:, :b].copy_(self.runner.block_tables.gather_device(rows))
         if size > b:  # padded rows: one token over the scratch block

@@ -359,7 +359,8 @@ class ModelRunner:
             query_start_loc=meta.query_start_loc[: b + 1], seq_lens=meta.seq_lens[:b],
             block_tables=meta.block_tables[:, :b], slot_mapping=meta.slot_mapping[:, :n],
             layers_per_block=meta.layers_per_block, block_size=meta.block_size,
-            query_lens_cpu=meta.query_lens_cpu[:b], seq_lens_cpu=meta.seq_lens_cpu[:b])
+            query_lens_cpu=meta.query_lens_cpu[:b], seq_lens_cpu=meta.seq_lens_cpu[:b],
+            decode_order=meta.decode_order)  # decodes lead the batch, before any prefix row
         return (self.num_groups - h) * self.layers_per_block, short
 
     def _copy_window(self) -> int:
@@ -440,5 +441,6 @@ class ModelRunner:
             block_size=self.block_size,
             query_lens_cpu=batch.query_lens.tolist(),
             seq_lens_cpu=batch.seq_lens.tolist(),
+            decode_order=put(batch.decode_order) if batch.num_decodes else None,
         )
         return put(batch.input_ids), put(batch.positions), meta

@@ -93,3 +93,28 @@ def test_decode_gpu(dtype: torch.dtype, hq: int, hkv: int, d: int, num_splits: i
 def test_decode_prefix_gpu(dtype: torch.dtype) -> None:
     seq_lens = [2000, 513, 64, 1500, 4000]
     _check(seq_lens, 32, 8, 128, dtype, prefix_lens=[300, 0, 63, 1500, 17], num_splits=5)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_launch_order_changes_no_output(num_splits: int) -> None:
+    """Programs launched longest first, or in any permuted order, write the same rows."""
+    lens = [5, 70, 33, 1, 48]
+    for order in ([1, 4, 2, 0, 3], [3, 0, 4, 2, 1]):
+        _check(lens, 4, 2, 64, torch.float32, num_splits=num_splits, block_n=16,
+               min_split_tokens=16,
+               order=torch.tensor(order, dtype=torch.int32, device=DEVICE))
+
+
+def test_launch_order_must_be_int32() -> None:
+    with pytest.raises(ValueError, match="order must be int32"):
+        _check([5, 7], 2, 2, 64, torch.float32,
+               order=torch.tensor([1, 0], dtype=torch.int64, device=DEVICE))
+
+
+@gpu
+def test_launch_order_gpu() -> None:
+    g = torch.Generator().manual_seed(3)
+    lens = torch.randint(1, 3000, (40,), generator=g)
+    order = lens.argsort(descending=True).to(torch.int32).to(DEVICE)
+    for num_splits in (1, 4):
+        _check(lens.tolist(), 32, 8, 128, torch.bfloat16, num_splits=num_splits, order=order)

@@ -78,3 +78,19 @@ def test_apply_all_equals_apply_one_by_one():
             batched.remove(gone)
             single.remove(gone)
             del have[gone]
+
+
+def test_host_batch_launches_decodes_longest_first():
+    """The decode rows' launch order: every decode row once, longest context first (ties in
+    row order), the prefill row left out."""
+    from kvtier.runner.host_batch import build_host_batch
+
+    bt = BlockTables(num_groups=1, max_reqs=8, max_blocks_per_req=16)
+    starts = [40, 3, 200, 40, 17]
+    plan = [ScheduledRequest(f"d{i}", [1], s, ((i,),), True, True, P, 1)
+            for i, s in enumerate(starts)]
+    plan.append(ScheduledRequest("p", [1] * 30, 0, ((7, 8),), True, True, P, 0))
+    batch = build_host_batch(plan, bt, block_size=16)
+    assert batch.num_decodes == 5
+    assert batch.decode_order.dtype == np.int32
+    assert batch.decode_order.tolist() == [2, 0, 3, 4, 1]
