@@ -4,7 +4,9 @@
            (weights + KV read + KV written, at 4.24 TB/s), CUDA graphs on;
   prefill  one prompt of n tokens vs the bf16 GEMM peak (761 TFLOP/s);
   layers   the effect of F (layers per KV block) on decode step time;
-  host     CPU time per decode step (schedule + inputs + update) at 256 running requests.
+  host     CPU time per decode step (schedule + inputs + update) at 256 running requests,
+           synchronous and with async scheduling;
+  decode_targets  the issue's two decode shapes, runner steps and whole engine steps.
 
 Steps are driven through the real runner (`ModelRunner.execute` on a StepPlan), so what is
 timed is what the engine runs. Usage (GPU):
@@ -45,7 +47,7 @@ def release(engine: LLMEngine) -> None:
 
 def make_engine(model: str, max_len: int, max_seqs: int, kv_gb: float, layers_per_block: int,
                 eager: bool = False, max_batched: int = 8192,
-                piecewise: bool = False) -> LLMEngine:
+                piecewise: bool = False, async_scheduling: bool = False) -> LLMEngine:
     """Decode-only and single-prompt steps: piecewise graphs (steps with prefill rows beside
     decodes) would only add capture time, so they are off unless asked for. Starts by
     returning the allocator's cached segments: a previous engine's pool freed only when its
@@ -58,7 +60,8 @@ def make_engine(model: str, max_len: int, max_seqs: int, kv_gb: float, layers_pe
         model=model, load_format="dummy", dtype="bfloat16", max_model_len=max_len,
         max_num_seqs=max_seqs, kv_cache_gb=kv_gb, swap_space=0.01,
         layers_per_block=layers_per_block, enforce_eager=eager,
-        max_num_batched_tokens=max_batched, piecewise_graphs=piecewise))
+        max_num_batched_tokens=max_batched, piecewise_graphs=piecewise,
+        async_scheduling=async_scheduling))
 
 
 def decode_plans(engine: LLMEngine, batch: int, context: int) -> tuple[StepPlan, StepPlan]:
@@ -209,36 +212,64 @@ def step_phases(engine: LLMEngine, iters: int) -> dict[str, float]:
     return {k: statistics.median(v) * 1e3 for k, v in times.items()}
 
 
-def run_host_overhead(model: str, num_requests: int, context: int, kv_gb: float) -> dict:
-    """Host time of a decode step: a whole `engine.step()` (schedule, inputs, graph replay,
-    sampling, update, outputs) minus the device time of the same step's graph replay."""
-    engine = make_engine(model, context + 256, num_requests, kv_gb, 4)
-    rows = {}
-    for kind in ("final_only", "cumulative"):  # offline generate / streaming server
-        params = replace(GREEDY, output_kind=kind)
-        for i in range(num_requests):
-            engine.add_request(f"{kind}{i}", [1 + (i * 7 + k) % 30000 for k in range(context)],
-                               params)
-        while engine.get_stats().num_waiting or any(
-                r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running):
-            engine.step()
-        for _ in range(5):
-            engine.step()
-        torch.cuda.synchronize()
-        walls = []
-        for _ in range(30):
-            t0 = time.perf_counter()
-            engine.step()
-            walls.append(time.perf_counter() - t0)
-        graph = engine.executor.graphs.graphs[engine.executor.graphs.padded_size(num_requests)]
-        step, dev = statistics.median(walls), median_replay_s(graph, 30)
-        rows[kind] = {"step_ms": step * 1e3, "device_ms": dev * 1e3,
-                      "host_overhead_ms": (step - dev) * 1e3,
-                      "step_ms_all": [w * 1e3 for w in walls],
-                      "phases_ms": step_phases(engine, 30)}
-        engine.abort_request([f"{kind}{i}" for i in range(num_requests)])
+def engine_decode_steps(engine: LLMEngine, num_requests: int, context: int,
+                        kind: str = "final_only") -> dict:
+    """Steady decode steps of the whole engine (`engine.step()`: schedule, inputs, graph
+    replay, sampling, update, outputs) over `num_requests` prompts of `context` tokens,
+    against the device time of the same step's graph replayed alone. Synchronous steps
+    expose their host work; with async scheduling the host prepares step N+1 while the GPU
+    runs step N, so only what the GPU waits for shows."""
+    params = replace(GREEDY, output_kind=kind)
+    ids = [f"{kind}{i}" for i in range(num_requests)]
+    for i, rid in enumerate(ids):
+        engine.add_request(rid, [1 + (i * 7 + k) % 30000 for k in range(context)], params)
+    while engine.get_stats().num_waiting or any(
+            r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running):
+        engine.step()
+    for _ in range(5):
+        engine.step()
+    torch.cuda.synchronize()
+    walls = []
+    first = statistics.mean(r.num_tokens for r in engine.scheduler.running)
+    for _ in range(30):
+        t0 = time.perf_counter()
+        engine.step()
+        walls.append(time.perf_counter() - t0)
+    mean_context = (first + statistics.mean(r.num_tokens for r in engine.scheduler.running)) / 2
+    graph = engine.executor.graphs.graphs[engine.executor.graphs.padded_size(num_requests)]
+    step, dev = statistics.median(walls), median_replay_s(graph, 30)
+    row = {"mean_context": mean_context, "step_ms": step * 1e3, "device_ms": dev * 1e3,
+           "host_overhead_ms": (step - dev) * 1e3, "step_ms_all": [w * 1e3 for w in walls], "phases_ms": step_phases(engine, 30)}
+    engine.abort_request(ids)
+    return row
+
+
+def run_host_overhead(model: str, num_requests: int, context: int, kv_gb: float,
+                      async_scheduling: bool = False) -> dict:
+    """Host time of a decode step: a whole `engine.step()` minus the device time of the same
+    step's graph replay, for offline generation (final outputs only) and streaming."""
+    engine = make_engine(model, context + 256, num_requests, kv_gb, 4,
+                         async_scheduling=async_scheduling)
+    rows = {kind: engine_decode_steps(engine, num_requests, context, kind)
+            for kind in ("final_only", "cumulative")}  # offline generate / streaming server
     release(engine)
-    return {"model": model, "running_requests": num_requests, "context": context, **rows}
+    return {"model": model, "running_requests": num_requests, "context": context,
+            "async_scheduling": async_scheduling, **rows}
+
+
+def run_engine_decode(model: str, batch: int, context: int, kv_gb: float,
+                      async_scheduling: bool) -> dict:
+    """A decode target measured on the whole engine's steps (offline generation)."""
+    engine = make_engine(model, context + 256, batch, kv_gb, 4,
+                         async_scheduling=async_scheduling)
+    row = engine_decode_steps(engine, batch, context)
+    wb, kvb = decode_bytes(engine.model_config, batch, round(row["mean_context"]))
+    hbm, _ = roofline(wb, kvb, batch)
+    release(engine)
+    return {"model": model, "batch": batch, "context": context,
+            "async_scheduling": async_scheduling, **row, "roofline_ms": hbm * 1e3,
+            "fraction_of_roofline": hbm / (row["step_ms"] / 1e3),
+            "device_fraction_of_roofline": hbm / (row["device_ms"] / 1e3)}
 
 
 def main() -> None:
@@ -256,6 +287,9 @@ def main() -> None:
         if part == "host":
             result["host_overhead"] = run_host_overhead("llama-3.1-8b", 256, 512, 40.0)
             print(result["host_overhead"], flush=True)
+            result["host_overhead_async"] = run_host_overhead("llama-3.1-8b", 256, 512, 40.0,
+                                                              async_scheduling=True)
+            print(result["host_overhead_async"], flush=True)
         elif part == "decode":
             result["decode"] = [
                 r for m in ("llama-3.1-8b", "llama-2-13b")
@@ -264,6 +298,10 @@ def main() -> None:
             result["decode_targets"] = (
                 run_decode("llama-3.1-8b", [256], [2048], args.kv_gb, 4)
                 + run_decode("llama-3.1-8b", [16], [8192], args.kv_gb, 4))
+            # The same two shapes as whole engine steps, synchronous and async scheduling.
+            result["decode_targets_engine"] = [
+                run_engine_decode("llama-3.1-8b", b, c, args.kv_gb, a)
+                for b, c in ((256, 2048), (16, 8192)) for a in (False, True)]
         elif part == "prefill":
             result["prefill"] = run_prefill("llama-3.1-8b", [2048, 8192, 32768], 20.0)
         elif part == "layers":
