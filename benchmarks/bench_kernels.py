@@ -321,6 +321,24 @@ def sharegpt_context_sweep(workload: str) -> list[dict[str, Any]]:
     return rows
 
 
+def grid_order_sweep() -> list[dict[str, Any]]:
+    """The decode grid's program order at the issue's two target shapes (uniform contexts):
+    KV heads or requests varying fastest, with and without a launch-order index."""
+    hq, hkv, d = MODELS["llama-3.1-8b"]
+    rows = []
+    for batch, ctx in TARGET_SHAPES + ((64, 2048), (16, 2048), (1, 8192)):
+        for head_major in (True, False):
+            for with_order in (False, True):
+                kw: dict[str, Any] = {"head_major": head_major}
+                if with_order:
+                    kw["order"] = torch.arange(batch, dtype=torch.int32, device="cuda")
+                row = bench_decode("llama-3.1-8b", batch, ctx, F=4, **kw)
+                row["order"] = with_order
+                rows.append(row)
+                print(rows[-1], flush=True)
+    return rows
+
+
 def _git_commit() -> str:
     try:
         return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True,
@@ -373,6 +391,8 @@ def main() -> None:
         result["short_context"] = short_context_sweep()
     if "mixed_context" in parts:
         result["mixed_context"] = mixed_context_sweep()
+    if "grid_order" in parts:
+        result["grid_order"] = grid_order_sweep()
     if "sharegpt_context" in parts:
         result["sharegpt_context"] = sharegpt_context_sweep(args.workload)
     Path(args.out).write_text(json.dumps(result, indent=1))
@@ -382,7 +402,8 @@ def main() -> None:
 def _print_table(r: dict[str, Any]) -> None:
     print(f"\n{r['gpu']}  copy {r['measured_copy_GBps']} GB/s  (roofline {HBM_ROOFLINE_GBPS})")
     print(f"{'model':14} {'B':>4} {'ctx':>5} {'F':>2} {'splits':>6} {'us':>8} {'GB/s':>7} {'%':>5}")
-    for d in r.get("decode", []) + r.get("short_context", []) + r.get("mixed_context", []) + r.get("sharegpt_context", []):
+    parts = ("decode", "short_context", "mixed_context", "sharegpt_context", "grid_order")
+    for d in [row for part in parts for row in r.get(part, [])]:
         print(f"{d['model']:14} {d['batch']:4} {d['context']:5} {d['F']:2} {d['num_splits']:6} "
               f"{d['time_us']:8} {d['GBps']:7} {d['pct_roofline']:5}")
     for p in r.get("prefill", []):
