@@ -12,6 +12,11 @@ min(num_splits, seq_len // min_split_tokens) splits (at least one), a single-spl
 writes its output directly, and the programs past its count exit at once. Short requests
 in a graph captured for long ones then pay no partial outputs and no reduce.
 
+Launch order: KV heads vary fastest, and a single-split launch may take `order`, the
+requests in the order their programs start. Served batches mix a few long contexts among
+many short ones; started longest first, the long ones no longer trail the last wave (2-11 %
+off the kernel on the offline ShareGPT run's contexts, kernels_sharegpt_context_h200.json).
+
 Context of request b (absolute token positions):
 
     [0, prefix_len_b)          dense prefix:  prefix.k/v rows start_loc[b] .. start_loc[b+1]
@@ -400,6 +405,11 @@ def paged_decode_attention(
     if order is not None:
         check(order.dtype == torch.int32 and order.shape[0] >= B,
               lambda: f"order must be int32 with at least {B} entries")
+        if num_splits > 1:
+            # Split launches already cut long contexts, and read through the index they ran
+            # 21-27 % slower on the H200 (16 x 2048 and 16 x 8192 tokens, 4 splits;
+            # kernels_grid_order_h200.json): the order serves single-split launches only.
+            order = None
     grid = (Hkv, B, num_splits) if head_major else (B, Hkv, num_splits)
     _decode_split_kernel[grid](
         order if order is not None else seq_lens,
