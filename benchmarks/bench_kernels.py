@@ -321,6 +321,42 @@ def sharegpt_context_sweep(workload: str) -> list[dict[str, Any]]:
     return rows
 
 
+def placement_sweep(pool_gb: float = 80.0) -> list[dict[str, Any]]:
+    """Where a batch's KV blocks sit in a large pool (F = 4 blocks, llama-3.1-8b, batch 256 x
+    2048 tokens, one layer timed): each request's blocks consecutive, the used blocks
+    shuffled among themselves, or scattered over the whole pool (more pages to translate)."""
+    hq, hkv, d = MODELS["llama-3.1-8b"]
+    F, batch, ctx = 4, 256, 2048
+    block_bytes = F * 2 * BLOCK_SIZE * hkv * d * 2
+    total = int(pool_gb * (1 << 30)) // block_bytes
+    pool = torch.empty(total, F, 2, BLOCK_SIZE, hkv, d, dtype=torch.bfloat16, device="cuda")
+    layers = [pool[:, s] for s in range(F)]  # the F layers of a block, timed in turn
+    nb = ctx // BLOCK_SIZE
+    used = batch * nb
+    q = torch.randn(batch, hq, d, dtype=torch.bfloat16, device="cuda")
+    seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    layouts = {
+        "consecutive": torch.arange(used, device="cuda", dtype=torch.int32),
+        "shuffled_used": torch.randperm(used, device="cuda", dtype=torch.int32),
+        "scattered_pool": torch.randperm(total, device="cuda", dtype=torch.int32)[:used],
+    }
+    kv_bytes = batch * ctx * hkv * d * 2 * 2
+    rows = []
+    for label, ids in layouts.items():
+        tables, out = ids.view(batch, nb), torch.empty_like(q)
+        calls = [lambda layer=layer, tables=tables, out=out: paged_decode_attention(
+            q, layer, tables, seq_lens, d**-0.5, out=out, num_splits=1) for layer in layers]
+        t = time_graph(calls)
+        gbps = (kv_bytes + 2 * q.numel() * 2) / t / 1e9
+        rows.append({"placement": label, "batch": batch, "context": ctx, "F": F,
+                     "pool_blocks": total, "time_us": round(t * 1e6, 2), "GBps": round(gbps, 1),
+                     "pct_roofline": round(100 * gbps / HBM_ROOFLINE_GBPS, 1)})
+        print(rows[-1], flush=True)
+    del layers, pool
+    torch.cuda.empty_cache()
+    return rows
+
+
 def grid_order_sweep() -> list[dict[str, Any]]:
     """The decode grid's program order at the issue's two target shapes (uniform contexts):
     KV heads or requests varying fastest, with and without a launch-order index."""
@@ -391,6 +427,8 @@ def main() -> None:
         result["short_context"] = short_context_sweep()
     if "mixed_context" in parts:
         result["mixed_context"] = mixed_context_sweep()
+    if "placement" in parts:
+        result["placement"] = placement_sweep()
     if "grid_order" in parts:
         result["grid_order"] = grid_order_sweep()
     if "sharegpt_context" in parts:
