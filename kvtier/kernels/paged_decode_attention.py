@@ -54,7 +54,7 @@ LOG2E = 1.4426950408889634
 # the parallelism gains: the cap of a launch's split count and of each request's own.
 MIN_TOKENS_PER_SPLIT = 256
 # From this many waves of (request, KV head) programs on, the decode does not split.
-SPLIT_FREE_WAVES = 2
+SPLIT_FREE_WAVES = 3
 MAX_SPLITS = 64
 
 
@@ -275,6 +275,10 @@ def default_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, sms: int
     beat the graph's 2-4 at every batch from 136 up (e.g. 184 requests of mean 400: 91 us vs
     106 us a layer) and at 72 for means up to 400, lost 4 % at 72 x 1000 and lost at 40
     (kernels_mixed_context_h200.json). So from SPLIT_FREE_WAVES waves of programs on: one.
+    Three, not two: at two, llama-2-13b's 16 x 40 programs (2.4 waves) ran unsplit at 77-80
+    % of HBM where two splits reach 93-95 % (kernels_h200_456b8b1.json vs
+    kernels_h200_waves3.json), and the offline ShareGPT run did not move (19,385 / 19,381 vs
+    19,366 / 19,438 output tok/s in one call, offline_waves{2,3}_{1,2}.json).
     """
     programs = batch * num_kv_heads
     slots = sms * programs_per_sm

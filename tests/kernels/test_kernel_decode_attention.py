@@ -72,10 +72,12 @@ def test_default_num_splits_fills_the_gpu() -> None:
     assert default_num_splits(1, 8, 100, sms) == 1  # too short to split
     assert default_num_splits(16, 8, 8192, sms) == 4  # 512 programs: 1.9 waves of 264
     assert default_num_splits(8, 40, 2048, sms) == 4  # 1280 programs: 4.8 waves of 264
-    # Two waves or more: one split (mixed lengths smear the tail; the graph's count would not
-    # match the lengths anyway).
-    assert default_num_splits(16, 40, 2048, sms) == 1
-    assert default_num_splits(72, 8, 4096, sms) == 1
+    # 640 programs, 2.4 waves: two splits fill the last wave (4.8 waves).
+    assert default_num_splits(16, 40, 2048, sms) == 2
+    # Three waves or more: one split (mixed lengths smear the tail; the graph's count would
+    # not match the lengths anyway).
+    assert default_num_splits(100, 8, 4096, sms) == 1
+    assert default_num_splits(32, 40, 2048, sms) == 1
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
