@@ -73,12 +73,14 @@ def copy_bandwidth_gbps() -> float:
     return 2 * src.numel() / t / 1e9
 
 
-def _decode_setup(batch: int, ctx: int, hq: int, hkv: int, d: int, F: int = 1
+def _decode_setup(lens: torch.Tensor, hq: int, hkv: int, d: int, F: int = 1
                   ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """Pools for `copies` layers (so the working set exceeds L2), random block tables."""
-    kv_bytes = batch * ctx * hkv * d * 2 * 2
+    """Requests of contexts `lens`: pools of F layers a block for `copies` layers (so the
+    working set exceeds L2), one layer of each viewed, and random block tables."""
+    batch = len(lens)
+    kv_bytes = int(lens.sum()) * hkv * d * 2 * 2
     copies = max(1, min(16, -(-4 * L2_BYTES // kv_bytes)))
-    nb_per_req = -(-ctx // BLOCK_SIZE)
+    nb_per_req = -(-int(lens.max()) // BLOCK_SIZE)
     num_blocks = batch * nb_per_req
     pools = []
     for _ in range(copies):
@@ -87,7 +89,7 @@ def _decode_setup(batch: int, ctx: int, hq: int, hkv: int, d: int, F: int = 1
         pool.normal_()
         pools.append(pool[:, F - 1])
     tables = torch.randperm(num_blocks, device="cuda", dtype=torch.int32).view(batch, nb_per_req)
-    seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    seq_lens = lens.to(torch.int32).cuda()
     q = torch.randn(batch, hq, d, dtype=torch.bfloat16, device="cuda")
     return pools, tables, seq_lens, q, kv_bytes
 
@@ -113,7 +115,8 @@ def _time_decode(pools: list[torch.Tensor], tables: torch.Tensor, seq_lens: torc
 
 def bench_decode(model: str, batch: int, ctx: int, F: int = 1, **kw: Any) -> dict[str, Any]:
     hq, hkv, d = MODELS[model]
-    pools, tables, seq_lens, q, kv_bytes = _decode_setup(batch, ctx, hq, hkv, d, F)
+    pools, tables, seq_lens, q, kv_bytes = _decode_setup(torch.full((batch,), ctx), hq, hkv,
+                                                         d, F)
     splits = kw.pop("num_splits", None) or default_num_splits(
         batch, hkv, ctx, torch.cuda.get_device_properties(0).multi_processor_count)
     timed = _time_decode(pools, tables, seq_lens, q, kv_bytes, num_splits=splits, **kw)
@@ -244,19 +247,7 @@ def bench_decode_lens(lens: torch.Tensor, num_splits: int | None = None, F: int 
     the split count fixed from max_model_len as a decode graph fixes it."""
     hq, hkv, d = MODELS["llama-3.1-8b"]
     batch = len(lens)
-    max_blocks = -(-int(lens.max()) // BLOCK_SIZE)
-    kv_bytes = int(lens.sum()) * hkv * d * 2 * 2
-    copies = max(1, min(16, -(-4 * L2_BYTES // kv_bytes)))
-    num_blocks = batch * max_blocks
-    pools = []
-    for _ in range(copies):
-        pool = torch.empty(num_blocks, F, 2, BLOCK_SIZE, hkv, d, dtype=torch.bfloat16,
-                           device="cuda")
-        pool.normal_()
-        pools.append(pool[:, F - 1])
-    tables = torch.randperm(num_blocks, device="cuda", dtype=torch.int32).view(batch, max_blocks)
-    seq_lens = lens.to(torch.int32).cuda()
-    q = torch.randn(batch, hq, d, dtype=torch.bfloat16, device="cuda")
+    pools, tables, seq_lens, q, kv_bytes = _decode_setup(lens, hq, hkv, d, F)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     splits = num_splits or default_num_splits(batch, hkv, max_model_len, sms)
     timed = _time_decode(pools, tables, seq_lens, q, kv_bytes, num_splits=splits, **kernel_kw)

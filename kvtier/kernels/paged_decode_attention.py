@@ -388,7 +388,7 @@ def paged_decode_attention(
     num_stages: int = 3,
     min_split_tokens: int = MIN_TOKENS_PER_SPLIT,  # a request splits into ranges this long
     order: torch.Tensor | None = None,  # [B] int32 permutation: requests in launch order
-    head_major: bool = True,
+    head_major: bool = True,  # False: requests vary fastest (the grid_order benchmark's A/B)
 ) -> torch.Tensor:  # [B, Hq, D]
     B, Hq, D = q.shape
     block_size, Hkv = kv_cache.shape[2], kv_cache.shape[3]
@@ -428,7 +428,8 @@ def paged_decode_attention(
         G=G, G_PAD=max(16, next_pow2(G)), HEAD_DIM=D, D_PAD=D_PAD,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, SINGLE_SPLIT=num_splits == 1,
         HAS_PREFIX=prefix is not None, UPCAST=upcast(q.dtype), PRECISION=dot_precision(q.dtype),
-        HAS_ORDER=order is not None, HEAD_MAJOR=head_major, num_warps=num_warps, num_stages=num_stages,
+        HAS_ORDER=order is not None, HEAD_MAJOR=head_major,
+        num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
         reduce_splits(part, lse, out, seq_lens, min_split_tokens)
