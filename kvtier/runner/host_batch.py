@@ -160,5 +160,5 @@ def longest_first(seq_lens: np.ndarray) -> np.ndarray:
     first. Programs start roughly in id order, so a long context left to the last wave
     keeps the kernel running after the rest are done; on the offline ShareGPT run's
     contexts this order cut the kernel 2-11 % (benchmarks/results/
-    kernels_sharegpt_context_h200.json)."""
+    kernels_sharegpt_context_h200_{base,order}_{1,2}.json)."""
     return np.argsort(-seq_lens, kind="stable").astype(np.int32)
