@@ -15,7 +15,7 @@ in a graph captured for long ones then pay no partial outputs and no reduce.
 Launch order: KV heads vary fastest, and a single-split launch may take `order`, the
 requests in the order their programs start. Served batches mix a few long contexts among
 many short ones; started longest first, the long ones no longer trail the last wave (with
-the head-fastest grid, 6-18 % off the kernel on the offline ShareGPT run's contexts,
+the head-fastest grid, 6-17 % off the kernel on the offline ShareGPT run's contexts,
 kernels_sharegpt_context_h200_{base,order}_{1,2}.json).
 
 Context of request b (absolute token positions):
