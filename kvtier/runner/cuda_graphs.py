@@ -5,7 +5,8 @@ live in static buffers; a step writes its first b rows, and the padded rows poin
 scratch block (the pool's last block, which the KV manager never hands out), so their
 KV writes and reads touch nothing real. Attention grids depend only on (batch, heads,
 splits): the split count is fixed from max_model_len and each program skips what lies past
-its request's length, so the graphs stay valid as sequences grow.
+its request's length, so the graphs stay valid as sequences grow. The order the attention
+launches its rows in (longest context first) is one more static input, the padded rows last.
 """
 
 from __future__ import annotations
