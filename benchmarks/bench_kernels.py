@@ -349,20 +349,21 @@ def placement_sweep(pool_gb: float = 80.0) -> list[dict[str, Any]]:
 
 
 def grid_order_sweep() -> list[dict[str, Any]]:
-    """The decode grid's program order at the issue's two target shapes (uniform contexts):
-    KV heads or requests varying fastest, with and without a launch-order index."""
+    """The decode launch-order index at the issue's two target shapes and three more
+    (uniform contexts, identity order): what reading each program's request through the
+    index costs. (The first run, kernels_grid_order_h200.json at 09b3385, also timed a grid
+    with requests varying fastest; KV heads fastest won or tied at every shape.)"""
     hq, hkv, d = MODELS["llama-3.1-8b"]
     rows = []
     for batch, ctx in TARGET_SHAPES + ((64, 2048), (16, 2048), (1, 8192)):
-        for head_major in (True, False):
-            for with_order in (False, True):
-                kw: dict[str, Any] = {"head_major": head_major}
-                if with_order:
-                    kw["order"] = torch.arange(batch, dtype=torch.int32, device="cuda")
-                row = bench_decode("llama-3.1-8b", batch, ctx, F=4, **kw)
-                row["order"] = with_order
-                rows.append(row)
-                print(rows[-1], flush=True)
+        for with_order in (False, True):
+            kw: dict[str, Any] = {}
+            if with_order:
+                kw["order"] = torch.arange(batch, dtype=torch.int32, device="cuda")
+            row = bench_decode("llama-3.1-8b", batch, ctx, F=4, **kw)
+            row["order"] = with_order
+            rows.append(row)
+            print(rows[-1], flush=True)
     return rows
 
 

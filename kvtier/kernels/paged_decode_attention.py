@@ -207,21 +207,17 @@ def _decode_split_kernel(
     G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
     HAS_PREFIX: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    HAS_ORDER: tl.constexpr, HEAD_MAJOR: tl.constexpr,
+    HAS_ORDER: tl.constexpr,
 ):
     # KV heads vary fastest: a request's programs start together (they read interleaved
     # slices of the same blocks), and programs start in `order`, so a batch ordered longest
     # first starts its longest contexts in the first wave instead of leaving them to the
     # last one (the hardware issues programs roughly in id order).
-    if HEAD_MAJOR:
-        row, kv_head, num_kv_heads = tl.program_id(1), tl.program_id(0), tl.num_programs(0)
-    else:
-        row, kv_head, num_kv_heads = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
-    b = row
+    b = tl.program_id(1)
     if HAS_ORDER:
-        b = tl.load(order_ptr + row)
+        b = tl.load(order_ptr + b)
     decode_split(
-        b, kv_head, tl.program_id(2), num_kv_heads,
+        b, tl.program_id(0), tl.program_id(2), tl.num_programs(0),
         q_ptr, stride_qb, stride_qh,
         kv_ptr, stride_kv_block, stride_kv_kv, stride_kv_tok, stride_kv_head,
         block_tables_ptr, stride_bt, seq_lens_ptr,
@@ -389,7 +385,6 @@ def paged_decode_attention(
     num_stages: int = 3,
     min_split_tokens: int = MIN_TOKENS_PER_SPLIT,  # a request splits into ranges this long
     order: torch.Tensor | None = None,  # [B] int32 permutation: requests in launch order
-    head_major: bool = True,  # False: requests vary fastest (the grid_order benchmark's A/B)
 ) -> torch.Tensor:  # [B, Hq, D]
     B, Hq, D = q.shape
     block_size, Hkv = kv_cache.shape[2], kv_cache.shape[3]
@@ -415,8 +410,7 @@ def paged_decode_attention(
             # 21-27 % slower on the H200 (16 x 2048 and 16 x 8192 tokens, 4 splits;
             # kernels_grid_order_h200.json): the order serves single-split launches only.
             order = None
-    grid = (Hkv, B, num_splits) if head_major else (B, Hkv, num_splits)
-    _decode_split_kernel[grid](
+    _decode_split_kernel[(Hkv, B, num_splits)](  # KV heads fastest
         order if order is not None else seq_lens,
         q, q.stride(0), q.stride(1),
         kv_cache, kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
@@ -429,8 +423,7 @@ def paged_decode_attention(
         G=G, G_PAD=max(16, next_pow2(G)), HEAD_DIM=D, D_PAD=D_PAD,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, SINGLE_SPLIT=num_splits == 1,
         HAS_PREFIX=prefix is not None, UPCAST=upcast(q.dtype), PRECISION=dot_precision(q.dtype),
-        HAS_ORDER=order is not None, HEAD_MAJOR=head_major,
-        num_warps=num_warps, num_stages=num_stages,
+        HAS_ORDER=order is not None, num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
         reduce_splits(part, lse, out, seq_lens, min_split_tokens)

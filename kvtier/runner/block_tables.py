@@ -86,7 +86,7 @@ class BlockTables:
         self.table[where, row, :k] = np.arange(blocks.start, blocks.stop, dtype=np.int32)
         self._dirty.append((row, 0, k))
 
-    def sync_device(self, upload: Callable[[np.ndarray], torch.Tensor] | None = None) -> None:
+    def sync_device(self, upload: Callable[[np.ndarray], torch.Tensor]) -> None:
         """Copy this step's new entries to the device mirror: one small upload, one scatter.
         `upload` puts a host array on the device (the runner's pinned staging)."""
         if self.device_table is None or not self._dirty:
@@ -99,10 +99,6 @@ class BlockTables:
         run_start = np.cumsum(counts) - counts  # where each run begins in rows/cols
         cols = np.arange(len(rows)) + np.repeat(dirty[:, 1] - run_start, counts)
         values = self.table[:, rows, cols]  # [G, N]
-        dev = self.device_table.device
-        if upload is None:
-            def upload(a: np.ndarray) -> torch.Tensor:
-                return torch.from_numpy(np.ascontiguousarray(a)).to(dev, non_blocking=True)
         packed = upload(np.stack([rows, cols]).astype(np.int64))
         vals = upload(values)
         self.device_table[:, packed[0], packed[1]] = vals

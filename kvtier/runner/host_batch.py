@@ -27,7 +27,6 @@ class HostBatch:
     logits_idx: np.ndarray  # [num sampling requests] token index of each one's last token
     num_decodes: int
     max_blocks: int  # block-table columns the batch needs
-    decode_order: np.ndarray  # [num_decodes] int32: decode rows, longest context first
     # eLLM: rows recomputing dropped prefixes (last in the batch), and the copies that bring
     # the offloaded part of those prefixes (top layer groups) from the host into scratch.
     num_prefix_rows: int = 0
@@ -40,6 +39,11 @@ class HostBatch:
     @property
     def num_reqs(self) -> int:
         return len(self.query_lens)
+
+    @property
+    def decode_order(self) -> np.ndarray:
+        """[num_decodes] int32: the decode rows, longest context first (`longest_first`)."""
+        return longest_first(self.seq_lens[: self.num_decodes])
 
     @property
     def is_decode_only(self) -> bool:
@@ -146,12 +150,11 @@ def _batch(rows: np.ndarray, token_ids: list[list[int]], starts: np.ndarray,
     blocks = tables.table[:, token_rows, positions // block_size]  # [G, T]
     slots = blocks.astype(np.int64) * block_size + positions % block_size
     not_decode = np.flatnonzero(q_lens != 1)
-    num_decodes = int(not_decode[0]) if len(not_decode) else n
     return HostBatch(
         input_ids=input_ids, positions=positions, query_lens=q_lens, seq_lens=seq_lens,
         query_start_loc=cu, rows=rows, slots=slots, logits_idx=cu[1:][sample_mask] - 1,
-        num_decodes=num_decodes, max_blocks=-(-int(seq_lens.max()) // block_size),
-        decode_order=longest_first(seq_lens[:num_decodes]),
+        num_decodes=int(not_decode[0]) if len(not_decode) else n,
+        max_blocks=-(-int(seq_lens.max()) // block_size),
     )
 
 

@@ -7,9 +7,11 @@ import torch
 
 from kvtier.core.plan import ScheduledRequest
 from kvtier.runner.block_tables import BlockTables
+from kvtier.runner.staging import PinnedStaging
 from kvtier.sampling_params import SamplingParams
 
 P = SamplingParams()
+UPLOAD = PinnedStaging(torch.device("cpu")).put  # the runner's uploads, on the CPU
 
 
 def sr(rid, blocks, reset):
@@ -38,7 +40,7 @@ def test_diffs_and_resets_match_a_reference_on_host_and_device():
             for g in range(2):
                 ref[rid][g] += new[g]
         bt.apply(sr(rid, new, reset))
-        bt.sync_device()
+        bt.sync_device(UPLOAD)
         for r, groups in ref.items():
             row, n = bt.row_of[r], len(groups[0])
             assert bt.num_blocks[row] == n
@@ -68,8 +70,8 @@ def test_apply_all_equals_apply_one_by_one():
             have[rid] = base + k
             step.append(sr(rid, new, reset))
         assert batched.apply_all(step) == [single.apply(s) for s in step]
-        batched.sync_device()
-        single.sync_device()
+        batched.sync_device(UPLOAD)
+        single.sync_device(UPLOAD)
         assert (batched.table == single.table).all()
         assert (batched.num_blocks == single.num_blocks).all()
         assert torch.equal(batched.device_table, single.device_table)
