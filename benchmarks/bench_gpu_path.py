@@ -6,7 +6,8 @@
   layers   the effect of F (layers per KV block) on decode step time;
   host     CPU time per decode step (schedule + inputs + update) at 256 running requests,
            synchronous and with async scheduling;
-  decode_targets  the issue's two decode shapes, runner steps and whole engine steps.
+  decode_targets  the issue's two decode shapes, runner steps and whole engine steps;
+  kv_contents     those shapes' runner steps over a zeroed pool vs one holding values.
 
 Steps are driven through the real runner (`ModelRunner.execute` on a StepPlan), so what is
 timed is what the engine runs. Usage (GPU):
@@ -28,6 +29,7 @@ from benchmarks.common import (
     H200_BF16_FLOPS,
     H200_HBM_BYTES_PER_S,
     median_replay_s,
+    monitored,
     write_result,
 )
 from kvtier.config import ModelConfig
@@ -116,11 +118,27 @@ def roofline(weight_bytes: int, kv_bytes: int, batch: int) -> tuple[float, float
     return hbm, linear + kv_bytes / H200_HBM_BYTES_PER_S
 
 
+def fill_kv(engine: LLMEngine, values: str) -> None:
+    """The pool's contents under a runner-driven decode, whose plans attend to KV no prefill
+    wrote: "random" stands for what a served model writes, "zeros" is a fresh pool. They
+    differ on the H200: reading zeros draws less power, so under the board's 700 W cap the
+    clocks stay higher (part `kv_contents`)."""
+    kv = engine.executor.gpu_kv
+    assert kv is not None
+    for chunk in kv.view(-1).split(1 << 30):
+        if values == "random":
+            chunk.normal_()
+        else:
+            chunk.zero_()
+
+
 def run_decode(model: str, batches: list[int], contexts: list[int], kv_gb: float, F: int,
-               max_seqs: int | None = None) -> list[dict]:
+               max_seqs: int | None = None, kv_values: tuple[str, ...] = ("random",)
+               ) -> list[dict]:
+    """A row per (context, batch, pool contents): `kv_values` lists `fill_kv` contents to
+    time in turn on the same engine (a same-call A/B when it alternates)."""
     rows = []
-    max_ctx = max(contexts)
-    engine = make_engine(model, max_ctx + 16, max_seqs or max(batches), kv_gb, F)
+    engine = make_engine(model, max(contexts) + 16, max_seqs or max(batches), kv_gb, F)
     pool_tokens = engine.scheduler.kv.gpu.num_blocks // engine.executor.num_groups * 16
     for c in contexts:
         for b in batches:
@@ -128,26 +146,35 @@ def run_decode(model: str, batches: list[int], contexts: list[int], kv_gb: float
             if b * (-(-c // 16) * 16) > pool_tokens:
                 rows.append({**row, "skipped": f"KV of {b}x{c} tokens exceeds the pool"})
                 continue
-            first, steady = decode_plans(engine, b, c)
-            engine.executor.execute(first)
-            t = time_steps(engine.executor, steady, iters=20)
-            graphs = engine.executor.graphs
-            if graphs is not None and graphs.padded_size(b) is not None:
-                # The same step's device time alone: the step wall above adds the host work
-                # that a synchronous step does not overlap (async scheduling hides it).
-                t["device_s"] = median_replay_s(graphs.graphs[graphs.padded_size(b)], 30)
-            wb, kvb = decode_bytes(engine.model_config, b, c)
-            hbm, per_op = roofline(wb, kvb, b)
-            engine.executor.execute(StepPlan(scheduled=[], finished_ids=[s.request_id for s in steady.scheduled]))
-            rows.append({**row, **t, "weight_bytes": wb, "kv_bytes": kvb, "roofline_s": hbm,
-                         "fraction_of_roofline": hbm / t["median_s"],
-                         **({"device_fraction_of_roofline": hbm / t["device_s"]}
-                            if "device_s" in t else {}),
-                         "per_operator_roofline_s": per_op,
-                         "fraction_of_per_operator_roofline": per_op / t["median_s"]})
-            print(rows[-1], flush=True)
+            for values in kv_values:
+                fill_kv(engine, values)
+                rows.append({**row, "kv_values": values, **decode_row(engine, b, c)})
+                print(rows[-1], flush=True)
     release(engine)
     return rows
+
+
+def decode_row(engine: LLMEngine, b: int, c: int) -> dict:
+    """Runner steps of b requests at context c (sync wall and graph device time) against
+    the HBM and per-operator rooflines."""
+    first, steady = decode_plans(engine, b, c)
+    engine.executor.execute(first)
+    t: dict = time_steps(engine.executor, steady, iters=20)
+    graphs = engine.executor.graphs
+    if graphs is not None and graphs.padded_size(b) is not None:
+        # The same step's device time alone: the step wall above adds the host work
+        # that a synchronous step does not overlap (async scheduling hides it).
+        graph = graphs.graphs[graphs.padded_size(b)]
+        t["device_s"], t["gpu"] = monitored(lambda: median_replay_s(graph, 30))
+    wb, kvb = decode_bytes(engine.model_config, b, c)
+    hbm, per_op = roofline(wb, kvb, b)
+    engine.executor.execute(StepPlan(scheduled=[], finished_ids=[
+        s.request_id for s in steady.scheduled]))
+    return {**t, "weight_bytes": wb, "kv_bytes": kvb, "roofline_s": hbm,
+            "fraction_of_roofline": hbm / t["median_s"],
+            **({"device_fraction_of_roofline": hbm / t["device_s"]} if "device_s" in t else {}),
+            "per_operator_roofline_s": per_op,
+            "fraction_of_per_operator_roofline": per_op / t["median_s"]}
 
 
 def run_prefill(model: str, lengths: list[int], kv_gb: float) -> list[dict]:
@@ -237,8 +264,10 @@ def engine_decode_steps(engine: LLMEngine, num_requests: int, context: int,
         walls.append(time.perf_counter() - t0)
     mean_context = (first + statistics.mean(r.num_tokens for r in engine.scheduler.running)) / 2
     graph = engine.executor.graphs.graphs[engine.executor.graphs.padded_size(num_requests)]
-    step, dev = statistics.median(walls), median_replay_s(graph, 30)
+    dev, gpu = monitored(lambda: median_replay_s(graph, 30))
+    step = statistics.median(walls)
     row = {"mean_context": mean_context, "step_ms": step * 1e3, "device_ms": dev * 1e3,
+           "graph_gpu": gpu,
            "host_overhead_ms": (step - dev) * 1e3, "step_ms_all": [w * 1e3 for w in walls], "phases_ms": step_phases(engine, 30)}
     engine.abort_request(ids)
     return row
@@ -302,6 +331,11 @@ def main() -> None:
             result["decode_targets_engine"] = [
                 run_engine_decode("llama-3.1-8b", b, c, args.kv_gb, a)
                 for b, c in ((256, 2048), (16, 8192)) for a in (False, True)]
+        elif part == "kv_contents":  # the decode targets over a zeroed vs a filled pool
+            result["kv_contents"] = [
+                r for b, c in ((256, 2048), (16, 8192))
+                for r in run_decode("llama-3.1-8b", [b], [c], args.kv_gb, 4,
+                                    kv_values=("zeros", "random") * 2)]
         elif part == "prefill":
             result["prefill"] = run_prefill("llama-3.1-8b", [2048, 8192, 32768], 20.0)
         elif part == "layers":

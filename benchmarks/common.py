@@ -6,10 +6,13 @@ import datetime as dt
 import json
 import platform
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kvtier.bench.environment import git_info
+
+T = TypeVar("T")
 
 # Measured ceilings of the H200 reference machine (../shared/hw/h200_probe_2026-11-30.json).
 H200_HBM_BYTES_PER_S = 4.24e12
@@ -52,6 +55,23 @@ def environment() -> dict[str, Any]:
         env["gpu"] = torch.cuda.get_device_name()
         env["gpu_memory_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
     return env
+
+
+def monitored(fn: Callable[[], T]) -> tuple[T, dict[str, float] | None]:
+    """fn()'s result and the GPU's mean SM clock and board power while it ran (NVML samples
+    every 2 ms; None without NVML). Under the H200's power cap the clock explains time."""
+    from kvtier.bench.gpu_monitor import GpuMonitor
+
+    monitor = GpuMonitor.create(interval_s=0.002)
+    if monitor is None:
+        return fn(), None
+    monitor.start()
+    try:
+        out = fn()
+    finally:
+        summary = monitor.stop()
+    return out, {"sm_clock_mhz": summary.mean_sm_clock_mhz, "power_w": summary.mean_power_w,
+                 "samples": len(summary.samples)}
 
 
 def median_replay_s(graph: Any, iters: int) -> float:

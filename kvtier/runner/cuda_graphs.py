@@ -27,14 +27,15 @@ if TYPE_CHECKING:
 
 
 def graph_batch_sizes(max_num_seqs: int, max_graph_batch_size: int = 512) -> list[int]:
-    """Padded decode batch sizes with a graph, vLLM's capture list: every 8 up to 256, then
-    every 16 up to the cap (vLLM's `max_cudagraph_capture_size`, SGLang's
-    `cuda_graph_max_bs`). Past ~180 tokens the linear layers are compute bound, so a padded
-    row costs as much as a real one: steps of 16 pad a step past 256 by 6 % at most, where
-    steps of 64 padded one of 520 requests to 576. Offline ShareGPT on the H200: 19,061 ->
-    19,248 output tok/s (benchmarks/results/offline_sharegpt_h200_{by_batch_F4,graphs16_1}.json)."""
-    sizes = ([1, 2, 4] + list(range(8, 257, 8))
-             + list(range(272, max_graph_batch_size + 1, 16)))
+    """Padded decode batch sizes with a graph: 1, 2, 4, then every 8 up to the cap (vLLM's
+    `max_cudagraph_capture_size`, SGLang's `cuda_graph_max_bs`). Past ~180 tokens the linear
+    layers are compute bound, so a padded row costs as much as a real one: steps of 64
+    padded a step of 520 requests to 576, and going to steps of 16 past 256 (vLLM's list)
+    took offline ShareGPT on the H200 from 19,061 to 19,248 output tok/s
+    (benchmarks/results/offline_sharegpt_h200_{by_batch_F4,graphs16_1}.json). Steps of 8
+    all the way halve the rest; the graphs share their memory pool and one logits buffer,
+    so more sizes cost capture time, not memory."""
+    sizes = [1, 2, 4] + list(range(8, max_graph_batch_size + 1, 8))
     cap = min(max_num_seqs, max_graph_batch_size)
     kept = [s for s in sizes if s < cap]
     return kept + [cap]  # the largest batch the scheduler can form has a graph of its own
@@ -60,7 +61,10 @@ class DecodeGraphs:
                                        device=dev)
         self.slot_mapping = torch.full((g, m), self.scratch_slot, dtype=torch.int64, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}
+        # One logits buffer for every graph: an output each would keep its own, and at 1,024
+        # rows of Llama 3's 128k vocabulary the ~70 sizes' outputs held 9 GB.
+        self.logits = torch.empty(m, runner.model_config.vocab_size, dtype=runner.dtype,
+                                  device=dev)
         self.pool: Any = None  # the graphs share one memory pool
 
     def _meta(self, b: int) -> AttentionMetadata:
@@ -80,7 +84,7 @@ class DecodeGraphs:
         assert r.gpu_kv is not None
         ctx = ForwardContext(r.ops, r.attention, r.gpu_kv, self._meta(b), r.cos_sin)
         hidden = r.model(self.input_ids[:b], self.positions[:b], ctx)
-        return r.model.compute_logits(hidden)
+        return r.model.compute_logits(hidden, out=self.logits[:b])
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -89,7 +93,7 @@ class DecodeGraphs:
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                self.logits[b] = self._forward(b)
+                self._forward(b)
             if self.pool is None:
                 self.pool = graph.pool()
             self.graphs[b] = graph
@@ -129,4 +133,4 @@ class DecodeGraphs:
             self.slot_mapping[:, b:size].fill_(self.scratch_slot)
             self.block_tables[:, b:size, 0].fill_(self.scratch_block)
         self.graphs[size].replay()
-        return self.logits[size][:b]
+        return self.logits[:b]

@@ -47,8 +47,8 @@ def test_graph_batch_sizes_reach_the_cap():
     from kvtier.config import ConfigError
     from kvtier.runner.cuda_graphs import graph_batch_sizes
 
-    assert graph_batch_sizes(1024)[-2:] == [496, 512]  # vLLM's default cap
-    assert graph_batch_sizes(1024, 1024)[-3:] == [992, 1008, 1024]
+    assert graph_batch_sizes(1024)[-2:] == [504, 512]  # vLLM's default cap
+    assert graph_batch_sizes(1024, 1024)[-3:] == [1008, 1016, 1024]
     assert graph_batch_sizes(100)[-2:] == [96, 100]  # the scheduler's largest batch too
     assert graph_batch_sizes(1024)[:5] == [1, 2, 4, 8, 16]
     assert graph_batch_sizes(1) == [1]
