@@ -7,7 +7,8 @@
   host     CPU time per decode step (schedule + inputs + update) at 256 running requests,
            synchronous and with async scheduling;
   decode_targets  the issue's two decode shapes, runner steps and whole engine steps;
-  kv_contents     those shapes' runner steps over a zeroed pool vs one holding values.
+  kv_contents     those shapes' runner steps over a zeroed pool vs one holding values;
+  layers_engine   F = 4 vs F = L on whole engine steps (async scheduling).
 
 Steps are driven through the real runner (`ModelRunner.execute` on a StepPlan), so what is
 timed is what the engine runs. Usage (GPU):
@@ -37,6 +38,10 @@ from kvtier.core.plan import ScheduledRequest, StepPlan
 from kvtier.engine.args import EngineArgs
 from kvtier.engine.llm_engine import LLMEngine
 from kvtier.sampling_params import SamplingParams
+
+# The decode sweep's pool per model: llama-2-13b's KV is 800 KiB a token (MHA), so its
+# 64 x 2048 and 16 x 8192 shapes need 100 GiB, which fits beside its 24 GiB of weights.
+DECODE_POOL_GIB = {"llama-2-13b": 102.0}
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1 << 20, ignore_eos=True, detokenize=False)
 GiB = 1 << 30
@@ -286,19 +291,24 @@ def run_host_overhead(model: str, num_requests: int, context: int, kv_gb: float,
             "async_scheduling": async_scheduling, **rows}
 
 
-def run_engine_decode(model: str, batch: int, context: int, kv_gb: float,
-                      async_scheduling: bool) -> dict:
-    """A decode target measured on the whole engine's steps (offline generation)."""
-    engine = make_engine(model, context + 256, batch, kv_gb, 4,
+def run_engine_decode(model: str, batches: list[int], context: int, kv_gb: float,
+                      async_scheduling: bool, F: int = 4) -> list[dict]:
+    """Decode shapes measured on the whole engine's steps (offline generation), one engine
+    for all `batches`."""
+    engine = make_engine(model, context + 256, max(batches), kv_gb, F,
                          async_scheduling=async_scheduling)
-    row = engine_decode_steps(engine, batch, context)
-    wb, kvb = decode_bytes(engine.model_config, batch, round(row["mean_context"]))
-    hbm, _ = roofline(wb, kvb, batch)
+    rows = []
+    for batch in batches:
+        row = engine_decode_steps(engine, batch, context)
+        wb, kvb = decode_bytes(engine.model_config, batch, round(row["mean_context"]))
+        hbm, _ = roofline(wb, kvb, batch)
+        rows.append({"model": model, "batch": batch, "context": context,
+                     "layers_per_block": F, "async_scheduling": async_scheduling, **row,
+                     "roofline_ms": hbm * 1e3, "fraction_of_roofline": hbm / (row["step_ms"] / 1e3),
+                     "device_fraction_of_roofline": hbm / (row["device_ms"] / 1e3)})
+        print(rows[-1]["layers_per_block"], batch, rows[-1]["step_ms"], flush=True)
     release(engine)
-    return {"model": model, "batch": batch, "context": context,
-            "async_scheduling": async_scheduling, **row, "roofline_ms": hbm * 1e3,
-            "fraction_of_roofline": hbm / (row["step_ms"] / 1e3),
-            "device_fraction_of_roofline": hbm / (row["device_ms"] / 1e3)}
+    return rows
 
 
 def main() -> None:
@@ -322,15 +332,16 @@ def main() -> None:
         elif part == "decode":
             result["decode"] = [
                 r for m in ("llama-3.1-8b", "llama-2-13b")
-                for r in run_decode(m, [1, 16, 64, 256], [512, 2048, 8192], args.kv_gb, 4)]
+                for r in run_decode(m, [1, 16, 64, 256], [512, 2048, 8192],
+                                    DECODE_POOL_GIB.get(m, args.kv_gb), 4)]
         elif part == "decode_targets":  # the issue's two decode targets only
             result["decode_targets"] = (
                 run_decode("llama-3.1-8b", [256], [2048], args.kv_gb, 4)
                 + run_decode("llama-3.1-8b", [16], [8192], args.kv_gb, 4))
             # The same two shapes as whole engine steps, synchronous and async scheduling.
             result["decode_targets_engine"] = [
-                run_engine_decode("llama-3.1-8b", b, c, args.kv_gb, a)
-                for b, c in ((256, 2048), (16, 8192)) for a in (False, True)]
+                r for b, c in ((256, 2048), (16, 8192)) for a in (False, True)
+                for r in run_engine_decode("llama-3.1-8b", [b], c, args.kv_gb, a)]
         elif part == "kv_contents":  # the decode targets over a zeroed vs a filled pool
             result["kv_contents"] = [
                 r for b, c in ((256, 2048), (16, 8192))
@@ -343,6 +354,13 @@ def main() -> None:
             result["layers_per_block"] = [
                 r for F in (1, 2, 4, 8, 32)
                 for r in run_decode("llama-3.1-8b", [64, 256], [2048], 70.0, F)]
+        elif part == "layers_engine":
+            # F = 4 against F = L on whole engine steps with async scheduling, where the
+            # host's per-group work (block tables, slots: 32/F groups) hides behind the GPU
+            # as it does in serving; alternating, twice.
+            result["layers_per_block_engine"] = [
+                r for F in (4, 32, 4, 32)
+                for r in run_engine_decode("llama-3.1-8b", [64, 256], 2048, 70.0, True, F)]
         write_result(args.out, result)  # after every part: a later failure keeps the rest
 
 
