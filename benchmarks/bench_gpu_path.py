@@ -252,7 +252,7 @@ def engine_decode_steps(engine: LLMEngine, num_requests: int, context: int,
     expose their host work; with async scheduling the host prepares step N+1 while the GPU
     runs step N, so only what the GPU waits for shows."""
     params = replace(GREEDY, output_kind=kind)
-    ids = [f"{kind}{i}" for i in range(num_requests)]
+    ids = [f"{kind}{num_requests}_{i}" for i in range(num_requests)]  # fresh per call
     for i, rid in enumerate(ids):
         engine.add_request(rid, [1 + (i * 7 + k) % 30000 for k in range(context)], params)
     while engine.get_stats().num_waiting or any(
