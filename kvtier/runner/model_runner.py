@@ -193,7 +193,8 @@ class ModelRunner:
         sched, bs = self.config.scheduler, self.block_size
         if cdiv(sched.max_model_len, bs) > len(self.gpu_kv) - 1:
             return False  # a pool too small to share (tiny test pools)
-        small = [(19, 1), (33, 1), (7, 1), (0, 31), (16, 17)]
+        # No more rows than the block tables hold (an engine of 4 seats crashed here).
+        small = [(19, 1), (33, 1), (7, 1), (0, 31), (16, 17)][: sched.max_num_seqs]
         decodes = min(sched.max_num_seqs - 1, sched.max_num_batched_tokens // 2)
         large = [(sched.max_model_len - 2, 1)] * decodes
         rest, longest = sched.max_num_batched_tokens - decodes, sched.max_model_len - 1

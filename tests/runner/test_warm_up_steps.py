@@ -29,6 +29,17 @@ def test_warm_up_steps_change_nothing():
     eng.check_integrity()
 
 
+def test_warm_up_steps_fit_few_seats():
+    """The warm-up batches stay within the block tables' rows, however few seats."""
+    for seats in (1, 2, 4):
+        args = EngineArgs(model="tiny-llama", load_format="dummy", max_model_len=128,
+                          num_gpu_blocks=64, max_num_seqs=seats)
+        eng = LLMEngine.from_engine_args(args)
+        assert eng.executor.warm_up_steps()
+        assert not eng.executor.block_tables.row_of
+        eng.check_integrity()
+
+
 def test_pad_rows_to_graph_sizes():
     import numpy as np
 
