@@ -127,14 +127,10 @@ def fill_kv(engine: LLMEngine, values: str) -> None:
     """The pool's contents under a runner-driven decode, whose plans attend to KV no prefill
     wrote: "random" stands for what a served model writes, "zeros" is a fresh pool. They
     differ on the H200: reading zeros draws less power, so under the board's 700 W cap the
-    clocks stay higher (part `kv_contents`)."""
+    clocks stay higher (part `kv_contents`). In place, as bench_swap_overlap fills its pool."""
     kv = engine.executor.gpu_kv
     assert kv is not None
-    for chunk in kv.view(-1).split(1 << 30):
-        if values == "random":
-            chunk.normal_()
-        else:
-            chunk.zero_()
+    kv.normal_() if values == "random" else kv.zero_()
 
 
 def run_decode(model: str, batches: list[int], contexts: list[int], kv_gb: float, F: int,

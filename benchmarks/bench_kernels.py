@@ -334,14 +334,10 @@ def placement_sweep(pool_gb: float = 80.0) -> list[dict[str, Any]]:
     kv_bytes = batch * ctx * hkv * d * 2 * 2
     rows = []
     for label, ids in layouts.items():
-        tables, out = ids.view(batch, nb), torch.empty_like(q)
-        calls = [lambda layer=layer, tables=tables, out=out: paged_decode_attention(
-            q, layer, tables, seq_lens, d**-0.5, out=out, num_splits=1) for layer in layers]
-        t = time_graph(calls)
-        gbps = (kv_bytes + 2 * q.numel() * 2) / t / 1e9
+        timed = _time_decode(list(layers), ids.view(batch, nb), seq_lens, q, kv_bytes,
+                             num_splits=1)
         rows.append({"placement": label, "batch": batch, "context": ctx, "F": F,
-                     "pool_blocks": total, "time_us": round(t * 1e6, 2), "GBps": round(gbps, 1),
-                     "pct_roofline": round(100 * gbps / HBM_ROOFLINE_GBPS, 1)})
+                     "pool_blocks": total, **timed})
         print(rows[-1], flush=True)
     del layers, pool
     torch.cuda.empty_cache()

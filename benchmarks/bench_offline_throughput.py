@@ -54,11 +54,10 @@ def gpu_by_batch(gpu: GpuSummary, starts: list[float], steps: list[tuple[float, 
         i = bisect.bisect_right(starts, smp.t_s) - 1
         if 0 <= i < len(steps):
             groups.setdefault(step_label(steps[i][1], steps[i][2]), []).append(smp)
-    return {k: {"samples": len(v),
-                "gpu_util_pct": sum(x.gpu_util_pct for x in v) / len(v),
-                "power_w": sum(x.power_w for x in v) / len(v),
-                "sm_clock_mhz": sum(x.sm_clock_mhz for x in v) / len(v)}
-            for k, v in groups.items()}
+    sums = {k: GpuSummary(gpu.device_name, tuple(v), 0.0, 0.0) for k, v in groups.items()}
+    return {k: {"samples": len(g.samples), "gpu_util_pct": g.mean_gpu_util_pct,
+                "power_w": g.mean_power_w, "sm_clock_mhz": g.mean_sm_clock_mhz}
+            for k, g in sums.items()}
 
 
 def main() -> None:

@@ -184,7 +184,5 @@ class LlamaForCausalLM(nn.Module):
         sampler.py). At 1,000 requests a decode step's profile on the H200 had ~0.4 ms of copies
         the size of that cast (benchmarks/results/profile_offline_decode_h200_skip12.json)."""
         head = self.embed if self.lm_head is None else self.lm_head
-        if out is None:
-            return F.linear(hidden, head)
-        # `out=`: the decode graphs share one logits buffer (F.linear is this same mm).
+        # F.linear's own mm; `out=` lets the decode graphs share one logits buffer.
         return torch.mm(hidden, head.t(), out=out)

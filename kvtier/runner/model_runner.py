@@ -207,9 +207,10 @@ class ModelRunner:
             self.execute(StepPlan(scheduled=last))
             for sr in last:
                 self.block_tables.remove(sr.request_id)
-        for size in self.graph_sizes:  # every padded LM-head shape
-            self.model.compute_logits(torch.zeros(size, self.model_config.hidden_size,
-                                                  dtype=self.dtype, device=self.device))
+        if self.graphs is None:  # every padded LM-head shape (the graphs' capture ran them)
+            for size in self.graph_sizes:
+                self.model.compute_logits(torch.zeros(size, self.model_config.hidden_size,
+                                                      dtype=self.dtype, device=self.device))
         short = [self._warm_row(i, start, n) for i, (start, n) in enumerate(small)]
         self.execute(StepPlan(scheduled=short))
         self.execute(StepPlan(scheduled=[
