@@ -18,8 +18,10 @@ timed is what the engine runs. Usage (GPU):
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import os
+import pstats
 import statistics
 import time
 from dataclasses import replace
@@ -240,8 +242,24 @@ def step_phases(engine: LLMEngine, iters: int) -> dict[str, float]:
     return {k: statistics.median(v) * 1e3 for k, v in times.items()}
 
 
+def step_profile(engine: LLMEngine, iters: int, top: int = 30) -> list[dict]:
+    """Where a step's host time goes: cProfile over `iters` more steps, the `top` functions
+    by own time, per step (the profiler's hooks inflate Python calls; read it for shares)."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(iters):
+        engine.step()
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (cc, ncalls, tottime, cumtime, _)}
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return [{"function": f"{os.path.relpath(f) if f.startswith('/') else f}:{line}({name})",
+             "calls_per_step": n / iters, "own_ms_per_step": 1e3 * own / iters,
+             "cum_ms_per_step": 1e3 * cum / iters}
+            for (f, line, name), (_, n, own, cum, _) in rows]
+
+
 def engine_decode_steps(engine: LLMEngine, num_requests: int, context: int,
-                        kind: str = "final_only") -> dict:
+                        kind: str = "final_only", profile: bool = False) -> dict:
     """Steady decode steps of the whole engine (`engine.step()`: schedule, inputs, graph
     replay, sampling, update, outputs) over `num_requests` prompts of `context` tokens,
     against the device time of the same step's graph replayed alone. Synchronous steps
@@ -269,7 +287,10 @@ def engine_decode_steps(engine: LLMEngine, num_requests: int, context: int,
     step = statistics.median(walls)
     row = {"mean_context": mean_context, "step_ms": step * 1e3, "device_ms": dev * 1e3,
            "graph_gpu": gpu,
-           "host_overhead_ms": (step - dev) * 1e3, "step_ms_all": [w * 1e3 for w in walls], "phases_ms": step_phases(engine, 30)}
+           "host_overhead_ms": (step - dev) * 1e3, "step_ms_all": [w * 1e3 for w in walls],
+           "phases_ms": step_phases(engine, 30)}
+    if profile:
+        row["profile"] = step_profile(engine, 30)
     engine.abort_request(ids)
     return row
 
@@ -280,7 +301,8 @@ def run_host_overhead(model: str, num_requests: int, context: int, kv_gb: float,
     step's graph replay, for offline generation (final outputs only) and streaming."""
     engine = make_engine(model, context + 256, num_requests, kv_gb, 4,
                          async_scheduling=async_scheduling)
-    rows = {kind: engine_decode_steps(engine, num_requests, context, kind)
+    rows = {kind: engine_decode_steps(engine, num_requests, context, kind,
+                                      profile=not async_scheduling)
             for kind in ("final_only", "cumulative")}  # offline generate / streaming server
     release(engine)
     return {"model": model, "running_requests": num_requests, "context": context,

@@ -4,8 +4,8 @@ lengths from the dataset, ignore_eos, one engine. Reports output and total token
   python benchmarks/bench_offline_throughput.py --workload .carry/sharegpt_llama31_1000.json \
       --model llama-3.1-8b --out benchmarks/results/offline_sharegpt_h200.json
 
-Async scheduling is on here (as in SGLang's default overlap scheduler); the engine's default
-is off (as in vLLM), `--no-async-scheduling` measures that.
+Async scheduling is on here as it is by default on a GPU (vLLM's default too, and SGLang's
+overlap scheduler); `--no-async-scheduling` measures the synchronous engine.
 """
 
 from __future__ import annotations
@@ -73,9 +73,10 @@ def main() -> None:
                     help="CUDA graphs around attention for mixed steps")
     ap.add_argument("--max-graph-batch-size", type=int, default=512,
                     help="largest decode batch with a full CUDA graph")
-    ap.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+    ap.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                     help="launch step N+1 before reading step N's tokens (the engine's "
-                         "--async-scheduling; --no-async-scheduling: one step at a time)")
+                         "--async-scheduling, on by default on a GPU; "
+                         "--no-async-scheduling: one step at a time)")
     args = ap.parse_args()
     work = json.load(open(args.workload))
     reqs = work["requests"]

@@ -157,7 +157,9 @@ class SchedulerConfig:
     max_waiting_requests: int | None = None  # None: unbounded (the server bounds it)
     # Schedule step N+1 while step N runs on the GPU: a request whose token from step N is
     # not back yet decodes a placeholder the runner fills on the device (PLACEHOLDER_TOKEN).
-    async_scheduling: bool = False
+    # None: the executor's default (on for the GPU model runner; the CPU runner and the
+    # simulator step synchronously). LLMEngine resolves it to a bool.
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1 or self.max_model_len < 1:

@@ -89,9 +89,10 @@ class EngineArgs:
     overlap_swap: bool = field(
         default=True, metadata={"help": "swap-in copies overlap the forward layer group by "
                                         "layer group (--no-overlap-swap: copies first)"})
-    async_scheduling: bool = field(
-        default=False, metadata={"help": "schedule and launch step N+1 while step N runs on "
-                                         "the GPU (host work hidden behind the GPU)"})
+    async_scheduling: bool | None = field(
+        default=None, metadata={"help": "schedule and launch step N+1 while step N runs on "
+                                        "the GPU (host work hidden behind the GPU); default: "
+                                        "on for a GPU, off on the CPU and in the simulator"})
     served_model_name: str | None = field(default=None, metadata={"help": "name in the API"})
     max_waiting_requests: int | None = field(
         default=None, metadata={"help": "bound on queued requests (server back-pressure)"})
@@ -169,7 +170,7 @@ class EngineArgs:
                 continue
             flag = "--" + f.name.replace("_", "-")
             default = f.default if f.default is not MISSING else None
-            if isinstance(default, bool):
+            if isinstance(default, bool) or str(f.type) == "bool | None":
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction,
                                     default=default, help=f.metadata["help"])
             else:

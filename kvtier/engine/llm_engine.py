@@ -73,16 +73,20 @@ class LLMEngine:
                  block_bytes: int, clock: Callable[[], float] = time.monotonic):
         """`clock` stamps arrivals and tokens: wall time for a real runner, the virtual time
         of a simulated executor (which then shares the scheduler and KV manager unchanged)."""
+        # Async only where the executor can launch without waiting (the model runner; the
+        # simulator and recording wrappers step synchronously), by default where it says so.
+        wanted = config.scheduler.async_scheduling
+        if wanted is None:
+            wanted = getattr(executor, "async_by_default", False)
+        self._async = wanted and hasattr(executor, "launch")
+        config = config.with_(scheduler=replace(config.scheduler, async_scheduling=self._async))
         self.config = config
         self.clock = clock
         self.model_config = config.model_config
         self.executor = executor
         self.tokenizer = tokenizer
         self.block_bytes = block_bytes
-        # Async only where the executor can launch without waiting (the model runner; the
-        # simulator and recording wrappers step synchronously).
-        self._async = config.scheduler.async_scheduling and hasattr(executor, "launch")
-        self.scheduler = Scheduler(replace(config.scheduler, async_scheduling=self._async), kv,
+        self.scheduler = Scheduler(config.scheduler, kv,
                                    get_policy(config.kv_policy, config.policy_options))
         self._inflight: tuple[StepPlan, Any] | None = None  # async: launched, not yet read
         self._inflight_ids: set[str] | None = None  # its request ids, built when first asked

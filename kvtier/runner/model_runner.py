@@ -80,6 +80,13 @@ class ModelRunner:
         self._placeholders: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
+    def async_by_default(self) -> bool:
+        """Async scheduling when the config leaves it open: on a GPU, where the device runs
+        the step while the host prepares the next (vLLM's default too since its PR #27614);
+        on the CPU the host is the device, so there is nothing to hide behind."""
+        return self.device.type == "cuda"
+
+    @property
     def graphs_allowed(self) -> bool:
         """CUDA graphs of any kind (full decode graphs or pieces) may be captured."""
         return (self.device.type == "cuda" and not self.config.enforce_eager

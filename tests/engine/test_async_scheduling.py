@@ -4,6 +4,7 @@ and never schedule a request past its last token."""
 
 from __future__ import annotations
 
+import argparse
 import random
 
 import pytest
@@ -12,6 +13,7 @@ from kvtier import SamplingParams
 from kvtier.core.plan import PLACEHOLDER_TOKEN
 from kvtier.engine.args import EngineArgs
 from kvtier.engine.llm_engine import LLMEngine
+from kvtier.runner.model_runner import ModelRunner
 
 
 def _engine(**kw) -> LLMEngine:
@@ -122,4 +124,31 @@ def test_async_refuses_a_reused_id_still_in_flight():
             finals[out.request_id] = out.outputs[0].token_ids
         eng.check_integrity()
     assert len(finals["a"]) == 8
+    eng.close()
+
+
+def _cli(*flags: str) -> EngineArgs:
+    parser = argparse.ArgumentParser()
+    EngineArgs.add_cli_args(parser)
+    return EngineArgs.from_cli_args(parser.parse_args(["tiny-llama", *flags]))
+
+
+def test_async_scheduling_flag_defaults_to_the_executor():
+    assert _cli().async_scheduling is None
+    assert _cli("--async-scheduling").async_scheduling is True
+    assert _cli("--no-async-scheduling").async_scheduling is False
+
+
+def test_default_follows_the_runner_and_resolves_to_a_bool(monkeypatch):
+    cpu = _engine()  # the CPU runner's host is its device: nothing to hide behind
+    assert cpu.scheduler._async is False and cpu.config.scheduler.async_scheduling is False
+    cpu.close()
+    # A runner that prefers async (the GPU's) gets it when nothing is asked for...
+    monkeypatch.setattr(ModelRunner, "async_by_default", property(lambda self: True))
+    eng = _engine()
+    assert eng.scheduler._async is True and eng.config.scheduler.async_scheduling is True
+    eng.close()
+    # ...and does not when the synchronous engine is asked for.
+    eng = _engine(async_scheduling=False)
+    assert eng.scheduler._async is False
     eng.close()

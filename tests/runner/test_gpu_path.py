@@ -23,10 +23,22 @@ def greedy_tokens(path, **options):
 def test_gpu_greedy_equals_cpu_fp32(tmp_path, kind):
     path = save_tiny_model(kind, tmp_path)
     cpu, _ = greedy_tokens(path, device="cpu")
-    gpu, _ = greedy_tokens(path, device="cuda")  # triton backend + CUDA graphs
+    gpu, _ = greedy_tokens(path, device="cuda")  # triton backend + CUDA graphs, async
+    sync, _ = greedy_tokens(path, device="cuda", async_scheduling=False)
     eager, _ = greedy_tokens(path, device="cuda", enforce_eager=True)
     assert gpu == cpu
+    assert sync == cpu
     assert eager == cpu
+
+
+@pytest.mark.gpu
+def test_gpu_engine_schedules_asynchronously_by_default(tmp_path):
+    path = save_tiny_model("llama-gqa", tmp_path)
+    llm = LLM(str(path), dtype="float32", max_model_len=128, kv_cache_gb=1.0)
+    assert llm.engine.scheduler._async and llm.engine.config.scheduler.async_scheduling
+    llm = LLM(str(path), dtype="float32", max_model_len=128, kv_cache_gb=1.0,
+              async_scheduling=False)
+    assert not llm.engine.scheduler._async
 
 
 @pytest.mark.gpu
