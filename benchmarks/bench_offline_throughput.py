@@ -5,7 +5,10 @@ lengths from the dataset, ignore_eos, one engine. Reports output and total token
       --model llama-3.1-8b --out benchmarks/results/offline_sharegpt_h200.json
 
 Async scheduling is on here as it is by default on a GPU (vLLM's default too, and SGLang's
-overlap scheduler); `--no-async-scheduling` measures the synchronous engine.
+overlap scheduler); `--no-async-scheduling` measures the synchronous engine. Batch limits
+not given are the offline LLM's defaults for the GPU (on the H200: 1024 seats, 16,384
+tokens a step, decode graphs up to 1024; `kvtier/engine/batch_defaults.py`); the result's
+`engine` records what ran.
 """
 
 from __future__ import annotations
@@ -65,13 +68,15 @@ def main() -> None:
     ap.add_argument("--workload", required=True)
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--max-num-seqs", type=int, default=512)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    # Unset: the offline LLM's defaults for this GPU (kvtier/engine/batch_defaults.py; on
+    # the H200 1024 seats, 16,384 tokens a step, decode graphs up to 1024).
+    ap.add_argument("--max-num-seqs", type=int)
+    ap.add_argument("--max-num-batched-tokens", type=int)
     ap.add_argument("--layers-per-block", type=int, default=4)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--piecewise-graphs", action=argparse.BooleanOptionalAction, default=True,
                     help="CUDA graphs around attention for mixed steps")
-    ap.add_argument("--max-graph-batch-size", type=int, default=512,
+    ap.add_argument("--max-graph-batch-size", type=int,
                     help="largest decode batch with a full CUDA graph")
     ap.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                     help="launch step N+1 before reading step N's tokens (the engine's "
@@ -81,12 +86,15 @@ def main() -> None:
     work = json.load(open(args.workload))
     reqs = work["requests"]
     t_start = time.perf_counter()
+    limits = {k: v for k, v in (("max_num_seqs", args.max_num_seqs),
+                                ("max_num_batched_tokens", args.max_num_batched_tokens),
+                                ("max_graph_batch_size", args.max_graph_batch_size))
+              if v is not None}
     llm = LLM(args.model, load_format="dummy", dtype="bfloat16", max_model_len=4096,
-              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               layers_per_block=args.layers_per_block, swap_space=1,
               gpu_memory_utilization=args.gpu_memory_utilization,
-              piecewise_graphs=args.piecewise_graphs,
-              max_graph_batch_size=args.max_graph_batch_size, async_scheduling=args.async_scheduling)
+              piecewise_graphs=args.piecewise_graphs, async_scheduling=args.async_scheduling,
+              **limits)
     startup_s = time.perf_counter() - t_start  # weights, KV pool, kernel warm-up, graphs
     warm = [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, detokenize=False)]
     llm.generate([{"prompt_token_ids": reqs[0][0]}], warm)
@@ -127,6 +135,11 @@ def main() -> None:
         "gpu": None if gpu is None else {**gpu.to_dict(n_out),
                                          "by_batch": gpu_by_batch(gpu, starts, steps)},
         "options": vars(args),
+        # What the engine ran with, defaults resolved.
+        "engine": {"max_num_seqs": llm.engine.config.scheduler.max_num_seqs,
+                   "max_num_batched_tokens": llm.engine.config.scheduler.max_num_batched_tokens,
+                   "max_graph_batch_size": llm.engine.config.max_graph_batch_size,
+                   "async_scheduling": llm.engine.config.scheduler.async_scheduling},
     }
     print(json.dumps(result, indent=1))
     write_result(args.out, result)

@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from kvtier.engine.args import EngineArgs
+from kvtier.engine.batch_defaults import offline_batch_defaults
 from kvtier.engine.llm_engine import LLMEngine
 from kvtier.engine.outputs import RequestOutput
 from kvtier.sampling_params import SamplingParams
@@ -22,6 +23,9 @@ PromptLike = str | list[int] | dict[str, Any]
 
 class LLM:
     def __init__(self, model: str, **options: Any):
+        """`options`: EngineArgs' fields. On a large GPU the batch limits left unset are
+        vLLM's offline ones (`kvtier/engine/batch_defaults.py`)."""
+        options = {**offline_batch_defaults(options), **options}
         self.engine_args = EngineArgs(model=model, **options)
         self.engine = LLMEngine.from_engine_args(self.engine_args)
         self._ids = itertools.count()
