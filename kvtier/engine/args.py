@@ -170,7 +170,7 @@ class EngineArgs:
                 continue
             flag = "--" + f.name.replace("_", "-")
             default = f.default if f.default is not MISSING else None
-            if isinstance(default, bool) or str(f.type) == "bool | None":
+            if "bool" in str(f.type):  # bool, or bool | None (unset: the engine decides)
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction,
                                     default=default, help=f.metadata["help"])
             else:

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from kvtier.runner.device import resolve_device
+
 _LARGE_GPU_BYTES = 70 << 30
 _LARGE_GPU = {"max_num_seqs": 1024, "max_num_batched_tokens": 16384,
               "max_graph_batch_size": 1024}
@@ -31,10 +33,8 @@ def offline_batch_defaults(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def _large_gpu(device: str) -> bool:
-    if device == "cpu" or not torch.cuda.is_available():
-        return False
-    dev = torch.device("cuda" if device == "auto" else device)
+    dev = resolve_device(device)  # the builder's choice of device, made the same way
     if dev.type != "cuda":
         return False
-    props = torch.cuda.get_device_properties(dev.index or 0)
+    props = torch.cuda.get_device_properties(dev)
     return props.total_memory >= _LARGE_GPU_BYTES and "a100" not in props.name.lower()
