@@ -292,11 +292,29 @@ def sharegpt_step_lens(workload: str, step: int) -> torch.Tensor:
     return torch.tensor([len(ids) + step for ids, out in requests if out > step])
 
 
-def sharegpt_context_sweep(workload: str) -> list[dict[str, Any]]:
+# The run's tail: 6-120 requests of 700-1700 tokens, where the in-engine profile had the
+# attention at 35-62 % of HBM (profile_offline_decode_h200_skip{740,850}_5b122b0.json). The
+# graph's split count comes from max_model_len; a request splits no finer than
+# min_split_tokens: shorter ranges (more programs), or more of them.
+SHAREGPT_TAIL_STEPS = (600, 700, 740, 800, 850, 900)
+SHAREGPT_TAIL_VARIANTS = (
+    ("graph", None, {}),
+    ("min128", None, {"min_split_tokens": 128}),
+    ("min64", None, {"min_split_tokens": 64}),
+    ("split8_128", None, {"num_splits": 8, "min_split_tokens": 128}),
+    ("split16_64", None, {"num_splits": 16, "min_split_tokens": 64}),
+    ("split32_64", None, {"num_splits": 32, "min_split_tokens": 64}),
+    ("split16_64_block32", None, {"num_splits": 16, "min_split_tokens": 64, "block_n": 32}),
+    ("uniform", "uniform", {}),
+)
+
+
+def sharegpt_context_sweep(workload: str, steps: tuple[int, ...] = SHAREGPT_STEPS,
+                           variants: tuple = SHAREGPT_VARIANTS) -> list[dict[str, Any]]:
     rows = []
-    for step in SHAREGPT_STEPS:
+    for step in steps:
         lens = sharegpt_step_lens(workload, step)
-        for label, transform, kw in SHAREGPT_VARIANTS:
+        for label, transform, kw in variants:
             if transform == "sort":
                 case = lens.sort(descending=True).values
             elif transform == "uniform":
@@ -378,7 +396,7 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="also try kernel config variants")
     ap.add_argument("--parts", default="decode,prefill",
                     help="comma list of decode, prefill, sweep, short_context, mixed_context, "
-                         "sharegpt_context")
+                         "sharegpt_context, sharegpt_tail")
     ap.add_argument("--workload", default=".carry/sharegpt_llama31_1000.json",
                     help="prepared ShareGPT workload (sharegpt_context)")
     args = ap.parse_args()
@@ -421,6 +439,9 @@ def main() -> None:
         result["grid_order"] = grid_order_sweep()
     if "sharegpt_context" in parts:
         result["sharegpt_context"] = sharegpt_context_sweep(args.workload)
+    if "sharegpt_tail" in parts:
+        result["sharegpt_tail"] = sharegpt_context_sweep(args.workload, SHAREGPT_TAIL_STEPS,
+                                                         SHAREGPT_TAIL_VARIANTS)
     Path(args.out).write_text(json.dumps(result, indent=1))
     _print_table(result)
 
