@@ -352,6 +352,9 @@ def main() -> None:
                 r for m in ("llama-3.1-8b", "llama-2-13b")
                 for r in run_decode(m, [1, 16, 64, 256], [512, 2048, 8192],
                                     DECODE_POOL_GIB.get(m, args.kv_gb), 4)]
+        elif part == "decode_small":  # llama-3.1-8b's small batches, where latency is
+            result["decode_small"] = run_decode("llama-3.1-8b", [1, 16], [512, 2048, 8192],
+                                                args.kv_gb, 4)
         elif part == "decode_targets":  # the two decode targets only
             result["decode_targets"] = (
                 run_decode("llama-3.1-8b", [256], [2048], args.kv_gb, 4)

@@ -52,7 +52,8 @@ from kvtier.kernels.launch import (
 
 LOG2E = 1.4426950408889634
 # Below this many tokens per split, the extra partial outputs and the reduce cost more than
-# the parallelism gains: the cap of a launch's split count and of each request's own.
+# the parallelism gains: the cap of a launch's split count, and of each request's own where
+# the batch's programs fill the GPU (`default_min_split_tokens`: shorter where they do not).
 MIN_TOKENS_PER_SPLIT = 256
 # From this many waves of (request, KV head) programs on, the decode does not split.
 SPLIT_FREE_WAVES = 3
@@ -294,6 +295,24 @@ def default_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, sms: int
     return best
 
 
+def default_min_split_tokens(batch: int, num_kv_heads: int, sms: int,
+                             programs_per_sm: int = 2) -> int:
+    """The shortest range a request is split into, by how few (request, KV head) programs
+    the batch has. MIN_TOKENS_PER_SPLIT where they fill the resident slots; where they do
+    not, the kernel runs one short wave whose time is the programs' latency more than their
+    bytes, and shorter ranges start more of them at once. On the offline ShareGPT run's last
+    steps (contexts 900-1700; kernels_sharegpt_tail_h200.json): 1 request of 927 tokens
+    13.4 us a layer at 256, 8.8 at 64; 6 requests 18.3 us at 256, 15.0 at 128 (15.6 at 64);
+    10 requests 21.1 at 256, 18.8 at 128 (22.4 at 64); from 48 requests on (2+ waves),
+    no gain, and 128 lost 5 % at 68."""
+    programs = batch * num_kv_heads
+    if programs <= 16:
+        return 64
+    if programs < sms * programs_per_sm:
+        return 128
+    return MIN_TOKENS_PER_SPLIT
+
+
 def choose_num_splits(q: torch.Tensor, kv_cache: torch.Tensor, max_seq_len: int,
                       block_n: int | None = None, num_stages: int = 3) -> int:
     """The split count `paged_decode_attention` picks for this problem when given none (a
@@ -383,7 +402,7 @@ def paged_decode_attention(
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int = 3,
-    min_split_tokens: int = MIN_TOKENS_PER_SPLIT,  # a request splits into ranges this long
+    min_split_tokens: int | None = None,  # ranges at least this long; None: by batch size
     order: torch.Tensor | None = None,  # [B] int32 permutation: requests in launch order
 ) -> torch.Tensor:  # [B, Hq, D]
     B, Hq, D = q.shape
@@ -396,6 +415,9 @@ def paged_decode_attention(
         if max_seq_len is None:
             max_seq_len = int(seq_lens[:B].max())  # syncs; callers on the hot path pass it
         num_splits = choose_num_splits(q, kv_cache, max_seq_len, block_n, num_stages)
+    if min_split_tokens is None:
+        per_sm = programs_per_sm(block_n, D, q.element_size(), num_stages)
+        min_split_tokens = default_min_split_tokens(B, Hkv, num_sms(q.device), per_sm)
     G = Hq // Hkv
     D_PAD = next_pow2(D)
     part, lse = split_partials(out, num_splits)

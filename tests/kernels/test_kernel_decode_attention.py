@@ -7,6 +7,7 @@ import torch
 
 from kvtier.kernels.paged_decode_attention import (
     DenseSegment,
+    default_min_split_tokens,
     default_num_splits,
     paged_decode_attention,
     paged_decode_attention_ref,
@@ -80,6 +81,24 @@ def test_default_num_splits_fills_the_gpu() -> None:
     assert default_num_splits(32, 40, 2048, sms) == 1
 
 
+def test_few_programs_split_into_shorter_ranges() -> None:
+    sms = 132  # H200, 2 resident programs an SM
+    assert default_min_split_tokens(1, 8, sms) == 64  # 8 programs: a fraction of a wave
+    assert default_min_split_tokens(2, 8, sms) == 64
+    assert default_min_split_tokens(10, 8, sms) == 128  # 80 programs
+    assert default_min_split_tokens(32, 8, sms) == 128  # 256 < 264 slots
+    assert default_min_split_tokens(33, 8, sms) == 256  # the slots are full
+    assert default_min_split_tokens(8, 40, sms) == 256  # llama-2-13b: 320 programs
+
+
+@pytest.mark.parametrize("batch", [1, 6])
+def test_small_batch_default_ranges_match_reference(batch: int) -> None:
+    """A launch left to choose its own ranges at a small batch (64 or 128 tokens on the
+    GPU, 64 here): long requests cut into many splits still merge to the reference."""
+    lens = [300, 5, 129, 64, 200, 1][:batch]
+    _check(lens, 4, 1, 64, torch.float32, num_splits=6, block_n=16)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("hq,hkv,d", [(32, 8, 128), (40, 40, 128), (16, 2, 64), (12, 4, 80)])
 @pytest.mark.parametrize("num_splits", [None, 1, 7])
@@ -88,6 +107,14 @@ def test_decode_gpu(dtype: torch.dtype, hq: int, hkv: int, d: int, num_splits: i
     g = torch.Generator().manual_seed(hq * d + (num_splits or 0))
     seq_lens = torch.randint(1, 3000, (24,), generator=g).tolist() + [1, 16, 4096]
     _check(seq_lens, hq, hkv, d, dtype, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [None, 16])
+@gpu
+def test_decode_single_request_gpu(num_splits: int | None) -> None:
+    """Batch 1 (64-token ranges by default), as the last steps of a run decode."""
+    _check([927], 32, 8, 128, torch.bfloat16, num_splits=num_splits)
+    _check([4000], 32, 8, 128, torch.float32, num_splits=num_splits)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
