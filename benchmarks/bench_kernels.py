@@ -330,6 +330,28 @@ def sharegpt_context_sweep(workload: str, steps: tuple[int, ...] = SHAREGPT_STEP
     return rows
 
 
+# Pipeline depth and warps of the split-free launches (three waves of programs or more, where
+# the graphs of large batches run): the run's contexts in the engine's longest-first order,
+# and uniform batches of long contexts.
+STAGES_VARIANTS = ((64, 3, 4), (64, 2, 4), (64, 3, 2), (64, 2, 2))
+
+
+def stages_sweep(workload: str) -> list[dict[str, Any]]:
+    cases = [(f"sharegpt_step{s}", sharegpt_step_lens(workload, s)) for s in SHAREGPT_STEPS[:4]]
+    cases += [(f"uniform_{b}x{c}", torch.full((b,), c)) for b, c in ((256, 2048), (128, 4096),
+                                                                    (512, 1024))]
+    rows = []
+    for label, lens in cases:
+        order = lens.argsort(descending=True).to(torch.int32).cuda()
+        for block_n, stages, warps in STAGES_VARIANTS:
+            row = bench_decode_lens(lens, num_splits=1, F=4, block_n=block_n,
+                                    num_stages=stages, num_warps=warps, order=order)
+            row.pop("order", None)
+            rows.append({"case": label, **row})
+            print(rows[-1], flush=True)
+    return rows
+
+
 def placement_sweep(pool_gb: float = 80.0) -> list[dict[str, Any]]:
     """Where a batch's KV blocks sit in a large pool (F = 4 blocks, llama-3.1-8b, batch 256 x
     2048 tokens, one layer timed): each request's blocks consecutive, the used blocks
@@ -439,6 +461,8 @@ def main() -> None:
         result["grid_order"] = grid_order_sweep()
     if "sharegpt_context" in parts:
         result["sharegpt_context"] = sharegpt_context_sweep(args.workload)
+    if "stages" in parts:
+        result["stages"] = stages_sweep(args.workload)
     if "sharegpt_tail" in parts:
         result["sharegpt_tail"] = sharegpt_context_sweep(args.workload, SHAREGPT_TAIL_STEPS,
                                                          SHAREGPT_TAIL_VARIANTS)
