@@ -241,17 +241,18 @@ def bench_decode_mixed(batch: int, mean_ctx: int, min_split_tokens: int,
 
 
 def bench_decode_lens(lens: torch.Tensor, num_splits: int | None = None, F: int = 1,
-                      max_model_len: int = 4096, **kernel_kw: Any) -> dict[str, Any]:
+                      max_model_len: int = 4096, model: str = "llama-3.1-8b",
+                      **kernel_kw: Any) -> dict[str, Any]:
     """Decode of one layer over requests of the given contexts (llama-3.1-8b), in that order
     (program ids follow the rows), over randomly placed blocks of a pool of F layers a block;
     the split count fixed from max_model_len as a decode graph fixes it."""
-    hq, hkv, d = MODELS["llama-3.1-8b"]
+    hq, hkv, d = MODELS[model]
     batch = len(lens)
     pools, tables, seq_lens, q, kv_bytes = _decode_setup(lens, hq, hkv, d, F)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     splits = num_splits or default_num_splits(batch, hkv, max_model_len, sms)
     timed = _time_decode(pools, tables, seq_lens, q, kv_bytes, num_splits=splits, **kernel_kw)
-    return {"model": "llama-3.1-8b", "batch": batch, "context": round(float(lens.float().mean())),
+    return {"model": model, "batch": batch, "context": round(float(lens.float().mean())),
             "max_context": int(lens.max()), "F": F, "num_splits": splits, **kernel_kw, **timed}
 
 
@@ -334,20 +335,37 @@ def sharegpt_context_sweep(workload: str, steps: tuple[int, ...] = SHAREGPT_STEP
 # the graphs of large batches run): the run's contexts in the engine's longest-first order,
 # and uniform batches of long contexts.
 STAGES_VARIANTS = ((64, 3, 4), (64, 2, 4), (64, 3, 2), (64, 2, 2))
+# Smaller tiles, deeper pipelines: 32-token tiles hold 4-6 programs an SM at 3-4 stages.
+TILES_VARIANTS = ((64, 3, 4), (32, 3, 2), (32, 4, 2), (32, 3, 4), (32, 4, 4), (64, 2, 4))
 
 
-def stages_sweep(workload: str) -> list[dict[str, Any]]:
+def stages_sweep(workload: str, variants: tuple = STAGES_VARIANTS) -> list[dict[str, Any]]:
     cases = [(f"sharegpt_step{s}", sharegpt_step_lens(workload, s)) for s in SHAREGPT_STEPS[:4]]
     cases += [(f"uniform_{b}x{c}", torch.full((b,), c)) for b, c in ((256, 2048), (128, 4096),
                                                                     (512, 1024))]
     rows = []
     for label, lens in cases:
         order = lens.argsort(descending=True).to(torch.int32).cuda()
-        for block_n, stages, warps in STAGES_VARIANTS:
+        for block_n, stages, warps in variants:
             row = bench_decode_lens(lens, num_splits=1, F=4, block_n=block_n,
                                     num_stages=stages, num_warps=warps, order=order)
             row.pop("order", None)
             rows.append({"case": label, **row})
+            print(rows[-1], flush=True)
+    return rows
+
+
+def tiles_mha_sweep() -> list[dict[str, Any]]:
+    """llama-2-13b (40 KV heads, one query head each) at 4,096+ programs: the default tiles
+    against the large-batch ones that grouped-query models take there."""
+    from kvtier.kernels.paged_decode_attention import MANY_PROGRAMS_TILES as t
+
+    rows = []
+    for b, c in ((104, 512), (128, 256), (128, 1024), (256, 512), (104, 2048)):
+        lens = torch.full((b,), c)
+        for kw in ({}, {"block_n": t.block_n, "num_warps": t.num_warps,
+                        "num_stages": t.num_stages}):
+            rows.append(bench_decode_lens(lens, num_splits=1, F=4, model="llama-2-13b", **kw))
             print(rows[-1], flush=True)
     return rows
 
@@ -463,6 +481,16 @@ def main() -> None:
         result["sharegpt_context"] = sharegpt_context_sweep(args.workload)
     if "stages" in parts:
         result["stages"] = stages_sweep(args.workload)
+    if "tiles_mha" in parts:
+        result["tiles_mha"] = tiles_mha_sweep()
+    if "tiles" in parts:
+        result["tiles"] = stages_sweep(args.workload, TILES_VARIANTS)
+        result["tiles_tail"] = [
+            {"variant": f"{b}/{s}/{w}", **r}
+            for b, s, w in TILES_VARIANTS
+            for r in sharegpt_context_sweep(args.workload, SHAREGPT_TAIL_STEPS,
+                                            (("graph", None, {"block_n": b, "num_stages": s,
+                                                              "num_warps": w}),))]
     if "sharegpt_tail" in parts:
         result["sharegpt_tail"] = sharegpt_context_sweep(args.workload, SHAREGPT_TAIL_STEPS,
                                                          SHAREGPT_TAIL_VARIANTS)

@@ -313,13 +313,49 @@ def default_min_split_tokens(batch: int, num_kv_heads: int, sms: int,
     return MIN_TOKENS_PER_SPLIT
 
 
+@dataclass(frozen=True)
+class DecodeTiles:
+    """Launch shape of the decode kernel: tokens per K/V tile, warps, pipeline stages."""
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+# From this many (request, KV head) programs on (~15 waves at 2 resident a SM on the H200),
+# a grouped-query decode launches 32-token tiles with 2 warps (4 resident a SM) instead of
+# 64-token tiles with 4. On the offline ShareGPT run's contexts in the engine's order
+# (kernels_tiles_h200.json): 988 requests of ~104 tokens 137 -> 113 us a layer, 833 of ~193
+# 171 -> 164, 669 of ~294 198 -> 195, 281 of ~516 even; uniform 512 x 1024 0.3 % shorter,
+# 256 x 2048 and 128 x 4096 (2,048 and 1,024 programs) 0.6-0.8 % longer; 113 requests of
+# ~738 (904 programs) 20 % longer. Many short programs gain from more of them resident: one
+# of ~100 tokens is mostly the latency of its first loads.
+MANY_PROGRAMS = 4096
+MANY_PROGRAMS_TILES = DecodeTiles(block_n=32, num_warps=2, num_stages=3)
+
+
+def default_tiles(batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                  dtype: torch.dtype) -> DecodeTiles:
+    if (batch * num_kv_heads >= MANY_PROGRAMS and num_heads > num_kv_heads and head_dim == 128
+            and dtype in (torch.bfloat16, torch.float16)):
+        return MANY_PROGRAMS_TILES
+    return DecodeTiles(_default_block_n(head_dim, dtype), num_warps=4, num_stages=3)
+
+
+def tiles_for(q: torch.Tensor, kv_cache: torch.Tensor) -> DecodeTiles:
+    """`default_tiles` of a decode problem: q [B, Hq, D] over a layer's pool view."""
+    B, Hq, D = q.shape
+    return default_tiles(B, Hq, kv_cache.shape[3], D, q.dtype)
+
+
 def choose_num_splits(q: torch.Tensor, kv_cache: torch.Tensor, max_seq_len: int,
-                      block_n: int | None = None, num_stages: int = 3) -> int:
+                      block_n: int | None = None, num_stages: int | None = None) -> int:
     """The split count `paged_decode_attention` picks for this problem when given none (a
     caller launching the same problem for every layer computes it once)."""
     B, _, D = q.shape
-    block_n = block_n or _default_block_n(D, q.dtype)
-    per_sm = programs_per_sm(block_n, D, q.element_size(), num_stages)
+    tiles = tiles_for(q, kv_cache)
+    per_sm = programs_per_sm(block_n or tiles.block_n, D, q.element_size(),
+                             num_stages or tiles.num_stages)
     return default_num_splits(B, kv_cache.shape[3], max_seq_len, num_sms(q.device), per_sm)
 
 
@@ -399,9 +435,9 @@ def paged_decode_attention(
     max_seq_len: int | None = None,  # host bound on seq_lens (reading it would sync)
     num_splits: int | None = None,  # fixed for CUDA graphs; else chosen from the shape
     prefix: DenseSegment | None = None,
-    block_n: int | None = None,
-    num_warps: int = 4,
-    num_stages: int = 3,
+    block_n: int | None = None,  # tile and launch shape: `default_tiles` where None
+    num_warps: int | None = None,
+    num_stages: int | None = None,
     min_split_tokens: int | None = None,  # ranges at least this long; None: by batch size
     order: torch.Tensor | None = None,  # [B] int32 permutation: requests in launch order
 ) -> torch.Tensor:  # [B, Hq, D]
@@ -410,7 +446,10 @@ def paged_decode_attention(
     out = check_decode_args(q, kv_cache, block_tables, seq_lens, out, prefix)
     if B == 0:
         return out
-    block_n = block_n or _default_block_n(D, q.dtype)
+    tiles = tiles_for(q, kv_cache)
+    block_n = block_n or tiles.block_n
+    num_warps = num_warps or tiles.num_warps
+    num_stages = num_stages or tiles.num_stages
     if num_splits is None:
         if max_seq_len is None:
             max_seq_len = int(seq_lens[:B].max())  # syncs; callers on the hot path pass it

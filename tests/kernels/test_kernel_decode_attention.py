@@ -6,9 +6,12 @@ import pytest
 import torch
 
 from kvtier.kernels.paged_decode_attention import (
+    MANY_PROGRAMS_TILES,
+    DecodeTiles,
     DenseSegment,
     default_min_split_tokens,
     default_num_splits,
+    default_tiles,
     paged_decode_attention,
     paged_decode_attention_ref,
 )
@@ -91,6 +94,26 @@ def test_few_programs_split_into_shorter_ranges() -> None:
     assert default_min_split_tokens(8, 40, sms) == 256  # llama-2-13b: 320 programs
 
 
+def test_many_programs_take_small_tiles() -> None:
+    bf16 = torch.bfloat16
+    assert default_tiles(512, 32, 8, 128, bf16) == MANY_PROGRAMS_TILES  # 4,096 programs
+    assert default_tiles(511, 32, 8, 128, bf16) == DecodeTiles(64, 4, 3)
+    assert default_tiles(1024, 40, 40, 128, bf16) == DecodeTiles(64, 4, 3)  # MHA: unmeasured
+    assert default_tiles(1024, 32, 8, 128, torch.float32) == DecodeTiles(32, 4, 3)  # fp32
+    assert default_tiles(4096, 16, 2, 64, bf16) == DecodeTiles(128, 4, 3)  # head dim 64
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_small_tiles_match_reference(dtype: torch.dtype) -> None:
+    """The large-batch launch shape (32-token tiles, 2 warps, 3 stages) over short and
+    page-straddling contexts, in the engine's longest-first order."""
+    lens = [1, 16, 33, 70, 5, 48]
+    t = MANY_PROGRAMS_TILES
+    order = torch.tensor([3, 5, 2, 1, 4, 0], dtype=torch.int32, device=DEVICE)
+    _check(lens, 8, 2, 128, dtype, num_splits=1, block_n=t.block_n, num_warps=t.num_warps,
+           num_stages=t.num_stages, order=order)
+
+
 @pytest.mark.parametrize("batch", [1, 6])
 def test_small_batch_default_ranges_match_reference(batch: int) -> None:
     """A launch left to choose its own ranges at a small batch (64 or 128 tokens on the
@@ -107,6 +130,14 @@ def test_decode_gpu(dtype: torch.dtype, hq: int, hkv: int, d: int, num_splits: i
     g = torch.Generator().manual_seed(hq * d + (num_splits or 0))
     seq_lens = torch.randint(1, 3000, (24,), generator=g).tolist() + [1, 16, 4096]
     _check(seq_lens, hq, hkv, d, dtype, num_splits=num_splits)
+
+
+@gpu
+def test_decode_many_requests_gpu() -> None:
+    """Past MANY_PROGRAMS (520 x 8 KV heads) the default launch takes the small tiles."""
+    g = torch.Generator().manual_seed(520)
+    seq_lens = torch.randint(1, 400, (520,), generator=g).tolist()
+    _check(seq_lens, 32, 8, 128, torch.bfloat16)
 
 
 @pytest.mark.parametrize("num_splits", [None, 16])
