@@ -12,6 +12,11 @@ min(num_splits, seq_len // min_split_tokens) splits (at least one), a single-spl
 writes its output directly, and the programs past its count exit at once. Short requests
 in a graph captured for long ones then pay no partial outputs and no reduce.
 
+Launch shape (`default_tiles`): 64-token K/V tiles, 4 warps, 3 stages (2 programs resident
+an SM); from 4,096 programs on, grouped-query launches take 32-token tiles with 2 warps (4
+resident), where many short programs wait on their first loads. Few programs split finer
+(`default_min_split_tokens`).
+
 Launch order: KV heads vary fastest, and a single-split launch may take `order`, the
 requests in the order their programs start. Served batches mix a few long contexts among
 many short ones; started longest first, the long ones no longer trail the last wave (with
