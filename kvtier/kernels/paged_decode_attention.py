@@ -306,7 +306,7 @@ def default_min_split_tokens(batch: int, num_kv_heads: int, sms: int,
     the batch has. MIN_TOKENS_PER_SPLIT where they fill the resident slots; where they do
     not, the kernel runs one short wave whose time is the programs' latency more than their
     bytes, and shorter ranges start more of them at once. On the offline ShareGPT run's last
-    steps (contexts 900-1700; kernels_sharegpt_tail_h200.json): 1 request of 927 tokens
+    steps (contexts 900-1700; kernels_sharegpt_tail_h200_{5b122b0,dff8709}.json): 1 request of 927 tokens
     13.4 us a layer at 256, 8.8 at 64; 6 requests 18.3 us at 256, 15.0 at 128 (15.6 at 64);
     10 requests 21.1 at 256, 18.8 at 128 (22.4 at 64); from 48 requests on (2+ waves),
     no gain, and 128 lost 5 % at 68."""
@@ -341,6 +341,8 @@ MANY_PROGRAMS_TILES = DecodeTiles(block_n=32, num_warps=2, num_stages=3)
 
 def default_tiles(batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
                   dtype: torch.dtype) -> DecodeTiles:
+    """The launch shape of a decode over `batch` requests (measured for grouped-query bf16
+    at head dim 128; other problems keep the 64-token tiles)."""
     if (batch * num_kv_heads >= MANY_PROGRAMS and num_heads > num_kv_heads and head_dim == 128
             and dtype in (torch.bfloat16, torch.float16)):
         return MANY_PROGRAMS_TILES
