@@ -342,7 +342,7 @@ MANY_PROGRAMS_TILES = DecodeTiles(block_n=32, num_warps=2, num_stages=3)
 def default_tiles(batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
                   dtype: torch.dtype) -> DecodeTiles:
     """The launch shape of a decode over `batch` requests (measured for grouped-query bf16
-    at head dim 128; other problems keep the 64-token tiles)."""
+    at head dim 128; other problems keep the default tiles)."""
     if (batch * num_kv_heads >= MANY_PROGRAMS and num_heads > num_kv_heads and head_dim == 128
             and dtype in (torch.bfloat16, torch.float16)):
         return MANY_PROGRAMS_TILES
