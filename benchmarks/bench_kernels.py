@@ -370,6 +370,27 @@ def tiles_mha_sweep() -> list[dict[str, Any]]:
     return rows
 
 
+def argmax_sweep(vocab: int = 128256) -> list[dict[str, Any]]:
+    """Greedy argmax over bf16 logits of Llama 3's vocabulary: torch's against the chunked
+    kernel, graph-timed over copies that miss L2 (a step reads logits its LM head just
+    wrote, partly from L2: this is the cold bound)."""
+    from kvtier.kernels.argmax import argmax_rows
+
+    rows = []
+    for batch in (1, 8, 64, 256, 992):
+        copies = max(2, min(16, -(-4 * L2_BYTES // (batch * vocab * 2))))
+        xs = [torch.randn(batch, vocab, device="cuda").to(torch.bfloat16) for _ in range(copies)]
+        row: dict[str, Any] = {"batch": batch, "vocab": vocab, "bytes": batch * vocab * 2}
+        for name, fn in (("torch", lambda x: x.argmax(dim=-1)), ("triton", argmax_rows)):
+            t = time_graph([(lambda x=x, fn=fn: fn(x)) for x in xs])
+            row[f"{name}_us"] = round(t * 1e6, 2)
+            row[f"{name}_pct_roofline"] = round(100 * row["bytes"] / t / 1e9 / HBM_ROOFLINE_GBPS, 1)
+        assert all(torch.equal(argmax_rows(x), x.argmax(dim=-1)) for x in xs)
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
 def placement_sweep(pool_gb: float = 80.0) -> list[dict[str, Any]]:
     """Where a batch's KV blocks sit in a large pool (F = 4 blocks, llama-3.1-8b, batch 256 x
     2048 tokens, one layer timed): each request's blocks consecutive, the used blocks
@@ -481,6 +502,8 @@ def main() -> None:
         result["sharegpt_context"] = sharegpt_context_sweep(args.workload)
     if "stages" in parts:
         result["stages"] = stages_sweep(args.workload)
+    if "argmax" in parts:
+        result["argmax"] = argmax_sweep()
     if "tiles_mha" in parts:
         result["tiles_mha"] = tiles_mha_sweep()
     if "tiles" in parts:

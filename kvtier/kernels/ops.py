@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from kvtier.kernels import argmax as _argmax
 from kvtier.kernels import rms_norm as _rms
 from kvtier.kernels import rotary as _rot
 from kvtier.kernels import silu_and_mul as _act
@@ -35,3 +36,7 @@ class TritonOps:
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of a fused [..., 2I] gate_up projection."""
         return _act.silu_and_mul(gate_up)
+
+    def argmax_rows(self, logits: torch.Tensor) -> torch.Tensor:
+        """Greedy decoding's pick, torch.argmax's answer from a chunked kernel."""
+        return _argmax.argmax_rows(logits)

@@ -42,6 +42,10 @@ class TorchOps:
         gate, up = gate_up.chunk(2, dim=-1)
         return torch.nn.functional.silu(gate) * up
 
+    def argmax_rows(self, logits: torch.Tensor) -> torch.Tensor:
+        """Greedy decoding's pick: [B, V] -> [B] int64, the first index of each row's max."""
+        return logits.argmax(dim=-1)
+
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)

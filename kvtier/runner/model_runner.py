@@ -138,6 +138,9 @@ class ModelRunner:
             assert isinstance(layer, DecoderLayer)
             warm_up_attention(self.gpu_kv[:, 0], total - 1, self.model_config.num_heads,
                               layer.attn.scale)
+            # Greedy steps' argmax, compiled for this vocabulary before the first step.
+            self.ops.argmax_rows(torch.zeros(2, self.model_config.vocab_size, dtype=self.dtype,
+                                             device=self.device))
         if self.config.piecewise_graphs:
             self.piecewise = PiecewiseGraphs(self, capture=self.graphs_allowed,
                                              keep_attention_inputs=self.hidden is not None)
@@ -284,7 +287,7 @@ class ModelRunner:
         ids = list(map(_request_id, sampling))
         tokens = self.async_tokens
         if plain_greedy(rows):  # one argmax, read back later without a sync here
-            sampled = logits.argmax(dim=-1)
+            sampled = self.ops.argmax_rows(logits)
             tokens.keep(ids, sampled)
             return tokens.copy_to_host(ids, sampled)
         out = sample(logits, rows)
