@@ -1,10 +1,13 @@
 """Greedy decoding's pick: the index of each row's largest logit, as `torch.argmax(x, -1)`.
 
-torch reduces a row of the 128k vocabulary in one block, so a step's argmax runs far below
-HBM speed: ~170 us for 1,000 rows of bf16 logits (254 MB: ~60 us at 4.24 TB/s) and ~36 us
-for a handful of rows (benchmarks/results/profile_offline_decode_h200_skip*.json). Here each
-row is cut into chunks that run in parallel (their maxima and first indices), then one small
-program a row merges them.
+torch reduces a row of the 128k vocabulary in one block, so a few rows leave most of the GPU
+idle: 26 us for one row of bf16 logits, 32 us for 8 (the last decode steps of a run, and
+every step of a lightly loaded server). Here each row is cut into chunks that run in
+parallel (their maxima and first indices), then one small program a row merges them: 3.9 us
+for one row, 5.4 for 8, 20 for 64 (against 38). Past that torch is faster: 47 against 65 us
+at 256 rows, 143 against 234 at 992, where the chunks' int64 index reductions, not the
+bytes, bound this kernel (benchmarks/results/kernels_argmax_h200.json, `python
+benchmarks/bench_kernels.py --parts argmax`). So the ops use it up to MAX_KERNEL_ROWS.
 
 Exactly torch's answer: values compare in fp32 (exact for bf16/fp16), the first index of the
 maximum wins ties (chunks merge in column order), and NaN counts as the largest value (the
@@ -20,6 +23,7 @@ import triton.language as tl
 from kvtier.kernels.launch import check, next_pow2
 
 BLOCK = 4096  # columns a chunk: 8 KiB of bf16, 32 chunks a row of Llama 3's vocabulary
+MAX_KERNEL_ROWS = 64  # the largest batch measured faster than torch's argmax
 _NO_INDEX = 2**62  # larger than any column: the neutral element of "first index"
 
 

@@ -38,5 +38,8 @@ class TritonOps:
         return _act.silu_and_mul(gate_up)
 
     def argmax_rows(self, logits: torch.Tensor) -> torch.Tensor:
-        """Greedy decoding's pick, torch.argmax's answer from a chunked kernel."""
-        return _argmax.argmax_rows(logits)
+        """Greedy decoding's pick: the chunked kernel up to `_argmax.MAX_KERNEL_ROWS` rows,
+        where it is the faster one, torch's argmax (the same answer) past them."""
+        if logits.shape[0] <= _argmax.MAX_KERNEL_ROWS:
+            return _argmax.argmax_rows(logits)
+        return logits.argmax(dim=-1)

@@ -68,3 +68,22 @@ def test_argmax_gpu_llama3_vocab(B: int) -> None:
     x[0, [128255, 4096, 4095]] = top
     x[B // 2, [60000, 59999]] = top
     assert torch.equal(argmax_rows(x), argmax_rows_ref(x))
+
+
+def test_ops_pick_the_kernel_for_few_rows_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvtier.kernels import argmax as argmax_module
+    from kvtier.kernels.ops import TritonOps
+
+    calls: list[int] = []
+
+    def counted(x: torch.Tensor) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return argmax_rows(x, block=64)
+
+    monkeypatch.setattr(argmax_module, "argmax_rows", counted)
+    limit = argmax_module.MAX_KERNEL_ROWS
+    for B in (1, limit, limit + 1):
+        x = _rows(B, 300, torch.bfloat16, seed=B)
+        x[:, [3, 200]] = 9.0  # tied maxima: both paths answer 3
+        assert TritonOps().argmax_rows(x).tolist() == [3] * B
+    assert calls == [1, limit]  # past the limit, torch's argmax
