@@ -42,4 +42,4 @@ class TritonOps:
         where it is the faster one, torch's argmax (the same answer) past them."""
         if logits.shape[0] <= _argmax.MAX_KERNEL_ROWS:
             return _argmax.argmax_rows(logits)
-        return logits.argmax(dim=-1)
+        return _argmax.argmax_rows_ref(logits)

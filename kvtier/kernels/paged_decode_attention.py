@@ -34,6 +34,7 @@ position (the first pages are simply never read). Without a prefix, prefix_len_b
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -339,6 +340,7 @@ MANY_PROGRAMS = 4096
 MANY_PROGRAMS_TILES = DecodeTiles(block_n=32, num_warps=2, num_stages=3)
 
 
+@functools.cache  # asked once per layer on the eager path: one answer per problem shape
 def default_tiles(batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
                   dtype: torch.dtype) -> DecodeTiles:
     """The launch shape of a decode over `batch` requests (measured for grouped-query bf16
@@ -360,9 +362,10 @@ def choose_num_splits(q: torch.Tensor, kv_cache: torch.Tensor, max_seq_len: int,
     """The split count `paged_decode_attention` picks for this problem when given none (a
     caller launching the same problem for every layer computes it once)."""
     B, _, D = q.shape
-    tiles = tiles_for(q, kv_cache)
-    per_sm = programs_per_sm(block_n or tiles.block_n, D, q.element_size(),
-                             num_stages or tiles.num_stages)
+    if block_n is None or num_stages is None:
+        tiles = tiles_for(q, kv_cache)
+        block_n, num_stages = block_n or tiles.block_n, num_stages or tiles.num_stages
+    per_sm = programs_per_sm(block_n, D, q.element_size(), num_stages)
     return default_num_splits(B, kv_cache.shape[3], max_seq_len, num_sms(q.device), per_sm)
 
 
