@@ -391,6 +391,49 @@ def argmax_sweep(vocab: int = 128256) -> list[dict[str, Any]]:
     return rows
 
 
+def rotary_kv_write_sweep() -> list[dict[str, Any]]:
+    """Rotary + KV write of one llama-3.1-8b layer (q, k, v views of its qkv output, an
+    F = 4 pool): the two kernels apart against the fused one, graph-timed over layers whose
+    inputs miss L2. Bytes: q read and written, k and v read and stored."""
+    rows = []
+    for tokens in (1, 6, 48, 256, 992, 16384):
+        rows.append(_time_rotary_kv_write(tokens))
+        print(rows[-1], flush=True)
+    return rows
+
+
+def _time_rotary_kv_write(tokens: int) -> dict[str, Any]:
+    from kvtier.kernels.kv_write import kv_write
+    from kvtier.kernels.rotary import rotary
+    from kvtier.kernels.rotary_kv_write import rotary_kv_write
+
+    hq, hkv, d = MODELS["llama-3.1-8b"]
+    cos_sin = torch.randn(8192, d, device="cuda")
+    per_token = 2 * (2 * hq * d + 4 * hkv * d)
+    layers = max(2, min(16, -(-4 * L2_BYTES // (tokens * per_token))))
+    blocks = -(-tokens // BLOCK_SIZE) + 1
+    pool = torch.zeros(blocks, 4, 2, BLOCK_SIZE, hkv, d, dtype=torch.bfloat16, device="cuda")
+    qkvs = [torch.randn(tokens, hq + 2 * hkv, d, device="cuda").to(torch.bfloat16)
+            for _ in range(layers)]
+    pos = torch.randint(0, 8192, (tokens,), device="cuda")
+    slots = torch.randperm(blocks * BLOCK_SIZE, device="cuda")[:tokens]
+
+    def apart(qkv: torch.Tensor, i: int) -> None:
+        q, k = rotary(qkv[:, :hq], qkv[:, hq : hq + hkv], pos, cos_sin)
+        kv_write(pool[:, i % 4], k, qkv[:, hq + hkv :], slots)
+
+    def fused(qkv: torch.Tensor, i: int) -> None:
+        rotary_kv_write(qkv[:, :hq], qkv[:, hq : hq + hkv], qkv[:, hq + hkv :], pos, cos_sin,
+                        pool[:, i % 4], slots)
+
+    row: dict[str, Any] = {"tokens": tokens, "bytes": tokens * per_token}
+    for name, fn in (("apart", apart), ("fused", fused)):
+        t = time_graph([(lambda x=x, i=i, fn=fn: fn(x, i)) for i, x in enumerate(qkvs)])
+        row[f"{name}_us"] = round(t * 1e6, 2)
+        row[f"{name}_pct_roofline"] = round(100 * row["bytes"] / t / 1e9 / HBM_ROOFLINE_GBPS, 1)
+    return row
+
+
 def placement_sweep(pool_gb: float = 80.0) -> list[dict[str, Any]]:
     """Where a batch's KV blocks sit in a large pool (F = 4 blocks, llama-3.1-8b, batch 256 x
     2048 tokens, one layer timed): each request's blocks consecutive, the used blocks
@@ -457,7 +500,8 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="also try kernel config variants")
     ap.add_argument("--parts", default="decode,prefill",
                     help="comma list of decode, prefill, sweep, short_context, mixed_context, "
-                         "sharegpt_context, sharegpt_tail")
+                         "sharegpt_context, sharegpt_tail, stages, tiles, tiles_mha, argmax, "
+                         "rotary_kv_write, placement, grid_order")
     ap.add_argument("--workload", default=".carry/sharegpt_llama31_1000.json",
                     help="prepared ShareGPT workload (sharegpt_context)")
     args = ap.parse_args()
@@ -504,6 +548,8 @@ def main() -> None:
         result["stages"] = stages_sweep(args.workload)
     if "argmax" in parts:
         result["argmax"] = argmax_sweep()
+    if "rotary_kv_write" in parts:
+        result["rotary_kv_write"] = rotary_kv_write_sweep()
     if "tiles_mha" in parts:
         result["tiles_mha"] = tiles_mha_sweep()
     if "tiles" in parts:

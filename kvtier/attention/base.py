@@ -3,15 +3,25 @@ the paged cache and returns attention output. Backends are interchangeable (torc
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
 from kvtier.attention.metadata import AttentionMetadata
 
 
+class Rope(NamedTuple):
+    """Rotary inputs a backend applies itself when it fuses rotary into its KV write."""
+
+    positions: torch.Tensor  # [num_tokens] int64
+    cos_sin_cache: torch.Tensor  # [max_pos, head_dim] fp32: cos in [:D/2], sin in [D/2:]
+
+
 class AttentionBackend(Protocol):
     name: str
+    # True when `forward(..., rope=...)` is cheaper than rotating q and k beforehand (the
+    # model then hands over q and k unrotated); every backend accepts `rope` either way.
+    fuses_rotary: bool
 
     def forward(
         self,
@@ -23,8 +33,10 @@ class AttentionBackend(Protocol):
         meta: AttentionMetadata,
         scale: float,
         out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]; None: allocated
+        rope: Rope | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """Write k/v at meta.slot_mapping[group] into slot `layer_idx % F`, then attend
         causally over each request's whole context (cached prefix + the new tokens), into
-        `out` when given (the piecewise forward passes its static buffer)."""
+        `out` when given (the piecewise forward passes its static buffer). With `rope`, q
+        and k arrive unrotated and are rotated first (Neox style, as the model's ops)."""
         ...

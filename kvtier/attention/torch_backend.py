@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kvtier.attention.base import Rope
 from kvtier.attention.metadata import AttentionMetadata
+from kvtier.model.ops import TorchOps
 
 
 def write_kv(
@@ -49,6 +51,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> t
 
 class TorchAttentionBackend:
     name = "torch"
+    fuses_rotary = False  # `rope` is honoured, by the model's own rotary beforehand
 
     def forward(
         self,
@@ -60,7 +63,10 @@ class TorchAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
         out: torch.Tensor | None = None,
+        rope: Rope | None = None,
     ) -> torch.Tensor:
+        if rope is not None:
+            q, k = TorchOps().rotary(q, k, rope.positions, rope.cos_sin_cache)
         group, slot = meta.layer_slot(layer_idx)
         layer_cache = kv_cache[:, slot]
         write_kv(layer_cache, k, v, meta.slot_mapping[group])

@@ -1,4 +1,5 @@
-"""Triton paged attention: kv_write, then split-K decode for the leading decode rows and the
+"""Triton paged attention: kv_write (with rotary, fused, when the model leaves it to the
+backend), then split-K decode for the leading decode rows and the
 varlen prefill kernel for the rest. Same contract as `TorchAttentionBackend` (the oracle).
 
 A step calls this once per layer with the same metadata; the views and launch parameters
@@ -10,10 +11,12 @@ from __future__ import annotations
 
 import torch
 
+from kvtier.attention.base import Rope
 from kvtier.attention.metadata import AttentionMetadata
 from kvtier.kernels.kv_write import kv_write
 from kvtier.kernels.paged_decode_attention import choose_num_splits, paged_decode_attention
 from kvtier.kernels.paged_prefill_attention import paged_prefill_attention
+from kvtier.kernels.rotary_kv_write import rotary_kv_write
 
 
 class _StepViews:
@@ -55,6 +58,7 @@ def step_views(meta: AttentionMetadata, kv_cache: torch.Tensor) -> _StepViews:
 
 class TritonAttentionBackend:
     name = "triton"
+    fuses_rotary = True  # one launch rotates q and k and stores k/v (rotary_kv_write)
 
     def forward(
         self,
@@ -66,13 +70,18 @@ class TritonAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
         out: torch.Tensor | None = None,
+        rope: Rope | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         group, slot = meta.layer_slot(layer_idx)
         step = step_views(meta, kv_cache)
         layer_cache = step.layer(slot)  # [num_blocks, 2, block_size, Hkv, D], strided
         decode_tables, prefill_tables, slots = step.group(group)
         n = meta.num_tokens
-        kv_write(layer_cache, k[:n], v[:n], slots)
+        if rope is None:
+            kv_write(layer_cache, k[:n], v[:n], slots)
+        else:
+            q = rotary_kv_write(q, k, v, rope.positions, rope.cos_sin_cache, layer_cache, slots,
+                                num_kv_tokens=n)
         if out is None:
             out = torch.empty_like(q)
         nd = meta.num_decodes  # decode rows come first, one token each: tokens [0, nd)

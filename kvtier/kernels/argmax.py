@@ -3,15 +3,20 @@
 torch reduces a row of the 128k vocabulary in one block, so a few rows leave most of the GPU
 idle: 26 us for one row of bf16 logits, 32 us for 8 (the last decode steps of a run, and
 every step of a lightly loaded server). Here each row is cut into chunks that run in
-parallel (their maxima and first indices), then one small program a row merges them: 3.9 us
-for one row, 5.4 for 8, 20 for 64 (against 38). Past that torch is faster: 47 against 65 us
-at 256 rows, 143 against 234 at 992, where the chunks' int64 index reductions, not the
-bytes, bound this kernel (benchmarks/results/kernels_argmax_h200.json, `python
-benchmarks/bench_kernels.py --parts argmax`). So the ops use it up to MAX_KERNEL_ROWS.
+parallel (their maxima and first indices), then one small program a row merges them.
 
-Exactly torch's answer: values compare in fp32 (exact for bf16/fp16), the first index of the
-maximum wins ties (chunks merge in column order), and NaN counts as the largest value (the
-first NaN wins), so a row of NaNs or of -inf answers as torch does.
+Each value becomes an int32 key whose integer order is torch's order of the values, so a
+chunk is one (max, first index) reduction over int32: the float's bits, the negative ones
+flipped so that more negative sorts lower, -0.0 taken as +0.0 (they compare equal), and NaN
+above everything (torch's argmax counts NaN as the largest value, the first NaN winning).
+The first version made three reductions a chunk with int64 indices (NaN, max, first index)
+and lost to torch past 64 rows (234 against 143 us at 992 rows,
+benchmarks/results/kernels_argmax_h200.json, `python benchmarks/bench_kernels.py --parts
+argmax`), which the ops then only used up to 64 rows.
+
+Exactly torch's answer: keys order values exactly (bf16/fp16 widen to fp32 exactly), the
+first index of the maximum wins ties (the reduction breaks ties to the left and chunks merge
+in column order), and a row of NaNs or of -inf answers as torch does.
 """
 
 from __future__ import annotations
@@ -24,71 +29,73 @@ from kvtier.kernels.launch import check, next_pow2
 
 BLOCK = 4096  # columns a chunk: 8 KiB of bf16, 32 chunks a row of Llama 3's vocabulary
 MAX_KERNEL_ROWS = 64  # the largest batch measured faster than torch's argmax
-_NO_INDEX = 2**62  # larger than any column: the neutral element of "first index"
+_KEY_NAN = 2**31 - 1  # above +inf's key (0x7F800000)
+_KEY_NONE = -(2**31)  # below -inf's key: masked columns and chunks
 
 
 @triton.jit
-def _first_max(x, cols, valid, NO_INDEX: tl.constexpr):
-    """(value, index) of the first maximum of x over `valid`, NaN counting as largest:
-    (NaN, index of the first NaN) where there is one."""
-    is_nan = (x != x) & valid
-    first_nan = tl.min(tl.where(is_nan, cols, NO_INDEX), 0)
-    finite = tl.where(valid & ~is_nan, x, float("-inf"))
-    top = tl.max(finite, 0)
-    first_top = tl.min(tl.where(valid & ~is_nan & (finite == top), cols, NO_INDEX), 0)
-    has_nan = first_nan < NO_INDEX
-    return tl.where(has_nan, float("nan"), top), tl.where(has_nan, first_nan, first_top)
+def _order_key(x, valid, KEY_NAN: tl.constexpr, KEY_NONE: tl.constexpr):
+    """int32 keys ordered as torch orders the fp32 values x (NaN largest, -0.0 == +0.0)."""
+    x = tl.where(x == 0.0, 0.0, x)  # -0.0 -> +0.0
+    bits = x.to(tl.int32, bitcast=True)
+    key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    key = tl.where(x != x, KEY_NAN, key)
+    return tl.where(valid, key, KEY_NONE)
 
 
 @triton.jit
 def _chunk_max_kernel(
     x_ptr, stride_x, V,  # [B, V]
-    val_ptr, idx_ptr,  # [B, num_chunks] fp32, int64
-    BLOCK: tl.constexpr, NO_INDEX: tl.constexpr,
+    key_ptr, idx_ptr,  # [B, num_chunks] int32 each: the chunk's largest key, its first column
+    BLOCK: tl.constexpr, KEY_NAN: tl.constexpr, KEY_NONE: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
-    cols = chunk * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+    cols = chunk * BLOCK + tl.arange(0, BLOCK)
     valid = cols < V
     x = tl.load(x_ptr + row * stride_x + cols, mask=valid, other=0.0).to(tl.float32)
-    val, idx = _first_max(x, cols, valid, NO_INDEX)
+    key, first = tl.max(_order_key(x, valid, KEY_NAN, KEY_NONE), 0, return_indices=True,
+                        return_indices_tie_break_left=True)
     out = row * tl.num_programs(1) + chunk
-    tl.store(val_ptr + out, val)
-    tl.store(idx_ptr + out, idx)
+    tl.store(key_ptr + out, key)
+    tl.store(idx_ptr + out, chunk * BLOCK + first)
 
 
 @triton.jit
 def _merge_chunks_kernel(
-    val_ptr, idx_ptr, num_chunks,  # [B, num_chunks]
+    key_ptr, idx_ptr, num_chunks,  # [B, num_chunks]
     out_ptr,  # [B] int64
-    C_PAD: tl.constexpr, NO_INDEX: tl.constexpr,
+    C_PAD: tl.constexpr, KEY_NONE: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, C_PAD)
-    valid = c < num_chunks
-    vals = tl.load(val_ptr + row * num_chunks + c, mask=valid, other=0.0)
-    # The first chunk holding the row's maximum (or its first NaN) holds its first index.
-    _, first_chunk = _first_max(vals, c.to(tl.int64), valid, NO_INDEX)
-    tl.store(out_ptr + row, tl.load(idx_ptr + row * num_chunks + first_chunk))
+    keys = tl.load(key_ptr + row * num_chunks + c, mask=c < num_chunks, other=KEY_NONE)
+    # The first chunk holding the row's largest key holds its first index.
+    _, first_chunk = tl.max(keys, 0, return_indices=True, return_indices_tie_break_left=True)
+    idx = tl.load(idx_ptr + row * num_chunks + first_chunk)
+    tl.store(out_ptr + row, idx.to(tl.int64))
 
 
 def argmax_rows(x: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
     """x [B, V] (last dim contiguous) -> [B] int64: torch.argmax(x, dim=-1)."""
     check(x.dim() == 2, lambda: f"argmax_rows takes [B, V] logits, got {tuple(x.shape)}")
     check(x.stride(-1) == 1, "logits: last dim must be contiguous")
+    check(x.dtype in (torch.float32, torch.bfloat16, torch.float16),
+          lambda: f"argmax_rows takes fp32/bf16/fp16 logits, got {x.dtype}")
     check(block >= 16 and block & (block - 1) == 0, "block must be a power of two >= 16")
     B, V = x.shape
     check(V > 0, "argmax of an empty row")
+    check(V < 2**31 - block, "rows must have fewer than 2**31 columns (int32 indices)")
     out = torch.empty(B, dtype=torch.int64, device=x.device)
     if B == 0:
         return out
     chunks = triton.cdiv(V, block)
-    vals = torch.empty(B, chunks, dtype=torch.float32, device=x.device)
-    idxs = torch.empty(B, chunks, dtype=torch.int64, device=x.device)
-    _chunk_max_kernel[(B, chunks)](x, x.stride(0), V, vals, idxs, BLOCK=block,
-                                   NO_INDEX=_NO_INDEX, num_warps=4)
-    _merge_chunks_kernel[(B,)](vals, idxs, chunks, out, C_PAD=max(16, next_pow2(chunks)),
-                               NO_INDEX=_NO_INDEX, num_warps=1)
+    keys = torch.empty(B, chunks, dtype=torch.int32, device=x.device)
+    idxs = torch.empty(B, chunks, dtype=torch.int32, device=x.device)
+    _chunk_max_kernel[(B, chunks)](x, x.stride(0), V, keys, idxs, BLOCK=block,
+                                   KEY_NAN=_KEY_NAN, KEY_NONE=_KEY_NONE, num_warps=4)
+    _merge_chunks_kernel[(B,)](keys, idxs, chunks, out, C_PAD=max(16, next_pow2(chunks)),
+                               KEY_NONE=_KEY_NONE, num_warps=1)
     return out
 
 

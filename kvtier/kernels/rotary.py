@@ -23,7 +23,7 @@ from kvtier.kernels.launch import check, next_pow2
 
 
 @triton.jit
-def _rotate_heads(src_ptr, dst_ptr, stride_st, stride_sh, stride_dt, stride_dh, t, cos, sin, half,
+def rotate_heads(src_ptr, dst_ptr, stride_st, stride_sh, stride_dt, stride_dh, t, cos, sin, half,
                   H: tl.constexpr, H_PAD: tl.constexpr, HALF: tl.constexpr,
                   HALF_PAD: tl.constexpr):
     h = tl.arange(0, H_PAD)
@@ -52,9 +52,9 @@ def _rotary_kernel(
     cos = tl.load(cache_ptr + p * stride_cache + half, mask=half < HALF, other=0.0)[None, :]
     sin = tl.load(cache_ptr + p * stride_cache + HALF + half, mask=half < HALF,
                   other=0.0)[None, :]
-    _rotate_heads(q_ptr, qo_ptr, stride_qt, stride_qh, stride_qot, stride_qoh, t, cos, sin,
+    rotate_heads(q_ptr, qo_ptr, stride_qt, stride_qh, stride_qot, stride_qoh, t, cos, sin,
                   half, HQ, HQ_PAD, HALF, HALF_PAD)
-    _rotate_heads(k_ptr, ko_ptr, stride_kt, stride_kh, stride_kot, stride_koh, t, cos, sin,
+    rotate_heads(k_ptr, ko_ptr, stride_kt, stride_kh, stride_kot, stride_koh, t, cos, sin,
                   half, HK, HK_PAD, HALF, HALF_PAD)
 
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvtier.attention.base import AttentionBackend
+from kvtier.attention.base import AttentionBackend, Rope
 from kvtier.attention.metadata import AttentionMetadata
 from kvtier.config import ModelConfig
 from kvtier.model.ops import TorchOps
@@ -37,9 +37,11 @@ class Attention(nn.Module):
         self.scale = cfg.head_dim**-0.5
 
     def project_qkv(
-        self, x: torch.Tensor, positions: torch.Tensor, ops: TorchOps, cos_sin: torch.Tensor
+        self, x: torch.Tensor, positions: torch.Tensor, ops: TorchOps, cos_sin: torch.Tensor,
+        rotate: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q [T, Hq, D], k and v [T, Hkv, D]: normed (Qwen3) and rotated, ready to attend."""
+        """q [T, Hq, D], k and v [T, Hkv, D]: normed (Qwen3) and rotated, ready to attend
+        (rotate=False: not rotated, for a backend that rotates as it stores k/v)."""
         cfg = self.cfg
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [T, q + 2kv]
         q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
@@ -49,7 +51,8 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             q = ops.rms_norm(q, self.q_norm, cfg.rms_norm_eps)
             k = ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps)
-        q, k = ops.rotary(q, k, positions, cos_sin)
+        if rotate:
+            q, k = ops.rotary(q, k, positions, cos_sin)
         return q, k, v
 
     def project_out(self, out: torch.Tensor) -> torch.Tensor:
@@ -103,7 +106,7 @@ class DecoderLayer(nn.Module):
         if ctx.kv_wait is not None:  # this layer's KV may still be arriving (swap-ins)
             ctx.kv_wait(self.attn.layer_idx)
         out = ctx.attention.forward(self.attn.layer_idx, q, k, v, ctx.kv_cache, ctx.meta,
-                                    self.attn.scale)
+                                    self.attn.scale, rope=ctx.rope(positions))
         return self.after_attention(out, residual, ctx.ops)
 
     # The layer in two pieces around attention, so the runner can capture each piece as a
@@ -122,7 +125,8 @@ class DecoderLayer(nn.Module):
             x, residual = ops.fused_add_rms_norm(x, residual, self.input_norm, self.eps)
         if ctx.hidden_sink is not None:  # HCache keeps every layer's attention input
             ctx.hidden_sink(self.attn.layer_idx, x)
-        q, k, v = self.attn.project_qkv(x, positions, ops, ctx.cos_sin_cache)
+        q, k, v = self.attn.project_qkv(x, positions, ops, ctx.cos_sin_cache,
+                                        rotate=not ctx.attention.fuses_rotary)
         return q, k, v, residual
 
     def after_attention(
@@ -152,6 +156,11 @@ class ForwardContext:
         # Called with the layer index before each attention: the runner makes the compute
         # stream wait there for the swap-ins of the layer's group (layer-level overlap).
         self.kv_wait = kv_wait
+
+    def rope(self, positions: torch.Tensor) -> Rope | None:
+        """What attention needs to rotate q and k itself: only for a backend that fuses
+        rotary into its KV write (the layer then leaves q and k unrotated)."""
+        return Rope(positions, self.cos_sin_cache) if self.attention.fuses_rotary else None
 
 
 class LlamaForCausalLM(nn.Module):

@@ -6,7 +6,7 @@ merge kernel is specialized on the split count's power of two. Whichever variant
 meets first used to be compiled inside that step: the first mixed step of the H200 fidelity
 trace took 0.78 s instead of ~20 ms (benchmarks/results/fidelity_real_h200.json), a TTFT
 spike for the first requests. Each call here reads one scratch block that no request owns and
-writes nothing to the pool (negative slots are skipped by kv_write).
+writes nothing to the pool (negative slots are skipped by kv_write and rotary_kv_write).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from kvtier.kernels.paged_decode_attention import (
     paged_decode_attention,
 )
 from kvtier.kernels.paged_prefill_attention import paged_prefill_attention
+from kvtier.kernels.rotary_kv_write import rotary_kv_write
 
 
 def split_counts_to_warm(max_splits: int = MAX_SPLITS) -> list[int]:
@@ -43,7 +44,11 @@ def warm_up_attention(layer_kv: torch.Tensor, scratch_block: int, num_heads: int
     n = min(2, block_size)  # context of each row: inside the one scratch block
     tables = torch.full((2, 1), scratch_block, dtype=torch.int32, device=dev)
     seq_lens = torch.full((2,), n, dtype=torch.int32, device=dev)
-    kv_write(layer_kv, k, k, torch.full((2,), -1, dtype=torch.int64, device=dev))
+    no_slots = torch.full((2,), -1, dtype=torch.int64, device=dev)
+    kv_write(layer_kv, k, k, no_slots)
+    positions = torch.zeros(2, dtype=torch.int64, device=dev)
+    cos_sin = torch.zeros(1, head_dim, dtype=torch.float32, device=dev)
+    rotary_kv_write(q, k, k, positions, cos_sin, layer_kv, no_slots)
     for splits in split_counts_to_warm():
         paged_decode_attention(q, layer_kv, tables, seq_lens, scale, num_splits=splits,
                                max_seq_len=n)

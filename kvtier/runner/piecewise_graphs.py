@@ -173,7 +173,8 @@ class PiecewiseGraphs:
             if kv_wait is not None:
                 kv_wait(layer_idx)
             # straight into the next piece's input buffer: no output tensor, no copy launch
-            attention.forward(layer_idx, q, k, v, kv, meta, layer.attn.scale, out=out)
+            attention.forward(layer_idx, q, k, v, kv, meta, layer.attn.scale, out=out,
+                              rope=ctx.rope(self.positions[:n]))
             if kv_after is not None:
                 kv_after(layer_idx)
             self._run(layer_idx + 1, t, ctx)

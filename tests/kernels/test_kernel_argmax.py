@@ -43,6 +43,19 @@ def test_nan_and_infinite_rows_answer_as_torch() -> None:
     assert torch.equal(argmax_rows(x, block=64), argmax_rows_ref(x))
 
 
+def test_signed_zeros_tie_and_negative_nan_wins() -> None:
+    x = torch.full((3, 300), -1.0)
+    x[0, [70, 10]] = torch.tensor([0.0, -0.0])  # -0.0 == +0.0: the first (10) wins
+    x[1, 250] = -float("nan")  # a NaN with its sign bit set is still the largest
+    x[1, 5] = float("inf")
+    x[2] = -0.0  # a row of -0.0: 0
+    for dtype in (torch.float32, torch.bfloat16):
+        rows = x.to(dtype).to(DEVICE)
+        out = argmax_rows(rows, block=64)
+        assert out.tolist() == [10, 250, 0]
+        assert torch.equal(out, argmax_rows_ref(rows))
+
+
 def test_strided_rows_and_empty_batch() -> None:
     x = _rows(6, 400, torch.bfloat16)[:, :300]  # row stride 400
     assert torch.equal(argmax_rows(x, block=64), argmax_rows_ref(x))
@@ -56,6 +69,8 @@ def test_bad_input_is_refused() -> None:
         argmax_rows(torch.zeros(2, 0, device=DEVICE))
     with pytest.raises(ValueError, match="contiguous"):
         argmax_rows(torch.zeros(8, 4, device=DEVICE).t())
+    with pytest.raises(ValueError, match="fp32/bf16/fp16"):
+        argmax_rows(torch.zeros(2, 4, dtype=torch.int32, device=DEVICE))
 
 
 @pytest.mark.parametrize("B", [1, 8, 992])

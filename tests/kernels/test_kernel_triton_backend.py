@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvtier.attention.base import Rope
 from kvtier.attention.metadata import AttentionMetadata
 from kvtier.attention.torch_backend import TorchAttentionBackend
 from kvtier.attention.triton_backend import TritonAttentionBackend
@@ -44,11 +45,40 @@ def _metadata(query_lens: list[int], seq_lens: list[int], num_groups: int, F: in
     )
 
 
+def _rope(meta: AttentionMetadata, d: int) -> Rope:
+    """Each token's absolute position, and a Llama 3 style cos/sin table."""
+    positions = [s - q + i for q, s in zip(meta.query_lens_cpu, meta.seq_lens_cpu)
+                 for i in range(q)]
+    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, d, 2).float() / d))
+    freqs = torch.outer(torch.arange(max(meta.seq_lens_cpu)).float(), inv_freq)
+    cos_sin = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+    return Rope(torch.tensor(positions, device=DEVICE), cos_sin.to(DEVICE))
+
+
+def _assert_layer_kv_close(cache: torch.Tensor, ref_cache: torch.Tensor, layer: int,
+                           meta: AttentionMetadata) -> None:
+    """The layer's new rows within tolerance (rotary rounds differently: TorchOps as HF,
+    the kernel once in fp32), every other row of every layer untouched."""
+    group, slot = meta.layer_slot(layer)
+    written = torch.zeros(cache.shape[0] * BLOCK_SIZE, dtype=torch.bool, device=DEVICE)
+    written[meta.slot_mapping[group]] = True
+    rows = cache[:, slot].transpose(1, 2).flatten(0, 1)  # [num_blocks * block_size, 2, H, D]
+    ref_rows = ref_cache[:, slot].transpose(1, 2).flatten(0, 1)
+    assert_close(rows[written], ref_rows[written])
+    assert torch.equal(rows[~written], ref_rows[~written])
+    others = [s for s in range(cache.shape[1]) if s != slot]
+    assert torch.equal(cache[:, others], ref_cache[:, others])
+
+
 def _check(query_lens: list[int], seq_lens: list[int], num_decodes: int, F: int,
-           hq: int, hkv: int, d: int, dtype: torch.dtype, num_layers: int = NUM_LAYERS) -> None:
+           hq: int, hkv: int, d: int, dtype: torch.dtype, num_layers: int = NUM_LAYERS,
+           rotate: bool = False) -> None:
+    """rotate: both backends get q and k unrotated with the step's `Rope` (the Triton one
+    fuses rotary into its KV write; the oracle rotates with the model's TorchOps)."""
     num_groups = num_layers // F
     num_blocks = sum(-(-s // BLOCK_SIZE) for s in seq_lens) + 2
     meta = _metadata(query_lens, seq_lens, num_groups, F, num_blocks, num_decodes)
+    rope = _rope(meta, d) if rotate else None
     # Random cache: the cached prefixes' K/V are whatever is there.
     cache = torch.randn(num_blocks, F, 2, BLOCK_SIZE, hkv, d, device=DEVICE).to(dtype)
     ref_cache = cache.clone()
@@ -58,10 +88,14 @@ def _check(query_lens: list[int], seq_lens: list[int], num_decodes: int, F: int,
         q = torch.randn(T, hq, d, device=DEVICE).to(dtype)
         k = torch.randn(T, hkv, d, device=DEVICE).to(dtype)
         v = torch.randn(T, hkv, d, device=DEVICE).to(dtype)
-        ref = torch_be.forward(layer, q, k, v, ref_cache, meta, d**-0.5)
-        out = triton_be.forward(layer, q, k, v, cache, meta, d**-0.5)
+        ref = torch_be.forward(layer, q, k, v, ref_cache, meta, d**-0.5, rope=rope)
+        out = triton_be.forward(layer, q, k, v, cache, meta, d**-0.5, rope=rope)
         assert_close(out, ref)
-        assert torch.equal(cache, ref_cache), f"layer {layer}: caches differ after kv write"
+        if rope is None:
+            assert torch.equal(cache, ref_cache), f"layer {layer}: caches differ after kv write"
+        else:
+            _assert_layer_kv_close(cache, ref_cache, layer, meta)
+            ref_cache.copy_(cache)  # the next layers attend over the same prefix
 
 
 @pytest.mark.parametrize("F", [1, 2, NUM_LAYERS])
@@ -73,6 +107,13 @@ def test_backend_matches_torch_mixed_batch(F: int) -> None:
     _check(query_lens, seq_lens, 3, F, 4, 2, 32, torch.float32)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backend_rotates_q_and_k_when_given_rope(dtype: torch.dtype) -> None:
+    query_lens = [1, 1, 12, 18]
+    seq_lens = [5, 33, 33, 18]
+    _check(query_lens, seq_lens, 2, 2, 4, 2, 32, dtype, rotate=True)
+
+
 def test_backend_bf16_only_prefills() -> None:
     _check([7, 20], [40, 20], 0, 2, 2, 2, 64, torch.bfloat16)
 
@@ -81,12 +122,13 @@ def test_backend_only_decodes() -> None:
     _check([1, 1], [40, 3], 2, 2, 4, 1, 64, torch.float32)
 
 
+@pytest.mark.parametrize("rotate", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @gpu
-def test_backend_gpu(dtype: torch.dtype) -> None:
+def test_backend_gpu(dtype: torch.dtype, rotate: bool) -> None:
     query_lens = [1] * 40 + [500, 1000, 37]
     seq_lens = torch.randint(1, 3000, (40,)).tolist() + [2500, 1000, 4000]
-    _check(query_lens, seq_lens, 40, 4, 32, 8, 128, dtype, num_layers=8)
+    _check(query_lens, seq_lens, 40, 4, 32, 8, 128, dtype, num_layers=8, rotate=rotate)
 
 
 def test_backend_writes_into_a_given_output_buffer() -> None:
