@@ -381,7 +381,8 @@ def argmax_sweep(vocab: int = 128256) -> list[dict[str, Any]]:
         copies = max(2, min(16, -(-4 * L2_BYTES // (batch * vocab * 2))))
         xs = [torch.randn(batch, vocab, device="cuda").to(torch.bfloat16) for _ in range(copies)]
         row: dict[str, Any] = {"batch": batch, "vocab": vocab, "bytes": batch * vocab * 2}
-        for name, fn in (("torch", lambda x: x.argmax(dim=-1)), ("triton", argmax_rows)):
+        for name, fn in (("torch", lambda x: x.argmax(dim=-1)), ("triton", argmax_rows),
+                         ("triton_block16k", lambda x: argmax_rows(x, block=16384))):
             t = time_graph([(lambda x=x, fn=fn: fn(x)) for x in xs])
             row[f"{name}_us"] = round(t * 1e6, 2)
             row[f"{name}_pct_roofline"] = round(100 * row["bytes"] / t / 1e9 / HBM_ROOFLINE_GBPS, 1)
