@@ -17,7 +17,6 @@ import argparse
 import bisect
 import json
 import time
-from typing import Any
 
 from benchmarks.common import batch_bin, write_result
 from kvtier import LLM, SamplingParams
@@ -64,16 +63,6 @@ def gpu_by_batch(gpu: GpuSummary, starts: list[float], steps: list[tuple[float, 
             for k, g in sums.items()}
 
 
-def graph_blas(llm: LLM) -> dict[str, Any] | None:
-    """Which decode graphs were captured with cuBLASLt, and the GEMM timings behind it."""
-    graphs = getattr(llm.engine.executor, "graphs", None)
-    if graphs is None or not graphs.blas_times:
-        return None
-    return {"cublaslt_sizes": sorted(b for b, lib in graphs.blas.items() if lib == "cublaslt"),
-            "num_sizes": len(graphs.blas),
-            "gemm_ms": {str(b): t for b, t in sorted(graphs.blas_times.items())}}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workload", required=True)
@@ -89,8 +78,6 @@ def main() -> None:
                     help="CUDA graphs around attention for mixed steps")
     ap.add_argument("--max-graph-batch-size", type=int,
                     help="largest decode batch with a full CUDA graph")
-    ap.add_argument("--tune-graph-blas", action=argparse.BooleanOptionalAction, default=True,
-                    help="each decode graph captured with the faster of cuBLAS/cuBLASLt")
     ap.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                     help="launch step N+1 before reading step N's tokens (the engine's "
                          "--async-scheduling, on by default on a GPU; "
@@ -107,7 +94,7 @@ def main() -> None:
               layers_per_block=args.layers_per_block, swap_space=1,
               gpu_memory_utilization=args.gpu_memory_utilization,
               piecewise_graphs=args.piecewise_graphs, async_scheduling=args.async_scheduling,
-              tune_graph_blas=args.tune_graph_blas, **limits)
+              **limits)
     startup_s = time.perf_counter() - t_start  # weights, KV pool, kernel warm-up, graphs
     warm = [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, detokenize=False)]
     llm.generate([{"prompt_token_ids": reqs[0][0]}], warm)
@@ -152,9 +139,7 @@ def main() -> None:
         "engine": {"max_num_seqs": llm.engine.config.scheduler.max_num_seqs,
                    "max_num_batched_tokens": llm.engine.config.scheduler.max_num_batched_tokens,
                    "max_graph_batch_size": llm.engine.config.max_graph_batch_size,
-                   "async_scheduling": llm.engine.config.scheduler.async_scheduling,
-                   "tune_graph_blas": llm.engine.config.tune_graph_blas},
-        "graph_blas": graph_blas(llm),
+                   "async_scheduling": llm.engine.config.scheduler.async_scheduling},
     }
     print(json.dumps(result, indent=1))
     write_result(args.out, result)

@@ -241,9 +241,6 @@ class EngineConfig:
     # Decode steps up to this many requests replay a full-model graph; larger ones run as
     # pieces around eager attention (vLLM's default cap is 512).
     max_graph_batch_size: int = 512
-    # Each decode graph is captured with cuBLAS or cuBLASLt, whichever ran the model's GEMMs
-    # faster at its batch size at start-up (bf16/fp16 on CUDA; kvtier/runner/graph_blas.py).
-    tune_graph_blas: bool = True
     # Steps with prefill rows run as graph pieces around eager attention (captured when CUDA
     # graphs are allowed; HCache's decode steps replay pieces too, no full-model graph).
     piecewise_graphs: bool = True

@@ -86,9 +86,6 @@ class EngineArgs:
                                        "(larger ones run as pieces around eager attention)"})
     piecewise_graphs: bool = field(
         default=True, metadata={"help": "CUDA graphs around attention for mixed steps"})
-    tune_graph_blas: bool = field(
-        default=True, metadata={"help": "capture each decode graph with cuBLAS or cuBLASLt, "
-                                        "whichever ran its GEMMs faster at start-up"})
     overlap_swap: bool = field(
         default=True, metadata={"help": "swap-in copies overlap the forward layer group by "
                                         "layer group (--no-overlap-swap: copies first)"})
@@ -136,7 +133,7 @@ class EngineArgs:
             attention_backend=self.attention_backend, enforce_eager=self.enforce_eager,
             max_graph_batch_size=self.max_graph_batch_size,
             piecewise_graphs=self.piecewise_graphs, overlap_swap=self.overlap_swap,
-            tune_graph_blas=self.tune_graph_blas, served_model_name=self.served_model_name,
+            served_model_name=self.served_model_name,
         )
 
     def _host_groups(self, mc: ModelConfig, cache: CacheConfig) -> int:

@@ -20,7 +20,6 @@ import torch
 
 from kvtier.attention.metadata import AttentionMetadata
 from kvtier.model.llama import ForwardContext
-from kvtier.runner.graph_blas import faster_library, preferred_blas, time_libraries, tunes_blas
 from kvtier.runner.host_batch import HostBatch
 
 if TYPE_CHECKING:
@@ -68,10 +67,6 @@ class DecodeGraphs:
         self.logits = torch.empty(m, runner.model_config.vocab_size, dtype=runner.dtype,
                                   device=dev)
         self.pool: Any = None  # the graphs share one memory pool
-        # The BLAS library each graph was captured with (kvtier/runner/graph_blas.py), and
-        # the GEMM timings that chose it: None where the choice was not tuned.
-        self.blas: dict[int, str | None] = {}
-        self.blas_times: dict[int, dict[str, float]] = {}
 
     def _meta(self, b: int) -> AttentionMetadata:
         r = self.runner
@@ -94,20 +89,12 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        r = self.runner
-        tune = r.config.tune_graph_blas and tunes_blas(r.model)
         for b in reversed(self.sizes):
-            library = None
-            if tune:
-                self.blas_times[b] = time_libraries(r.model, b)
-                library = faster_library(self.blas_times[b])
-            self.blas[b] = library
-            with preferred_blas(library):
-                self._forward(b)  # warm-up: Triton compiles and autotunes outside the capture
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool):
-                    self._forward(b)
+            self._forward(b)  # warm-up: Triton compiles and autotunes outside the capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                self._forward(b)
             if self.pool is None:
                 self.pool = graph.pool()
             self.graphs[b] = graph
