@@ -7,6 +7,14 @@ and adds a reduction launch. Here one program owns BLOCK_N output columns for ev
 M tile, so each weight is read once), streams its [BLOCK_N, K] slice of w through a
 NUM_STAGES-deep pipeline and accumulates in fp32: N / BLOCK_N programs, no split, no
 reduction, deterministic.
+
+Kept for the record, not used by the engine: against cuBLAS on llama-3.1-8b's decode GEMMs
+(benchmarks/results/skinny_linear_h200_4730968.json, `python benchmarks/bench_skinny_linear.py
+--out ...`, the best of 8 tile configurations per shape) it wins on o_proj at 1-32 rows (11.8-
+12.1 us against 12.8-13.9, still 65-67 % of the weights' floor) and on down_proj at 1-64 rows
+(2-8 %), loses on qkv and gate_up, and loses on everything at 96 and 128 rows (15-49 %). Taken
+where it wins, a decode step's GEMMs would save 0.08-0.10 ms of ~3.8 ms at 1-64 rows: ~0.1 %
+of the offline ShareGPT run.
 """
 
 from __future__ import annotations
