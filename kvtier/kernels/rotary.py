@@ -23,9 +23,19 @@ from kvtier.kernels.launch import check, next_pow2
 
 
 @triton.jit
+def token_cos_sin(pos_ptr, cache_ptr, stride_cache, t, half, HALF: tl.constexpr):
+    """Token t's cos and sin rows ([1, HALF_PAD] each) at its position."""
+    p = tl.load(pos_ptr + t).to(tl.int64)
+    cos = tl.load(cache_ptr + p * stride_cache + half, mask=half < HALF, other=0.0)[None, :]
+    sin = tl.load(cache_ptr + p * stride_cache + HALF + half, mask=half < HALF,
+                  other=0.0)[None, :]
+    return cos, sin
+
+
+@triton.jit
 def rotate_heads(src_ptr, dst_ptr, stride_st, stride_sh, stride_dt, stride_dh, t, cos, sin, half,
-                  H: tl.constexpr, H_PAD: tl.constexpr, HALF: tl.constexpr,
-                  HALF_PAD: tl.constexpr):
+                 H: tl.constexpr, H_PAD: tl.constexpr, HALF: tl.constexpr,
+                 HALF_PAD: tl.constexpr):
     h = tl.arange(0, H_PAD)
     mask = (h < H)[:, None] & (half < HALF)[None, :]
     src = src_ptr + t * stride_st + h[:, None] * stride_sh + half[None, :]
@@ -47,15 +57,12 @@ def _rotary_kernel(
     HALF: tl.constexpr, HALF_PAD: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
-    p = tl.load(pos_ptr + t).to(tl.int64)
     half = tl.arange(0, HALF_PAD)
-    cos = tl.load(cache_ptr + p * stride_cache + half, mask=half < HALF, other=0.0)[None, :]
-    sin = tl.load(cache_ptr + p * stride_cache + HALF + half, mask=half < HALF,
-                  other=0.0)[None, :]
+    cos, sin = token_cos_sin(pos_ptr, cache_ptr, stride_cache, t, half, HALF)
     rotate_heads(q_ptr, qo_ptr, stride_qt, stride_qh, stride_qot, stride_qoh, t, cos, sin,
-                  half, HQ, HQ_PAD, HALF, HALF_PAD)
+                 half, HQ, HQ_PAD, HALF, HALF_PAD)
     rotate_heads(k_ptr, ko_ptr, stride_kt, stride_kh, stride_kot, stride_koh, t, cos, sin,
-                  half, HK, HK_PAD, HALF, HALF_PAD)
+                 half, HK, HK_PAD, HALF, HALF_PAD)
 
 
 def rotary(

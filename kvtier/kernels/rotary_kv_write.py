@@ -20,7 +20,7 @@ import triton.language as tl
 
 from kvtier.kernels.kv_write import kv_write_ref
 from kvtier.kernels.launch import check, check_last_dim_contiguous, next_pow2
-from kvtier.kernels.rotary import rotary_ref, rotate_heads
+from kvtier.kernels.rotary import rotary_ref, rotate_heads, token_cos_sin
 
 
 @triton.jit(do_not_specialize=["num_kv_tokens"])  # one compile whatever the batch size
@@ -34,20 +34,17 @@ def _rotary_kv_write_kernel(
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
-    p = tl.load(pos_ptr + t).to(tl.int64)
     half = tl.arange(0, HALF_PAD)
-    cos = tl.load(cache_ptr + p * stride_cache + half, mask=half < HALF, other=0.0)[None, :]
-    sin = tl.load(cache_ptr + p * stride_cache + HALF + half, mask=half < HALF,
-                  other=0.0)[None, :]
+    cos, sin = token_cos_sin(pos_ptr, cache_ptr, stride_cache, t, half, HALF)
     rotate_heads(q_ptr, qo_ptr, stride_qt, stride_qh, stride_qot, stride_qoh, t, cos, sin,
-                  half, HQ, HQ_PAD, HALF, HALF_PAD)
+                 half, HQ, HQ_PAD, HALF, HALF_PAD)
     if t < num_kv_tokens:
         slot = tl.load(slots_ptr + t)
         if slot >= 0:
             row = (slot // BLOCK_SIZE) * stride_block + (slot % BLOCK_SIZE) * stride_tok
             # k: rotated straight into its K row (a destination row stride of 0: one token)
             rotate_heads(k_ptr, kv_ptr + row, stride_kt, stride_kh, 0, stride_head, t, cos,
-                          sin, half, HK, HK_PAD, HALF, HALF_PAD)
+                         sin, half, HK, HK_PAD, HALF, HALF_PAD)
             h = tl.arange(0, HK_PAD)
             d = tl.arange(0, 2 * HALF_PAD)
             mask = (h < HK)[:, None] & (d < 2 * HALF)[None, :]
