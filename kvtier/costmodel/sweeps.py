@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from kvtier.attention.base import Rope
 from kvtier.costmodel.plans import GREEDY, PlanBuilder, finish_plan
 from kvtier.costmodel.timing import DeviceTimer
 from kvtier.runner.sampler import SampleRow, sample
@@ -66,7 +67,8 @@ class OpSweeper:
 
     # ---- elementwise ---------------------------------------------------------------------------
     def elementwise(self, tokens: list[int]) -> list[list[float]]:
-        """A layer's two fused add+norms, rotary and silu*up (kv_write goes with attention)."""
+        """A layer's two fused add+norms, rotary and silu*up (kv_write goes with attention, and
+        rotary too where the backend fuses it into its KV write, as the engine runs them)."""
         res = [[t, self._elementwise_at(t)] for t in tokens]
         self.log("  elementwise/layer: " + ", ".join(f"{t}:{s * 1e6:.1f}us" for t, s in res))
         return res
@@ -78,12 +80,14 @@ class OpSweeper:
         gu = self._randn(t, 2 * mc.intermediate_size)
         pos = torch.randint(0, self.runner.cos_sin.shape[0], (t,), device=self.dev)
         norms = [(ly.input_norm, ly.post_attn_norm) for ly in self.model.layers]
+        fused_rotary = self.runner.attention.fuses_rotary
 
         def layer(w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
             ops.fused_add_rms_norm(x, r, w1, mc.rms_norm_eps)
             q, k, _ = qkv.split([mc.q_size, mc.kv_size, mc.kv_size], dim=-1)
-            ops.rotary(q.view(t, mc.num_heads, mc.head_dim),
-                       k.view(t, mc.num_kv_heads, mc.head_dim), pos, self.runner.cos_sin)
+            if not fused_rotary:
+                ops.rotary(q.view(t, mc.num_heads, mc.head_dim),
+                           k.view(t, mc.num_kv_heads, mc.head_dim), pos, self.runner.cos_sin)
             ops.fused_add_rms_norm(x, r, w2, mc.rms_norm_eps)
             return ops.silu_and_mul(gu)
 
@@ -163,8 +167,8 @@ class OpSweeper:
     # ---- attention -------------------------------------------------------------------------------
     def attention(self, contexts: list[int], prefills: list[tuple[int, int]],
                   graph_splits: bool) -> float | None:
-        """Per-layer seconds of kv_write + attention for these decode contexts and prefill
-        chunks, or None if their KV does not fit the pool."""
+        """Per-layer seconds of kv_write (with rotary, where fused) + attention for these
+        decode contexts and prefill chunks, or None if their KV does not fit the pool."""
         return self._time_attention(contexts, prefills, graph_splits, issue_only=False)
 
     def _time_attention(self, contexts: list[int], prefills: list[tuple[int, int]],
@@ -187,10 +191,14 @@ class OpSweeper:
             k = self._randn(t, mc.num_kv_heads, mc.head_dim)
             v = self._randn(t, mc.num_kv_heads, mc.head_dim)
             attn, kv, scale = runner.attention, runner.gpu_kv, mc.head_dim ** -0.5
+            rope = None  # the model leaves rotary to a backend that fuses it: timed here
+            if attn.fuses_rotary:
+                pos = torch.randint(0, runner.cos_sin.shape[0], (t,), device=self.dev)
+                rope = Rope(pos, runner.cos_sin)
 
             def run() -> None:
                 for i in range(self.L):
-                    attn.forward(i, q, k, v, kv, meta, scale)
+                    attn.forward(i, q, k, v, kv, meta, scale, rope=rope)
 
             seconds = self._issue(run) if issue_only else self.timer.graph_seconds(run)
             return seconds / self.L
