@@ -1,7 +1,10 @@
-"""`kvtier profile` end to end on the CPU path (tiny model, tiny sweeps): every sweep runs
+"""`kvtier profile` end to end on the CPU path (and once on the GPU) (tiny model, tiny sweeps): every sweep runs
 through the real runner, the fit succeeds, and the calibration loads into a cost model."""
 
 import argparse
+
+import pytest
+import torch
 
 from kvtier.costmodel.calibrate import add_profile_parser, main
 from kvtier.costmodel.calibration import Calibration
@@ -20,7 +23,7 @@ def test_profile_parser_plugs_into_a_cli():
 
 def test_profile_tiny_model_on_cpu(tmp_path):
     out = tmp_path / "calib.json"
-    rc = main(["tiny-llama", "--out", str(out), "--hardware", "h200", "--quick",
+    rc = main(["tiny-llama", "--out", str(out), "--hardware", "h200", "--quick", "--device", "cpu",
                "--loop-requests", "40", "--serve-requests", "6", "--num-gpu-blocks", "256", "--max-model-len", "256",
                "--max-num-batched-tokens", "256", "--max-num-seqs", "8"])
     assert rc == 0
@@ -43,7 +46,7 @@ def test_profile_records_piecewise_graphs_and_host_launches(tmp_path):
     """--piecewise-graphs reaches the runner (its pieces run eagerly on the CPU), the setting
     is recorded, and the host-launch sweep's figures become the piecewise host parameters."""
     out = tmp_path / "calib.json"
-    rc = main(["tiny-llama", "--out", str(out), "--hardware", "h200", "--quick",
+    rc = main(["tiny-llama", "--out", str(out), "--hardware", "h200", "--quick", "--device", "cpu",
                "--loop-requests", "0", "--serve-requests", "0", "--num-gpu-blocks", "256",
                "--max-model-len", "256", "--max-num-batched-tokens", "256",
                "--max-num-seqs", "8", "--piecewise-graphs"])
@@ -55,3 +58,21 @@ def test_profile_records_piecewise_graphs_and_host_launches(tmp_path):
     assert {"attn_decode_s", "attn_prefill_s", "attn_mixed_s", "op_s"} <= set(launches)
     assert calib.host.attn_decode_s == max(0.0, launches["attn_mixed_s"] - launches["attn_prefill_s"])
     assert calib.host.op_launch_s == launches["op_s"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_profile_tiny_model_on_gpu(tmp_path):
+    """The GPU path's sweeps: Triton attention (rotary fused into its KV write, timed there),
+    captured decode graphs and pieces, all the way to a calibration that loads."""
+    out = tmp_path / "calib.json"
+    rc = main(["tiny-llama", "--out", str(out), "--hardware", "h200", "--quick",
+               "--loop-requests", "0", "--serve-requests", "0", "--num-gpu-blocks", "256",
+               "--max-model-len", "256", "--max-num-batched-tokens", "256",
+               "--max-num-seqs", "8", "--piecewise-graphs"])
+    assert rc == 0
+    calib = Calibration.load(out)
+    assert calib.raw["meta"]["device"].startswith("cuda")
+    assert calib.raw["meta"]["piecewise_captured"] is True
+    assert calib.attn_decode_graph.rows and calib.attn_decode_eager.rows
+    assert set(calib.gemm) == {"qkv", "o", "gate_up", "down", "lm_head"}
