@@ -1,5 +1,6 @@
-"""`kvtier profile` end to end on the CPU path (and once on the GPU) (tiny model, tiny sweeps): every sweep runs
-through the real runner, the fit succeeds, and the calibration loads into a cost model."""
+"""`kvtier profile` end to end (tiny model, tiny sweeps) on the CPU path, and once on the GPU:
+every sweep runs through the real runner, the fit succeeds, and the calibration loads into a
+cost model."""
 
 import argparse
 
