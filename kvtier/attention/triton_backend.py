@@ -1,6 +1,6 @@
-"""Triton paged attention: kv_write (with rotary, fused, when the model leaves it to the
-backend), then split-K decode for the leading decode rows and the
-varlen prefill kernel for the rest. Same contract as `TorchAttentionBackend` (the oracle).
+"""Triton paged attention: the KV write (with rotary fused in, the model leaving q and k
+unrotated for it), then split-K decode for the leading decode rows and the varlen prefill
+kernel for the rest. Same contract as `TorchAttentionBackend` (the oracle).
 
 A step calls this once per layer with the same metadata; the views and launch parameters
 that depend only on the step (per layer group: block tables, slots; the decode split
