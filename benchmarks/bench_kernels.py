@@ -494,19 +494,72 @@ def _git_commit() -> str:
         return "unknown"
 
 
+def decode_grid() -> list[dict[str, Any]]:
+    """Both models at batch {1,16,64,256} x context {512,2048,8192}, and one F = 4 view."""
+    rows = []
+    for model in MODELS:
+        for batch in (1, 16, 64, 256):
+            for ctx in (512, 2048, 8192):
+                rows.append(bench_decode(model, batch, ctx))
+                print(rows[-1], flush=True)
+    rows.append(bench_decode("llama-3.1-8b", 256, 2048, F=4))  # strided layer view
+    return rows
+
+
+def prefill_grid() -> list[dict[str, Any]]:
+    rows = []
+    for model in MODELS:
+        for length in (2048, 8192, 32768):
+            rows.append(bench_prefill(model, length))
+            print(rows[-1], flush=True)
+    return rows
+
+
+def tiles_tail(workload: str) -> list[dict[str, Any]]:
+    """The tile variants over the run's last contexts, each through the graph's splits."""
+    return [{"variant": f"{b}/{s}/{w}", **r}
+            for b, s, w in TILES_VARIANTS
+            for r in sharegpt_context_sweep(workload, SHAREGPT_TAIL_STEPS,
+                                            (("graph", None, {"block_n": b, "num_stages": s,
+                                                              "num_warps": w}),))]
+
+
+def part_runners(workload: str) -> dict[str, Callable[[], dict[str, Any]]]:
+    """Each `--parts` name: what it runs and the result keys it fills, in run order."""
+    return {
+        "decode": lambda: {"decode": decode_grid()},
+        "prefill": lambda: {"prefill": prefill_grid()},
+        "sweep": lambda: {"sweep": sweep()},
+        "short_context": lambda: {"short_context": short_context_sweep()},
+        "mixed_context": lambda: {"mixed_context": mixed_context_sweep()},
+        "placement": lambda: {"placement": placement_sweep()},
+        "grid_order": lambda: {"grid_order": grid_order_sweep()},
+        "sharegpt_context": lambda: {"sharegpt_context": sharegpt_context_sweep(workload)},
+        "stages": lambda: {"stages": stages_sweep(workload)},
+        "argmax": lambda: {"argmax": argmax_sweep()},
+        "rotary_kv_write": lambda: {"rotary_kv_write": rotary_kv_write_sweep()},
+        "tiles_mha": lambda: {"tiles_mha": tiles_mha_sweep()},
+        "tiles": lambda: {"tiles": stages_sweep(workload, TILES_VARIANTS),
+                          "tiles_tail": tiles_tail(workload)},
+        "sharegpt_tail": lambda: {"sharegpt_tail": sharegpt_context_sweep(
+            workload, SHAREGPT_TAIL_STEPS, SHAREGPT_TAIL_VARIANTS)},
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="result JSON path")
     ap.add_argument("--commit", default=None, help="git commit (default: git rev-parse HEAD)")
     ap.add_argument("--sweep", action="store_true", help="also try kernel config variants")
     ap.add_argument("--parts", default="decode,prefill",
-                    help="comma list of decode, prefill, sweep, short_context, mixed_context, "
-                         "sharegpt_context, sharegpt_tail, stages, tiles, tiles_mha, argmax, "
-                         "rotary_kv_write, placement, grid_order")
+                    help="comma list of " + ", ".join(part_runners("")))
     ap.add_argument("--workload", default=".carry/sharegpt_llama31_1000.json",
                     help="prepared ShareGPT workload (sharegpt_context)")
     args = ap.parse_args()
     parts = set(args.parts.split(",")) | ({"sweep"} if args.sweep else set())
+    runners = part_runners(args.workload)
+    if parts - set(runners):
+        ap.error(f"unknown parts: {', '.join(sorted(parts - set(runners)))}")
     result: dict[str, Any] = {
         "command": " ".join(["python"] + sys.argv),
         "git_commit": args.commit or _git_commit(),
@@ -517,53 +570,9 @@ def main() -> None:
         "measured_copy_GBps": round(copy_bandwidth_gbps(), 1),
         "dtype": "bfloat16", "block_size": BLOCK_SIZE,
     }
-    if "decode" in parts:
-        decode = []
-        for model in MODELS:
-            for batch in (1, 16, 64, 256):
-                for ctx in (512, 2048, 8192):
-                    decode.append(bench_decode(model, batch, ctx))
-                    print(decode[-1], flush=True)
-        decode.append(bench_decode("llama-3.1-8b", 256, 2048, F=4))  # strided layer view
-        result["decode"] = decode
-    if "prefill" in parts:
-        prefill = []
-        for model in MODELS:
-            for length in (2048, 8192, 32768):
-                prefill.append(bench_prefill(model, length))
-                print(prefill[-1], flush=True)
-        result["prefill"] = prefill
-    if "sweep" in parts:
-        result["sweep"] = sweep()
-    if "short_context" in parts:
-        result["short_context"] = short_context_sweep()
-    if "mixed_context" in parts:
-        result["mixed_context"] = mixed_context_sweep()
-    if "placement" in parts:
-        result["placement"] = placement_sweep()
-    if "grid_order" in parts:
-        result["grid_order"] = grid_order_sweep()
-    if "sharegpt_context" in parts:
-        result["sharegpt_context"] = sharegpt_context_sweep(args.workload)
-    if "stages" in parts:
-        result["stages"] = stages_sweep(args.workload)
-    if "argmax" in parts:
-        result["argmax"] = argmax_sweep()
-    if "rotary_kv_write" in parts:
-        result["rotary_kv_write"] = rotary_kv_write_sweep()
-    if "tiles_mha" in parts:
-        result["tiles_mha"] = tiles_mha_sweep()
-    if "tiles" in parts:
-        result["tiles"] = stages_sweep(args.workload, TILES_VARIANTS)
-        result["tiles_tail"] = [
-            {"variant": f"{b}/{s}/{w}", **r}
-            for b, s, w in TILES_VARIANTS
-            for r in sharegpt_context_sweep(args.workload, SHAREGPT_TAIL_STEPS,
-                                            (("graph", None, {"block_n": b, "num_stages": s,
-                                                              "num_warps": w}),))]
-    if "sharegpt_tail" in parts:
-        result["sharegpt_tail"] = sharegpt_context_sweep(args.workload, SHAREGPT_TAIL_STEPS,
-                                                         SHAREGPT_TAIL_VARIANTS)
+    for name, run in runners.items():
+        if name in parts:
+            result.update(run())
     Path(args.out).write_text(json.dumps(result, indent=1))
     _print_table(result)
 

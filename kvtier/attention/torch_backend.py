@@ -49,6 +49,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> t
     return out.transpose(0, 1)
 
 
+_OPS = TorchOps()  # stateless: the model's rotary, for `rope`
+
+
 class TorchAttentionBackend:
     name = "torch"
     fuses_rotary = False  # `rope` is honoured, by the model's own rotary beforehand
@@ -66,7 +69,7 @@ class TorchAttentionBackend:
         rope: Rope | None = None,
     ) -> torch.Tensor:
         if rope is not None:
-            q, k = TorchOps().rotary(q, k, rope.positions, rope.cos_sin_cache)
+            q, k = _OPS.rotary(q, k, rope.positions, rope.cos_sin_cache)
         group, slot = meta.layer_slot(layer_idx)
         layer_cache = kv_cache[:, slot]
         write_kv(layer_cache, k, v, meta.slot_mapping[group])
