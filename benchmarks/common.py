@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import platform
 import sys
 from collections.abc import Callable
@@ -51,6 +52,10 @@ def environment() -> dict[str, Any]:
     # The device machine gets a copy of the working tree whose .git (if any) may be stale:
     # the caller's KVTIER_GIT_COMMIT wins.
     env["git_commit"] = git_info()["commit"]
+    # Switches that change what the kernels do (KVTIER_PDL=0: no programmatic launches).
+    switches = {k: v for k, v in os.environ.items() if k in ("KVTIER_PDL",)}
+    if switches:
+        env["switches"] = switches
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name()
         env["gpu_memory_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from kvtier.kernels.launch import check, next_pow2
+from kvtier.kernels.pdl import pdl_launch, wait_for_previous_kernel
 
 BLOCK = 4096  # columns a chunk: 8 KiB of bf16, 32 chunks a row of Llama 3's vocabulary
 _KEY_NAN = 2**31 - 1  # above +inf's key (0x7F800000)
@@ -48,8 +49,9 @@ def _order_key(x, valid, KEY_NAN: tl.constexpr, KEY_NONE: tl.constexpr):
 def _chunk_max_kernel(
     x_ptr, stride_x, V,  # [B, V]
     key_ptr, idx_ptr,  # [B, num_chunks] int32 each: the chunk's largest key, its first column
-    BLOCK: tl.constexpr, KEY_NAN: tl.constexpr, KEY_NONE: tl.constexpr,
+    BLOCK: tl.constexpr, KEY_NAN: tl.constexpr, KEY_NONE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     cols = chunk * BLOCK + tl.arange(0, BLOCK)
@@ -66,8 +68,9 @@ def _chunk_max_kernel(
 def _merge_chunks_kernel(
     key_ptr, idx_ptr, num_chunks,  # [B, num_chunks]
     out_ptr,  # [B] int64
-    C_PAD: tl.constexpr, KEY_NONE: tl.constexpr,
+    C_PAD: tl.constexpr, KEY_NONE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, C_PAD)
     keys = tl.load(key_ptr + row * num_chunks + c, mask=c < num_chunks, other=KEY_NONE)
@@ -88,15 +91,16 @@ def argmax_rows(x: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
     check(V > 0, "argmax of an empty row")
     check(V < 2**31 - block, "rows must have fewer than 2**31 columns (int32 indices)")
     out = torch.empty(B, dtype=torch.int64, device=x.device)
+    pdl = pdl_launch(x.device)
     if B == 0:
         return out
     chunks = triton.cdiv(V, block)
     keys = torch.empty(B, chunks, dtype=torch.int32, device=x.device)
     idxs = torch.empty(B, chunks, dtype=torch.int32, device=x.device)
     _chunk_max_kernel[(B, chunks)](x, x.stride(0), V, keys, idxs, BLOCK=block,
-                                   KEY_NAN=_KEY_NAN, KEY_NONE=_KEY_NONE, num_warps=4)
+                                   KEY_NAN=_KEY_NAN, KEY_NONE=_KEY_NONE, num_warps=4, **pdl)
     _merge_chunks_kernel[(B,)](keys, idxs, chunks, out, C_PAD=max(16, next_pow2(chunks)),
-                               KEY_NONE=_KEY_NONE, num_warps=1)
+                               KEY_NONE=_KEY_NONE, num_warps=1, **pdl)
     return out
 
 

@@ -55,6 +55,7 @@ from kvtier.kernels.launch import (
     num_sms,
     upcast,
 )
+from kvtier.kernels.pdl import pdl_launch, wait_for_previous_kernel
 
 LOG2E = 1.4426950408889634
 # Below this many tokens per split, the extra partial outputs and the reduce cost more than
@@ -214,8 +215,9 @@ def _decode_split_kernel(
     G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
     HAS_PREFIX: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    HAS_ORDER: tl.constexpr,
+    HAS_ORDER: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(USE_PDL)
     # KV heads vary fastest: a request's programs start together (they read interleaved
     # slices of the same blocks), and programs start in `order`, so a batch ordered longest
     # first starts its longest contexts in the first wave instead of leaving them to the
@@ -240,8 +242,9 @@ def _reduce_splits_kernel(
     part_ptr, lse_ptr,  # [B, Hq, num_splits, D] fp32, [B, Hq, num_splits] fp32 (log2 domain)
     out_ptr, stride_ob, stride_oh,  # [B, Hq, D]
     seq_lens_ptr, num_splits, min_split_tokens,
-    S_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    S_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(USE_PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     splits = request_splits(tl.load(seq_lens_ptr + b), num_splits, min_split_tokens)
@@ -431,6 +434,7 @@ def reduce_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor,
     _reduce_splits_kernel[(B, Hq)](
         part, lse, out, out.stride(0), out.stride(1), seq_lens, num_splits, min_split_tokens,
         S_PAD=next_pow2(num_splits), HEAD_DIM=D, D_PAD=next_pow2(D), num_warps=4,
+        **pdl_launch(out.device),
     )
 
 
@@ -495,6 +499,7 @@ def paged_decode_attention(
         BLOCK_SIZE=block_size, BLOCK_N=block_n, SINGLE_SPLIT=num_splits == 1,
         HAS_PREFIX=prefix is not None, UPCAST=upcast(q.dtype), PRECISION=dot_precision(q.dtype),
         HAS_ORDER=order is not None, num_warps=num_warps, num_stages=num_stages,
+        **pdl_launch(q.device),
     )
     if num_splits > 1:
         reduce_splits(part, lse, out, seq_lens, min_split_tokens)

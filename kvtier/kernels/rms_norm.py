@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from kvtier.kernels.launch import check, next_pow2
+from kvtier.kernels.pdl import pdl_launch, wait_for_previous_kernel
 
 
 @triton.jit
@@ -24,8 +25,9 @@ def _rms_norm_kernel(
     out_ptr, stride_out,  # [N, H]
     sum_ptr, stride_sum,  # [N, H] x + residual (HAS_RESIDUAL)
     eps,
-    H: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    H: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
@@ -64,7 +66,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
             x2, x2.stride(0), r2, r2.stride(0), weight, out, out.stride(0), s2, s2.stride(0), eps,
             H=H, BLOCK=BLOCK, HAS_RESIDUAL=residual is not None,
             # one 16-byte vector per thread per pass: 4096 bf16 -> 8 warps
-            num_warps=max(1, min(16, BLOCK // 512)),
+            num_warps=max(1, min(16, BLOCK // 512)), **pdl_launch(x.device),
         )
     shape = x.shape
     return out.view(shape), (summed.view(shape) if summed is not None else None)

@@ -24,6 +24,7 @@ import triton.language as tl
 
 from kvtier.kernels.kv_write import kv_write_ref
 from kvtier.kernels.launch import check, check_last_dim_contiguous, next_pow2
+from kvtier.kernels.pdl import pdl_launch, wait_for_previous_kernel
 from kvtier.kernels.rotary import rotary_ref, rotate_heads, token_cos_sin
 
 
@@ -36,7 +37,9 @@ def _rotary_kv_write_kernel(
     pos_ptr, cache_ptr, stride_cache,  # [T], [max_pos, D] fp32
     HQ: tl.constexpr, HQ_PAD: tl.constexpr, HK: tl.constexpr, HK_PAD: tl.constexpr,
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     half = tl.arange(0, HALF_PAD)
     cos, sin = token_cos_sin(pos_ptr, cache_ptr, stride_cache, t, half, HALF)
@@ -99,7 +102,7 @@ def rotary_kv_write(
         slots, n, positions, cos_sin_cache, cos_sin_cache.stride(0),
         HQ=Hq, HQ_PAD=next_pow2(Hq), HK=Hk, HK_PAD=next_pow2(Hk),
         HALF=D // 2, HALF_PAD=next_pow2(D // 2), BLOCK_SIZE=block_size,
-        num_warps=4,
+        num_warps=4, **pdl_launch(q.device),
     )
     return q_out
 

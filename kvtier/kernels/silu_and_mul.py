@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from kvtier.kernels.launch import check
+from kvtier.kernels.pdl import pdl_launch, wait_for_previous_kernel
 
 BLOCK = 1024
 
@@ -22,8 +23,9 @@ def _silu_and_mul_kernel(
     x_ptr, stride_x,  # [N, 2 * inter]: gate then up
     out_ptr, stride_out,  # [N, inter]
     inter,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
@@ -46,6 +48,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if x2.shape[0] > 0:
         _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(inter, BLOCK))](
             x2, x2.stride(0), out, out.stride(0), inter, BLOCK=BLOCK, num_warps=4,
+            **pdl_launch(gate_up.device),
         )
     return out.view(*gate_up.shape[:-1], inter)
 
