@@ -180,6 +180,15 @@ def decode_row(engine: LLMEngine, b: int, c: int) -> dict:
             "fraction_of_per_operator_roofline": per_op / t["median_s"]}
 
 
+def prefill_linear_flops(mc: ModelConfig, n: int) -> float:
+    """FLOPs of the linear layers of one n-token prompt as the runner computes them: every
+    layer's QKV projection over all n rows, the rest of the layers (O projection and MLP)
+    over all n rows except in the last layer, which runs them for the sampled row only."""
+    qkv = mc.hidden_size * (mc.q_size + 2 * mc.kv_size)
+    rest = mc.q_size * mc.hidden_size + 3 * mc.hidden_size * mc.intermediate_size
+    return 2.0 * (mc.num_layers * n * qkv + ((mc.num_layers - 1) * n + 1) * rest)
+
+
 def run_prefill(model: str, lengths: list[int], kv_gb: float) -> list[dict]:
     engine = make_engine(model, max(lengths) + 16, 4, kv_gb, 4, max_batched=max(lengths))
     mc = engine.model_config
@@ -192,7 +201,7 @@ def run_prefill(model: str, lengths: list[int], kv_gb: float) -> list[dict]:
             request_id="p", token_ids=[7] * n, start_pos=0, new_block_ids=blocks,
             reset_blocks=True, sample=True, sampling_params=GREEDY, num_output_tokens=0)])
         t = time_steps(engine.executor, plan, iters=5)
-        linear = 2 * n * (mc.num_params() - mc.vocab_size * mc.hidden_size * (1 if mc.tie_word_embeddings else 2))
+        linear = prefill_linear_flops(mc, n)
         attn = 2 * 2 * mc.num_layers * mc.q_size * n * n / 2  # causal QK^T and PV
         logits = 2 * mc.hidden_size * mc.vocab_size
         flops = linear + attn + logits

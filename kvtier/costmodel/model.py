@@ -253,12 +253,23 @@ class CostModel:
         head = self.head_kernels(t, shape.num_sampled)
         h = self.host
         host = h.eager_s + h.eager_s_per_req * shape.num_reqs + h.eager_s_per_token * t
-        fwd = forward_seconds(layer, self.shapes.num_layers, h.launch_s,
-                              pre_kernels=head[:1], post_kernels=head[1:])
+        # The last layer past its attention runs over the rows with logits only.
+        kept = self.kept_rows(shape)
+        cut = len(layer) - len(self.after_attention_kernels(t))
+        last = [*layer[:cut], *(self.after_attention_kernels(kept) if kept else [])]
+        fwd = forward_seconds(layer, self.shapes.num_layers - 1, h.launch_s,
+                              pre_kernels=head[:1], post_kernels=[*last, *head[1:]])
         return {"host": host, "forward": fwd}
 
-    def _piecewise(self, shape: StepShape, t: int) -> dict[str, float]:
-        pre, layer, last, post = self.piecewise_launches(shape, t)
+    def kept_rows(self, shape: StepShape) -> int:
+        """Rows the last layer keeps past its attention outside a decode graph: the rows with
+        logits, padded to a decode graph size as the runner pads them."""
+        n = shape.num_sampled
+        return next((size for size in self.graph_sizes if size >= n), n) if n else 0
+
+    def _piecewise(self, shape: StepShape, t: int, keep_rows: bool = True
+                   ) -> dict[str, float]:
+        pre, layer, last, post = self.piecewise_launches(shape, t, keep_rows)
         h, n = self.host, shape.num_tokens
         host = h.eager_s + h.eager_s_per_req * shape.num_reqs + h.eager_s_per_token * n
         fwd = queue_seconds(layer, self.shapes.num_layers - 1, pre, [*last, *post])
@@ -269,23 +280,24 @@ class CostModel:
         groups: the layers below run the whole batch, those above it without the prefix
         rows (each side priced as a whole forward and taken pro rata by layers, the host
         terms from the whole batch)."""
-        full = self._piecewise(shape, t)
+        full = self._piecewise(shape, t, keep_rows=False)  # such a forward keeps every row
         short_shape = shape.without_prefix_rows()
         n = short_shape.num_tokens  # the runner's pieces above pad to n, graph or not
         short_t = next((size for size in self.piece_sizes if size >= n), t)
-        short = self._piecewise(short_shape, short_t)
+        short = self._piecewise(short_shape, short_t, keep_rows=False)
         L = self.shapes.num_layers
         upper = min(L, shape.prefix_host_groups * (self.config.layers_per_block or L))
         fwd = (full["forward"] * (L - upper) + short["forward"] * upper) / L
         return {"host": full["host"], "forward": fwd}
 
-    def piecewise_launches(self, shape: StepShape, t: int
+    def piecewise_launches(self, shape: StepShape, t: int, keep_rows: bool = True
                            ) -> tuple[list[Launch], list[Launch], list[Launch], list[Launch]]:
         """(before the layers, one layer, the last layer, after them) as (host s, device s)
         launches. Before: the embedding and input copies, piece 0 (layer 0 up to its
         attention). A layer: attention at the real rows, its output's copy, the next piece
         (the whole rest of this layer and the next layer up to attention, at t rows); the last
-        layer's piece ends with its MLP. After: the final norm and lm_head, eager."""
+        layer's piece ends with its MLP, run (`keep_rows`) at the padded count of the rows
+        with logits after gathering them. After: the final norm and lm_head, eager."""
         h, n = self.host, shape.num_tokens
         piece_in, piece_out = self.piece_kernels(t)
         attn: list[Launch] = [(h.attn_write_s, 0.0)]  # kv_write's time is in the attention's
@@ -300,6 +312,12 @@ class CostModel:
         replay = h.replay_s + h.piece_layer_s  # the layer's own host time goes with its replay
         layer = [*attn, (replay, piece_out + piece_in)]
         last = [*attn, (replay, piece_out)]
+        if keep_rows:
+            kept = self.kept_rows(shape)
+            kept_t = next((size for size in self.piece_sizes if size >= kept), t)
+            # an index_select and a copy for each of the attention output and the residual
+            gather = self.timer.keyed(piece_copies(self.shapes, kept)[1], kept) if kept else 0.0
+            last = [*attn, (4 * h.op_launch_s, gather), (replay, self.piece_kernels(kept_t)[1])]
         post = [(h.launch_s, 0.0), *((h.launch_s, g) for g in head[1:])]
         return pre, layer, last, post
 
@@ -324,6 +342,16 @@ class CostModel:
         after = (g["o"] + g["gate_up"] + g["down"] + ew * 2 / ELEMENTWISE_KERNELS
                  + tm.keyed(ca, t) + ar)
         return before, after
+
+    def after_attention_kernels(self, rows: int) -> list[float]:
+        """Device seconds of a layer's kernels after its attention, at `rows` rows: the
+        tail of `layer_kernels`."""
+        s, tm = self.shapes, self.timer
+        ew = tm.keyed(layer_elementwise(s, rows), rows) / ELEMENTWISE_KERNELS
+        dims = s.gemm_dims()
+        g = {n: tm.keyed(gemm(n, rows, *dims[n], s.elem), rows) for n in ("o", "gate_up", "down")}
+        ar = [tm.allreduce(allreduce(s, rows))] if s.tp > 1 else []
+        return [g["o"], *ar, ew, g["gate_up"], ew, g["down"], *ar]
 
     def layer_kernels(self, shape: StepShape, rows: int, graph: bool) -> list[float]:
         """Device seconds of one layer's kernels in issue order (elementwise time is spread

@@ -8,7 +8,8 @@ One decoder layer at T tokens (the runner's `kvtier/model/llama.py`):
     -> down GEMM [-> all-reduce]
 
 kv_write is counted with the attention operator that follows it (the attention backend
-launches both, and calibration times them together).
+launches both, and calibration times them together). In the last layer, past its attention,
+only the rows that get logits go on (`LlamaForCausalLM.forward`'s `keep`).
 
 Per step: embedding, final norm, the lm_head GEMM over the sampled rows only, and the
 sampler's fp32 logits (cast + argmax).
@@ -170,10 +171,16 @@ def head_ops(s: Shapes, num_tokens: int, logit_rows: int) -> list[Op]:
 
 def step_ops(s: Shapes, shape: StepShape, gemm_rows: int | None = None) -> list[Op]:
     """Every operator of a step, layers expanded (for counting; the cost model times one
-    layer and multiplies)."""
+    layer and multiplies). The last layer's GEMMs past its attention run over the rows with
+    logits only (the runner's `keep`; in a decode graph that is every row)."""
     rows = shape.num_tokens if gemm_rows is None else gemm_rows
     logit_rows = shape.num_sampled if gemm_rows is None else gemm_rows
-    return layer_ops(s, shape, rows) * s.num_layers + head_ops(s, rows, logit_rows)
+    dims = s.gemm_dims()
+    after = ("o", "gate_up", "down")
+    last = [op for op in layer_ops(s, shape, rows) if op.name not in after]
+    last += [gemm(name, logit_rows, *dims[name], s.elem) for name in after if logit_rows]
+    return (layer_ops(s, shape, rows) * (s.num_layers - 1) + last
+            + head_ops(s, rows, logit_rows))
 
 
 def totals(ops: list[Op]) -> tuple[float, float]:

@@ -327,9 +327,16 @@ class ModelRunner:
         sink = self.hidden.sink(batch.num_tokens) if self.hidden is not None else None
         truncate = self._prefix_truncation(batch, meta)
         kv_after = copies.after_layer if copies.deferred else None
+        n = len(batch.logits_idx)
+        idx = self.staging.put(self._padded_logits_idx(batch.logits_idx))
+        # Past the last attention only the rows with logits go on (none in a step of prompt
+        # chunks that all continue); eLLM's truncated forwards keep every row.
+        keep = idx if truncate is None else None
         if self.piecewise is not None:
+            if keep is not None and self.piecewise.padded(keep.shape[0]) is None:
+                keep = None
             hidden = self.piecewise.forward(input_ids, positions, meta, kv_wait, sink, truncate,
-                                            kv_after)
+                                            kv_after, keep)
         if truncate is not None and hidden is None:
             raise RuntimeError("an offloaded eLLM prefix needs the piecewise forward")
         if copies.deferred:
@@ -337,12 +344,10 @@ class ModelRunner:
         if hidden is None:
             ctx = ForwardContext(self.ops, self.attention, self.gpu_kv, meta, self.cos_sin, sink,
                                  kv_wait)
-            hidden = self.model(input_ids, positions, ctx)
-        n = len(batch.logits_idx)
+            hidden = self.model(input_ids, positions, ctx, keep)
         if n == 0:
             return None
-        idx = self.staging.put(self._padded_logits_idx(batch.logits_idx))
-        return self.model.compute_logits(hidden[idx])[:n]
+        return self.model.compute_logits(hidden if keep is not None else hidden[idx])[:n]
 
     def _padded_logits_idx(self, idx: np.ndarray) -> np.ndarray:
         """On GPUs the LM head of a step with prefill rows runs eagerly over however many rows

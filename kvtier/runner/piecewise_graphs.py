@@ -137,8 +137,11 @@ class PiecewiseGraphs:
                 hidden_sink: Callable[[int, torch.Tensor], None] | None = None,
                 truncate: tuple[int, AttentionMetadata] | None = None,
                 kv_after: Callable[[int], None] | None = None,
+                keep: torch.Tensor | None = None,
                 ) -> torch.Tensor | None:
-        """Final hidden states [num_tokens, hidden], or None if the step is too large.
+        """Final hidden states [num_tokens, hidden] (only the rows `keep` asks for, where
+        given: after the last attention the rest stop, as in `LlamaForCausalLM.forward`,
+        and the last piece runs at their padded count), or None if the step is too large.
         `kv_wait(l)` runs before layer l's attention: between pieces is the one place a
         step can wait for the swap-ins of a layer group (layer-level overlap) while the
         earlier layers' pieces already run. `hidden_sink(l, x)` receives layer l's attention
@@ -177,10 +180,22 @@ class PiecewiseGraphs:
                               rope=ctx.rope(self.positions[:n]))
             if kv_after is not None:
                 kv_after(layer_idx)
+            if keep is not None and layer_idx == len(model.layers) - 1:
+                n, t = self._keep_rows(keep, n)
             self._run(layer_idx + 1, t, ctx)
         x, _ = r.ops.fused_add_rms_norm(self.hidden[:n], self.residual[:n], model.final_norm,
                                         model.cfg.rms_norm_eps)
         return x
+
+    def _keep_rows(self, keep: torch.Tensor, n: int) -> tuple[int, int]:
+        """Moves the attention output and residual of rows `keep` (of the first n) to the
+        front of their buffers; returns their count and the padded size to run at."""
+        m = keep.shape[0]
+        for buf in (self.attn_out, self.residual):
+            buf[:m].copy_(buf[:n].index_select(0, keep))  # gathered first: rows may overlap
+        t = self.padded(m)
+        assert t is not None
+        return m, t
 
     def _run(self, k: int, t: int, ctx: ForwardContext) -> None:
         graph = self.graphs.get((k, t))

@@ -74,10 +74,13 @@ def test_step_ops_of_a_mixed_step():
     assert names.count("attn_decode") == 2 and names.count("attn_prefill") == 2
     lm = next(o for o in ops if o.name == "lm_head")
     assert lm.flops == 2 * 4 * 1000 * 64  # only the 4 sampled rows
-    # GEMM FLOPs of a step are 2 x tokens x the layers' weight count.
-    layer_weights = 64 * 128 + 64 * 64 + 64 * 256 + 128 * 64
+    # GEMM FLOPs of a step are 2 x tokens x the layers' weight count, except past the last
+    # layer's attention: there only the 4 sampled rows go on.
+    qkv_weights, rest_weights = 64 * 128, 64 * 64 + 64 * 256 + 128 * 64
     gemm_flops = sum(o.flops for o in ops if o.kind is OpKind.GEMM and o.name != "lm_head")
-    assert gemm_flops == 2 * 8 * 2 * layer_weights
+    assert gemm_flops == 2 * (2 * 8 * qkv_weights + (8 + 4) * rest_weights)
+    assert [o.name for o in ops if o.kind is OpKind.GEMM][-4:] == ["o", "gate_up", "down",
+                                                                   "lm_head"]
 
 
 def test_head_ops_without_sampling_skips_lm_head():

@@ -28,6 +28,7 @@ from kvtier.costmodel.overlap import (
     queue_seconds_brute,
 )
 from kvtier.costmodel.shape import StepShape
+from kvtier.runner.cuda_graphs import graph_batch_sizes
 from kvtier.runner.piecewise_graphs import piecewise_sizes
 from tests.costmodel.synthetic import HOST, calibration, model_config, raw_measurements
 
@@ -86,7 +87,14 @@ def hand_launches(shape: StepShape, t: int, host=HOST):
     pre = [(3 * host.op_launch_s, head), (host.replay_s, before)]
     replay = host.replay_s + host.piece_layer_s
     layer = [*attn, (replay, after + before)]
-    last = [*attn, (replay, after)]
+    # The last layer past its attention: the sampled rows (padded to a decode graph size)
+    # gathered, then the last piece at their padded count.
+    kept = next(b for b in graph_batch_sizes(256) if b >= shape.num_sampled)
+    kt = next(size for size in piecewise_sizes(8192) if size >= kept)
+    gather = copy_seconds(piece_copies(s, kept)[1], kept)
+    after_kept = (sum(c.gemm[k].at(kt) for k in ("o", "gate_up", "down"))
+                  + 0.5 * c.elementwise.at(kt) + copy_seconds(piece_copies(s, kt)[1], kt))
+    last = [*attn, (4 * host.op_launch_s, gather), (replay, after_kept)]
     post = [(host.launch_s, 0.0), (host.launch_s, lm)]
     return pre, layer, last, post
 
@@ -136,12 +144,14 @@ def test_l_plus_one_replays_and_the_host_chain():
     cm = model()
     h = HOST
     per_layer = h.attn_write_s + h.attn_decode_s + h.attn_prefill_s + h.op_launch_s
-    expect = 3 * h.op_launch_s + (L + 1) * h.replay_s + L * per_layer + 2 * h.launch_s
+    gather = 4 * h.op_launch_s  # the last layer's kept rows: two index_selects, two copies
+    expect = 3 * h.op_launch_s + (L + 1) * h.replay_s + L * per_layer + gather + 2 * h.launch_s
     assert cm.piecewise_issue_seconds(MIXED, 544) == pytest.approx(expect, rel=1e-12)
     # Prefill only: no decode wrapper.
     pre = StepShape(prefills=((300, 0),), num_sampled=1)
     expect = (3 * h.op_launch_s + (L + 1) * h.replay_s
-              + L * (h.attn_write_s + h.attn_prefill_s + h.op_launch_s) + 2 * h.launch_s)
+              + L * (h.attn_write_s + h.attn_prefill_s + h.op_launch_s) + gather
+              + 2 * h.launch_s)
     assert cm.piecewise_issue_seconds(pre, 320) == pytest.approx(expect, rel=1e-12)
     # Host-bound (a replay costs 1-2 ms, far above a piece's GPU time): each extra ms of
     # replay cost is paid exactly L + 1 times.
@@ -169,7 +179,12 @@ def test_eager_pricing_is_unchanged_when_pieces_are_off(kw):
     t = MIXED.num_tokens
     layer = cm.layer_kernels(MIXED, t, graph=False)
     head = cm.head_kernels(t, MIXED.num_sampled)
-    fwd = forward_seconds(layer, L, HOST.launch_s, head[:1], head[1:])
+    # The last layer past its attention (o, norm, gate_up, silu*up, down) at the 4 sampled
+    # rows only.
+    ew4 = c.elementwise.at(4) / ELEMENTWISE_KERNELS
+    after = [c.gemm["o"].at(4), ew4, c.gemm["gate_up"].at(4), ew4, c.gemm["down"].at(4)]
+    fwd = forward_seconds(layer, L - 1, HOST.launch_s, head[:1],
+                          [*layer[:-5], *after, *head[1:]])
     host = HOST.eager_s + HOST.eager_s_per_req * 4 + HOST.eager_s_per_token * t
     cost = cm.predict(MIXED)
     assert not cost.piecewise and cost.parts == {"copies": 0.0, "host": host, "forward": fwd,
