@@ -58,10 +58,13 @@ def test_graph_batch_sizes_reach_the_cap():
     from kvtier.config import ConfigError
     from kvtier.runner.cuda_graphs import graph_batch_sizes
 
-    assert graph_batch_sizes(1024)[-2:] == [504, 512]  # vLLM's default cap
-    assert graph_batch_sizes(1024, 1024)[-3:] == [1008, 1016, 1024]
+    assert graph_batch_sizes(1024)[-2:] == [508, 512]  # vLLM's default cap
+    assert graph_batch_sizes(1024, 1024)[-3:] == [1016, 1020, 1024]
     assert graph_batch_sizes(100)[-2:] == [96, 100]  # the scheduler's largest batch too
     assert graph_batch_sizes(1024)[:5] == [1, 2, 4, 8, 16]
+    # every 8 up to 128, where padding is free (memory bound), then every 4
+    assert graph_batch_sizes(1024, 160)[17:] == [120, 128, 132, 136, 140, 144, 148, 152, 156, 160]
+    assert graph_batch_sizes(1024, 100)[-2:] == [96, 100]
     assert graph_batch_sizes(1) == [1]
     sizes = graph_batch_sizes(700, 1024)
     assert sizes == sorted(set(sizes)) and sizes[-1] == 700
