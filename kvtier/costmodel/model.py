@@ -19,7 +19,9 @@ the decode rows, the varlen prefill wrapper for the prefill rows, each at the re
 one copy of its output into a static buffer and one graph replay: piece k = layer k-1 after
 its attention + layer k before its own, its GEMMs and elementwise kernels at the padded
 token count `t` from `piecewise_sizes`; L+1 replays in all, then final norm and lm_head
-eagerly. These launches go through the same queue (`overlap.queue_seconds`), each with its
+eagerly. The last piece (the last layer after its attention) runs at the padded count of the
+rows with logits, gathered after the last attention (the runner's `keep`; the eager path
+prices the same). These launches go through the same queue (`overlap.queue_seconds`), each with its
 own host cost (HostParams.replay_s, attn_*_s, op_launch_s, and piece_layer_s a layer for the
 Python between them) and a replay's device time the sum of its piece's kernels.
 
