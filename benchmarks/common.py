@@ -52,10 +52,9 @@ def environment() -> dict[str, Any]:
     # The device machine gets a copy of the working tree whose .git (if any) may be stale:
     # the caller's KVTIER_GIT_COMMIT wins.
     env["git_commit"] = git_info()["commit"]
-    # Switches that change what the kernels do (KVTIER_PDL=0: no programmatic launches).
-    switches = {k: v for k, v in os.environ.items() if k in ("KVTIER_PDL",)}
-    if switches:
-        env["switches"] = switches
+    # A switch that changes how the kernels launch (KVTIER_PDL=0: no programmatic launches).
+    if "KVTIER_PDL" in os.environ:
+        env["switches"] = {"KVTIER_PDL": os.environ["KVTIER_PDL"]}
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name()
         env["gpu_memory_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30

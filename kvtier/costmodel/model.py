@@ -257,8 +257,8 @@ class CostModel:
         host = h.eager_s + h.eager_s_per_req * shape.num_reqs + h.eager_s_per_token * t
         # The last layer past its attention runs over the rows with logits only.
         kept = self.kept_rows(shape)
-        cut = len(layer) - len(self.after_attention_kernels(t))
-        last = [*layer[:cut], *(self.after_attention_kernels(kept) if kept else [])]
+        last = [*self.through_attention_kernels(shape, t, graph=False),
+                *(self.after_attention_kernels(kept) if kept else [])]
         fwd = forward_seconds(layer, self.shapes.num_layers - 1, h.launch_s,
                               pre_kernels=head[:1], post_kernels=[*last, *head[1:]])
         return {"host": host, "forward": fwd}
@@ -346,8 +346,8 @@ class CostModel:
         return before, after
 
     def after_attention_kernels(self, rows: int) -> list[float]:
-        """Device seconds of a layer's kernels after its attention, at `rows` rows: the
-        tail of `layer_kernels`."""
+        """The tail of `layer_kernels`: a layer's kernels after its attention, at `rows`
+        rows (o GEMM, norm, gate_up GEMM, silu*up, down GEMM, all-reduces under TP)."""
         s, tm = self.shapes, self.timer
         ew = tm.keyed(layer_elementwise(s, rows), rows) / ELEMENTWISE_KERNELS
         dims = s.gemm_dims()
@@ -358,20 +358,23 @@ class CostModel:
     def layer_kernels(self, shape: StepShape, rows: int, graph: bool) -> list[float]:
         """Device seconds of one layer's kernels in issue order (elementwise time is spread
         over the four elementwise kernels between the GEMMs)."""
+        return [*self.through_attention_kernels(shape, rows, graph),
+                *self.after_attention_kernels(rows)]
+
+    def through_attention_kernels(self, shape: StepShape, rows: int, graph: bool
+                                  ) -> list[float]:
+        """The head of `layer_kernels`: norm, qkv GEMM, rotary, then the attention's kernels
+        (one entry per kernel launched: the queue counts launches)."""
         s, tm = self.shapes, self.timer
         ew = tm.keyed(layer_elementwise(s, rows), rows) / ELEMENTWISE_KERNELS
-        dims = s.gemm_dims()
-        g = {n: tm.keyed(gemm(n, rows, *dims[n], s.elem), rows) for n in _LAYER_GEMMS}
-        attn: list[float] = []  # one entry per kernel launched: the queue counts launches
+        qkv = tm.keyed(gemm("qkv", rows, *s.gemm_dims()["qkv"], s.elem), rows)
+        attn: list[float] = []
         if shape.num_decodes:
             t = tm.decode_attention(shape.num_decodes, shape.decode_ctx_sum, graph)
             attn += [t / DECODE_LAUNCHES] * DECODE_LAUNCHES
         if shape.prefills:
             attn += [tm.prefill_attention(shape.prefills) / PREFILL_LAUNCHES] * PREFILL_LAUNCHES
-        ar = []
-        if s.tp > 1:
-            ar = [tm.allreduce(allreduce(s, rows))]
-        return [ew, g["qkv"], ew, *attn, g["o"], *ar, ew, g["gate_up"], ew, g["down"], *ar]
+        return [ew, qkv, ew, *attn]
 
     def head_kernels(self, tokens: int, logit_rows: int) -> list[float]:
         """[embedding + final norm, lm_head] device seconds (sampling is timed apart)."""

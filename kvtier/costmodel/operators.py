@@ -177,10 +177,10 @@ def step_ops(s: Shapes, shape: StepShape, gemm_rows: int | None = None) -> list[
     logit_rows = shape.num_sampled if gemm_rows is None else gemm_rows
     dims = s.gemm_dims()
     after = ("o", "gate_up", "down")
-    last = [op for op in layer_ops(s, shape, rows) if op.name not in after]
+    layer = layer_ops(s, shape, rows)
+    last = [op for op in layer if op.name not in after]
     last += [gemm(name, logit_rows, *dims[name], s.elem) for name in after if logit_rows]
-    return (layer_ops(s, shape, rows) * (s.num_layers - 1) + last
-            + head_ops(s, rows, logit_rows))
+    return layer * (s.num_layers - 1) + last + head_ops(s, rows, logit_rows)
 
 
 def totals(ops: list[Op]) -> tuple[float, float]:
