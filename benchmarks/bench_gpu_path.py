@@ -8,7 +8,8 @@
            synchronous and with async scheduling;
   decode_targets  the issue's two decode shapes, runner steps and whole engine steps;
   kv_contents     those shapes' runner steps over a zeroed pool vs one holding values;
-  layers_engine   F = 4 vs F = L on whole engine steps (async scheduling).
+  layers_engine   F = 4 vs F = L on whole engine steps (async scheduling);
+  step_kernels    the 256 x 2048 step's device time by kernel kind (profiler).
 
 Steps are driven through the real runner (`ModelRunner.execute` on a StepPlan), so what is
 timed is what the engine runs. Usage (GPU):
@@ -178,6 +179,57 @@ def decode_row(engine: LLMEngine, b: int, c: int) -> dict:
             **({"device_fraction_of_roofline": hbm / t["device_s"]} if "device_s" in t else {}),
             "per_operator_roofline_s": per_op,
             "fraction_of_per_operator_roofline": per_op / t["median_s"]}
+
+
+KERNEL_KINDS = (("attention", ("_decode_split", "_reduce_splits")),
+                ("gemm", ("nvjet", "gemm", "cutlass", "splitKreduce")))
+
+
+def kernel_kind(name: str) -> str:
+    """A kernel's group in a step's breakdown: attention, GEMMs (cuBLAS), else its own name."""
+    for kind, marks in KERNEL_KINDS:
+        if any(m in name for m in marks):
+            return kind
+    return name[:60]
+
+
+def run_step_kernels(model: str, batch: int, context: int, kv_gb: float, reps: int = 20
+                     ) -> dict:
+    """Where one decode step's device time goes: the graph of b requests at context c
+    replayed `reps` times under torch.profiler, its kernels grouped (`kernel_kind`), the
+    attention's KV bandwidth and the GEMMs' FLOP rate at the clock the board held."""
+    engine = make_engine(model, context + 16, batch, kv_gb, 4)
+    fill_kv(engine, "random")
+    first, _ = decode_plans(engine, batch, context)
+    engine.executor.execute(first)
+    graphs = engine.executor.graphs
+    graph = graphs.graphs[graphs.padded_size(batch)]
+    for _ in range(5):
+        graph.replay()
+    torch.cuda.synchronize()
+
+    def replays() -> None:
+        for _ in range(reps):
+            graph.replay()
+        torch.cuda.synchronize()
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        _, gpu = monitored(replays)
+    by_kind: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = kernel_kind(e.name)
+            by_kind[k] = by_kind.get(k, 0.0) + e.time_range.elapsed_us() / reps
+    mc = engine.model_config
+    wb, kvb = decode_bytes(mc, batch, context)
+    release(engine)
+    total = sum(by_kind.values())
+    att, gemm = by_kind.get("attention", 0.0), by_kind.get("gemm", 0.0)
+    return {"model": model, "batch": batch, "context": context, "gpu": gpu,
+            "kernel_us_per_step": total,
+            "by_kind_us": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
+            "attention_kv_bytes_per_s": kvb / (att * 1e-6) if att else None,
+            "gemm_flops_per_s": 2 * batch * wb / 2 / (gemm * 1e-6) if gemm else None}
 
 
 def prefill_linear_flops(mc: ModelConfig, n: int) -> float:
@@ -372,6 +424,9 @@ def main() -> None:
             result["decode_targets_engine"] = [
                 r for b, c in ((256, 2048), (16, 8192)) for a in (False, True)
                 for r in run_engine_decode("llama-3.1-8b", [b], c, args.kv_gb, a)]
+        elif part == "step_kernels":  # the 256 x 2048 target step's kernels by kind
+            result["step_kernels"] = run_step_kernels("llama-3.1-8b", 256, 2048, args.kv_gb)
+            print(result["step_kernels"], flush=True)
         elif part == "kv_contents":  # the decode targets over a zeroed vs a filled pool
             result["kv_contents"] = [
                 r for b, c in ((256, 2048), (16, 8192))
