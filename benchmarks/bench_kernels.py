@@ -435,6 +435,34 @@ def _time_rotary_kv_write(tokens: int) -> dict[str, Any]:
     return row
 
 
+RMS_NORM_TOKENS = (1, 16, 64, 256, 768, 1024, 16384)
+
+
+def rms_norm_sweep(hidden: int = 4096) -> list[dict[str, Any]]:
+    """Residual add + RMSNorm of llama-3.1-8b's hidden state (x and residual read, the sum
+    and the normed rows written), graph-timed over copies whose inputs miss L2, at each
+    token count and each of the wrapper's warp counts."""
+    from kvtier.kernels.rms_norm import WARP_CHOICES, fused_add_rms_norm
+
+    rows = []
+    for tokens in RMS_NORM_TOKENS:
+        nbytes = 4 * tokens * hidden * 2
+        copies = max(2, min(16, -(-4 * L2_BYTES // nbytes)))
+        xs = [torch.randn(2, tokens, hidden, device="cuda").to(torch.bfloat16)
+              for _ in range(copies)]
+        w = torch.randn(hidden, device="cuda").to(torch.bfloat16)
+        row: dict[str, Any] = {"tokens": tokens, "bytes": nbytes}
+        for warps in (None, *WARP_CHOICES):
+            t = time_graph([(lambda x=x, w=w, warps=warps: fused_add_rms_norm(
+                x[0], x[1], w, 1e-5, num_warps=warps)) for x in xs])
+            key = "default" if warps is None else f"warps{warps}"
+            row[f"{key}_us"] = round(t * 1e6, 2)
+            row[f"{key}_pct_roofline"] = round(100 * nbytes / t / 1e9 / HBM_ROOFLINE_GBPS, 1)
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
 def placement_sweep(pool_gb: float = 80.0) -> list[dict[str, Any]]:
     """Where a batch's KV blocks sit in a large pool (F = 4 blocks, llama-3.1-8b, batch 256 x
     2048 tokens, one layer timed): each request's blocks consecutive, the used blocks
@@ -538,6 +566,7 @@ def part_runners(workload: str) -> dict[str, Callable[[], dict[str, Any]]]:
         "stages": lambda: {"stages": stages_sweep(workload)},
         "argmax": lambda: {"argmax": argmax_sweep()},
         "rotary_kv_write": lambda: {"rotary_kv_write": rotary_kv_write_sweep()},
+        "rms_norm": lambda: {"rms_norm": rms_norm_sweep()},
         "tiles_mha": lambda: {"tiles_mha": tiles_mha_sweep()},
         "tiles": lambda: {"tiles": stages_sweep(workload, TILES_VARIANTS),
                           "tiles_tail": tiles_tail(workload)},

@@ -16,6 +16,8 @@ import triton.language as tl
 from kvtier.kernels.launch import check, next_pow2
 from kvtier.kernels.pdl import pdl_launch, wait_for_previous_kernel
 
+WARP_CHOICES = (2, 4, 8, 16)  # launch shapes the benchmark compares (`num_warps`)
+
 
 @triton.jit
 def _rms_norm_kernel(
@@ -45,7 +47,8 @@ def _rms_norm_kernel(
 
 
 def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-            eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+            eps: float, num_warps: int | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
     H = x.shape[-1]
     check(weight.shape == (H,) and weight.is_contiguous(), lambda: f"weight: [{H}] contiguous")
     check(x.stride(-1) == 1, "x: last dim must be contiguous")
@@ -66,22 +69,24 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
             x2, x2.stride(0), r2, r2.stride(0), weight, out, out.stride(0), s2, s2.stride(0), eps,
             H=H, BLOCK=BLOCK, HAS_RESIDUAL=residual is not None,
             # one 16-byte vector per thread per pass: 4096 bf16 -> 8 warps
-            num_warps=max(1, min(16, BLOCK // 512)), **pdl_launch(x.device),
+            num_warps=num_warps or max(1, min(16, BLOCK // 512)), **pdl_launch(x.device),
         )
     shape = x.shape
     return out.view(shape), (summed.view(shape) if summed is not None else None)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *,
+             num_warps: int | None = None) -> torch.Tensor:
     """x [..., H], weight [H] -> [..., H]"""
-    return _launch(x, None, weight, eps)[0]
+    return _launch(x, None, weight, eps, num_warps)[0]
 
 
 def fused_add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *,
+    num_warps: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x, residual [..., H] -> (rms_norm(x + residual), x + residual)"""
-    out, summed = _launch(x, residual, weight, eps)
+    out, summed = _launch(x, residual, weight, eps, num_warps)
     assert summed is not None
     return out, summed
 
