@@ -33,10 +33,6 @@ def _rms_norm_kernel(
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
-    # Every load is issued before the reduction: loaded after it (as the math reads), the
-    # weight was one more memory round trip after the reduction's barrier, on the path of a
-    # kernel that at decode sizes lasts a few of them.
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         res = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
@@ -45,6 +41,7 @@ def _rms_norm_kernel(
         tl.store(sum_ptr + row * stride_sum + cols, x, mask=mask)
     h = x.to(tl.float32)
     h = h * tl.rsqrt(tl.sum(h * h, 0) / H + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     y = w * h.to(x.dtype).to(tl.float32)
     tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
