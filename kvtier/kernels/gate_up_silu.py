@@ -17,6 +17,14 @@ CPU interpreter, whose bf16 conversions truncate, the product is rounded once, a
 Programs run with the M tiles fastest: the programs of one weight slice start together and
 share its reads through L2, so the weights are read from HBM about once (decode-sized M,
 whose x fits in L2, is what this kernel is for).
+
+Kept for the record, not used by the engine: against cuBLAS + `silu_and_mul` on llama-3.1-8b
+(benchmarks/results/gate_up_silu_h200_2ae35da.json, `python benchmarks/bench_gate_up_silu.py
+--out ...`, the best of 11 launch shapes per token count) it wins only at 64 tokens (62.6 us
+against 65.1) and loses from 128 on, by 21-31 % at 192-1024 (256 tokens: 121 us against 96).
+Past ~128 rows the GEMM is compute-bound and cuBLAS's Hopper kernels (TMA, warp-specialized,
+clustered) keep the tensor cores fed where this pointer-based tiling does not; the bytes the
+fusion saves are worth less than that.
 """
 
 from __future__ import annotations
