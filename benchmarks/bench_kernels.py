@@ -436,13 +436,14 @@ def _time_rotary_kv_write(tokens: int) -> dict[str, Any]:
 
 
 RMS_NORM_TOKENS = (1, 16, 64, 256, 768, 1024, 16384)
+RMS_NORM_WARPS = (2, 4, 8, 16)  # beside the wrapper's own choice
 
 
 def rms_norm_sweep(hidden: int = 4096) -> list[dict[str, Any]]:
     """Residual add + RMSNorm of llama-3.1-8b's hidden state (x and residual read, the sum
     and the normed rows written), graph-timed over copies whose inputs miss L2, at each
     token count and each of the wrapper's warp counts."""
-    from kvtier.kernels.rms_norm import WARP_CHOICES, fused_add_rms_norm
+    from kvtier.kernels.rms_norm import fused_add_rms_norm
 
     rows = []
     for tokens in RMS_NORM_TOKENS:
@@ -452,7 +453,7 @@ def rms_norm_sweep(hidden: int = 4096) -> list[dict[str, Any]]:
               for _ in range(copies)]
         w = torch.randn(hidden, device="cuda").to(torch.bfloat16)
         row: dict[str, Any] = {"tokens": tokens, "bytes": nbytes}
-        for warps in (None, *WARP_CHOICES):
+        for warps in (None, *RMS_NORM_WARPS):
             t = time_graph([(lambda x=x, w=w, warps=warps: fused_add_rms_norm(
                 x[0], x[1], w, 1e-5, num_warps=warps)) for x in xs])
             key = "default" if warps is None else f"warps{warps}"

@@ -37,6 +37,7 @@ import triton.language as tl
 
 from kvtier.kernels.launch import check, dot_precision, upcast
 from kvtier.kernels.pdl import pdl_launch, wait_for_previous_kernel
+from kvtier.kernels.silu_and_mul import silu_and_mul_ref
 
 
 @dataclass(frozen=True)
@@ -137,5 +138,4 @@ def gate_up_silu(
 
 def gate_up_silu_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """The unfused path in torch: the projection in the model dtype, then silu(gate) * up."""
-    gate, up = torch.nn.functional.linear(x, w).chunk(2, dim=-1)
-    return torch.nn.functional.silu(gate) * up
+    return silu_and_mul_ref(torch.nn.functional.linear(x, w))

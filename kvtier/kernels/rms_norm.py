@@ -16,8 +16,6 @@ import triton.language as tl
 from kvtier.kernels.launch import check, next_pow2
 from kvtier.kernels.pdl import pdl_launch, wait_for_previous_kernel
 
-WARP_CHOICES = (2, 4, 8, 16)  # launch shapes the benchmark compares (`num_warps`)
-
 
 @triton.jit
 def _rms_norm_kernel(

@@ -3,8 +3,8 @@
 Such a step's attention has varlen metadata, so the whole forward cannot be one graph; but
 everything else in a layer can. Everything between two attentions — layer l-1 after
 its attention (o GEMM, norm, MLP) and layer l before its own (norm, qkv GEMM, q/k norm;
-rotary too unless the attention backend fuses it into its KV write) — is one piece, captured at padded token counts and replayed around an eager
-attention call: per layer one graph launch and the attention kernels, instead of ~15
+rotary too unless the attention backend fuses it into its KV write) — is one piece,
+captured at padded token counts and replayed around an eager attention call: per layer one graph launch and the attention kernels, instead of ~15
 launches each paying Python's launch cost (and cuBLAS's per-shape heuristics, ~80 µs a GEMM
 at a token count not seen before). On the H200 eager mixed steps of the offline ShareGPT
 run were host-bound (49.5 ms mean for ~17 ms of kernels, benchmarks/results/

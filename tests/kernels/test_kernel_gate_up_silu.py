@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -47,6 +49,6 @@ def test_gate_up_silu_bad_input() -> None:
                                    GateUpTiles(64, 128, 64, 8, 3)])
 @gpu
 def test_gate_up_silu_gpu(m: int, dtype: torch.dtype, tiles: GateUpTiles) -> None:
-    if dtype == torch.float32 and tiles.num_stages * (tiles.block_m + 2 * tiles.block_h) > 1024:
-        tiles = GateUpTiles(tiles.block_m, tiles.block_h, 32, tiles.num_warps, 2)
+    if dtype == torch.float32:  # fp32 operands double a pipeline stage's shared memory
+        tiles = replace(tiles, block_k=32, num_stages=2)
     _check(m, 14336, 4096, dtype, tiles)
