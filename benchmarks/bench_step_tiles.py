@@ -1,0 +1,113 @@
+"""The issue-3 decode step (llama-3.1-8b, 256 requests at context 2048) under the H200's
+700 W cap, by the decode attention's launch shape.
+
+Why: every H200 runs this step at its power cap, and the clock the cap leaves sets the
+compute-bound 256-row GEMMs' time. The attention streams the KV at HBM speed whatever its
+tile, but its tiles, warps and pipeline stages change the work (and so the power) its SMs
+spend per byte. A launch shape that is no slower alone but draws less would leave the GEMMs
+a higher clock. Graph-timed kernels alone do not show that: only the whole step at the cap
+does, so this captures the step's graph once per launch shape and replays them in
+alternating rounds (the board warms as it runs), with the SM clock and board power.
+
+Usage (GPU):
+  python benchmarks/bench_step_tiles.py --out benchmarks/results/step_tiles_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+from dataclasses import asdict
+
+import torch
+
+from benchmarks.bench_gpu_path import (
+    decode_bytes,
+    decode_plans,
+    fill_kv,
+    make_engine,
+    release,
+    roofline,
+)
+from benchmarks.common import median_replay_s, monitored, write_result
+from kvtier.kernels import paged_decode_attention as pda
+from kvtier.kernels.paged_decode_attention import DecodeTiles
+
+# The default at this shape first; then fewer warps, fewer or more stages, other tiles.
+VARIANTS = (
+    DecodeTiles(64, 4, 3),
+    DecodeTiles(64, 2, 3),
+    DecodeTiles(64, 4, 2),
+    DecodeTiles(64, 4, 4),
+    DecodeTiles(32, 2, 3),
+    DecodeTiles(32, 2, 4),
+    DecodeTiles(128, 4, 2),
+    DecodeTiles(128, 8, 2),
+)
+
+
+def capture_step(engine, batch: int, tiles: DecodeTiles) -> torch.cuda.CUDAGraph:
+    """The decode graph of `batch` rows with the attention launched at `tiles` (the
+    runner's own capture path, into the graphs' shared pool)."""
+    graphs = engine.executor.graphs
+    default = pda.default_tiles
+    pda.default_tiles = lambda *args: tiles  # what `tiles_for` asks, at capture time
+    try:
+        with torch.inference_mode():
+            graphs._forward(batch)  # compiles outside the capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=graphs.pool):
+                graphs._forward(batch)
+    finally:
+        pda.default_tiles = default
+    torch.cuda.synchronize()
+    return graph
+
+
+def run(batch: int, context: int, kv_gb: float, rounds: int, replays: int) -> dict:
+    engine = make_engine("llama-3.1-8b", context + 16, batch, kv_gb, 4)
+    fill_kv(engine, "random")
+    first, _ = decode_plans(engine, batch, context)
+    engine.executor.execute(first)  # installs the block tables the graphs read
+    graphs = {v: capture_step(engine, batch, v) for v in VARIANTS}
+    for g in graphs.values():  # warm: the board reaches its capped clock
+        for _ in range(5):
+            g.replay()
+    torch.cuda.synchronize()
+    wb, kvb = decode_bytes(engine.model_config, batch, context)
+    hbm_s, _ = roofline(wb, kvb, batch)
+    samples: dict[DecodeTiles, list[dict]] = {v: [] for v in VARIANTS}
+    for r in range(rounds):
+        order = VARIANTS if r % 2 == 0 else tuple(reversed(VARIANTS))
+        for v in order:
+            s, gpu = monitored(lambda g=graphs[v]: median_replay_s(g, replays))
+            samples[v].append({"step_ms": s * 1e3, "gpu": gpu})
+            print(v, round(s * 1e3, 3), gpu, flush=True)
+    release(engine)
+    rows = []
+    for v, runs in samples.items():
+        ms = statistics.median(x["step_ms"] for x in runs)
+        clocks = [x["gpu"]["sm_clock_mhz"] for x in runs if x["gpu"]]
+        power = [x["gpu"]["power_w"] for x in runs if x["gpu"]]
+        rows.append({"tiles": asdict(v), "step_ms": ms, "fraction_of_roofline": hbm_s * 1e3 / ms,
+                     "sm_clock_mhz": statistics.mean(clocks) if clocks else None,
+                     "power_w": statistics.mean(power) if power else None, "rounds": runs})
+    return {"model": "llama-3.1-8b", "batch": batch, "context": context,
+            "roofline_ms": hbm_s * 1e3, "default": asdict(VARIANTS[0]), "variants": rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--kv-gb", type=float, default=80.0)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--replays", type=int, default=40)
+    args = ap.parse_args()
+    os.environ["KVTIER_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+    write_result(args.out, {"step_tiles": run(256, 2048, args.kv_gb, args.rounds, args.replays)})
+
+
+if __name__ == "__main__":
+    main()
