@@ -13,9 +13,11 @@ writes its output directly, and the programs past its count exit at once. Short 
 in a graph captured for long ones then pay no partial outputs and no reduce.
 
 Launch shape (`default_tiles`): 64-token K/V tiles, 4 warps, 3 stages (2 programs resident
-an SM); from 4,096 programs on, grouped-query launches take 32-token tiles with 2 warps (4
-resident), where many short programs wait on their first loads. Few programs split finer
-(`default_min_split_tokens`).
+an SM). Grouped-query launches of 1,024 to 4,095 programs take 2 warps and 4 stages (one
+resident an SM, as many bytes in flight): as fast alone, and at the H200's power cap they
+leave the step's GEMMs a higher clock. From 4,096 programs on they take 32-token tiles with
+2 warps (4 resident), where many short programs wait on their first loads. Few programs
+split finer (`default_min_split_tokens`).
 
 Launch order: KV heads vary fastest, and a single-split launch may take `order`, the
 requests in the order their programs start. Served batches mix a few long contexts among
@@ -342,15 +344,28 @@ class DecodeTiles:
 MANY_PROGRAMS = 4096
 MANY_PROGRAMS_TILES = DecodeTiles(block_n=32, num_warps=2, num_stages=3)
 
+# From this many programs on (~8 waves at one resident an SM: always a single split), 2 warps
+# and 4 stages. The step's attention streams the KV at HBM speed with either shape, but under
+# the H200's 700 W cap the attention's SM work takes power from the compute-bound GEMMs of the
+# same step: at 256 x 2048 (2,048 programs) the board held 1,804 MHz instead of 1,717 and
+# the step took 21.82 ms instead of 22.02 (step_tiles_h200_1f8b93b.json; 64 x 2048, 512
+# programs: even). Fewer programs keep the default: there one resident an SM leaves too few
+# in flight (16 x 8192 at 4 stages: 9.54 against 8.51 ms).
+LARGE_PROGRAMS = 1024
+LARGE_PROGRAMS_TILES = DecodeTiles(block_n=64, num_warps=2, num_stages=4)
+
 
 @functools.cache  # asked once per layer on the eager path: one answer per problem shape
 def default_tiles(batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
                   dtype: torch.dtype) -> DecodeTiles:
     """The launch shape of a decode over `batch` requests (measured for grouped-query bf16
     at head dim 128; other problems keep the default tiles)."""
-    if (batch * num_kv_heads >= MANY_PROGRAMS and num_heads > num_kv_heads and head_dim == 128
-            and dtype in (torch.bfloat16, torch.float16)):
-        return MANY_PROGRAMS_TILES
+    programs = batch * num_kv_heads
+    if num_heads > num_kv_heads and head_dim == 128 and dtype in (torch.bfloat16, torch.float16):
+        if programs >= MANY_PROGRAMS:
+            return MANY_PROGRAMS_TILES
+        if programs >= LARGE_PROGRAMS:
+            return LARGE_PROGRAMS_TILES
     return DecodeTiles(_default_block_n(head_dim, dtype), num_warps=4, num_stages=3)
 
 

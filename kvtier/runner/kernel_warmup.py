@@ -15,6 +15,7 @@ import torch
 
 from kvtier.kernels.kv_write import kv_write
 from kvtier.kernels.paged_decode_attention import (
+    LARGE_PROGRAMS,
     MANY_PROGRAMS,
     MAX_SPLITS,
     default_tiles,
@@ -53,15 +54,16 @@ def warm_up_attention(layer_kv: torch.Tensor, scratch_block: int, num_heads: int
         paged_decode_attention(q, layer_kv, tables, seq_lens, scale, num_splits=splits,
                                max_seq_len=n)
     # The launches of a step's decode rows: in longest-first order, and (at many rows) with
-    # the tiles of a large batch, which does not split.
+    # the tiles of the large batches, which do not split.
     order = torch.arange(2, dtype=torch.int32, device=dev)
     paged_decode_attention(q, layer_kv, tables, seq_lens, scale, num_splits=1, max_seq_len=n,
                            order=order)
-    big = default_tiles(MANY_PROGRAMS, num_heads, num_kv_heads, head_dim, dt)
-    for o in (None, order):
-        paged_decode_attention(q, layer_kv, tables, seq_lens, scale, num_splits=1,
-                               max_seq_len=n, order=o, block_n=big.block_n,
-                               num_warps=big.num_warps, num_stages=big.num_stages)
+    for programs in (LARGE_PROGRAMS, MANY_PROGRAMS):
+        big = default_tiles(programs, num_heads, num_kv_heads, head_dim, dt)
+        for o in (None, order):
+            paged_decode_attention(q, layer_kv, tables, seq_lens, scale, num_splits=1,
+                                   max_seq_len=n, order=o, block_n=big.block_n,
+                                   num_warps=big.num_warps, num_stages=big.num_stages)
     qsl = torch.tensor([0, n], dtype=torch.int32, device=dev)
     paged_prefill_attention(q[:n], layer_kv, tables[:1], seq_lens[:1], qsl, scale, num_tokens=n)
     if dev.type == "cuda":

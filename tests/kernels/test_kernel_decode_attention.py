@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kvtier.kernels.paged_decode_attention import (
+    LARGE_PROGRAMS_TILES,
     MANY_PROGRAMS_TILES,
     DecodeTiles,
     DenseSegment,
@@ -94,10 +95,12 @@ def test_few_programs_split_into_shorter_ranges() -> None:
     assert default_min_split_tokens(8, 40, sms) == 256  # llama-2-13b: 320 programs
 
 
-def test_many_programs_take_small_tiles() -> None:
+def test_large_launches_take_their_tiles() -> None:
     bf16 = torch.bfloat16
     assert default_tiles(512, 32, 8, 128, bf16) == MANY_PROGRAMS_TILES  # 4,096 programs
-    assert default_tiles(511, 32, 8, 128, bf16) == DecodeTiles(64, 4, 3)
+    assert default_tiles(511, 32, 8, 128, bf16) == LARGE_PROGRAMS_TILES
+    assert default_tiles(128, 32, 8, 128, bf16) == LARGE_PROGRAMS_TILES  # 1,024 programs
+    assert default_tiles(127, 32, 8, 128, bf16) == DecodeTiles(64, 4, 3)
     assert default_tiles(1024, 40, 40, 128, bf16) == DecodeTiles(64, 4, 3)  # MHA: unmeasured
     assert default_tiles(1024, 32, 8, 128, torch.float32) == DecodeTiles(32, 4, 3)  # fp32
     assert default_tiles(4096, 16, 2, 64, bf16) == DecodeTiles(128, 4, 3)  # head dim 64
@@ -112,6 +115,14 @@ def test_small_tiles_match_reference(dtype: torch.dtype) -> None:
     order = torch.tensor([3, 5, 2, 1, 4, 0], dtype=torch.int32, device=DEVICE)
     _check(lens, 8, 2, 128, dtype, num_splits=1, block_n=t.block_n, num_warps=t.num_warps,
            num_stages=t.num_stages, order=order)
+
+
+def test_large_batch_tiles_match_reference() -> None:
+    """The launch shape of 1,024-4,095 programs (64-token tiles, 2 warps, 4 stages) over
+    contexts that end inside a tile, at and past a page edge."""
+    t = LARGE_PROGRAMS_TILES
+    _check([1, 16, 65, 130, 7, 64], 8, 2, 128, torch.bfloat16, num_splits=1,
+           block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
 
 
 @pytest.mark.parametrize("batch", [1, 6])
@@ -137,6 +148,14 @@ def test_decode_many_requests_gpu() -> None:
     """Past MANY_PROGRAMS (520 x 8 KV heads) the default launch takes the small tiles."""
     g = torch.Generator().manual_seed(520)
     seq_lens = torch.randint(1, 400, (520,), generator=g).tolist()
+    _check(seq_lens, 32, 8, 128, torch.bfloat16)
+
+
+@gpu
+def test_decode_large_batch_gpu() -> None:
+    """200 requests x 8 KV heads: the default launch takes the large-batch tiles."""
+    g = torch.Generator().manual_seed(200)
+    seq_lens = torch.randint(1, 2500, (200,), generator=g).tolist()
     _check(seq_lens, 32, 8, 128, torch.bfloat16)
 
 
