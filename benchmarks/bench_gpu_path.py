@@ -9,6 +9,7 @@
   decode_targets  the issue's two decode shapes, runner steps and whole engine steps;
   kv_contents     those shapes' runner steps over a zeroed pool vs one holding values;
   layers_engine   F = 4 vs F = L on whole engine steps (async scheduling);
+  target_engine   the 256 x 2048 target on whole engine steps (async scheduling) only;
   step_kernels    the 256 x 2048 step's device time by kernel kind (profiler).
 
 Steps are driven through the real runner (`ModelRunner.execute` on a StepPlan), so what is
@@ -424,6 +425,9 @@ def main() -> None:
             result["decode_targets_engine"] = [
                 r for b, c in ((256, 2048), (16, 8192)) for a in (False, True)
                 for r in run_engine_decode("llama-3.1-8b", [b], c, args.kv_gb, a)]
+        elif part == "target_engine":  # the 256 x 2048 target on engine steps (async) only
+            result["target_engine"] = run_engine_decode("llama-3.1-8b", [256], 2048,
+                                                        args.kv_gb, True)
         elif part == "step_kernels":  # the 256 x 2048 target step's kernels by kind
             result["step_kernels"] = run_step_kernels("llama-3.1-8b", 256, 2048, args.kv_gb)
             print(result["step_kernels"], flush=True)

@@ -68,21 +68,27 @@ def capture_step(engine, batch: int, tiles: DecodeTiles) -> torch.cuda.CUDAGraph
     return graph
 
 
-def run(batch: int, context: int, kv_gb: float, rounds: int, replays: int) -> dict:
+def parse_variants(text: str) -> tuple[DecodeTiles, ...]:
+    """"64:2:4,32:2:3" -> tiles (block_n:num_warps:num_stages), the first the baseline."""
+    return tuple(DecodeTiles(*(int(x) for x in v.split(":"))) for v in text.split(","))
+
+
+def run(batch: int, context: int, kv_gb: float, rounds: int, replays: int,
+        variants: tuple[DecodeTiles, ...] = VARIANTS) -> dict:
     engine = make_engine("llama-3.1-8b", context + 16, batch, kv_gb, 4)
     fill_kv(engine, "random")
     first, _ = decode_plans(engine, batch, context)
     engine.executor.execute(first)  # installs the block tables the graphs read
-    graphs = {v: capture_step(engine, batch, v) for v in VARIANTS}
+    graphs = {v: capture_step(engine, batch, v) for v in variants}
     for g in graphs.values():  # warm: the board reaches its capped clock
         for _ in range(5):
             g.replay()
     torch.cuda.synchronize()
     wb, kvb = decode_bytes(engine.model_config, batch, context)
     hbm_s, _ = roofline(wb, kvb, batch)
-    samples: dict[DecodeTiles, list[dict]] = {v: [] for v in VARIANTS}
+    samples: dict[DecodeTiles, list[dict]] = {v: [] for v in variants}
     for r in range(rounds):
-        order = VARIANTS if r % 2 == 0 else tuple(reversed(VARIANTS))
+        order = variants if r % 2 == 0 else tuple(reversed(variants))
         for v in order:
             s, gpu = monitored(lambda g=graphs[v]: median_replay_s(g, replays))
             samples[v].append({"step_ms": s * 1e3, "gpu": gpu})
@@ -97,7 +103,7 @@ def run(batch: int, context: int, kv_gb: float, rounds: int, replays: int) -> di
                      "sm_clock_mhz": statistics.mean(clocks) if clocks else None,
                      "power_w": statistics.mean(power) if power else None, "rounds": runs})
     return {"model": "llama-3.1-8b", "batch": batch, "context": context,
-            "roofline_ms": hbm_s * 1e3, "default": asdict(VARIANTS[0]), "variants": rows}
+            "roofline_ms": hbm_s * 1e3, "baseline": asdict(variants[0]), "variants": rows}
 
 
 def main() -> None:
@@ -108,12 +114,15 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=40)
     ap.add_argument("--shapes", default="256x2048,64x2048,16x8192",
                     help="batch x context, comma-separated")
+    ap.add_argument("--variants", default=None,
+                    help="block_n:num_warps:num_stages, comma-separated, the baseline first")
     args = ap.parse_args()
     os.environ["KVTIER_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
     rows = []
     for shape in args.shapes.split(","):
         batch, context = (int(x) for x in shape.split("x"))
-        rows.append(run(batch, context, args.kv_gb, args.rounds, args.replays))
+        variants = parse_variants(args.variants) if args.variants else VARIANTS
+        rows.append(run(batch, context, args.kv_gb, args.rounds, args.replays, variants))
         write_result(args.out, {"step_tiles": rows})  # after every shape
 
 
