@@ -10,6 +10,7 @@
   kv_contents     those shapes' runner steps over a zeroed pool vs one holding values;
   layers_engine   F = 4 vs F = L on whole engine steps (async scheduling);
   target_engine   the 256 x 2048 target on whole engine steps (async scheduling) only;
+  layers_engine_target  F = 4 then F = L on engine steps at 256 x 2048 only;
   step_kernels    the 256 x 2048 step's device time by kernel kind (profiler).
 
 Steps are driven through the real runner (`ModelRunner.execute` on a StepPlan), so what is
@@ -428,6 +429,10 @@ def main() -> None:
         elif part == "target_engine":  # the 256 x 2048 target on engine steps (async) only
             result["target_engine"] = run_engine_decode("llama-3.1-8b", [256], 2048,
                                                         args.kv_gb, True)
+        elif part == "layers_engine_target":  # the same at 256 rows only, once each
+            result["layers_per_block_engine"] = [
+                r for F in (4, 32)
+                for r in run_engine_decode("llama-3.1-8b", [256], 2048, 70.0, True, F)]
         elif part == "step_kernels":  # the 256 x 2048 target step's kernels by kind
             result["step_kernels"] = run_step_kernels("llama-3.1-8b", 256, 2048, args.kv_gb)
             print(result["step_kernels"], flush=True)
