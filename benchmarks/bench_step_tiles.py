@@ -31,6 +31,7 @@ from benchmarks.bench_gpu_path import (
     roofline,
 )
 from benchmarks.common import median_replay_s, monitored, write_result
+from kvtier.engine.llm_engine import LLMEngine
 from kvtier.kernels import paged_decode_attention as pda
 from kvtier.kernels.paged_decode_attention import DecodeTiles
 
@@ -49,7 +50,7 @@ VARIANTS = (
 )
 
 
-def capture_step(engine, batch: int, tiles: DecodeTiles) -> torch.cuda.CUDAGraph:
+def capture_step(engine: LLMEngine, batch: int, tiles: DecodeTiles) -> torch.cuda.CUDAGraph:
     """The decode graph of `batch` rows with the attention launched at `tiles` (the
     runner's own capture path, into the graphs' shared pool)."""
     graphs = engine.executor.graphs
@@ -69,7 +70,8 @@ def capture_step(engine, batch: int, tiles: DecodeTiles) -> torch.cuda.CUDAGraph
 
 
 def parse_variants(text: str) -> tuple[DecodeTiles, ...]:
-    """"64:2:4,32:2:3" -> tiles (block_n:num_warps:num_stages), the first the baseline."""
+    """Launch shapes from "block_n:num_warps:num_stages,...", e.g. "64:4:3,64:2:4" (the first
+    is the baseline)."""
     return tuple(DecodeTiles(*(int(x) for x in v.split(":"))) for v in text.split(","))
 
 
