@@ -17,7 +17,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from benchmarks.bench_kernels import L2_BYTES, time_graph
+from benchmarks.bench_kernels import copies_past_l2, time_graph
 from benchmarks.common import H200_BF16_FLOPS, H200_HBM_BYTES_PER_S, write_result
 from kvtier.kernels.gate_up_silu import GateUpTiles, gate_up_silu
 from kvtier.kernels.silu_and_mul import silu_and_mul
@@ -79,7 +79,7 @@ def main() -> None:
         raise SystemExit("bench_gate_up_silu times GPU kernels: it needs a GPU")
     mc, _ = resolve_model_config(args.model, "dummy")
     inter, k = mc.intermediate_size, mc.hidden_size
-    copies = max(1, -(-4 * L2_BYTES // (2 * 2 * inter * k)))
+    copies = copies_past_l2(2 * 2 * inter * k)
     weights = [torch.randn(2 * inter, k, dtype=torch.bfloat16, device="cuda") * 0.02
                for _ in range(copies)]
     rows = [bench_tokens(m, weights, inter, k) for m in args.tokens]

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from benchmarks.bench_kernels import L2_BYTES, time_graph
+from benchmarks.bench_kernels import copies_past_l2, time_graph
 from benchmarks.common import H200_BF16_FLOPS, H200_HBM_BYTES_PER_S, write_result
 from kvtier.costmodel.operators import Shapes
 from kvtier.model.loader import resolve_model_config
@@ -57,7 +57,7 @@ def variants(x: torch.Tensor, weights: list[torch.Tensor], m: int
 
 
 def bench_shape(name: str, n: int, k: int, tokens: tuple[int, ...]) -> list[dict]:
-    copies = max(1, -(-4 * L2_BYTES // (2 * n * k)))
+    copies = copies_past_l2(2 * n * k)
     weights = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
                for _ in range(copies)]
     rows = []

@@ -195,15 +195,23 @@ def kernel_kind(name: str) -> str:
     return name[:60]
 
 
+def decode_step_engine(model: str, batch: int, context: int, kv_gb: float) -> LLMEngine:
+    """An engine (F = 4) whose decode graphs read `batch` requests at `context` tokens over a
+    pool of random values: the block tables installed by one step, so replays need nothing
+    more."""
+    engine = make_engine(model, context + 16, batch, kv_gb, 4)
+    fill_kv(engine, "random")
+    first, _ = decode_plans(engine, batch, context)
+    engine.executor.execute(first)
+    return engine
+
+
 def run_step_kernels(model: str, batch: int, context: int, kv_gb: float, reps: int = 20
                      ) -> dict:
     """Where one decode step's device time goes: the graph of b requests at context c
     replayed `reps` times under torch.profiler, its kernels grouped (`kernel_kind`), the
     attention's KV bandwidth and the GEMMs' FLOP rate at the clock the board held."""
-    engine = make_engine(model, context + 16, batch, kv_gb, 4)
-    fill_kv(engine, "random")
-    first, _ = decode_plans(engine, batch, context)
-    engine.executor.execute(first)
+    engine = decode_step_engine(model, batch, context, kv_gb)
     graphs = engine.executor.graphs
     graph = graphs.graphs[graphs.padded_size(batch)]
     for _ in range(5):

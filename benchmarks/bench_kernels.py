@@ -46,6 +46,18 @@ BLOCK_SIZE = 16
 L2_BYTES = 60 << 20
 
 
+def copies_past_l2(nbytes: int, least: int = 1, most: int | None = None) -> int:
+    """How many copies of an `nbytes` input to cycle through so that calls read from HBM,
+    not L2: enough to fill L2 four times over, within [least, most]."""
+    n = max(least, -(-4 * L2_BYTES // nbytes))
+    return n if most is None else min(most, n)
+
+
+def pct_of_hbm(nbytes: int, seconds: float) -> float:
+    """Bytes moved in `seconds` as a percentage of the HBM roofline, one decimal."""
+    return round(100 * nbytes / seconds / 1e9 / HBM_ROOFLINE_GBPS, 1)
+
+
 def time_graph(calls: Sequence[Callable[..., Any]], reps: int = 10) -> float:
     """Median seconds per call: capture all calls (at least 20, cycling) in one CUDA graph
     and time its replays with events."""
@@ -79,7 +91,7 @@ def _decode_setup(lens: torch.Tensor, hq: int, hkv: int, d: int, F: int = 1
     working set exceeds L2), one layer of each viewed, and random block tables."""
     batch = len(lens)
     kv_bytes = int(lens.sum()) * hkv * d * 2 * 2
-    copies = max(1, min(16, -(-4 * L2_BYTES // kv_bytes)))
+    copies = copies_past_l2(kv_bytes, most=16)
     nb_per_req = -(-int(lens.max()) // BLOCK_SIZE)
     num_blocks = batch * nb_per_req
     pools = []
@@ -378,14 +390,14 @@ def argmax_sweep(vocab: int = 128256) -> list[dict[str, Any]]:
 
     rows = []
     for batch in (1, 8, 64, 256, 992):
-        copies = max(2, min(16, -(-4 * L2_BYTES // (batch * vocab * 2))))
+        copies = copies_past_l2(batch * vocab * 2, least=2, most=16)
         xs = [torch.randn(batch, vocab, device="cuda").to(torch.bfloat16) for _ in range(copies)]
         row: dict[str, Any] = {"batch": batch, "vocab": vocab, "bytes": batch * vocab * 2}
         for name, fn in (("torch", lambda x: x.argmax(dim=-1)), ("triton", argmax_rows),
                          ("triton_block16k", lambda x: argmax_rows(x, block=16384))):
             t = time_graph([(lambda x=x, fn=fn: fn(x)) for x in xs])
             row[f"{name}_us"] = round(t * 1e6, 2)
-            row[f"{name}_pct_roofline"] = round(100 * row["bytes"] / t / 1e9 / HBM_ROOFLINE_GBPS, 1)
+            row[f"{name}_pct_roofline"] = pct_of_hbm(row["bytes"], t)
         assert all(torch.equal(argmax_rows(x), x.argmax(dim=-1)) for x in xs)
         rows.append(row)
         print(row, flush=True)
@@ -411,7 +423,7 @@ def _time_rotary_kv_write(tokens: int) -> dict[str, Any]:
     hq, hkv, d = MODELS["llama-3.1-8b"]
     cos_sin = torch.randn(8192, d, device="cuda")
     per_token = 2 * (2 * hq * d + 4 * hkv * d)
-    layers = max(2, min(16, -(-4 * L2_BYTES // (tokens * per_token))))
+    layers = copies_past_l2(tokens * per_token, least=2, most=16)
     blocks = -(-tokens // BLOCK_SIZE) + 1
     pool = torch.zeros(blocks, 4, 2, BLOCK_SIZE, hkv, d, dtype=torch.bfloat16, device="cuda")
     qkvs = [torch.randn(tokens, hq + 2 * hkv, d, device="cuda").to(torch.bfloat16)
@@ -431,7 +443,7 @@ def _time_rotary_kv_write(tokens: int) -> dict[str, Any]:
     for name, fn in (("apart", apart), ("fused", fused)):
         t = time_graph([(lambda x=x, i=i, fn=fn: fn(x, i)) for i, x in enumerate(qkvs)])
         row[f"{name}_us"] = round(t * 1e6, 2)
-        row[f"{name}_pct_roofline"] = round(100 * row["bytes"] / t / 1e9 / HBM_ROOFLINE_GBPS, 1)
+        row[f"{name}_pct_roofline"] = pct_of_hbm(row["bytes"], t)
     return row
 
 
@@ -448,7 +460,7 @@ def rms_norm_sweep(hidden: int = 4096) -> list[dict[str, Any]]:
     rows = []
     for tokens in RMS_NORM_TOKENS:
         nbytes = 4 * tokens * hidden * 2
-        copies = max(2, min(16, -(-4 * L2_BYTES // nbytes)))
+        copies = copies_past_l2(nbytes, least=2, most=16)
         xs = [torch.randn(2, tokens, hidden, device="cuda").to(torch.bfloat16)
               for _ in range(copies)]
         w = torch.randn(hidden, device="cuda").to(torch.bfloat16)
@@ -458,7 +470,7 @@ def rms_norm_sweep(hidden: int = 4096) -> list[dict[str, Any]]:
                 x[0], x[1], w, 1e-5, num_warps=warps)) for x in xs])
             key = "default" if warps is None else f"warps{warps}"
             row[f"{key}_us"] = round(t * 1e6, 2)
-            row[f"{key}_pct_roofline"] = round(100 * nbytes / t / 1e9 / HBM_ROOFLINE_GBPS, 1)
+            row[f"{key}_pct_roofline"] = pct_of_hbm(nbytes, t)
         rows.append(row)
         print(row, flush=True)
     return rows

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from benchmarks.bench_kernels import L2_BYTES, time_graph
+from benchmarks.bench_kernels import copies_past_l2, time_graph
 from benchmarks.common import H200_HBM_BYTES_PER_S, write_result
 from kvtier.kernels.skinny_linear import skinny_linear
 
@@ -29,7 +29,7 @@ CONFIGS = ((16, 256, 4, 4), (16, 256, 6, 4), (32, 128, 4, 4), (32, 128, 6, 4),
 
 
 def bench_shape(name: str, n: int, k: int) -> list[dict[str, Any]]:
-    copies = max(1, -(-4 * L2_BYTES // (2 * n * k)))
+    copies = copies_past_l2(2 * n * k)
     weights = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
                for _ in range(copies)]
     floor_us = 2 * n * k / H200_HBM_BYTES_PER_S * 1e6

@@ -22,14 +22,7 @@ from dataclasses import asdict
 
 import torch
 
-from benchmarks.bench_gpu_path import (
-    decode_bytes,
-    decode_plans,
-    fill_kv,
-    make_engine,
-    release,
-    roofline,
-)
+from benchmarks.bench_gpu_path import decode_bytes, decode_step_engine, release, roofline
 from benchmarks.common import median_replay_s, monitored, write_result
 from kvtier.engine.llm_engine import LLMEngine
 from kvtier.kernels import paged_decode_attention as pda
@@ -77,10 +70,7 @@ def parse_variants(text: str) -> tuple[DecodeTiles, ...]:
 
 def run(batch: int, context: int, kv_gb: float, rounds: int, replays: int,
         variants: tuple[DecodeTiles, ...] = VARIANTS) -> dict:
-    engine = make_engine("llama-3.1-8b", context + 16, batch, kv_gb, 4)
-    fill_kv(engine, "random")
-    first, _ = decode_plans(engine, batch, context)
-    engine.executor.execute(first)  # installs the block tables the graphs read
+    engine = decode_step_engine("llama-3.1-8b", batch, context, kv_gb)
     graphs = {v: capture_step(engine, batch, v) for v in variants}
     for g in graphs.values():  # warm: the board reaches its capped clock
         for _ in range(5):

@@ -230,7 +230,11 @@ class CostModel:
         n = shape.num_tokens
         if not n or not self.piece_sizes or self.graph_batch(shape) is not None:
             return None
-        return next((t for t in self.piece_sizes if t >= n), None)
+        return self.padded_piece(n, 0) or None
+
+    def padded_piece(self, n: int, default: int) -> int:
+        """The smallest piece size that holds n tokens, else `default`."""
+        return next((t for t in self.piece_sizes if t >= n), default)
 
     # ---- the three paths -----------------------------------------------------------------------
     def _graph(self, shape: StepShape, pad: int) -> dict[str, float]:
@@ -251,14 +255,14 @@ class CostModel:
 
     def _eager(self, shape: StepShape) -> dict[str, float]:
         t = shape.num_tokens
-        layer = self.layer_kernels(shape, t, graph=False)
+        through = self.through_attention_kernels(shape, t, graph=False)
+        layer = [*through, *self.after_attention_kernels(t)]
         head = self.head_kernels(t, shape.num_sampled)
         h = self.host
         host = h.eager_s + h.eager_s_per_req * shape.num_reqs + h.eager_s_per_token * t
         # The last layer past its attention runs over the rows with logits only.
         kept = self.kept_rows(shape)
-        last = [*self.through_attention_kernels(shape, t, graph=False),
-                *(self.after_attention_kernels(kept) if kept else [])]
+        last = [*through, *(self.after_attention_kernels(kept) if kept else [])]
         fwd = forward_seconds(layer, self.shapes.num_layers - 1, h.launch_s,
                               pre_kernels=head[:1], post_kernels=[*last, *head[1:]])
         return {"host": host, "forward": fwd}
@@ -285,7 +289,7 @@ class CostModel:
         full = self._piecewise(shape, t, keep_rows=False)  # such a forward keeps every row
         short_shape = shape.without_prefix_rows()
         n = short_shape.num_tokens  # the runner's pieces above pad to n, graph or not
-        short_t = next((size for size in self.piece_sizes if size >= n), t)
+        short_t = self.padded_piece(n, t)
         short = self._piecewise(short_shape, short_t, keep_rows=False)
         L = self.shapes.num_layers
         upper = min(L, shape.prefix_host_groups * (self.config.layers_per_block or L))
@@ -316,7 +320,7 @@ class CostModel:
         last = [*attn, (replay, piece_out)]
         if keep_rows:
             kept = self.kept_rows(shape)
-            kept_t = next((size for size in self.piece_sizes if size >= kept), t)
+            kept_t = self.padded_piece(kept, t)
             # an index_select and a copy for each of the attention output and the residual
             gather = self.timer.keyed(piece_copies(self.shapes, kept)[1], kept) if kept else 0.0
             last = [*attn, (4 * h.op_launch_s, gather), (replay, self.piece_kernels(kept_t)[1])]
@@ -345,11 +349,16 @@ class CostModel:
                  + tm.keyed(ca, t) + ar)
         return before, after
 
+    def elementwise_kernel_seconds(self, rows: int) -> float:
+        """One of a layer's elementwise kernels at `rows` rows (their measured time, spread
+        evenly over the four)."""
+        return self.timer.keyed(layer_elementwise(self.shapes, rows), rows) / ELEMENTWISE_KERNELS
+
     def after_attention_kernels(self, rows: int) -> list[float]:
         """The tail of `layer_kernels`: a layer's kernels after its attention, at `rows`
         rows (o GEMM, norm, gate_up GEMM, silu*up, down GEMM, all-reduces under TP)."""
         s, tm = self.shapes, self.timer
-        ew = tm.keyed(layer_elementwise(s, rows), rows) / ELEMENTWISE_KERNELS
+        ew = self.elementwise_kernel_seconds(rows)
         dims = s.gemm_dims()
         g = {n: tm.keyed(gemm(n, rows, *dims[n], s.elem), rows) for n in ("o", "gate_up", "down")}
         ar = [tm.allreduce(allreduce(s, rows))] if s.tp > 1 else []
@@ -366,7 +375,7 @@ class CostModel:
         """The head of `layer_kernels`: norm, qkv GEMM, rotary, then the attention's kernels
         (one entry per kernel launched: the queue counts launches)."""
         s, tm = self.shapes, self.timer
-        ew = tm.keyed(layer_elementwise(s, rows), rows) / ELEMENTWISE_KERNELS
+        ew = self.elementwise_kernel_seconds(rows)
         qkv = tm.keyed(gemm("qkv", rows, *s.gemm_dims()["qkv"], s.elem), rows)
         attn: list[float] = []
         if shape.num_decodes:

@@ -91,9 +91,9 @@ def argmax_rows(x: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
     check(V > 0, "argmax of an empty row")
     check(V < 2**31 - block, "rows must have fewer than 2**31 columns (int32 indices)")
     out = torch.empty(B, dtype=torch.int64, device=x.device)
-    pdl = pdl_launch(x.device)
     if B == 0:
         return out
+    pdl = pdl_launch(x.device)
     chunks = triton.cdiv(V, block)
     keys = torch.empty(B, chunks, dtype=torch.int32, device=x.device)
     idxs = torch.empty(B, chunks, dtype=torch.int32, device=x.device)

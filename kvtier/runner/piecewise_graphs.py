@@ -162,6 +162,7 @@ class PiecewiseGraphs:
         self.positions[n:t].zero_()
         self._run(0, t, ctx)
         q, k, v, out = self.q[:n], self.k[:n], self.v[:n], self.attn_out[:n]
+        rope = ctx.rope(self.positions[:n])
         attention, kv = r.attention, r.gpu_kv
         for layer_idx, layer in enumerate(model.layers):
             assert isinstance(layer, DecoderLayer)
@@ -170,6 +171,7 @@ class PiecewiseGraphs:
                 n = meta.num_tokens
                 t = self.padded(n) or t
                 q, k, v, out = self.q[:n], self.k[:n], self.v[:n], self.attn_out[:n]
+                rope = ctx.rope(self.positions[:n])
             if hidden_sink is not None:
                 assert self.attn_in is not None, "pieces built without keep_attention_inputs"
                 hidden_sink(layer_idx, self.attn_in[:n])
@@ -177,7 +179,7 @@ class PiecewiseGraphs:
                 kv_wait(layer_idx)
             # straight into the next piece's input buffer: no output tensor, no copy launch
             attention.forward(layer_idx, q, k, v, kv, meta, layer.attn.scale, out=out,
-                              rope=ctx.rope(self.positions[:n]))
+                              rope=rope)
             if kv_after is not None:
                 kv_after(layer_idx)
             if keep is not None and layer_idx == len(model.layers) - 1:
