@@ -85,6 +85,17 @@ def smollm2_dir() -> Path:
     return out
 
 
+def smollm2_dir_or_fail() -> Path:
+    """For tests: the directory, or a failed test that says what to install. Never a skip:
+    a CI without the package would otherwise pass without testing the real model."""
+    import pytest
+
+    try:
+        return smollm2_dir()
+    except RealModelMissing as e:
+        pytest.fail(str(e), pytrace=False)
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:

