@@ -166,7 +166,8 @@ def main() -> None:
         return
     out = args.out or default_cache_dir()
     if not args.gguf:
-        build(packaged_gguf(), out)
+        if not is_built(out):
+            build(packaged_gguf(), out)
     else:
         version = args.package_version or max(GGUF_SHA256)
         with tempfile.TemporaryDirectory() as d:
