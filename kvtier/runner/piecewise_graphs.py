@@ -29,22 +29,11 @@ import torch
 import torch.nn.functional as F
 
 from kvtier.attention.metadata import AttentionMetadata
+from kvtier.core.graph_sizes import piecewise_sizes
 from kvtier.model.llama import DecoderLayer, ForwardContext
 
 if TYPE_CHECKING:
     from kvtier.runner.model_runner import ModelRunner
-
-
-def piecewise_sizes(max_tokens: int) -> list[int]:
-    """Padded token counts the pieces are captured at: every 32 up to 512, then a step of
-    1/16 to 1/8 of the size (64 to 1024, 128 to 2048, ...). A step pads to the next size, so
-    at most ~12 % of its GEMM rows are padding (powers of two wasted up to half: a 532-token
-    mixed step ran as 1024)."""
-    sizes, t = [], 32
-    while t < max_tokens:
-        sizes.append(t)
-        t += max(32, 1 << max(0, (t - 1).bit_length() - 4))
-    return [*sizes, max_tokens]
 
 
 class PiecewiseGraphs:
