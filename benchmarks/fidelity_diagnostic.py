@@ -21,9 +21,9 @@ from benchmarks.fidelity_scoring import (
 )
 from kvtier.bench.metrics import summarize_run
 from kvtier.costmodel.calibration import Calibration
-from kvtier.costmodel.host_fit import fit_host
 from kvtier.costmodel.model import CostModel
-from kvtier.costmodel.recording import StepRecord
+from kvtier.profiler.host_fit import fit_host
+from kvtier.profiler.recording import StepRecord
 
 
 def serving_host_diagnostic(real: dict, calib: Calibration, cm: CostModel) -> dict:

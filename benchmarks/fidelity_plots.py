@@ -11,7 +11,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks.fidelity_scoring import step_kind  # noqa: E402
 from kvtier.costmodel.calibration import Calibration  # noqa: E402
-from kvtier.costmodel.recording import StepRecord  # noqa: E402
+from kvtier.profiler.recording import StepRecord  # noqa: E402
 from kvtier.sim.engine import build_sim_engine  # noqa: E402
 
 _COLORS = {"decode_graph": "tab:blue", "decode_eager": "tab:cyan", "mixed": "tab:orange",

@@ -98,9 +98,9 @@ def request_rows(result: RunResult) -> list[list]:
 
 # ---- real ------------------------------------------------------------------------------------------
 def run_real(args: argparse.Namespace) -> None:
-    from kvtier.costmodel.recording import RecordingExecutor
-    from kvtier.costmodel.warmup import warm_decode_splits
     from kvtier.engine.llm_engine import LLMEngine
+    from kvtier.profiler.recording import RecordingExecutor
+    from kvtier.profiler.warmup import warm_decode_splits
 
     cfg = {"model": args.model, "max_model_len": args.max_model_len,
            "max_num_seqs": args.max_num_seqs, "kv_policy": args.kv_policy,
@@ -158,7 +158,7 @@ def plot_both(real: dict, report: dict, path: str) -> None:
 
     from benchmarks.fidelity_plots import plot_fidelity
     from kvtier.costmodel.calibration import Calibration, HostParams
-    from kvtier.costmodel.recording import StepRecord
+    from kvtier.profiler.recording import StepRecord
 
     calib = Calibration.load(report["calibration"])
     records = [StepRecord.from_json(r) for r in real["steps"]]

@@ -14,7 +14,7 @@ from kvtier.bench.runner import RunOptions, run_workload
 from kvtier.costmodel.calibration import Calibration
 from kvtier.costmodel.hardware import get_hardware
 from kvtier.costmodel.model import CostModel
-from kvtier.costmodel.recording import StepRecord
+from kvtier.profiler.recording import StepRecord
 from kvtier.sim.engine import build_sim_engine
 from kvtier.sim.memory import sim_pool_sizes
 
