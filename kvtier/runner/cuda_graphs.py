@@ -13,24 +13,22 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from kvtier.attention.metadata import AttentionMetadata
 from kvtier.model.llama import ForwardContext
+from kvtier.runner.graph_host import GraphHost
 from kvtier.runner.host_batch import HostBatch
-
-if TYPE_CHECKING:
-    from kvtier.runner.model_runner import ModelRunner
 
 
 class DecodeGraphs:
-    def __init__(self, runner: ModelRunner, scratch_block: int):
+    def __init__(self, runner: GraphHost, scratch_block: int):
         # A weak reference: the runner owns the graphs, so a strong one would be a cycle that
         # keeps a dead engine's GPU memory alive until the garbage collector runs.
-        self.runner: ModelRunner = weakref.proxy(runner)
+        self.runner: GraphHost = weakref.proxy(runner)
         dev = runner.device
         self.sizes = runner.graph_sizes
         m = self.sizes[-1]

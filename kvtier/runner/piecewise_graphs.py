@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -31,15 +31,13 @@ import torch.nn.functional as F
 from kvtier.attention.metadata import AttentionMetadata
 from kvtier.core.graph_sizes import piecewise_sizes
 from kvtier.model.llama import DecoderLayer, ForwardContext
-
-if TYPE_CHECKING:
-    from kvtier.runner.model_runner import ModelRunner
+from kvtier.runner.graph_host import GraphHost
 
 
 class PiecewiseGraphs:
-    def __init__(self, runner: ModelRunner, capture: bool = True,
+    def __init__(self, runner: GraphHost, capture: bool = True,
                  keep_attention_inputs: bool = False):
-        self.runner: ModelRunner = weakref.proxy(runner)
+        self.runner: GraphHost = weakref.proxy(runner)
         cfg, dev, dt = runner.model_config, runner.device, runner.dtype
         self.sizes = piecewise_sizes(runner.config.scheduler.max_num_batched_tokens)
         m = self.sizes[-1]
@@ -153,6 +151,7 @@ class PiecewiseGraphs:
         q, k, v, out = self.q[:n], self.k[:n], self.v[:n], self.attn_out[:n]
         rope = ctx.rope(self.positions[:n])
         attention, kv = r.attention, r.gpu_kv
+        assert kv is not None
         for layer_idx, layer in enumerate(model.layers):
             assert isinstance(layer, DecoderLayer)
             if truncate is not None and layer_idx == truncate[0]:
