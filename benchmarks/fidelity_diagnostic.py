@@ -12,13 +12,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from benchmarks.fidelity_report import request_rows
-from benchmarks.fidelity_scoring import (
-    latency_errors,
-    score_steps,
-    simulate,
-    summary_errors,
-)
+from benchmarks.fidelity_scoring import latency_errors, score_steps, summary_errors
+from benchmarks.fidelity_trace import request_rows, simulate
 from kvtier.bench.metrics import summarize_run
 from kvtier.costmodel.calibration import Calibration
 from kvtier.costmodel.model import CostModel

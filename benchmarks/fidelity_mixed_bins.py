@@ -22,7 +22,8 @@ import json
 
 import numpy as np
 
-from benchmarks.fidelity_scoring import simulate, step_kind
+from benchmarks.fidelity_scoring import step_kind
+from benchmarks.fidelity_trace import simulate
 from kvtier.costmodel.calibration import Calibration
 from kvtier.profiler.recording import StepRecord, loop_overheads
 

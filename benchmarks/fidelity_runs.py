@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import write_result
-from benchmarks.fidelity_scoring import score_report
+from benchmarks.fidelity_report import score_report
 from kvtier.costmodel.calibration import Calibration
 from kvtier.profiler.fit import fit_calibration
 
