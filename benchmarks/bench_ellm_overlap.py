@@ -95,7 +95,7 @@ def with_host_groups(runner, h: int) -> None:
 def step_rows(engine, n: int, s: int, ctx: int, h: int, decodes: int, seed: int):
     """(rows installing every table, the decode step: n rows with a dropped s-token prefix
     whose top h groups' KV sits in host blocks 0.., then the plain decodes)."""
-    from kvtier.costmodel.plans import PlanBuilder
+    from kvtier.profiler.plans import PlanBuilder
 
     runner = engine.executor
     G, k = runner.num_groups, s // runner.block_size
@@ -117,8 +117,8 @@ def step_rows(engine, n: int, s: int, ctx: int, h: int, decodes: int, seed: int)
 def bench_case(engine, timer: Timer, n: int, s: int, ctx: int, h: int,
                args: argparse.Namespace, cost_models: dict | None) -> dict[str, Any]:
     from kvtier.core.plan import StepPlan
-    from kvtier.costmodel.plans import finish_plan
     from kvtier.costmodel.shape import StepShape
+    from kvtier.profiler.plans import finish_plan
     from kvtier.runner.swap_copies import SwapCopies, make_streams
 
     runner = engine.executor

@@ -26,7 +26,7 @@ from benchmarks.common import write_result
 
 
 def measure(real_path: str, calib_path: str, freeze: bool) -> dict:
-    from benchmarks.fidelity_scoring import simulate
+    from benchmarks.fidelity_trace import simulate
     from kvtier.costmodel.calibration import Calibration
 
     real = json.load(open(real_path))

@@ -166,8 +166,8 @@ def overlap_figures(overlap: dict, forward: dict, serial: dict | None = None,
 def bench_case(engine, timer: Timer, n: int, ctx: int, args: argparse.Namespace,
                cost_models: dict | None) -> dict[str, Any]:
     from kvtier.core.plan import BlockCopy, ScheduledRequest, StepPlan
-    from kvtier.costmodel.plans import GREEDY, PlanBuilder, finish_plan
     from kvtier.costmodel.shape import StepShape
+    from kvtier.profiler.plans import GREEDY, PlanBuilder, finish_plan
     from kvtier.runner.swap_copies import SwapCopies, make_streams
 
     runner = engine.executor

@@ -12,18 +12,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from benchmarks.fidelity_report import request_rows
-from benchmarks.fidelity_scoring import (
-    latency_errors,
-    score_steps,
-    simulate,
-    summary_errors,
-)
+from benchmarks.fidelity_scoring import latency_errors, score_steps, summary_errors
+from benchmarks.fidelity_trace import request_rows, simulate
 from kvtier.bench.metrics import summarize_run
 from kvtier.costmodel.calibration import Calibration
-from kvtier.costmodel.host_fit import fit_host
 from kvtier.costmodel.model import CostModel
-from kvtier.costmodel.recording import StepRecord
+from kvtier.profiler.host_fit import fit_host
+from kvtier.profiler.recording import StepRecord
 
 
 def serving_host_diagnostic(real: dict, calib: Calibration, cm: CostModel) -> dict:

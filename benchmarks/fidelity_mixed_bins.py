@@ -22,9 +22,10 @@ import json
 
 import numpy as np
 
-from benchmarks.fidelity_scoring import simulate, step_kind
+from benchmarks.fidelity_scoring import step_kind
+from benchmarks.fidelity_trace import simulate
 from kvtier.costmodel.calibration import Calibration
-from kvtier.costmodel.recording import StepRecord, loop_overheads
+from kvtier.profiler.recording import StepRecord, loop_overheads
 
 EDGES = (0, 300, 400, 500, 700, 1000, 1 << 30)
 SLOW = 1.25  # a step that took >= SLOW x its price is "slow"

@@ -32,27 +32,18 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.common import write_result
-from kvtier.bench.arrivals import PAPER_AZURE_CV, ArrivalKind, ArrivalSpec, arrival_offsets
+from benchmarks.fidelity_diagnostic import serving_host_diagnostic
+from benchmarks.fidelity_scoring import score_steps, summary_errors
+from benchmarks.fidelity_trace import engine_args, load_requests, request_rows, simulate
+from kvtier.bench.arrivals import PAPER_AZURE_CV
 from kvtier.bench.engine_backend import EngineBackend
 from kvtier.bench.metrics import engine_summary, summarize_run
-from kvtier.bench.request import BenchRequest
-from kvtier.bench.runner import RunOptions, RunResult, run_workload
-from kvtier.engine.args import EngineArgs
-
-
-def load_requests(path: str, num: int, rate: float, cv: float, seed: int) -> list[BenchRequest]:
-    """The prepared workload's first `num` requests with gamma arrivals."""
-    rows = json.loads(Path(path).read_text())["requests"][:num]
-    offsets = arrival_offsets(ArrivalSpec(ArrivalKind.GAMMA, rate=rate, cv=cv), len(rows), seed)
-    return [BenchRequest(tuple(p), int(o), float(t)) for (p, o), t in zip(rows, offsets)]
-
-
-def engine_args(a: dict) -> EngineArgs:
-    return EngineArgs(model=a["model"], load_format="dummy", max_model_len=a["max_model_len"],
-                      max_num_seqs=a["max_num_seqs"], kv_policy=a["kv_policy"],
-                      num_gpu_blocks=a.get("num_gpu_blocks"),
-                      num_host_blocks=a.get("num_host_blocks"),
-                      piecewise_graphs=a.get("piecewise_graphs", False))
+from kvtier.bench.runner import RunOptions, run_workload
+from kvtier.costmodel.calibration import Calibration
+from kvtier.costmodel.hardware import get_hardware
+from kvtier.costmodel.model import CostModel
+from kvtier.profiler.recording import StepRecord
+from kvtier.sim.memory import sim_pool_sizes
 
 
 def allocator_probe():
@@ -90,17 +81,11 @@ def gc_recorder():
         gc.callbacks.remove(on_gc)
 
 
-def request_rows(result: RunResult) -> list[list]:
-    """[prompt, output, arrival, ttft, tpot, e2e, preemptions] per request."""
-    return [[r.prompt_len, r.output_len, r.arrival_s, r.ttft_s, r.tpot_s, r.e2e_s,
-             r.num_preemptions] for r in result.records]
-
-
 # ---- real ------------------------------------------------------------------------------------------
 def run_real(args: argparse.Namespace) -> None:
-    from kvtier.costmodel.recording import RecordingExecutor
-    from kvtier.costmodel.warmup import warm_decode_splits
     from kvtier.engine.llm_engine import LLMEngine
+    from kvtier.profiler.recording import RecordingExecutor
+    from kvtier.profiler.warmup import warm_decode_splits
 
     cfg = {"model": args.model, "max_model_len": args.max_model_len,
            "max_num_seqs": args.max_num_seqs, "kv_policy": args.kv_policy,
@@ -138,9 +123,32 @@ def run_real(args: argparse.Namespace) -> None:
 
 
 # ---- sim -------------------------------------------------------------------------------------------
-def run_sim(args: argparse.Namespace) -> None:
-    from benchmarks.fidelity_scoring import score_report
+def score_report(real: dict, calib_path: str, real_path: str) -> dict:
+    calib = Calibration.load(calib_path)
+    engine, result = simulate(real, calib)
+    cm: CostModel = engine.executor.cost_model
+    steps = [StepRecord.from_json(r) for r in real["steps"]]
+    sim_summary = summarize_run(result).to_dict()
+    own = sim_pool_sizes(replace_blocks(engine_args(real["config"])).create_engine_config(),
+                         get_hardware("h200"), 1, calib)
+    return {
+        "real_run": real_path, "calibration": calib_path, "config": real["config"],
+        "workload": real["workload"],
+        "errors": summary_errors(real["summary"], sim_summary),
+        "step_time": score_steps(cm, steps),
+        "diagnostic_serving_host_fit": serving_host_diagnostic(real, calib, cm),
+        "real": {"summary": real["summary"], "engine": real["engine"]},
+        "sim": {"summary": sim_summary, "engine": engine_summary(result),
+                "requests": request_rows(result)},
+        "pool_blocks": {"real": real["config"]["num_gpu_blocks"], "sim_estimate": own.num_gpu_blocks},
+    }
 
+
+def replace_blocks(args):
+    return replace(args, num_gpu_blocks=None, num_host_blocks=None)
+
+
+def run_sim(args: argparse.Namespace) -> None:
     real = json.loads(Path(args.real).read_text())
     if args.workload:  # the prepared workload where it lies here (the real run's path was there)
         real["workload"]["path"] = args.workload
@@ -158,7 +166,7 @@ def plot_both(real: dict, report: dict, path: str) -> None:
 
     from benchmarks.fidelity_plots import plot_fidelity
     from kvtier.costmodel.calibration import Calibration, HostParams
-    from kvtier.costmodel.recording import StepRecord
+    from kvtier.profiler.recording import StepRecord
 
     calib = Calibration.load(report["calibration"])
     records = [StepRecord.from_json(r) for r in real["steps"]]

@@ -20,9 +20,9 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import write_result
-from benchmarks.fidelity_scoring import score_report
+from benchmarks.fidelity_report import score_report
 from kvtier.costmodel.calibration import Calibration
-from kvtier.costmodel.fit import fit_calibration
+from kvtier.profiler.fit import fit_calibration
 
 RESULTS = Path("benchmarks/results")
 NEWEST = "calib_h200_llama-2-13b.json"

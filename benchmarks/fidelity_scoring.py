@@ -1,5 +1,6 @@
 """Scoring the simulator against a recorded real run (the `sim` phase of fidelity_report.py):
-replay the trace in the simulator, predict every real step, compare."""
+the cost model's error on every real step by kind, and the simulated run's summary figures
+and latency percentiles against the real ones."""
 
 from __future__ import annotations
 
@@ -7,16 +8,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from benchmarks.fidelity_report import engine_args, load_requests, request_rows
-from kvtier.bench.engine_backend import EngineBackend
-from kvtier.bench.metrics import engine_summary, summarize_run
-from kvtier.bench.runner import RunOptions, run_workload
-from kvtier.costmodel.calibration import Calibration
-from kvtier.costmodel.hardware import get_hardware
 from kvtier.costmodel.model import CostModel
-from kvtier.costmodel.recording import StepRecord
-from kvtier.sim.engine import build_sim_engine
-from kvtier.sim.memory import sim_pool_sizes
+from kvtier.profiler.recording import StepRecord
 
 FIGURES = {  # summary key path -> name in the report
     ("request_throughput",): "request_throughput",
@@ -71,16 +64,6 @@ def _errors(pairs: list[tuple[float, float]]) -> dict:
             "mean_measured_s": float(t.mean())}
 
 
-def simulate(real: dict, calib: Calibration):
-    cfg, wl = real["config"], real["workload"]
-    reqs = load_requests(wl["path"], wl["num_requests"], wl["rate"], wl["cv"], wl["seed"])
-    engine = build_sim_engine(engine_args(cfg), "h200", calib, record_steps=True)
-    clock = engine.clock
-    result = run_workload(EngineBackend(engine, clock=clock), reqs, RunOptions(progress=False),
-                          clock=clock)
-    return engine, result
-
-
 def summary_errors(real_summary: dict, sim_summary: dict) -> dict:
     errors = {}
     for path, name in FIGURES.items():
@@ -102,30 +85,3 @@ def latency_errors(real_rows: list[list], sim_rows: list[list], keep: list[int])
     return out
 
 
-def score_report(real: dict, calib_path: str, real_path: str) -> dict:
-    from benchmarks.fidelity_diagnostic import serving_host_diagnostic
-
-    calib = Calibration.load(calib_path)
-    engine, result = simulate(real, calib)
-    cm: CostModel = engine.executor.cost_model
-    steps = [StepRecord.from_json(r) for r in real["steps"]]
-    sim_summary = summarize_run(result).to_dict()
-    own = sim_pool_sizes(replace_blocks(engine_args(real["config"])).create_engine_config(),
-                         get_hardware("h200"), 1, calib)
-    return {
-        "real_run": real_path, "calibration": calib_path, "config": real["config"],
-        "workload": real["workload"],
-        "errors": summary_errors(real["summary"], sim_summary),
-        "step_time": score_steps(cm, steps),
-        "diagnostic_serving_host_fit": serving_host_diagnostic(real, calib, cm),
-        "real": {"summary": real["summary"], "engine": real["engine"]},
-        "sim": {"summary": sim_summary, "engine": engine_summary(result),
-                "requests": request_rows(result)},
-        "pool_blocks": {"real": real["config"]["num_gpu_blocks"], "sim_estimate": own.num_gpu_blocks},
-    }
-
-
-def replace_blocks(args):
-    from dataclasses import replace
-
-    return replace(args, num_gpu_blocks=None, num_host_blocks=None)

@@ -79,7 +79,7 @@ a)
     2>&1 | tail -4
   ;;
 b)
-  timeout 300 python3 -m kvtier.costmodel.calibrate llama-2-13b \
+  timeout 300 python3 -m kvtier.profiler.calibrate llama-2-13b \
     --out $R/calib_h200_llama-2-13b.json 2>&1 | tail -5
   bench_13b bench_13b 250 recompute,swap,hcache,ellm
   ;;
@@ -150,7 +150,7 @@ l)  # do the slow early mixed steps coincide with the caching allocator growing?
   mv $R/fidelity_real_h200.json $R/fidelity_real_h200_expandable.json
   ;;
 m)  # calibration and fidelity trace from one lease: the host's speed is the machine's
-  timeout 200 python3 -m kvtier.costmodel.calibrate llama-2-13b \
+  timeout 200 python3 -m kvtier.profiler.calibrate llama-2-13b \
     --out $R/calib_h200_llama-2-13b.json 2>&1 | grep -E "loop|wrote" | tail -4
   fidelity_real
   ;;
@@ -237,7 +237,7 @@ w)  # session 7 measured the host overhead at 0.98-2.80 ms on one machine (0.91 
     --out $R/cprofile_decode_256_h200.json 2>&1 | tail -2
   ;;
 k)
-  timeout 330 python3 -m kvtier.costmodel.calibrate llama-2-13b \
+  timeout 330 python3 -m kvtier.profiler.calibrate llama-2-13b \
     --out $R/calib_h200_llama-2-13b.json 2>&1 | tail -5
   ;;
 esac

@@ -17,17 +17,17 @@ import numpy as np
 import torch
 
 from kvtier.costmodel.calibration import Calibration
-from kvtier.costmodel.fit import launch_params
 from kvtier.costmodel.hardware import get_hardware
-from kvtier.costmodel.host_fit import HostFitter
 from kvtier.costmodel.model import CostModel, CostModelConfig
 from kvtier.costmodel.shape import StepShape
-from kvtier.costmodel.step_sweeps import StepSweeper, step_cases
-from kvtier.costmodel.sweeps import OpSweeper
-from kvtier.costmodel.timing import DeviceTimer
-from kvtier.costmodel.warmup import warm_decode_splits
 from kvtier.engine.args import EngineArgs
 from kvtier.engine.llm_engine import LLMEngine
+from kvtier.profiler.fit import launch_params
+from kvtier.profiler.host_fit import HostFitter
+from kvtier.profiler.step_sweeps import StepSweeper, step_cases
+from kvtier.profiler.sweeps import OpSweeper
+from kvtier.profiler.timing import DeviceTimer
+from kvtier.profiler.warmup import warm_decode_splits
 
 
 @torch.inference_mode()

@@ -57,7 +57,7 @@ def _run_generate(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from kvtier.bench.cli import add_bench_parser
-    from kvtier.costmodel.calibrate import add_profile_parser
+    from kvtier.profiler.calibrate import add_profile_parser
     from kvtier.server.cli import add_serve_parser
 
     parser = argparse.ArgumentParser(prog="kvtier", description=__doc__)

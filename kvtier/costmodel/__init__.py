@@ -9,9 +9,10 @@
 
 Files: `hardware.py` (ceilings, copy mechanisms), `operators.py` (FLOPs/bytes per operator),
 `optimes.py` (operator times: calibrated curves or roofline), `overlap.py` (eager launch
-queue), `model.py` (a step), `calibration.py` + `fit.py` (what `kvtier profile` writes and
-how it is fitted), `calibrate.py` (the profiler CLI), `sweeps.py`/`step_sweeps.py` (GPU
-measurements).
+queue), `model.py` (a step), `calibration.py` (what `kvtier profile` writes), `curves.py`,
+`shape.py`. This package prices steps and nothing else: it imports no torch, engine, runner
+or bench (tests/costmodel/test_torch_free.py), so the simulator and the planner run anywhere.
+Measuring a GPU and fitting a Calibration is `kvtier/profiler/`, which sits above the engine.
 """
 
 from kvtier.costmodel.calibration import Calibration

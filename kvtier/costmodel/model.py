@@ -39,8 +39,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvtier.config import ModelConfig
+from kvtier.core.graph_sizes import graph_batch_sizes, piecewise_sizes
 from kvtier.core.plan import StepPlan
-from kvtier.costmodel.calibration import Calibration, HostParams, LoopParams
+from kvtier.costmodel.calibration import Calibration, HostParams, LoopParams, model_dims
 from kvtier.costmodel.hardware import CopyCost, CopyMechanism, HardwareProfile
 from kvtier.costmodel.operators import (
     ELEMENTWISE_KERNELS,
@@ -60,8 +61,6 @@ from kvtier.costmodel.overlap import (
     swap_overlap_seconds,
 )
 from kvtier.costmodel.shape import StepShape
-from kvtier.runner.cuda_graphs import graph_batch_sizes
-from kvtier.runner.piecewise_graphs import piecewise_sizes
 
 _LAYER_GEMMS = ("qkv", "o", "gate_up", "down")
 DECODE_LAUNCHES = 3  # kv_write, split-K attention, merge of the splits
@@ -422,8 +421,6 @@ def _sample_op(s: Shapes, rows: int):
 
 
 def _check_calibration(mc: ModelConfig, calib: Calibration) -> None:
-    from kvtier.costmodel.calibration import model_dims
-
     dims = model_dims(mc)
     if calib.model_dims != dims:
         raise ValueError(f"calibration of {calib.model} {calib.model_dims} does not match "

@@ -13,43 +13,22 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from kvtier.attention.metadata import AttentionMetadata
 from kvtier.model.llama import ForwardContext
+from kvtier.runner.graph_host import GraphHost
 from kvtier.runner.host_batch import HostBatch
-
-if TYPE_CHECKING:
-    from kvtier.runner.model_runner import ModelRunner
-
-
-def graph_batch_sizes(max_num_seqs: int, max_graph_batch_size: int = 512) -> list[int]:
-    """Padded decode batch sizes with a graph: 1, 2, 4, every 8 up to 128, then every 4 up to
-    the cap (vLLM's `max_cudagraph_capture_size`, SGLang's `cuda_graph_max_bs`). Past ~180
-    tokens the linear layers are compute bound, so a padded row costs as much as a real one:
-    steps of 64 padded a step of 520 requests to 576, and going to steps of 16 past 256
-    (vLLM's list) took offline ShareGPT on the H200 from 19,061 to 19,248 output tok/s
-    (benchmarks/results/offline_sharegpt_h200_{by_batch_F4,graphs16_1}.json). Steps of 8
-    all the way halved the rest: 20,292 / 20,273 -> 20,389 / 20,416 in one call
-    (offline_ab_{e7626d1,a4b588d}_{1,2}.json); steps of 4 past 128 halve it again. Below
-    128 a step streams its weights whatever its rows, so padding costs nothing there. The
-    graphs share their memory pool and one logits buffer, so more sizes cost capture time,
-    not memory."""
-    sizes = [1, 2, 4] + list(range(8, min(128, max_graph_batch_size) + 1, 8))
-    sizes += list(range(132, max_graph_batch_size + 1, 4))
-    cap = min(max_num_seqs, max_graph_batch_size)
-    kept = [s for s in sizes if s < cap]
-    return kept + [cap]  # the largest batch the scheduler can form has a graph of its own
 
 
 class DecodeGraphs:
-    def __init__(self, runner: ModelRunner, scratch_block: int):
+    def __init__(self, runner: GraphHost, scratch_block: int):
         # A weak reference: the runner owns the graphs, so a strong one would be a cycle that
         # keeps a dead engine's GPU memory alive until the garbage collector runs.
-        self.runner: ModelRunner = weakref.proxy(runner)
+        self.runner: GraphHost = weakref.proxy(runner)
         dev = runner.device
         self.sizes = runner.graph_sizes
         m = self.sizes[-1]

@@ -20,6 +20,7 @@ import torch
 
 from kvtier.attention.metadata import AttentionMetadata
 from kvtier.config import EngineConfig
+from kvtier.core.graph_sizes import graph_batch_sizes
 from kvtier.core.plan import BlockCopy, ScheduledRequest, StepPlan, StepResult
 from kvtier.kv.manager import cdiv
 from kvtier.model.llama import DecoderLayer, ForwardContext
@@ -27,7 +28,7 @@ from kvtier.model.loader import build_model
 from kvtier.model.rope import cos_sin_cache
 from kvtier.runner.async_tokens import DeviceTokens, PendingStep
 from kvtier.runner.block_tables import BlockTables
-from kvtier.runner.cuda_graphs import DecodeGraphs, graph_batch_sizes
+from kvtier.runner.cuda_graphs import DecodeGraphs
 from kvtier.runner.device import make_attention_backend, make_ops
 from kvtier.runner.hidden_states import HiddenStates
 from kvtier.runner.host_batch import HostBatch, build_host_batch

@@ -23,34 +23,21 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from kvtier.attention.metadata import AttentionMetadata
+from kvtier.core.graph_sizes import piecewise_sizes
 from kvtier.model.llama import DecoderLayer, ForwardContext
-
-if TYPE_CHECKING:
-    from kvtier.runner.model_runner import ModelRunner
-
-
-def piecewise_sizes(max_tokens: int) -> list[int]:
-    """Padded token counts the pieces are captured at: every 32 up to 512, then a step of
-    1/16 to 1/8 of the size (64 to 1024, 128 to 2048, ...). A step pads to the next size, so
-    at most ~12 % of its GEMM rows are padding (powers of two wasted up to half: a 532-token
-    mixed step ran as 1024)."""
-    sizes, t = [], 32
-    while t < max_tokens:
-        sizes.append(t)
-        t += max(32, 1 << max(0, (t - 1).bit_length() - 4))
-    return [*sizes, max_tokens]
+from kvtier.runner.graph_host import GraphHost
 
 
 class PiecewiseGraphs:
-    def __init__(self, runner: ModelRunner, capture: bool = True,
+    def __init__(self, runner: GraphHost, capture: bool = True,
                  keep_attention_inputs: bool = False):
-        self.runner: ModelRunner = weakref.proxy(runner)
+        self.runner: GraphHost = weakref.proxy(runner)
         cfg, dev, dt = runner.model_config, runner.device, runner.dtype
         self.sizes = piecewise_sizes(runner.config.scheduler.max_num_batched_tokens)
         m = self.sizes[-1]
@@ -164,6 +151,7 @@ class PiecewiseGraphs:
         q, k, v, out = self.q[:n], self.k[:n], self.v[:n], self.attn_out[:n]
         rope = ctx.rope(self.positions[:n])
         attention, kv = r.attention, r.gpu_kv
+        assert kv is not None
         for layer_idx, layer in enumerate(model.layers):
             assert isinstance(layer, DecoderLayer)
             if truncate is not None and layer_idx == truncate[0]:

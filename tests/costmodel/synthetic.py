@@ -3,10 +3,10 @@ known host parameters, so fits and predictions can be checked against exact valu
 
 from __future__ import annotations
 
+from kvtier.config import ModelConfig
 from kvtier.costmodel.calibration import Calibration, HostParams, LoopParams, PrefillFit, model_dims
 from kvtier.costmodel.hardware import CopyCost, get_hardware
 from kvtier.costmodel.operators import Shapes, attn_decode, gemm, head_ops, layer_elementwise
-from kvtier.model.loader import resolve_model_config
 from kvtier.model.presets import preset_config
 
 MODEL = "llama-2-13b"
@@ -16,8 +16,10 @@ ROWS = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256, 512, 1024, 2048
 EFF, FLOOR = 0.8, 3e-6
 
 
-def model_config():
-    return resolve_model_config(MODEL, "dummy")[0]
+def model_config() -> ModelConfig:
+    # The preset as the loader resolves it, without the loader (torch): the pricing tests
+    # also run where torch is blocked (test_torch_free.py).
+    return ModelConfig.from_hf(preset_config(MODEL), name=MODEL)
 
 
 def _t(op) -> float:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.costmodel.fit import fit_calibration, launch_params
+from kvtier.core.graph_sizes import graph_batch_sizes, piecewise_sizes
 from kvtier.costmodel.hardware import get_hardware
 from kvtier.costmodel.model import CostModel, CostModelConfig
 from kvtier.costmodel.operators import (
@@ -28,8 +28,7 @@ from kvtier.costmodel.overlap import (
     queue_seconds_brute,
 )
 from kvtier.costmodel.shape import StepShape
-from kvtier.runner.cuda_graphs import graph_batch_sizes
-from kvtier.runner.piecewise_graphs import piecewise_sizes
+from kvtier.profiler.fit import fit_calibration, launch_params
 from tests.costmodel.synthetic import HOST, calibration, model_config, raw_measurements
 
 H200 = get_hardware("h200")

@@ -1,6 +1,6 @@
 """Padded token counts of the piecewise graphs: fine enough that padding stays small."""
 
-from kvtier.runner.piecewise_graphs import piecewise_sizes
+from kvtier.core.graph_sizes import piecewise_sizes
 
 
 def test_sizes_are_multiples_of_32_and_end_at_the_budget():

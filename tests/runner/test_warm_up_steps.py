@@ -56,7 +56,7 @@ def test_graph_batch_sizes_reach_the_cap():
     import pytest
 
     from kvtier.config import ConfigError
-    from kvtier.runner.cuda_graphs import graph_batch_sizes
+    from kvtier.core.graph_sizes import graph_batch_sizes
 
     assert graph_batch_sizes(1024)[-2:] == [508, 512]  # vLLM's default cap
     assert graph_batch_sizes(1024, 1024)[-3:] == [1016, 1020, 1024]

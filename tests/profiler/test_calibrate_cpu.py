@@ -7,12 +7,12 @@ import argparse
 import pytest
 import torch
 
-from kvtier.costmodel.calibrate import add_profile_parser, main
 from kvtier.costmodel.calibration import Calibration
 from kvtier.costmodel.hardware import get_hardware
 from kvtier.costmodel.model import CostModel
 from kvtier.costmodel.shape import StepShape
 from kvtier.model.loader import resolve_model_config
+from kvtier.profiler.calibrate import add_profile_parser, main
 
 
 def test_profile_parser_plugs_into_a_cli():

@@ -1,7 +1,7 @@
 """Raw measurements of `kvtier profile` -> a Calibration. Runs anywhere (no GPU), so a
 calibration can be refitted from its own `raw` section:
 
-    python -m kvtier.costmodel.fit benchmarks/results/calib_h200_llama-2-13b.json
+    python -m kvtier.profiler.fit benchmarks/results/calib_h200_llama-2-13b.json
 
 Least squares minimise *relative* error (each row divided by its measured time): steps
 range from 5 ms to 500 ms and each should count alike.
@@ -21,10 +21,10 @@ from kvtier.config import ModelConfig
 from kvtier.costmodel.calibration import Calibration, HostParams, LoopParams, PrefillFit
 from kvtier.costmodel.curves import Curve
 from kvtier.costmodel.hardware import CopyCost, get_hardware
-from kvtier.costmodel.host_fit import fit_host, issue_launch_s, piece_layer_s, score_host
 from kvtier.costmodel.model import CostModel, CostModelConfig
 from kvtier.costmodel.operators import Shapes, attn_prefill
 from kvtier.costmodel.shape import StepShape
+from kvtier.profiler.host_fit import fit_host, issue_launch_s, piece_layer_s, score_host
 
 
 def relative_nnls(features: np.ndarray, seconds: np.ndarray) -> np.ndarray:
@@ -174,7 +174,7 @@ def main() -> None:
     args = ap.parse_args()
     old = Calibration.load(args.calibration)
     env = dict(old.environment)
-    env["refit"] = "python -m kvtier.costmodel.fit (the fit of kvtier commit {})".format(
+    env["refit"] = "python -m kvtier.profiler.fit (the fit of kvtier commit {})".format(
         git_info()["commit"])
     new = fit_calibration(old.raw, env)
     new.save(args.out or args.calibration)

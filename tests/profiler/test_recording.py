@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 from kvtier.core.plan import StepPlan, StepResult
-from kvtier.costmodel.recording import RecordingExecutor, StepRecord
 from kvtier.costmodel.shape import StepShape
+from kvtier.profiler.recording import RecordingExecutor, StepRecord
 
 
 class _Pending:

@@ -12,8 +12,8 @@ import numpy as np
 from kvtier.bench.engine_backend import EngineBackend
 from kvtier.bench.request import BenchRequest
 from kvtier.bench.runner import RunOptions, run_workload
-from kvtier.costmodel.recording import RecordingExecutor, loop_overheads
 from kvtier.engine.args import EngineArgs
+from kvtier.profiler.recording import RecordingExecutor, loop_overheads
 from kvtier.sim.clock import VirtualClock
 from kvtier.sim.engine import build_sim_engine
 

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from kvtier.attention.base import Rope
-from kvtier.costmodel.plans import GREEDY, PlanBuilder, finish_plan
-from kvtier.costmodel.timing import DeviceTimer
+from kvtier.profiler.plans import GREEDY, PlanBuilder, finish_plan
+from kvtier.profiler.timing import DeviceTimer
 from kvtier.runner.sampler import SampleRow, sample
 
 Log = Callable[[str], None]

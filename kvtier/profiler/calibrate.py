@@ -40,16 +40,16 @@ from kvtier.bench.engine_backend import EngineBackend
 from kvtier.bench.environment import git_info
 from kvtier.bench.runner import RunOptions, run_workload
 from kvtier.costmodel.calibration import Calibration, model_dims
-from kvtier.costmodel.fit import fit_calibration
-from kvtier.costmodel.recording import RecordingExecutor, loop_overheads
-from kvtier.costmodel.step_sweeps import StepSweeper, step_cases
-from kvtier.costmodel.sweeps import Log, OpSweeper
-from kvtier.costmodel.timing import DeviceTimer
-from kvtier.costmodel.warmup import warm_decode_splits
 from kvtier.engine.args import EngineArgs
 from kvtier.engine.llm_engine import LLMEngine
 from kvtier.model.presets import preset_config
-from kvtier.sim.loop_overhead import loop_workload, measure_loop_overhead
+from kvtier.profiler.fit import fit_calibration
+from kvtier.profiler.loop_overhead import loop_workload, measure_loop_overhead
+from kvtier.profiler.recording import RecordingExecutor, loop_overheads
+from kvtier.profiler.step_sweeps import StepSweeper, step_cases
+from kvtier.profiler.sweeps import Log, OpSweeper
+from kvtier.profiler.timing import DeviceTimer
+from kvtier.profiler.warmup import warm_decode_splits
 
 GEMM_ROWS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224,
              240, 256, 288, 320, 384, 448, 512, 640, 768, 1024, 1536, 2048, 3072, 4096, 6144,

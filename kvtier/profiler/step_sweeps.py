@@ -9,11 +9,11 @@ import time
 import torch
 
 from kvtier.core.plan import BlockCopy, StepPlan
-from kvtier.costmodel.plans import PlanBuilder, finish_plan
 from kvtier.costmodel.shape import StepShape
-from kvtier.costmodel.sweeps import Log
-from kvtier.costmodel.timing import DeviceTimer
 from kvtier.model.llama import ForwardContext
+from kvtier.profiler.plans import PlanBuilder, finish_plan
+from kvtier.profiler.sweeps import Log
+from kvtier.profiler.timing import DeviceTimer
 
 Case = tuple[list[int], list[tuple[int, int]]]  # (decode contexts, prefill chunks)
 

@@ -4,10 +4,10 @@ import random
 import pytest
 
 from kvtier.costmodel.calibration import Calibration
-from kvtier.costmodel.fit import fit_calibration
 from kvtier.costmodel.hardware import get_hardware
 from kvtier.costmodel.model import CostModel, CostModelConfig
 from kvtier.costmodel.shape import StepShape
+from kvtier.profiler.fit import fit_calibration
 from tests.costmodel.synthetic import HOST, calibration, model_config, raw_measurements
 
 
