@@ -1,5 +1,5 @@
 """The MLP's first half two ways: cuBLAS's gate_up projection then `silu_and_mul` (the
-engine's unfused path), against the fused Triton kernel (kvtier/kernels/gate_up_silu.py)
+engine's unfused path), against the fused Triton kernel (benchmarks/experiments/kernels/gate_up_silu.py)
 at each of a set of launch shapes, per token count.
 
 Each timing is a CUDA graph of 20 calls cycling over enough weight copies to miss the 60 MB
@@ -7,7 +7,7 @@ L2 (bench_kernels.time_graph), as a decode step reads each layer's weights once.
 larger of the bytes (weights, x, the product) at 4.24 TB/s and 2 * m * 2I * k at
 761 TFLOP/s. The fused result is checked against the unfused one at every shape.
 
-  python benchmarks/bench_gate_up_silu.py --out benchmarks/results/gate_up_silu_h200.json
+  python -m benchmarks.experiments.bench_gate_up_silu --out results/experiments/gate_up_silu_h200.json
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from benchmarks.bench_kernels import copies_past_l2, time_graph
 from benchmarks.common import H200_BF16_FLOPS, H200_HBM_BYTES_PER_S, write_result
-from kvtier.kernels.gate_up_silu import GateUpTiles, gate_up_silu
+from benchmarks.experiments.kernels.gate_up_silu import GateUpTiles, gate_up_silu
+from benchmarks.kernels.bench_kernels import copies_past_l2, time_graph
 from kvtier.kernels.silu_and_mul import silu_and_mul
 from kvtier.model.loader import resolve_model_config
 

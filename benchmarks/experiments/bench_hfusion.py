@@ -9,7 +9,7 @@ recompute attention), two layer views of one paged pool. For each variant:
   loop_us  back-to-back calls, events around the loop: max(host, GPU) as a step sees it
 plus each kernel alone, so `sum` (sequential) and `max` (perfect overlap) are on record.
 
-  python -m benchmarks.bench_hfusion --out benchmarks/results/hfusion_h200.json   (~30 s)
+  python -m benchmarks.experiments.bench_hfusion --out results/experiments/hfusion_h200.json   (~30 s)
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def measure(fn: Callable[[], Any], reps: int) -> dict[str, float]:
 def bench_case(model: str, batch: int, ctx: int, prefix: int, reps: int) -> dict[str, Any]:
     import torch
 
-    from kvtier.kernels.fused_attention import (
+    from benchmarks.experiments.kernels.fused_attention import (
         DecodeProblem,
         PrefillProblem,
         decode_bytes,

@@ -20,8 +20,8 @@ timed by replays, variants interleaved so they share the board's power state:
                   (torch._C._set_sm_carveout_experimental), where the GEMMs' persistent
                   programs would otherwise hold every SM.
 
-  python benchmarks/bench_microbatch_overlap.py --workload .carry/sharegpt_llama31_1000.json \
-      --out benchmarks/results/microbatch_overlap_h200.json
+  python -m benchmarks.experiments.bench_microbatch_overlap --workload .carry/sharegpt_llama31_1000.json \
+      --out results/experiments/microbatch_overlap_h200.json
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from benchmarks.bench_kernels import sharegpt_step_lens
 from benchmarks.common import median_replay_s, monitored, write_result
+from benchmarks.kernels.bench_kernels import sharegpt_step_lens
 from kvtier.kernels.paged_decode_attention import choose_num_splits, paged_decode_attention
 from kvtier.kernels.rms_norm import fused_add_rms_norm
 from kvtier.kernels.silu_and_mul import silu_and_mul

@@ -1,4 +1,4 @@
-"""cuBLAS against the Triton skinny linear (`kvtier/kernels/skinny_linear.py`) on a decode
+"""cuBLAS against the Triton skinny linear (`benchmarks/experiments/kernels/skinny_linear.py`) on a decode
 step's GEMMs at 1-128 token rows, llama-3.1-8b shapes, bf16, over a few tile configurations.
 
 Each time is one GEMM inside a CUDA graph of calls cycling over enough weight copies to miss
@@ -6,7 +6,7 @@ the 60 MB L2, as a decode step reads each layer's weights once (bench_kernels.ti
 The floor is the weights' bytes at 4.24 TB/s. `per_step` sums a layer's four GEMMs times 32
 layers: cuBLAS, and the best configuration per GEMM.
 
-  python benchmarks/bench_skinny_linear.py --out benchmarks/results/skinny_linear_h200.json
+  python -m benchmarks.experiments.bench_skinny_linear --out results/experiments/skinny_linear_h200.json
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from benchmarks.bench_kernels import copies_past_l2, time_graph
 from benchmarks.common import H200_HBM_BYTES_PER_S, write_result
-from kvtier.kernels.skinny_linear import skinny_linear
+from benchmarks.experiments.kernels.skinny_linear import skinny_linear
+from benchmarks.kernels.bench_kernels import copies_past_l2, time_graph
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 ROWS = (1, 8, 16, 32, 64, 96, 128)

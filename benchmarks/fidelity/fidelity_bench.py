@@ -3,10 +3,10 @@
 with the run's engine configuration and compare the figures and engine counters, per KV
 policy. Nothing of that run went into the calibration, so every figure is out of sample.
 
-  python benchmarks/fidelity_bench.py benchmarks/results/bench_13b_sharegpt_h200 \
-      --calibration benchmarks/results/calib_h200_llama-2-13b.json \
-      --host-from benchmarks/results/fidelity_h200.json \
-      --out benchmarks/results/fidelity_h200_bench13b.json
+  python -m benchmarks.fidelity.fidelity_bench results/serving/bench_13b_sharegpt_h200 \
+      --calibration results/calibration/calib_h200_llama-2-13b.json \
+      --host-from results/fidelity/fidelity_h200.json \
+      --out results/fidelity/fidelity_h200_bench13b.json
 
 `--host-from` adds a second simulation whose host terms are the ones fitted to the fidelity
 run's serving steps (`diagnostic_serving_host_fit` of fidelity_h200.json): a different run,
@@ -23,7 +23,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 from benchmarks.common import write_result
-from benchmarks.fidelity_scoring import summary_errors
+from benchmarks.fidelity.fidelity_scoring import summary_errors
 from kvtier.bench.engine_backend import EngineBackend
 from kvtier.bench.metrics import engine_summary, summarize_run
 from kvtier.bench.request import BenchRequest

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from benchmarks.fidelity_report import request_rows
-from benchmarks.fidelity_scoring import (
+from benchmarks.fidelity.fidelity_report import request_rows
+from benchmarks.fidelity.fidelity_scoring import (
     latency_errors,
     score_steps,
     simulate,

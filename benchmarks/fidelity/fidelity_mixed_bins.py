@@ -1,9 +1,9 @@
 """Where the cost model misses mixed steps: error by token count of a fidelity trace, or
 (--by-time) by when in the run they fell.
 
-  PYTHONPATH=. python benchmarks/fidelity_mixed_bins.py \
-      --real benchmarks/results/fidelity_real_h200.json \
-      --calibration benchmarks/results/calib_h200_llama-2-13b.json [--by-time quarters|N]
+  python -m benchmarks.fidelity.fidelity_mixed_bins \
+      --real results/fidelity/fidelity_real_h200.json \
+      --calibration results/calibration/calib_h200_llama-2-13b.json [--by-time quarters|N]
 
 --by-time quarters: four equal spans of the run's wall time; --by-time N: windows of N
 steps (all kinds counted, mixed steps scored). Signed error (predicted - measured) /
@@ -22,7 +22,7 @@ import json
 
 import numpy as np
 
-from benchmarks.fidelity_scoring import simulate, step_kind
+from benchmarks.fidelity.fidelity_scoring import simulate, step_kind
 from kvtier.costmodel.calibration import Calibration
 from kvtier.costmodel.recording import StepRecord, loop_overheads
 

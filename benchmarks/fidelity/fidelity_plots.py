@@ -9,7 +9,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks.fidelity_scoring import step_kind  # noqa: E402
+from benchmarks.fidelity.fidelity_scoring import step_kind  # noqa: E402
 from kvtier.costmodel.calibration import Calibration  # noqa: E402
 from kvtier.costmodel.recording import StepRecord  # noqa: E402
 from kvtier.sim.engine import build_sim_engine  # noqa: E402
@@ -45,7 +45,7 @@ def plot_fidelity(real: dict, calib: Calibration, records: list[StepRecord], sim
                   errors: dict, step_time: dict, what: str, path: str) -> None:
     """Four panels: step times of `records` predicted with `calib`, TTFT and TPOT CDFs and
     completions over time of the real run against `sim_rows`."""
-    from benchmarks.fidelity_report import engine_args
+    from benchmarks.fidelity.fidelity_report import engine_args
 
     cm = build_sim_engine(engine_args(real["config"]), "h200", calib).executor.cost_model
     fig, axes = plt.subplots(2, 2, figsize=(11, 9))

@@ -6,12 +6,12 @@
                 size, the calibration `kvtier profile` wrote), score the cost model on
                 every real step, and write the errors and plots.
 
-  python benchmarks/fidelity_report.py real --workload .carry/sharegpt_llama2-13b_1000.json \
+  python -m benchmarks.fidelity.fidelity_report real --workload .carry/sharegpt_llama2-13b_1000.json \
       --model llama-2-13b --num-requests 400 --rate 6 --out $OUT/fidelity_real.json
-  python benchmarks/fidelity_report.py sim --real benchmarks/results/fidelity_real_h200.json \
-      --calibration benchmarks/results/calib_h200_llama-2-13b.json \
+  python -m benchmarks.fidelity.fidelity_report sim --real results/fidelity/fidelity_real_h200.json \
+      --calibration results/calibration/calib_h200_llama-2-13b.json \
       --workload .carry/sharegpt_llama2-13b_1000.json \
-      --out benchmarks/results/fidelity_h200.json --plot benchmarks/results/fidelity_h200.png
+      --out results/fidelity/fidelity_h200.json --plot results/fidelity/fidelity_h200.png
 
 (`.carry/sharegpt_llama2-13b_1000.json` is `prepare_workload.py --model llama-2-13b
 --num-prompts 1000 --seed 0`, deterministic, not committed.)
@@ -139,7 +139,7 @@ def run_real(args: argparse.Namespace) -> None:
 
 # ---- sim -------------------------------------------------------------------------------------------
 def run_sim(args: argparse.Namespace) -> None:
-    from benchmarks.fidelity_scoring import score_report
+    from benchmarks.fidelity.fidelity_scoring import score_report
 
     real = json.loads(Path(args.real).read_text())
     if args.workload:  # the prepared workload where it lies here (the real run's path was there)
@@ -156,7 +156,7 @@ def plot_both(real: dict, report: dict, path: str) -> None:
     refit on the trace's first half; its second half's steps)."""
     from dataclasses import replace
 
-    from benchmarks.fidelity_plots import plot_fidelity
+    from benchmarks.fidelity.fidelity_plots import plot_fidelity
     from kvtier.costmodel.calibration import Calibration, HostParams
     from kvtier.costmodel.recording import StepRecord
 

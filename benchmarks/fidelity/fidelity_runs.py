@@ -2,12 +2,12 @@
 own commit and with the newest one: how much of the simulator's error is the model and how
 much is the lease (host speed and GPU step times differ between machines of one kind).
 
-  PYTHONPATH=. python benchmarks/fidelity_runs.py \
+  python -m benchmarks.fidelity.fidelity_runs \
       --workload .carry/sharegpt_llama2-13b_1000.json \
-      --out benchmarks/results/fidelity_h200_runs.json
+      --out results/fidelity/fidelity_h200_runs.json
 
-Each trace is `benchmarks/fidelity_report.py real` on the H200 (the device call that made it
-is in `benchmarks/h200_next.sh`); each calibration is refit in memory from its raw
+Each trace is `benchmarks/fidelity/fidelity_report.py real` on the H200 (the device call that made it
+is in `benchmarks/device_runs.sh`); each calibration is refit in memory from its raw
 measurements with this commit's fit first; scoring runs the simulator on this CPU (~8 s a
 pair).
 """
@@ -20,11 +20,12 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import write_result
-from benchmarks.fidelity_scoring import score_report
+from benchmarks.fidelity.fidelity_scoring import score_report
 from kvtier.costmodel.calibration import Calibration
 from kvtier.costmodel.fit import fit_calibration
 
-RESULTS = Path("benchmarks/results")
+TRACES = Path("results/fidelity")
+CALIBRATIONS = Path("results/calibration")
 NEWEST = "calib_h200_llama-2-13b.json"
 # (what changed in the engine, trace, the calibration profiled on the same code or nearest)
 RUNS = [
@@ -49,16 +50,16 @@ def refit(calibration: str, into: Path) -> str:
     differ only in what was measured (the committed files keep the fit they were made with)."""
     path = into / calibration
     if not path.exists():  # once per calibration, however many traces it scores
-        old = Calibration.load(RESULTS / calibration)
+        old = Calibration.load(CALIBRATIONS / calibration)
         fit_calibration(old.raw, old.environment).save(path)
     return str(path)
 
 
 def score(trace: str, calibration: str, workload: str | None, into: Path) -> dict:
-    real = json.loads((RESULTS / trace).read_text())
+    real = json.loads((TRACES / trace).read_text())
     if workload:
         real["workload"]["path"] = workload
-    report = score_report(real, refit(calibration, into), str(RESULTS / trace))
+    report = score_report(real, refit(calibration, into), str(TRACES / trace))
     st, err = report["step_time"], report["errors"]
     return {"trace": trace, "calibration": calibration, "steps": st["all"]["count"],
             "mape_all": st["all"]["mape"], "mape_decode": st["decode_graph"]["mape"],

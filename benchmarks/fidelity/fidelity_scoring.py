@@ -7,7 +7,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from benchmarks.fidelity_report import engine_args, load_requests, request_rows
+from benchmarks.fidelity.fidelity_report import engine_args, load_requests, request_rows
 from kvtier.bench.engine_backend import EngineBackend
 from kvtier.bench.metrics import engine_summary, summarize_run
 from kvtier.bench.runner import RunOptions, run_workload
@@ -103,7 +103,7 @@ def latency_errors(real_rows: list[list], sim_rows: list[list], keep: list[int])
 
 
 def score_report(real: dict, calib_path: str, real_path: str) -> dict:
-    from benchmarks.fidelity_diagnostic import serving_host_diagnostic
+    from benchmarks.fidelity.fidelity_diagnostic import serving_host_diagnostic
 
     calib = Calibration.load(calib_path)
     engine, result = simulate(real, calib)

@@ -3,8 +3,8 @@ piecewise graphs, measure the host launch costs (`kvtier profile`'s host_launche
 mixed/prefill steps through the pieces (walls and issue times), then predict each step with
 an existing calibration's operator curves + the measured launch costs.
 
-    python benchmarks/piecewise_cost_check.py --model llama-3.1-8b \
-        --calibration benchmarks/results/calib_h200_llama-3.1-8b.json --out check.json
+    python -m benchmarks.fidelity.piecewise_cost_check --model llama-3.1-8b \
+        --calibration results/calibration/calib_h200_llama-3.1-8b.json --out check.json
 """
 
 from __future__ import annotations

@@ -7,10 +7,10 @@ pieces and eager attention) idles the GPU for its length. The run is the simulat
 fidelity trace, on the CPU, so the engine's own objects are what the collector sees; each
 mode runs in a fresh interpreter.
 
-  PYTHONPATH=. python benchmarks/bench_gc_pauses.py \
-      --real benchmarks/results/fidelity_real_h200.json \
-      --calibration benchmarks/results/calib_h200_llama-2-13b.json \
-      --out benchmarks/results/gc_pauses_cpu.json
+  python -m benchmarks.gpu_path.bench_gc_pauses \
+      --real results/fidelity/fidelity_real_h200.json \
+      --calibration results/calibration/calib_h200_llama-2-13b.json \
+      --out results/gpu_path/gc_pauses_cpu.json
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from benchmarks.common import write_result
 
 
 def measure(real_path: str, calib_path: str, freeze: bool) -> dict:
-    from benchmarks.fidelity_scoring import simulate
+    from benchmarks.fidelity.fidelity_scoring import simulate
     from kvtier.costmodel.calibration import Calibration
 
     real = json.load(open(real_path))

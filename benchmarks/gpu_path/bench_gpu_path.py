@@ -15,7 +15,7 @@
 
 Steps are driven through the real runner (`ModelRunner.execute` on a StepPlan), so what is
 timed is what the engine runs. Usage (GPU):
-  python benchmarks/bench_gpu_path.py --out benchmarks/results/gpu_path_h200.json
+  python -m benchmarks.gpu_path.bench_gpu_path --out results/gpu_path/gpu_path_h200.json
 """
 
 from __future__ import annotations

@@ -11,11 +11,11 @@ The model is the tiny dummy Llama with 32 layers (8 layer groups at layers_per_b
 llama-3.1-8b has); the KV manager gets a pool big enough for every request while the
 runner's (never read) device pool is one block, so no memory is spent on KV.
 
-  python benchmarks/bench_host_overhead_cpu.py --label before \
-      --out benchmarks/results/host_overhead_cpu.json
+  python -m benchmarks.gpu_path.bench_host_overhead_cpu --label before \
+      --out results/gpu_path/host_overhead_cpu.json
   # ... change the code ...
-  python benchmarks/bench_host_overhead_cpu.py --label after \
-      --out benchmarks/results/host_overhead_cpu.json
+  python -m benchmarks.gpu_path.bench_host_overhead_cpu --label after \
+      --out results/gpu_path/host_overhead_cpu.json
 
 Results of every label are kept in the one JSON (a later run replaces its own label only).
 """

@@ -10,7 +10,7 @@ does, so this captures the step's graph once per launch shape and replays them i
 alternating rounds (the board warms as it runs), with the SM clock and board power.
 
 Usage (GPU):
-  python benchmarks/bench_step_tiles.py --out benchmarks/results/step_tiles_h200.json
+  python -m benchmarks.gpu_path.bench_step_tiles --out results/gpu_path/step_tiles_h200.json
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from dataclasses import asdict
 
 import torch
 
-from benchmarks.bench_gpu_path import decode_bytes, decode_step_engine, release, roofline
 from benchmarks.common import median_replay_s, monitored, write_result
+from benchmarks.gpu_path.bench_gpu_path import decode_bytes, decode_step_engine, release, roofline
 from kvtier.engine.llm_engine import LLMEngine
 from kvtier.kernels import paged_decode_attention as pda
 from kvtier.kernels.paged_decode_attention import DecodeTiles

@@ -2,10 +2,10 @@
 from the committed files. Several files merge part by part, a later file's part replacing
 an earlier one's (the parts of one plot may come from different device calls):
 
-  python benchmarks/plot_gpu_path.py benchmarks/results/gpu_path_h200.json
-  python benchmarks/plot_gpu_path.py --out benchmarks/results/gpu_path_h200_session10.png \
-      benchmarks/results/gpu_path_h200_prefill_e4525a3.json \
-      benchmarks/results/gpu_path_h200_a4b588d.json benchmarks/results/gpu_path_h200_4193e30.json
+  python -m benchmarks.gpu_path.plot_gpu_path results/gpu_path/gpu_path_h200.json
+  python -m benchmarks.gpu_path.plot_gpu_path --out results/gpu_path/gpu_path_h200_session10.png \
+      results/gpu_path/gpu_path_h200_prefill_e4525a3.json \
+      results/gpu_path/gpu_path_h200_a4b588d.json results/gpu_path/gpu_path_h200_4193e30.json
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ preparation for step N+1 cannot run ahead of step N's kernels and async scheduli
 overlaps less than it should. Timed on the host while a ~50 ms sleep kernel occupies the
 stream: pageable vs pinned sources, a few sizes.
 
-    python benchmarks/probe_pageable_copy.py --out benchmarks/results/pageable_copy_h200.json
+    python -m benchmarks.gpu_path.probe_pageable_copy --out results/gpu_path/pageable_copy_h200.json
 """
 
 from __future__ import annotations

@@ -3,14 +3,14 @@ whether a cheap change of call (padding the token count, a pre-transposed weight
 as the preferred backend) gets them closer.
 
 The offline ShareGPT run's decode steps spend 64 % of their floor in the linear layers at
-~178 requests and 95 % at ~1,000 (benchmarks/results/profile_offline_decode_h200_skip*.json):
+~178 requests and 95 % at ~1,000 (results/offline/profile_offline_decode_h200_skip*.json):
 near the ridge point (~180 tokens) the GEMMs are neither cleanly memory- nor compute-bound.
 Each row times one linear of the model at m tokens, inside a CUDA graph of 20 calls that
 cycle over enough weight copies to miss the 60 MB L2 (bench_kernels.time_graph), as a
 decode step reads each layer's weights once. Floor: the larger of (weights + activations) at 4.24 TB/s and 2mnk at
 761 TFLOP/s.
 
-  python benchmarks/bench_gemm_shapes.py --out benchmarks/results/gemm_shapes_h200.json
+  python -m benchmarks.kernels.bench_gemm_shapes --out results/kernels/gemm_shapes_h200.json
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from benchmarks.bench_kernels import copies_past_l2, time_graph
 from benchmarks.common import H200_BF16_FLOPS, H200_HBM_BYTES_PER_S, write_result
+from benchmarks.kernels.bench_kernels import copies_past_l2, time_graph
 from kvtier.costmodel.operators import Shapes
 from kvtier.model.loader import resolve_model_config
 

@@ -10,10 +10,10 @@ layers' worth of pools so they are not served from the 60 MB L2. Times are CUDA-
 Prefill: one fresh causal prompt of 2k/8k/32k tokens through the paged prefill kernel;
 TFLOP/s = 2 * 2 * Hq * D * L^2 / 2 / time, beside torch's flash SDPA on the same shape.
 
-    python benchmarks/bench_kernels.py --out results.json [--sweep]
-    python benchmarks/bench_kernels.py --parts short_context --out short.json  # tile variants
-    python benchmarks/bench_kernels.py --parts mixed_context --out mixed.json  # split caps
-    python benchmarks/bench_kernels.py --parts sharegpt_context --out sg.json  # run's contexts
+    python -m benchmarks.kernels.bench_kernels --out results.json [--sweep]
+    python -m benchmarks.kernels.bench_kernels --parts short_context --out short.json  # tile variants
+    python -m benchmarks.kernels.bench_kernels --parts mixed_context --out mixed.json  # split caps
+    python -m benchmarks.kernels.bench_kernels --parts sharegpt_context --out sg.json  # run's contexts
 """
 
 from __future__ import annotations
@@ -30,14 +30,13 @@ from typing import Any
 import torch
 import triton
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import median_replay_s  # noqa: E402
-from kvtier.kernels.paged_decode_attention import (  # noqa: E402
+from benchmarks.common import median_replay_s
+from kvtier.kernels.paged_decode_attention import (
     default_num_splits,
     paged_decode_attention,
     programs_per_sm,
 )
-from kvtier.kernels.paged_prefill_attention import paged_prefill_attention  # noqa: E402
+from kvtier.kernels.paged_prefill_attention import paged_prefill_attention
 
 HBM_ROOFLINE_GBPS = 4240.0  # measured H200 device-to-device copy (DESIGN.md, hw/)
 GEMM_PEAK_TFLOPS = 761.0  # measured bf16 GEMM
@@ -199,7 +198,7 @@ def sweep() -> list[dict[str, Any]]:
     return rows
 
 
-# Decode steps of the offline ShareGPT run at 1024 seats (benchmarks/offline_floor.py's
+# Decode steps of the offline ShareGPT run at 1024 seats (benchmarks/offline/offline_floor.py's
 # `steps_at_batch`: requests, mean context), where the attention reached 63-84 % of HBM,
 # and the issue's two roofline targets, which a short-context rule must not slow down.
 SHORT_CONTEXT_SHAPES = ((984, 107), (664, 297), (177, 627))

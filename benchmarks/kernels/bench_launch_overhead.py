@@ -1,7 +1,7 @@
 """Host cost of one launch of each kernel wrapper (Triton + our checks) vs a torch op, at a
 small shape where the GPU finishes long before the host issues the next launch.
 
-  python benchmarks/bench_launch_overhead.py --out launch_overhead_h200.json
+  python -m benchmarks.kernels.bench_launch_overhead --out launch_overhead_h200.json
 """
 
 from __future__ import annotations

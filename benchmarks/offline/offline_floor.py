@@ -8,9 +8,9 @@ speed); the prefill at its linear layers' FLOPs. No launch, attention compute, e
 kernel or host time is counted, so a real run can only be slower. With --measured, the
 fraction of this floor an offline result file reached.
 
-  python benchmarks/offline_floor.py --workload .carry/sharegpt_llama31_1000.json \\
-      --measured benchmarks/results/offline_sharegpt_h200_async_1024_16k_graphs1024.json \\
-      --out benchmarks/results/offline_floor_h200.json
+  python -m benchmarks.offline.offline_floor --workload .carry/sharegpt_llama31_1000.json \\
+      --measured results/offline/offline_sharegpt_h200_async_1024_16k_graphs1024.json \\
+      --out results/offline/offline_floor_h200.json
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import json
 
 import numpy as np
 
-from benchmarks.bench_gpu_path import decode_bytes, roofline, weight_bytes
 from benchmarks.common import H200_BF16_FLOPS, H200_HBM_BYTES_PER_S, batch_bin, write_result
+from benchmarks.gpu_path.bench_gpu_path import decode_bytes, roofline, weight_bytes
 from kvtier.model.loader import resolve_model_config
 
 

@@ -3,7 +3,7 @@
 Writes a summary JSON: per profiled step its wall time, kind (mixed / decode-only), tokens,
 the GPU's busy time (union of kernel intervals) and the top kernels, plus the top CPU ops.
 
-  python benchmarks/profile_offline_steps.py --workload .carry/sharegpt_llama31_1000.json \
+  python -m benchmarks.offline.profile_offline_steps --workload .carry/sharegpt_llama31_1000.json \
       --skip 40 --steps 40 --out profile_offline_h200.json
 """
 

@@ -1,6 +1,6 @@
 """Solve time of eLLM's request-level planner (target: p90 < 10 ms), over varied load.
 
-  python benchmarks/bench_planner.py --out benchmarks/results/planner_solve_time.json
+  python -m benchmarks.planner.bench_planner --out results/planner/planner_solve_time.json
 """
 
 from __future__ import annotations

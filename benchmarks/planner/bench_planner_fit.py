@@ -1,9 +1,9 @@
 """How well the eLLM planner's roofline T(b, r) matches the calibrated cost model, before and
 after fitting its constants to it (kvtier/planner/fit.py).
 
-  PYTHONPATH=. python benchmarks/bench_planner_fit.py \
-      --calibration benchmarks/results/calib_h200_llama-2-13b.json \
-      --out benchmarks/results/planner_fit.json
+  python -m benchmarks.planner.bench_planner_fit \
+      --calibration results/calibration/calib_h200_llama-2-13b.json \
+      --out results/planner/planner_fit.json
 """
 
 from __future__ import annotations

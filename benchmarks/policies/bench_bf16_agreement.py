@@ -7,7 +7,7 @@ measures how much: per policy, the fraction of generated tokens equal to full ca
 |logprob difference| over the top-5 tokens at positions before the first divergence.
 fp32 on the same GPU is the control (expected: identical).
 
-  python benchmarks/bench_bf16_agreement.py --out bf16_agreement_h200.json
+  python -m benchmarks.policies.bench_bf16_agreement --out bf16_agreement_h200.json
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ when the first copied group arrives before the forward reaches it), hidden = cop
 bubble, saved = serial - overlap, and vs_recompute_all = overlap(H) / overlap(H = 0).
 With --calibration the cost model's price of each step is put beside it.
 
-  python benchmarks/bench_ellm_overlap.py --out benchmarks/results/ellm_overlap_h200.json
+  python -m benchmarks.policies.bench_ellm_overlap --out results/policies/ellm_overlap_h200.json
       (GPU: llama-2-13b dummy, a few minutes)
-  python benchmarks/bench_ellm_overlap.py --model tiny-llama-gqa --device cpu --quick
+  python -m benchmarks.policies.bench_ellm_overlap --model tiny-llama-gqa --device cpu --quick
       (CPU smoke run of the logic)
 """
 
@@ -31,7 +31,7 @@ import argparse
 from dataclasses import replace
 from typing import Any
 
-from benchmarks.bench_swap_overlap import (
+from benchmarks.policies.bench_swap_overlap import (
     Timer,
     common_parser,
     model_geometry,

@@ -17,9 +17,9 @@ copies; the floor is group 0's share of the copies, copies / G), hidden = copies
 saved = step_serial - step_overlap. With --calibration the cost model's predictions of both
 steps (and its bubble) are put beside them.
 
-  python -m benchmarks.bench_swap_overlap --model llama-2-13b \\
-      --out benchmarks/results/swap_overlap_h200_13b.json          (GPU; a few minutes)
-  python -m benchmarks.bench_swap_overlap --model tiny-llama-gqa --device cpu --quick
+  python -m benchmarks.policies.bench_swap_overlap --model llama-2-13b \\
+      --out results/policies/swap_overlap_h200_13b.json          (GPU; a few minutes)
+  python -m benchmarks.policies.bench_swap_overlap --model tiny-llama-gqa --device cpu --quick
                                                                      (CPU smoke run of the logic)
 """
 

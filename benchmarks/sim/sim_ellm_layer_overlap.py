@@ -3,10 +3,10 @@ through every layer group against prefixes whose top groups come back from the h
 each step while the lower groups recompute (`--ellm-host-groups`), under the same on-demand
 drop rules, on the paper's ShareGPT load (llama-2-13b, 40 GiB of KV, the H200 calibration).
 
-  PYTHONPATH=. python benchmarks/sim_ellm_layer_overlap.py \
+  python -m benchmarks.sim.sim_ellm_layer_overlap \
       --workload .carry/sharegpt_llama2_13b_1500.json \
-      --calibration benchmarks/results/calib_h200_llama-2-13b.json \
-      --out benchmarks/results/sim_ellm_layer_overlap.json
+      --calibration results/calibration/calib_h200_llama-2-13b.json \
+      --out results/sim/sim_ellm_layer_overlap.json
 
 Rows: recompute (the baseline), then ellm with each recompute budget rule at every split
 h = 0 (recompute every group) .. G-1. `roofline_auto` is what `--ellm-host-groups auto`
@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 
 from benchmarks.common import write_result
-from benchmarks.sim_ellm_sweeps import load_requests, run, workload_parser
+from benchmarks.sim.sim_ellm_sweeps import load_requests, run, workload_parser
 from kvtier.costmodel.hardware import get_hardware
 from kvtier.engine.args import EngineArgs
 from kvtier.model.loader import resolve_model_config

@@ -8,9 +8,9 @@
   planner    --ellm-planner with its hardware constants scaled 0.8 / 1.0 / 1.2 (the paper's
              +-20 % robustness check) against the simulated H200.
 
-  PYTHONPATH=. python benchmarks/sim_ellm_sweeps.py --workload .carry/sharegpt_llama2_13b_1500.json \
-      --calibration benchmarks/results/calib_h200_llama-2-13b.json \
-      --out benchmarks/results/sim_ellm_sweeps.json
+  python -m benchmarks.sim.sim_ellm_sweeps --workload .carry/sharegpt_llama2_13b_1500.json \
+      --calibration results/calibration/calib_h200_llama-2-13b.json \
+      --out results/sim/sim_ellm_sweeps.json
 """
 
 from __future__ import annotations

@@ -21,17 +21,17 @@ defaults; the paper states no numbers).
            time (time.perf_counter around every KV-manager call the engine makes in a step,
            outermost calls only; this CPU's time, not the simulated GPU's).
   planner  the cost-model perturbation (+-20 %) of the ellm planner: runs
-           benchmarks/sim_ellm_sweeps.py, which writes benchmarks/results/sim_ellm_sweeps.json.
+           benchmarks/sim/sim_ellm_sweeps.py, which writes results/sim/sim_ellm_sweeps.json.
   all      every one of the above.
 
-  PYTHONPATH=. .venv/bin/python benchmarks/sim_paper_experiments.py all
-  PYTHONPATH=. .venv/bin/python benchmarks/sim_paper_experiments.py e2e --gpu a100-80gb
+  PYTHONPATH=. .venv/bin/python -m benchmarks.sim.sim_paper_experiments all
+  PYTHONPATH=. .venv/bin/python -m benchmarks.sim.sim_paper_experiments e2e --gpu a100-80gb
 
 Workloads: `.carry/sharegpt_llama2_13b_3000.json` from `benchmarks/prepare_workload.py
 --model llama-2-13b --num-prompts 3000 --out ...`; L-Eval from
 /work/shared/data/leval_paper_assistant.jsonl (or --leval-path).
 Each writes <name>.json (benchmarks/common.write_result) and PNGs beside it under
-benchmarks/results/sim_paper/.
+results/sim/sim_paper/.
 """
 
 from __future__ import annotations
@@ -72,10 +72,10 @@ from kvtier.engine.args import EngineArgs  # noqa: E402
 from kvtier.sim import VirtualClock, build_sim_engine  # noqa: E402
 
 POLICIES = ("recompute", "swap", "hcache", "ellm", "ellm-planned")
-OUT_DIR = Path("benchmarks/results/sim_paper")
+OUT_DIR = Path("results/sim/sim_paper")
 SHAREGPT = ".carry/sharegpt_llama2_13b_3000.json"
 LEVAL = "/work/shared/data/leval_paper_assistant.jsonl"
-CALIBRATION = "benchmarks/results/calib_h200_llama-2-13b.json"
+CALIBRATION = "results/calibration/calib_h200_llama-2-13b.json"
 BIN_S = 5.0  # the paper samples concurrency every 5 s
 
 
@@ -506,7 +506,7 @@ def exp_ablation(a: argparse.Namespace) -> None:
     """Swap with and without the layer-level overlap of its copies (`--no-overlap-swap`), on
     the e2e ShareGPT workload (1,000 requests) and on L-Eval, calibrated and at PCIe speed.
     Horizontal fusion has no ablation: the engine does not use it (measured slower on the
-    H200, benchmarks/results/hfusion_h200.json), so every run here is already "without"."""
+    H200, results/experiments/hfusion_h200.json), so every run here is already "without"."""
     os.environ.setdefault("KVTIER_ALLOW_LONG_MAX_MODEL_LEN", "1")
     cases = {
         "sharegpt": (sharegpt_workload(a, a.load_prompts, a.rate),
@@ -536,7 +536,7 @@ def exp_planner(a: argparse.Namespace) -> None:
     from benchmarks import sim_ellm_sweeps
 
     sim_ellm_sweeps.main(["--workload", a.planner_workload, "--calibration", a.calibration,
-                          "--out", "benchmarks/results/sim_ellm_sweeps.json"])
+                          "--out", "results/sim/sim_ellm_sweeps.json"])
 
 
 EXPERIMENTS = {"physics": exp_physics, "e2e": exp_e2e, "load": exp_load, "leval": exp_leval,

@@ -32,7 +32,7 @@ def graph_batch_sizes(max_num_seqs: int, max_graph_batch_size: int = 512) -> lis
     tokens the linear layers are compute bound, so a padded row costs as much as a real one:
     steps of 64 padded a step of 520 requests to 576, and going to steps of 16 past 256
     (vLLM's list) took offline ShareGPT on the H200 from 19,061 to 19,248 output tok/s
-    (benchmarks/results/offline_sharegpt_h200_{by_batch_F4,graphs16_1}.json). Steps of 8
+    (results/offline/offline_sharegpt_h200_{by_batch_F4,graphs16_1}.json). Steps of 8
     all the way halved the rest: 20,292 / 20,273 -> 20,389 / 20,416 in one call
     (offline_ab_{e7626d1,a4b588d}_{1,2}.json); steps of 4 past 128 halve it again. Below
     128 a step streams its weights whatever its rows, so padding costs nothing there. The

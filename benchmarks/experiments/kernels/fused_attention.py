@@ -19,7 +19,7 @@ split fastest. Two schedules map programs to items:
                            `split_programs` divides them by the two parts' estimated times
                            (FLOPs at the prefill kernel's rate, bytes at the decode kernel's),
                            rounded to whole programs. Measured slower than the interleaved
-                           schedule on the H200 (benchmarks/bench_hfusion.py): a static split
+                           schedule on the H200 (benchmarks/experiments/bench_hfusion.py): a static split
                            misjudges small prefills, and fewer resident decode programs cannot
                            keep HBM busy.
 
@@ -59,7 +59,7 @@ from kvtier.kernels.paged_prefill_attention import (
     prefill_tile_shape,
 )
 
-# Rates of the standalone kernels on the H200 (benchmarks/results/kernels_h200*.json): the
+# Rates of the standalone kernels on the H200 (results/kernels/kernels_h200*.json): the
 # prefill kernel reaches ~330 TFLOP/s at 8k tokens, the decode kernel ~90 % of 4.24 TB/s.
 # Only their ratio matters: it turns FLOPs and bytes into comparable times.
 PREFILL_FLOPS_PER_S = 330e12

@@ -2,14 +2,14 @@
 
 With up to 128 rows a decode step's GEMMs only stream their weights, yet cuBLAS reads the
 4,096-wide ones (o_proj, down_proj) at 53-82 % of HBM speed on the H200 and qkv at 53-78 %
-(benchmarks/results/gemm_shapes_h200.json): N / its tile leaves few programs, or it splits K
+(results/kernels/gemm_shapes_h200.json): N / its tile leaves few programs, or it splits K
 and adds a reduction launch. Here one program owns BLOCK_N output columns for every row (one
 M tile, so each weight is read once), streams its [BLOCK_N, K] slice of w through a
 NUM_STAGES-deep pipeline and accumulates in fp32: N / BLOCK_N programs, no split, no
 reduction, deterministic.
 
 Kept for the record, not used by the engine: against cuBLAS on llama-3.1-8b's decode GEMMs
-(benchmarks/results/skinny_linear_h200_4730968.json, `python benchmarks/bench_skinny_linear.py
+(results/experiments/skinny_linear_h200_4730968.json, `python -m benchmarks.experiments.bench_skinny_linear
 --out ...`, the best of 8 tile configurations per shape) it wins on o_proj at 1-32 rows (11.8-
 12.1 us against 12.8-13.9, still 65-67 % of the weights' floor) and on down_proj at 1-64 rows
 (2-8 %), loses on qkv and gate_up, and loses on everything at 96 and 128 rows (15-49 %). Taken

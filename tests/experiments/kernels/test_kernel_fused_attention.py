@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvtier.kernels.fused_attention import (
+from benchmarks.experiments.kernels.fused_attention import (
     DecodeProblem,
     PrefillProblem,
     fused_paged_attention,

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from kvtier.kernels.gate_up_silu import GateUpTiles, gate_up_silu, gate_up_silu_ref
+from benchmarks.experiments.kernels.gate_up_silu import GateUpTiles, gate_up_silu, gate_up_silu_ref
 from tests.kernels.kernel_testing import DEVICE, INTERPRET, assert_close, gpu
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvtier.kernels.skinny_linear import MAX_ROWS, skinny_linear, skinny_linear_ref
+from benchmarks.experiments.kernels.skinny_linear import MAX_ROWS, skinny_linear, skinny_linear_ref
 from tests.kernels.kernel_testing import DEVICE, assert_close, gpu
 
 
