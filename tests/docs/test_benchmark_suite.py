@@ -16,7 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
-PAGES = ["README.md", "docs/RESULTS.md", "benchmarks/README.md", "docs/ARCHITECTURE.md"]
+PAGES = ["README.md", "docs/RESULTS.md", "benchmarks/README.md", "docs/ARCHITECTURE.md",
+         "results/fidelity/fidelity_h200.md"]
 MODULE_CMD = re.compile(r"python3?\s+-m\s+(benchmarks(?:\.\w+)+)")
 PATH_CMD = re.compile(r"python3?\s+benchmarks/\S+\.py")
 DEVICE_PART = re.compile(r"device_runs\.sh\s+((?:[a-z0-9]+-?)+)")

@@ -16,7 +16,7 @@ CITED = re.compile(r"`([^`\s]+\.(?:json|txt|png|csv|md))`")
 RESULT_PATH = re.compile(r"(?<![\w/.])results/[\w./{},*-]*[\w/}*]")
 RESULT_SUFFIXES = {".json", ".txt", ".png", ".csv"}
 # `git show <commit>:<path>` cites an earlier version at the path it had then.
-GIT_SHOW = re.compile(r"git show [0-9a-f]{7,40}:\S+")
+GIT_SHOW = re.compile(r"git\s+show\s+[0-9a-f]{7,40}:\S+")
 
 
 def expand(name: str) -> list[str]:
@@ -64,7 +64,8 @@ def test_cited_result_files_are_committed(doc: str) -> None:
 
 
 def source_files() -> list[Path]:
-    return [p for top in ("kvtier", "benchmarks", "tests", "docs")
+    """Code and pages, the reports written beside the results included."""
+    return [p for top in ("kvtier", "benchmarks", "tests", "docs", "results")
             for p in (ROOT / top).rglob("*") if p.suffix in {".py", ".md", ".sh"}] + [
         ROOT / "README.md"]
 
