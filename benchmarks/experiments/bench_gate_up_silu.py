@@ -1,5 +1,6 @@
 """The MLP's first half two ways: cuBLAS's gate_up projection then `silu_and_mul` (the
-engine's unfused path), against the fused Triton kernel (benchmarks/experiments/kernels/gate_up_silu.py)
+engine's unfused path), against the fused Triton kernel
+(benchmarks/experiments/kernels/gate_up_silu.py)
 at each of a set of launch shapes, per token count.
 
 Each timing is a CUDA graph of 20 calls cycling over enough weight copies to miss the 60 MB
@@ -7,7 +8,8 @@ L2 (bench_kernels.time_graph), as a decode step reads each layer's weights once.
 larger of the bytes (weights, x, the product) at 4.24 TB/s and 2 * m * 2I * k at
 761 TFLOP/s. The fused result is checked against the unfused one at every shape.
 
-  python -m benchmarks.experiments.bench_gate_up_silu --out results/experiments/gate_up_silu_h200.json
+  python -m benchmarks.experiments.bench_gate_up_silu \
+      --out results/experiments/gate_up_silu_h200.json
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ recompute attention), two layer views of one paged pool. For each variant:
   loop_us  back-to-back calls, events around the loop: max(host, GPU) as a step sees it
 plus each kernel alone, so `sum` (sequential) and `max` (perfect overlap) are on record.
 
-  python -m benchmarks.experiments.bench_hfusion --out results/experiments/hfusion_h200.json   (~30 s)
+  python -m benchmarks.experiments.bench_hfusion \
+      --out results/experiments/hfusion_h200.json   (~30 s)
 """
 
 from __future__ import annotations

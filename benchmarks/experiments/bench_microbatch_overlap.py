@@ -20,7 +20,8 @@ timed by replays, variants interleaved so they share the board's power state:
                   (torch._C._set_sm_carveout_experimental), where the GEMMs' persistent
                   programs would otherwise hold every SM.
 
-  python -m benchmarks.experiments.bench_microbatch_overlap --workload .carry/sharegpt_llama31_1000.json \
+  python -m benchmarks.experiments.bench_microbatch_overlap \
+      --workload .carry/sharegpt_llama31_1000.json \
       --out results/experiments/microbatch_overlap_h200.json
 """
 

@@ -1,12 +1,14 @@
-"""cuBLAS against the Triton skinny linear (`benchmarks/experiments/kernels/skinny_linear.py`) on a decode
-step's GEMMs at 1-128 token rows, llama-3.1-8b shapes, bf16, over a few tile configurations.
+"""cuBLAS against the Triton skinny linear (`benchmarks/experiments/kernels/skinny_linear.py`)
+on a decode step's GEMMs at 1-128 token rows, llama-3.1-8b shapes, bf16, over a few tile
+configurations.
 
 Each time is one GEMM inside a CUDA graph of calls cycling over enough weight copies to miss
 the 60 MB L2, as a decode step reads each layer's weights once (bench_kernels.time_graph).
 The floor is the weights' bytes at 4.24 TB/s. `per_step` sums a layer's four GEMMs times 32
 layers: cuBLAS, and the best configuration per GEMM.
 
-  python -m benchmarks.experiments.bench_skinny_linear --out results/experiments/skinny_linear_h200.json
+  python -m benchmarks.experiments.bench_skinny_linear \
+      --out results/experiments/skinny_linear_h200.json
 """
 
 from __future__ import annotations

@@ -6,9 +6,11 @@
                 size, the calibration `kvtier profile` wrote), score the cost model on
                 every real step, and write the errors and plots.
 
-  python -m benchmarks.fidelity.fidelity_report real --workload .carry/sharegpt_llama2-13b_1000.json \
+  python -m benchmarks.fidelity.fidelity_report real \
+      --workload .carry/sharegpt_llama2-13b_1000.json \
       --model llama-2-13b --num-requests 400 --rate 6 --out $OUT/fidelity_real.json
-  python -m benchmarks.fidelity.fidelity_report sim --real results/fidelity/fidelity_real_h200.json \
+  python -m benchmarks.fidelity.fidelity_report sim \
+      --real results/fidelity/fidelity_real_h200.json \
       --calibration results/calibration/calib_h200_llama-2-13b.json \
       --workload .carry/sharegpt_llama2-13b_1000.json \
       --out results/fidelity/fidelity_h200.json --plot results/fidelity/fidelity_h200.png

@@ -6,8 +6,8 @@ much is the lease (host speed and GPU step times differ between machines of one 
       --workload .carry/sharegpt_llama2-13b_1000.json \
       --out results/fidelity/fidelity_h200_runs.json
 
-Each trace is `benchmarks/fidelity/fidelity_report.py real` on the H200 (the device call that made it
-is in `benchmarks/device_runs.sh`); each calibration is refit in memory from its raw
+Each trace is `benchmarks/fidelity/fidelity_report.py real` on the H200 (the device calls are
+`benchmarks/device_runs.sh`'s fidelity parts); each calibration is refit in memory from its raw
 measurements with this commit's fit first; scoring runs the simulator on this CPU (~8 s a
 pair).
 """

@@ -11,9 +11,9 @@ Prefill: one fresh causal prompt of 2k/8k/32k tokens through the paged prefill k
 TFLOP/s = 2 * 2 * Hq * D * L^2 / 2 / time, beside torch's flash SDPA on the same shape.
 
     python -m benchmarks.kernels.bench_kernels --out results.json [--sweep]
-    python -m benchmarks.kernels.bench_kernels --parts short_context --out short.json  # tile variants
+    python -m benchmarks.kernels.bench_kernels --parts short_context --out s.json  # tiles
     python -m benchmarks.kernels.bench_kernels --parts mixed_context --out mixed.json  # split caps
-    python -m benchmarks.kernels.bench_kernels --parts sharegpt_context --out sg.json  # run's contexts
+    python -m benchmarks.kernels.bench_kernels --parts sharegpt_context --out sg.json  # run's
 """
 
 from __future__ import annotations

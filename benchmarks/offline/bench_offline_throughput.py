@@ -1,7 +1,8 @@
 """Offline throughput (vLLM's benchmark_throughput): every request at once, input and output
 lengths from the dataset, ignore_eos, one engine. Reports output and total tokens/s.
 
-  python -m benchmarks.offline.bench_offline_throughput --workload .carry/sharegpt_llama31_1000.json \
+  python -m benchmarks.offline.bench_offline_throughput \
+      --workload .carry/sharegpt_llama31_1000.json \
       --model llama-3.1-8b --out results/offline/offline_sharegpt_h200.json
 
 Async scheduling is on here as it is by default on a GPU (vLLM's default too, and SGLang's

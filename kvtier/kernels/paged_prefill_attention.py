@@ -64,9 +64,10 @@ def prefill_tile(
     BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """One (query tile, KV head) of the varlen prefill: the body of `_prefill_kernel`, shared
-    with the horizontally fused kernel (benchmarks/experiments/kernels/fused_attention.py). A tile past its
-    request's last query token (the at most one spare tile per request) does nothing; that is
-    an `if`, not an early return, so the function can sit inside a persistent loop."""
+    with the horizontally fused kernel (benchmarks/experiments/kernels/fused_attention.py).
+    A tile past its request's last query token (the at most one spare tile per request) does
+    nothing; that is an `if`, not an early return, so the function can sit inside a
+    persistent loop."""
     b = _find_request(query_start_loc_ptr, tile, num_reqs, q_base, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + b)
     q_len = tl.load(query_start_loc_ptr + b + 1) - q_start

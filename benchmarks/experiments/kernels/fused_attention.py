@@ -19,7 +19,7 @@ split fastest. Two schedules map programs to items:
                            `split_programs` divides them by the two parts' estimated times
                            (FLOPs at the prefill kernel's rate, bytes at the decode kernel's),
                            rounded to whole programs. Measured slower than the interleaved
-                           schedule on the H200 (benchmarks/experiments/bench_hfusion.py): a static split
+                           schedule on the H200 (bench_hfusion.py): a static split
                            misjudges small prefills, and fewer resident decode programs cannot
                            keep HBM busy.
 

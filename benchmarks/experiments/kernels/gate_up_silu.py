@@ -19,7 +19,8 @@ share its reads through L2, so the weights are read from HBM about once (decode-
 whose x fits in L2, is what this kernel is for).
 
 Kept for the record, not used by the engine: against cuBLAS + `silu_and_mul` on llama-3.1-8b
-(results/experiments/gate_up_silu_h200_2ae35da.json, `python -m benchmarks.experiments.bench_gate_up_silu
+(results/experiments/gate_up_silu_h200_2ae35da.json,
+`python -m benchmarks.experiments.bench_gate_up_silu
 --out ...`, the best of 11 launch shapes per token count) it wins only at 64 tokens (62.6 us
 against 65.1) and loses from 128 on, by 21-31 % at 192-1024 (256 tokens: 121 us against 96).
 Past ~128 rows the GEMM is compute-bound and cuBLAS's Hopper kernels (TMA, warp-specialized,

@@ -9,7 +9,8 @@ NUM_STAGES-deep pipeline and accumulates in fp32: N / BLOCK_N programs, no split
 reduction, deterministic.
 
 Kept for the record, not used by the engine: against cuBLAS on llama-3.1-8b's decode GEMMs
-(results/experiments/skinny_linear_h200_4730968.json, `python -m benchmarks.experiments.bench_skinny_linear
+(results/experiments/skinny_linear_h200_4730968.json,
+`python -m benchmarks.experiments.bench_skinny_linear
 --out ...`, the best of 8 tile configurations per shape) it wins on o_proj at 1-32 rows (11.8-
 12.1 us against 12.8-13.9, still 65-67 % of the weights' floor) and on down_proj at 1-64 rows
 (2-8 %), loses on qkv and gate_up, and loses on everything at 96 and 128 rows (15-49 %). Taken
