@@ -133,7 +133,7 @@ part() {
     timeout 120 python3 -m benchmarks.policies.bench_bf16_agreement \
       --out "$(out policies bf16_agreement_h200.json)" 2>&1 | grep -E "^(float32|bfloat16)" ;;
   calibrate-13b)  # the cost model's llama-2-13b profile of this machine
-    timeout 330 python3 -m kvtier.costmodel.calibrate llama-2-13b \
+    timeout 330 python3 -m kvtier.cli profile llama-2-13b \
       --out "$(out calibration calib_h200_llama-2-13b.json)" 2>&1 | tail -5 ;;
   fidelity-trace)  # the real half of the simulator-fidelity trace
     fidelity_real fidelity_real_h200.json ;;

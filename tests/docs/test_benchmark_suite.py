@@ -5,6 +5,7 @@ command names a module that exists, and every device part the pages name exists.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import re
 import runpy
@@ -117,3 +118,39 @@ def test_unknown_device_part_is_refused(tmp_path: Path) -> None:
                                                               "PATH": "/usr/bin:/bin"})
     assert run.returncode == 2 and "unknown part: no-such-part" in run.stderr
     assert not any(tmp_path.iterdir()), "nothing ran before the names were checked"
+
+
+FAKE_PYTHON = """#!/bin/sh
+# Records the module each part runs and writes the file its --out names, as a real run would.
+echo "$@" >> "$OUT/calls.txt"
+while [ $# -gt 0 ]; do
+  if [ "$1" = --out ]; then mkdir -p "$(dirname "$2")"; echo '{}' > "$2"; fi
+  shift
+done
+"""
+
+
+def test_device_parts_run_documented_modules_into_their_subject(tmp_path: Path) -> None:
+    """With a stand-in python3, each part calls modules that exist and writes its files
+    under $OUT/<subject>/, the results/ folder they are committed to."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(FAKE_PYTHON)
+    (bin_dir / "python3").chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    parts = ["offline", "swap-overlap", "calibrate-13b", "fidelity-trace", "decode-targets",
+             "kernels-short-context", "policies-13b-ridge"]
+    run = subprocess.run(["bash", str(BENCH / "device_runs.sh"), *parts], cwd=ROOT,
+                         capture_output=True, text=True,
+                         env={"OUT": str(out), "PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert run.returncode == 0, run.stderr
+    written = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
+    assert {"offline/offline_sharegpt_h200.json", "policies/swap_overlap_h200.json",
+            "calibration/calib_h200_llama-2-13b.json", "fidelity/fidelity_real_h200.json",
+            "gpu_path/gpu_path_h200_targets.json", "kernels/kernels_short_context_h200.json",
+            "serving/bench_13b_ellm_ridge_h200.tar.gz"} <= written
+    modules = {line.split()[1] for line in (out / "calls.txt").read_text().splitlines()
+               if line.startswith("-m ")}
+    missing = [m for m in modules if m not in scripts() and importlib.util.find_spec(m) is None]
+    assert modules and not missing, missing
