@@ -154,3 +154,18 @@ def test_device_parts_run_documented_modules_into_their_subject(tmp_path: Path) 
                if line.startswith("-m ")}
     missing = [m for m in modules if m not in scripts() and importlib.util.find_spec(m) is None]
     assert modules and not missing, missing
+
+
+def test_result_records_the_module_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A result JSON's command is one a reader can paste at the repository root."""
+    from types import ModuleType, SimpleNamespace
+
+    from benchmarks.common import command_line
+
+    main = ModuleType("__main__")
+    main.__spec__ = SimpleNamespace(name="benchmarks.offline.bench_offline_throughput")
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    monkeypatch.setattr(sys, "argv", ["/abs/bench_offline_throughput.py", "--out", "x.json"])
+    assert command_line() == "python -m benchmarks.offline.bench_offline_throughput --out x.json"
+    main.__spec__ = None  # run as a file
+    assert command_line() == "bench_offline_throughput.py --out x.json"
