@@ -33,11 +33,19 @@ def batch_bin(batch: int) -> str:
     return f"{BATCH_BIN_EDGES[-1]}+"
 
 
+def command_line() -> str:
+    """The command that repeats this run from the repository root: `python -m <module> ...`
+    when it runs as a module (how the suite's scripts run), else the script's name."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    head = f"python -m {spec.name}" if spec is not None and spec.name else Path(sys.argv[0]).name
+    return " ".join([head, *sys.argv[1:]])
+
+
 def environment() -> dict[str, Any]:
     import torch
 
     env: dict[str, Any] = {
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command": command_line(),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -15,7 +15,7 @@ fi
 export KVTIER_SMOLLM2_DIR=$DIR
 python3 -m pytest -q -m gpu tests/engine/test_real_model.py -p no:cacheprovider 2>&1 \
   | tail -15 | tee $OUT/real_model_gpu_tests.txt
-timeout 240 python3 benchmarks/bench_real_model.py --model $DIR --workload $WORK \
+timeout 240 python3 -m benchmarks.offline.bench_real_model --model $DIR --workload $WORK \
   --out $OUT/real_model_smollm2_h200.json 2>&1 | tail -1
-timeout 240 python3 benchmarks/bench_real_model.py --model $DIR --workload $WORK --ignore-eos \
+timeout 240 python3 -m benchmarks.offline.bench_real_model --model $DIR --workload $WORK --ignore-eos \
   --out $OUT/real_model_smollm2_h200_ignore_eos.json 2>&1 | tail -1

@@ -1,7 +1,7 @@
 """Tokenize a ShareGPT sample once, here, into a compact JSON the GPU machine can read
 (the dataset itself is ~125 MB and the device machine has no network).
 
-  python benchmarks/prepare_workload.py --model llama-3.1-8b --num-prompts 1000 \
+  python -m benchmarks.prepare_workload --model llama-3.1-8b --num-prompts 1000 \
       --out .carry/sharegpt_llama31_1000.json
 """
 

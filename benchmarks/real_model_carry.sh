@@ -12,7 +12,7 @@ gguf=$($PY -m tests.real_model --print-gguf)
 rm -f .carry/smollm2.gguf.?
 split -n 5 -d -a 1 "$gguf" .carry/smollm2.gguf.
 model=$($PY -m tests.real_model | tail -1)  # builds the cached HF directory once, prints its path
-$PY benchmarks/bench_real_model.py --model "$model" --num-prompts 1000 --latency-requests 20 \
+$PY -m benchmarks.offline.bench_real_model --model "$model" --num-prompts 1000 --latency-requests 20 \
   --save-workload .carry/smollm2_sharegpt_1020.json --prepare-only
 $PY -m pip download -q --no-deps --only-binary=:all: -d .whl gguf==0.19.0
 ls -la .carry/smollm2.gguf.? .carry/smollm2_sharegpt_1020.json .whl/gguf-*.whl

@@ -11,7 +11,7 @@ def graph_batch_sizes(max_num_seqs: int, max_graph_batch_size: int = 512) -> lis
     there; above, the linear layers turn compute bound and a padded row costs as much as a
     real one, hence the finer steps. The graphs share one memory pool and one logits buffer,
     so more sizes cost capture time, not memory (measured in
-    benchmarks/results/offline_ab_{e7626d1,a4b588d}_{1,2}.json)."""
+    results/offline/offline_ab_{e7626d1,a4b588d}_{1,2}.json)."""
     sizes = [1, 2, 4] + list(range(8, min(128, max_graph_batch_size) + 1, 8))
     sizes += list(range(132, max_graph_batch_size + 1, 4))
     cap = min(max_num_seqs, max_graph_batch_size)

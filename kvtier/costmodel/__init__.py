@@ -2,7 +2,7 @@
 
     from kvtier.costmodel import CostModel, CostModelConfig, Calibration, get_hardware
     cm = CostModel(model_config, get_hardware("h200"),
-                   Calibration.load("benchmarks/results/calib_h200_llama-2-13b.json"),
+                   Calibration.load("results/calibration/calib_h200_llama-2-13b.json"),
                    CostModelConfig(max_num_seqs=256, block_bytes=..., num_gpus=1))
     cm.predict_plan(plan).executor_s      # the runner's time for a StepPlan
     cm.predict(StepShape(...)).total_s    # + the engine loop around it

@@ -106,7 +106,7 @@ def freeze_startup_objects() -> None:
     """Move everything alive after start-up (torch, the model, the engine) out of the
     garbage collector's sight, as vLLM does: a gen-2 collection otherwise walks it all, a
     pause of ~96 ms in a simulated serving run on the CPU against ~5 ms frozen
-    (benchmarks/bench_gc_pauses.py, gc_pauses_cpu.json) — inside a step whose launches
+    (benchmarks/gpu_path/bench_gc_pauses.py, gc_pauses_cpu.json) — inside a step whose launches
     the GPU waits on, an idle GPU for that long."""
     gc.collect()
     gc.freeze()

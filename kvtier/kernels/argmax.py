@@ -11,10 +11,10 @@ flipped so that more negative sorts lower, -0.0 taken as +0.0 (they compare equa
 above everything (torch's argmax counts NaN as the largest value, the first NaN winning).
 The first version made three reductions a chunk with int64 indices (NaN, max, first index)
 and lost to torch past 64 rows (234 against 143 us at 992 rows,
-benchmarks/results/kernels_argmax_h200.json). This one is faster at every batch measured:
+results/kernels/kernels_argmax_h200.json). This one is faster at every batch measured:
 1 row 3.1 us (torch 27.3), 8 rows 4.3 (32.0), 64 rows 12.0 (37.9), 256 rows 36.6 (46.0),
-992 rows 125.9 (142.0) (benchmarks/results/kernels_argmax_rotary_kv_write_h200_d41cae2.json,
-`python benchmarks/bench_kernels.py --parts argmax --out ...`).
+992 rows 125.9 (142.0) (results/kernels/kernels_argmax_rotary_kv_write_h200_d41cae2.json,
+`python -m benchmarks.kernels.bench_kernels --parts argmax --out ...`).
 
 Exactly torch's answer: keys order values exactly (bf16/fp16 widen to fp32 exactly), the
 first index of the maximum wins ties (the reduction breaks ties to the left and chunks merge

@@ -104,7 +104,7 @@ def decode_split(
     HAS_PREFIX: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """One (request, KV head, split) of the decode: the body of `_decode_split_kernel`, shared
-    with the horizontally fused kernel (kvtier/kernels/fused_attention.py)."""
+    with the horizontally fused kernel (benchmarks/experiments/kernels/fused_attention.py)."""
     seq_len = tl.load(seq_lens_ptr + b)
     # Each request cuts its own context into its own number of tile-aligned ranges: the grid
     # depends only on (B, Hkv, num_splits), so a captured CUDA graph stays valid as lengths
@@ -271,7 +271,7 @@ def default_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, sms: int
                        programs_per_sm: int = 2) -> int:
     """The split count whose (request, head, split) programs fill the GPU in whole waves.
 
-    Measured on the H200 (benchmarks/results/kernels_h200_run1.json, sweep): with 2 resident
+    Measured on the H200 (results/kernels/kernels_h200_run1.json, sweep): with 2 resident
     programs per SM (96 KiB of pipelined K/V tiles each), 640 programs (2.4 waves) reached
     78 % of HBM bandwidth where 512 (1.9 waves) reached 98 %: the partly filled last wave
     idles SMs. A single wave also ramps poorly (88 %), and every split adds partial-output

@@ -64,9 +64,10 @@ def prefill_tile(
     BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """One (query tile, KV head) of the varlen prefill: the body of `_prefill_kernel`, shared
-    with the horizontally fused kernel (kvtier/kernels/fused_attention.py). A tile past its
-    request's last query token (the at most one spare tile per request) does nothing; that is
-    an `if`, not an early return, so the function can sit inside a persistent loop."""
+    with the horizontally fused kernel (benchmarks/experiments/kernels/fused_attention.py).
+    A tile past its request's last query token (the at most one spare tile per request) does
+    nothing; that is an `if`, not an early return, so the function can sit inside a
+    persistent loop."""
     b = _find_request(query_start_loc_ptr, tile, num_reqs, q_base, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + b)
     q_len = tl.load(query_start_loc_ptr + b + 1) - q_start
@@ -150,7 +151,7 @@ def _prefill_kernel(
 
 def _default_tiles(G: int, dtype: torch.dtype, interpret: bool) -> tuple[int, int]:
     """(BLOCK_M rows, BLOCK_N keys), 4 warps. Measured on the H200 at 8k tokens
-    (benchmarks/results/kernels_h200.json, sweep): 64 x 64 gave 329 TFLOP/s on
+    (results/kernels/kernels_h200.json, sweep): 64 x 64 gave 329 TFLOP/s on
     llama-3.1-8b and 326 on llama-2-13b, level with torch's flash SDPA (314, 320); 128 x 32
     gave 330 and only 198 (MHA puts 128 tokens of one head in a tile), 128 x 64 309 and 278.
     fp32 tiles are twice the bytes, so they shrink to stay inside shared memory."""

@@ -1,7 +1,7 @@
 """Raw measurements of `kvtier profile` -> a Calibration. Runs anywhere (no GPU), so a
 calibration can be refitted from its own `raw` section:
 
-    python -m kvtier.profiler.fit benchmarks/results/calib_h200_llama-2-13b.json
+    python -m kvtier.profiler.fit results/calibration/calib_h200_llama-2-13b.json
 
 Least squares minimise *relative* error (each row divided by its measured time): steps
 range from 5 ms to 500 ms and each should count alike.

@@ -1,5 +1,5 @@
 """Synthetic step plans over a real runner's pool, for calibration (as
-`benchmarks/bench_gpu_path.py` builds them): every request gets blocks of its own, decode
+`benchmarks/gpu_path/bench_gpu_path.py` builds them): every request gets blocks of its own, decode
 rows first, random token ids."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ contiguous range of it, and after the forward each such range goes to the pinned
 one non-blocking device-to-host copy, in stream order. No host scatter and no sync per step:
 the first version staged per layer on the host, synchronized, and scattered rows with
 advanced indexing on the CPU (~1.2 GB/s): 13B decode steps took 29 ms instead of 16, mixed
-ones 283 instead of 39 (benchmarks/results/bench_13b_4policies_h200_adaptive4096/).
+ones 283 instead of 39 (results/serving/bench_13b_4policies_h200_adaptive4096/).
 Restore: per layer, the hidden rows go to the device and the layer's K/V projection (+
 k-norm, rotary) writes its KV blocks; it reads the host pool, so it first waits for the
 copies of the last store.

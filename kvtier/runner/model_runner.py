@@ -193,7 +193,7 @@ class ModelRunner:
         compile), and mixed steps ran ~10 ms slow for the first ~600 steps while the caching
         allocator grew, each new segment's cudaMalloc a sync in the middle of a piecewise
         step that left the GPU waiting on the host's remaining launches
-        (benchmarks/results/fidelity_h200.md). The largest step's memory was reserved for
+        (results/fidelity/fidelity_h200.md). The largest step's memory was reserved for
         activations when the pools were sized, so it stays cached.
         Every row reads and writes the same first blocks of the pool: garbage KV in free
         blocks is harmless, a block is always written before it is read. HCache's

@@ -7,7 +7,7 @@ clock, so hours of trace replay in seconds on a CPU.
     engine = build_sim_engine(
         EngineArgs(model="llama-2-13b", load_format="dummy", max_model_len=4096),
         hardware="h200",                     # or "a100-80gb" (datasheet roofline)
-        calibration="benchmarks/results/calib_h200_llama-2-13b.json",  # or None
+        calibration="results/calibration/calib_h200_llama-2-13b.json",  # or None
         num_gpus=1)                          # tensor parallel degree
     times = run_simulation(engine, [(prompt_ids, output_len, arrival_s), ...])
     times[0].ttft_s, times[0].tpot_s, times[0].token_times_s

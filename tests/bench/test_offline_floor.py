@@ -2,9 +2,9 @@
 
 import numpy as np
 
-from benchmarks.bench_offline_throughput import step_summary
 from benchmarks.common import batch_bin
-from benchmarks.offline_floor import compare_by_batch, decode_floor
+from benchmarks.offline.bench_offline_throughput import step_summary
+from benchmarks.offline.offline_floor import compare_by_batch, decode_floor
 from kvtier.model.loader import resolve_model_config
 
 

@@ -9,7 +9,7 @@ from kvtier.planner.fit import decode_shape, fit_to_cost_model, sample_points
 from kvtier.planner.request_level import PlannerConfig, RequestLevelPlanner
 from tests.planner.test_request_level import M13
 
-CALIB = "benchmarks/results/calib_h200_llama-2-13b.json"
+CALIB = "results/calibration/calib_h200_llama-2-13b.json"
 
 
 def _mape(planner: RequestLevelPlanner, rows) -> float:

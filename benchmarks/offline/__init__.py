@@ -1,0 +1,2 @@
+"""Offline throughput (every request at once), its floor and its profile; results in
+results/offline/."""

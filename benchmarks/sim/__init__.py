@@ -1,0 +1,1 @@
+"""Experiments on the simulator (CPU); results in results/sim/."""
