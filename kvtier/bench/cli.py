@@ -24,6 +24,7 @@ from kvtier.bench.experiment import (
     engine_backends,
     run_experiment,
 )
+from kvtier.bench.extras import warn_missing_extras
 from kvtier.bench.metrics import Slo
 from kvtier.bench.prepared import prepared_dataset, save_prepared
 from kvtier.bench.report import write_result_dir
@@ -33,6 +34,17 @@ from kvtier.bench.table import print_table
 from kvtier.bench.workload import Dataset, Workload, WorkloadSpec, build_workload
 
 ARRIVALS = ("offline", "poisson", "gamma", "paper-gamma", "trace")
+DEFAULT_POLICIES = "recompute,swap"
+SERVER_LABEL = "server"  # a --base-url run's label when --policies names none
+
+
+class _PoliciesAction(argparse.Action):
+    """Stores --policies and remembers it was given: a --base-url run labels itself with
+    the one policy given, and refuses several (one server serves one policy)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.policies_given = True
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -42,8 +54,9 @@ def _floats(text: str) -> tuple[float, ...]:
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     """The benchmark's own options (the engine's come from EngineArgs.add_cli_args)."""
     g = p.add_argument_group("benchmark")
-    g.add_argument("--policies", default="recompute,swap",
-                   help="comma-separated KV policies, run in this order; ratios are to the first")
+    g.add_argument("--policies", default=DEFAULT_POLICIES, action=_PoliciesAction,
+                   help="comma-separated KV policies, run in this order; ratios are to the "
+                        "first (with --base-url: at most one, the label of the server's run)")
     g.add_argument("--out", default=None, help="result directory (default runs/bench-<time>)")
     g.add_argument("--simulate", action="store_true",
                    help="run the simulator (real scheduler, cost model, virtual time)")
@@ -53,7 +66,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    help="cost-model calibration JSON (kvtier profile); default: roofline")
     g.add_argument("--base-url", default=None,
                    help="drive a running `kvtier serve` over HTTP instead of an in-process "
-                        "engine (its policy is the server's; --policies only labels the run)")
+                        "engine: one run, of the server's policy (--policies may name it)")
     g.add_argument("--slo-ttft", type=float, default=None, help="TTFT SLO in ms")
     g.add_argument("--slo-tpot", type=float, default=None, help="TPOT SLO in ms")
     g.add_argument("--warmup-requests", type=int, default=2,
@@ -179,14 +192,27 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
             raise SystemExit("kvtier bench: --goodput-sweep needs arrivals with a rate, not offline")
         sweep = SweepConfig(rates=tuple(args.sweep_rates), low=args.sweep_low, high=args.sweep_high,
                             target=args.goodput_target)
-    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
-    if not policies:
-        raise SystemExit("kvtier bench: --policies is empty")
     return BenchConfig(
-        policies=policies, slo=slo, warmup_requests=args.warmup_requests,
+        policies=_policies(args), slo=slo, warmup_requests=args.warmup_requests,
         run=RunOptions(progress=args.progress, max_duration_s=args.max_duration),
         sweep=sweep, monitor_gpu=args.gpu_monitor,
     )
+
+
+def _policies(args: argparse.Namespace) -> tuple[str, ...]:
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    if not getattr(args, "base_url", None):
+        if not policies:
+            raise SystemExit("kvtier bench: --policies is empty")
+        return policies
+    if not getattr(args, "policies_given", False):
+        return (SERVER_LABEL,)
+    if len(policies) != 1:
+        raise SystemExit(
+            f"kvtier bench: --base-url drives one server, which serves one policy; --policies "
+            f"{args.policies!r} names {len(policies)}: give the server's policy as its label, "
+            "or none (run bench once per server to compare policies)")
+    return policies
 
 
 def _tokenizer_and_config(engine_args):
@@ -233,6 +259,9 @@ def _sim_backends(engine_args, args: argparse.Namespace) -> BackendFactory:
 def _http_backends(args: argparse.Namespace) -> BackendFactory:
     from kvtier.bench.http_backend import HTTPBackend
 
+    # httpx logs every request at INFO: thousands of lines that bury the run's own.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
     return lambda policy: HTTPBackend(args.base_url, ignore_eos=args.ignore_eos)
 
 
@@ -254,7 +283,9 @@ def run_bench(args: argparse.Namespace) -> int:
 
     engine_args = EngineArgs.from_cli_args(args)
     config = bench_config(args)
-    _check_policies(config.policies)
+    if not args.base_url:  # a server's run is labelled, not built, by its policy
+        _check_policies(config.policies)
+    warn_missing_extras(config.monitor_gpu)
     tokenizer, engine_config = _tokenizer_and_config(engine_args)
     spec = workload_spec(args, engine_config.scheduler.max_model_len)
     try:

@@ -107,3 +107,30 @@ def test_prepared_keeps_the_papers_gaps(tmp_path, word_tokenizer):
     spec = arrival_spec(parse("--workload", "prepared", "--dataset-path", str(sharegpt),
                               "--arrivals", "paper-gamma"))
     assert 1 / spec.rate == pytest.approx(0.011075)  # ShareGPT's halved gaps
+
+
+def test_base_url_is_one_run_of_the_servers_policy():
+    url = ("--base-url", "http://127.0.0.1:1")
+    assert bench_config(parse(*url)).policies == ("server",)  # the default list is not run
+    assert bench_config(parse(*url, "--policies", "swap")).policies == ("swap",)
+    with pytest.raises(SystemExit, match="one server, which serves one policy"):
+        bench_config(parse(*url, "--policies", "recompute,swap"))
+    assert bench_config(parse("--policies", "recompute,swap")).policies == ("recompute", "swap")
+
+
+def test_base_url_silences_httpx_request_lines():
+    import logging
+
+    from kvtier.bench.cli import _http_backends
+
+    httpx_log, root = logging.getLogger("httpx"), logging.getLogger()
+    old, old_root = httpx_log.level, root.level
+    try:
+        httpx_log.setLevel(logging.NOTSET)
+        logging.getLogger().setLevel(logging.INFO)  # as `kvtier` sets it
+        _http_backends(parse("--base-url", "http://127.0.0.1:1"))  # builds no backend yet
+        assert not httpx_log.isEnabledFor(logging.INFO)
+        assert httpx_log.isEnabledFor(logging.WARNING)
+    finally:
+        httpx_log.setLevel(old)
+        root.setLevel(old_root)
