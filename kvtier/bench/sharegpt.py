@@ -47,7 +47,7 @@ def json_array_prefix(text: str) -> tuple[list[dict], int | None]:
     split cut mid-record.
     """
     decoder = json.JSONDecoder()
-    pos, objects = text.index("[") + 1, []
+    pos, objects = text.index("[") + 1, list[dict]()
     while True:
         pos = _skip_separators(text, pos)
         if pos >= len(text) or text[pos] == "]":

@@ -134,3 +134,43 @@ def test_base_url_silences_httpx_request_lines():
     finally:
         httpx_log.setLevel(old)
         root.setLevel(old_root)
+
+
+def _trace(tmp_path, rows):
+    csv = tmp_path / "trace.csv"
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 00:00:{i:02d}.0,{c},{g}\n" for i, (c, g) in enumerate(rows)))
+    return str(csv)
+
+
+def test_a_traces_lengths_are_the_workload(tmp_path, word_tokenizer):
+    """No ShareGPT filter on a trace: only what max_model_len cannot hold is truncated, and said."""
+    from kvtier.bench.workload import build_workload
+
+    rows = [(2076, 300), (1500, 28), (3, 2), (4000, 500)]
+    args = parse("--workload", "azure", "--dataset-path", _trace(tmp_path, rows),
+                 "--num-prompts", "4")
+    assert length_limits(args, 8192) == LengthLimits(1, 1, 8191, 8192)
+    whole = build_workload(workload_spec(args, 8192), word_tokenizer, 1000)
+    assert [(r.prompt_len, r.output_len) for r in whole.requests] == rows
+    assert whole.length_report.num_outside == 0 and whole.summary()["outside_length_limits"] == 0
+    cut = build_workload(workload_spec(args, 2048), word_tokenizer, 1000)
+    assert [(r.prompt_len, r.output_len) for r in cut.requests][1:3] == rows[1:3]
+    assert cut.length_report.num_outside == 2 and cut.length_report.action == "truncated"
+    assert all(r.prompt_len + r.output_len <= 2048 for r in cut.requests)
+    assert cut.summary()["outside_length_action"] == "truncated"
+
+
+def test_a_prepared_workload_keeps_its_own_limits(tmp_path, word_tokenizer):
+    from kvtier.bench.workload import build_workload
+
+    path = tmp_path / "long.json"
+    reqs = [BenchRequest(tuple(range(1, n + 1)), out) for n, out in ((1800, 400), (20, 3), (900, 40))]
+    save_prepared(reqs, path)
+    args = parse("--workload", "prepared", "--dataset-path", str(path), "--num-prompts", "2")
+    kept = build_workload(workload_spec(args, 4096), word_tokenizer, 1000)
+    assert [(r.prompt_len, r.output_len) for r in kept.requests] == [(1800, 400), (20, 3)]
+    assert kept.length_report.num_outside == 0
+    short = build_workload(workload_spec(args, 1024), word_tokenizer, 1000)
+    assert [(r.prompt_len, r.output_len) for r in short.requests] == [(20, 3), (900, 40)]
+    assert (short.length_report.num_outside, short.length_report.action) == (1, "dropped")
