@@ -172,17 +172,17 @@ def length_limits(args: argparse.Namespace, max_model_len: int) -> LengthLimits:
     filtered = args.workload in ("sharegpt", "leval")
     sharegpt = args.workload == "sharegpt"
 
-    def given(value: int | None, default: int | None) -> int | None:
-        return default if value is None else value
-
-    max_prompt = given(args.max_prompt_len, 1024 if sharegpt else None)
-    max_total = given(args.max_total_len, 2048 if sharegpt else None)
+    max_prompt = args.max_prompt_len if args.max_prompt_len is not None else (
+        1024 if sharegpt else None)
+    max_total = args.max_total_len if args.max_total_len is not None else (
+        2048 if sharegpt else None)
     max_total = max_model_len if max_total is None else min(max_total, max_model_len)
     # The engine needs room for one generated token after the prompt.
     max_prompt = max_total - 1 if max_prompt is None else min(max_prompt, max_total - 1)
     min_len = 4 if filtered else 1
-    return LengthLimits(given(args.min_prompt_len, min_len), given(args.min_output_len, min_len),
-                        max_prompt, max_total)
+    min_prompt = min_len if args.min_prompt_len is None else args.min_prompt_len
+    min_output = min_len if args.min_output_len is None else args.min_output_len
+    return LengthLimits(min_prompt, min_output, max_prompt, max_total)
 
 
 def workload_spec(args: argparse.Namespace, max_model_len: int) -> WorkloadSpec:
