@@ -94,9 +94,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    help="default: 1024 for ShareGPT (vLLM's filter), else none")
     w.add_argument("--max-total-len", type=int, default=None,
                    help="prompt + output at most; default 2048 for ShareGPT, else none; never "
-                        "above max-model-len. ShareGPT and L-Eval drop requests outside the "
-                        "limits, a prepared file drops them too, an Azure trace truncates them "
-                        "(its arrivals stay); both are reported")
+                        "above max-model-len. ShareGPT and L-Eval sample past requests outside "
+                        "the limits; a prepared file's are dropped and an Azure trace's "
+                        "truncated (its arrivals stay), and their number is said")
     w.add_argument("--input-len", type=int, default=256, help="synthetic: mean prompt length")
     w.add_argument("--output-len", type=int, default=128, help="synthetic: mean output length")
     w.add_argument("--range-ratio", type=float, default=0.0, help="synthetic: lengths +- this fraction")

@@ -88,15 +88,10 @@ def _stream_seed(seed: int, stream: int) -> int:
     return int(np.random.SeedSequence([seed, stream]).generate_state(1)[0])
 
 
-def sample_requests(spec: WorkloadSpec, tokenizer: Tokenizer, vocab_size: int) -> list[BenchRequest]:
-    """The dataset's requests, all with arrival 0."""
-    return sample_requests_reported(spec, tokenizer, vocab_size)[0]
-
-
-def sample_requests_reported(spec: WorkloadSpec, tokenizer: Tokenizer, vocab_size: int,
-                             ) -> tuple[list[BenchRequest], LengthReport | None]:
-    """`sample_requests`, and for a trace or a prepared file what the limits did to it
-    (ShareGPT and L-Eval are sampled through their filter: None)."""
+def sample_requests(spec: WorkloadSpec, tokenizer: Tokenizer, vocab_size: int,
+                    ) -> tuple[list[BenchRequest], LengthReport | None]:
+    """The dataset's requests, all with arrival 0, and for a trace or a prepared file what
+    the limits did to it (ShareGPT and L-Eval are sampled through their filter: None)."""
     limits, n = spec.effective_limits, spec.num_requests
     if spec.dataset is Dataset.SHAREGPT:
         pairs = load_sharegpt_pairs(spec.path)
@@ -127,7 +122,7 @@ def with_arrivals(requests: list[BenchRequest], arrivals: ArrivalSpec, seed: int
 
 
 def build_workload(spec: WorkloadSpec, tokenizer: Tokenizer, vocab_size: int) -> Workload:
-    requests, report = sample_requests_reported(spec, tokenizer, vocab_size)
+    requests, report = sample_requests(spec, tokenizer, vocab_size)
     return Workload(spec, with_arrivals(requests, spec.arrivals, spec.seed), report)
 
 
