@@ -47,8 +47,8 @@ LIMIT_COLUMNS: tuple[tuple[str, Getter, str], ...] = (
     ("not sent", lambda r: r.summary.num_not_sent, "{:.0f}"),
     ("SLO % all", lambda r: _pct(r.summary.slo_attainment_all), "{:.1f}"),
 )
-CAPTION = ("SLO % sent: of the requests sent, failed and aborted ones as misses; "
-           "SLO % all: of every request, the unsent ones as misses too")
+CAPTION = "SLO % sent: of the requests sent, failed and aborted ones as misses"
+CAPTION_ALL = "; SLO % all: of every request, the unsent ones as misses too"
 
 
 def _fmt(value: float | None, fmt: str) -> str:
@@ -67,7 +67,8 @@ def _columns(results: list[PolicyResult]) -> tuple[tuple[str, Getter, str], ...]
 def comparison_table(results: list[PolicyResult], title: str = "kvtier bench") -> Table:
     columns = _columns(results)
     with_slo = any(r.summary.slo_attainment is not None for r in results)
-    table = Table(title=title, caption=CAPTION if with_slo else None)
+    caption = CAPTION + (CAPTION_ALL if columns != COLUMNS else "")
+    table = Table(title=title, caption=caption if with_slo else None)
     table.add_column("policy", style="bold")
     for header, _, _ in columns:
         table.add_column(header, justify="right")
