@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvtier.bench.request import LengthLimits, LengthReport
+from kvtier.bench.request import LengthLimits, LengthReport, OutsideAction
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class AzureTrace:
         lengths = self.lengths(limits)
         raw = zip(self.context_tokens.tolist(), self.generated_tokens.tolist())
         clipped = sum(got != tuple(was) for got, was in zip(lengths, raw))
-        return lengths, LengthReport(limits, clipped, "truncated")
+        return lengths, LengthReport(limits, clipped, OutsideAction.TRUNCATED)
 
 
 def _parse_timestamp(text: str) -> tuple[int, float]:

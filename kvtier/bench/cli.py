@@ -329,7 +329,8 @@ def _describe(workload: Workload) -> str:
     rate = workload.spec.arrivals.mean_rate
     arrivals = "offline" if rate is None else f"{workload.spec.arrivals.kind.value} {rate:.3g} req/s"
     report = workload.length_report
-    outside = f", {report.num_outside} {report.action} to fit" if report and report.num_outside else ""
+    outside = (f", {report.num_outside} {report.action.value} to fit"
+               if report and report.num_outside else "")
     return (f"{workload.spec.dataset.value}, {s['num_requests']} requests "
             f"(mean {s['mean_prompt_len']:.0f} in / {s['mean_output_len']:.0f} out{outside}), "
             f"{arrivals}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvtier.bench.request import BenchRequest, LengthLimits, LengthReport
+from kvtier.bench.request import BenchRequest, LengthLimits, LengthReport, OutsideAction
 
 
 def load_prepared(path: Path | str, num_requests: int, limits: LengthLimits) -> list[BenchRequest]:
@@ -26,7 +26,7 @@ def load_prepared_reported(path: Path | str, num_requests: int,
         if limits.accepts(len(ids), output_len):
             requests.append(BenchRequest(tuple(ids), int(output_len)))
             if len(requests) == num_requests:
-                return requests, LengthReport(limits, dropped, "dropped")
+                return requests, LengthReport(limits, dropped, OutsideAction.DROPPED)
         else:
             dropped += 1
     raise ValueError(f"{path}: only {len(requests)} of {len(rows)} requests fit {limits}; "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -78,18 +79,23 @@ class LengthLimits:
 AS_GIVEN = LengthLimits(min_prompt_len=1, min_output_len=1, max_prompt_len=None, max_total_len=None)
 
 
+class OutsideAction(str, enum.Enum):
+    """What a workload does with a request outside its length limits."""
+
+    DROPPED = "dropped"  # the next one is taken instead
+    TRUNCATED = "truncated"  # kept with its lengths clipped, so a trace keeps its arrivals
+
+
 @dataclass(frozen=True)
 class LengthReport:
-    """The requests of the source that fell outside the limits, and what was done to them:
-    "dropped" (the next one was taken instead) or "truncated" (kept, lengths clipped, so a
-    trace keeps its arrivals)."""
+    """The requests of the source that fell outside the limits, and what was done to them."""
 
     limits: LengthLimits
     num_outside: int
-    action: str
+    action: OutsideAction
 
     def describe(self) -> str:
         lim = self.limits
         return (f"{self.num_outside} requests outside prompt <= {lim.max_prompt_len}, "
                 f"prompt + output <= {lim.max_total_len} (minimums {lim.min_prompt_len} / "
-                f"{lim.min_output_len}): {self.action}")
+                f"{lim.min_output_len}): {self.action.value}")

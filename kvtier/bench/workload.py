@@ -79,7 +79,7 @@ class Workload:
             "arrival_span_s": span,
             "offered_rate": (len(self.requests) - 1) / span if span > 0 else None,
             "outside_length_limits": self.length_report.num_outside if self.length_report else None,
-            "outside_length_action": self.length_report.action if self.length_report else None,
+            "outside_length_action": self.length_report.action.value if self.length_report else None,
         }
 
 

