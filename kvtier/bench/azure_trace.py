@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvtier.bench.request import LengthLimits
+from kvtier.bench.request import LengthLimits, LengthReport, OutsideAction
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,13 @@ class AzureTrace:
     def lengths(self, limits: LengthLimits) -> list[tuple[int, int]]:
         """(prompt, output) per request, clipped (not dropped) so the arrival rate is kept."""
         return [limits.clip(int(c), int(g)) for c, g in zip(self.context_tokens, self.generated_tokens)]
+
+    def lengths_reported(self, limits: LengthLimits) -> tuple[list[tuple[int, int]], LengthReport]:
+        """`lengths`, and how many requests the limits clipped."""
+        lengths = self.lengths(limits)
+        raw = zip(self.context_tokens.tolist(), self.generated_tokens.tolist())
+        clipped = sum(got != tuple(was) for got, was in zip(lengths, raw))
+        return lengths, LengthReport(limits, clipped, OutsideAction.TRUNCATED)
 
 
 def _parse_timestamp(text: str) -> tuple[int, float]:

@@ -31,6 +31,7 @@ class RequestRecord:
     finish_reason: str | None  # "length" | "stop" | "abort" | None (never finished)
     num_preemptions: int = 0
     error: str | None = None
+    sent: bool = True  # False: still due when the run's time limit came (never submitted)
 
     @property
     def output_len(self) -> int:

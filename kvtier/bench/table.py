@@ -30,7 +30,7 @@ COLUMNS: tuple[tuple[str, Getter, str], ...] = (
     ("TPOT p50", _ms("tpot_s", "p50"), "{:.1f}"),
     ("TPOT p99", _ms("tpot_s", "p99"), "{:.1f}"),
     ("E2E p50", _ms("e2e_s", "p50"), "{:.0f}"),
-    ("SLO %", lambda r: _pct(r.summary.slo_attainment), "{:.1f}"),
+    ("SLO % sent", lambda r: _pct(r.summary.slo_attainment), "{:.1f}"),
     ("goodput", lambda r: r.goodput.rate if r.goodput else None, "{:.2f}"),
     ("preempt", lambda r: r.engine.get("num_preemptions"), "{:.0f}"),
     ("swap-out blk", lambda r: r.engine.get("num_swap_out_blocks"), "{:.0f}"),
@@ -38,6 +38,17 @@ COLUMNS: tuple[tuple[str, Getter, str], ...] = (
     ("prefix tok", lambda r: r.engine.get("num_prefix_recompute_tokens"), "{:.0f}"),
     ("KV use %", lambda r: _pct(r.engine.get("mean_gpu_kv_use")), "{:.0f}"),
 )
+
+
+# Shown when a time limit cut a run: what became of the requests, the strict attainment.
+LIMIT_COLUMNS: tuple[tuple[str, Getter, str], ...] = (
+    ("sent", lambda r: r.summary.num_sent, "{:.0f}"),
+    ("aborted", lambda r: r.summary.num_aborted_at_limit, "{:.0f}"),
+    ("not sent", lambda r: r.summary.num_not_sent, "{:.0f}"),
+    ("SLO % all", lambda r: _pct(r.summary.slo_attainment_all), "{:.1f}"),
+)
+CAPTION = "SLO % sent: of the requests sent, failed and aborted ones as misses"
+CAPTION_ALL = "; SLO % all: of every request, the unsent ones as misses too"
 
 
 def _fmt(value: float | None, fmt: str) -> str:
@@ -48,16 +59,24 @@ def _ratio(value: float | None, base: float | None) -> str:
     return "-" if value is None or not base else f"{value / base:.2f}x"
 
 
+def _columns(results: list[PolicyResult]) -> tuple[tuple[str, Getter, str], ...]:
+    cut = any(r.summary.num_not_sent or r.summary.num_aborted_at_limit for r in results)
+    return COLUMNS + LIMIT_COLUMNS if cut else COLUMNS
+
+
 def comparison_table(results: list[PolicyResult], title: str = "kvtier bench") -> Table:
-    table = Table(title=title)
+    columns = _columns(results)
+    with_slo = any(r.summary.slo_attainment is not None for r in results)
+    caption = CAPTION + (CAPTION_ALL if columns != COLUMNS else "")
+    table = Table(title=title, caption=caption if with_slo else None)
     table.add_column("policy", style="bold")
-    for header, _, _ in COLUMNS:
+    for header, _, _ in columns:
         table.add_column(header, justify="right")
     first = results[0]
     for r in results:
-        table.add_row(r.policy, *(_fmt(get(r), fmt) for _, get, fmt in COLUMNS))
+        table.add_row(r.policy, *(_fmt(get(r), fmt) for _, get, fmt in columns))
     for r in results[1:]:
-        ratios = [_ratio(get(r), get(first)) for _, get, _ in COLUMNS]
+        ratios = [_ratio(get(r), get(first)) for _, get, _ in columns]
         table.add_row(f"{r.policy} / {first.policy}", *ratios, style="dim")
     return table
 

@@ -11,8 +11,8 @@ import numpy as np
 from kvtier.bench.arrivals import ArrivalSpec, arrival_offsets
 from kvtier.bench.azure_trace import load_azure_trace
 from kvtier.bench.leval import LEVAL_LIMITS, load_leval, sample_leval
-from kvtier.bench.prepared import load_prepared
-from kvtier.bench.request import BenchRequest, LengthLimits, Tokenizer
+from kvtier.bench.prepared import load_prepared_reported
+from kvtier.bench.request import AS_GIVEN, BenchRequest, LengthLimits, LengthReport, Tokenizer
 from kvtier.bench.sharegpt import load_sharegpt_pairs, sample_sharegpt
 from kvtier.bench.synthetic import requests_with_lengths, synthetic_lengths
 
@@ -41,9 +41,13 @@ class WorkloadSpec:
 
     @property
     def effective_limits(self) -> LengthLimits:
+        """ShareGPT's default is vLLM's filter; a trace's or a prepared file's lengths are
+        the workload, kept as given."""
         if self.limits is not None:
             return self.limits
-        return LEVAL_LIMITS if self.dataset is Dataset.LEVAL else LengthLimits()
+        if self.dataset is Dataset.SHAREGPT:
+            return LengthLimits()
+        return LEVAL_LIMITS if self.dataset is Dataset.LEVAL else AS_GIVEN
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -59,6 +63,8 @@ class WorkloadSpec:
 class Workload:
     spec: WorkloadSpec
     requests: tuple[BenchRequest, ...] = field(repr=False)
+    # Azure and prepared workloads: the requests outside the limits (max_model_len among them)
+    length_report: LengthReport | None = None
 
     def summary(self) -> dict:
         prompts = [r.prompt_len for r in self.requests]
@@ -72,6 +78,8 @@ class Workload:
             "total_output_tokens": int(np.sum(outputs)),
             "arrival_span_s": span,
             "offered_rate": (len(self.requests) - 1) / span if span > 0 else None,
+            "outside_length_limits": self.length_report.num_outside if self.length_report else None,
+            "outside_length_action": self.length_report.action.value if self.length_report else None,
         }
 
 
@@ -80,29 +88,32 @@ def _stream_seed(seed: int, stream: int) -> int:
     return int(np.random.SeedSequence([seed, stream]).generate_state(1)[0])
 
 
-def sample_requests(spec: WorkloadSpec, tokenizer: Tokenizer, vocab_size: int) -> list[BenchRequest]:
-    """The dataset's requests, all with arrival 0."""
+def sample_requests(spec: WorkloadSpec, tokenizer: Tokenizer, vocab_size: int,
+                    ) -> tuple[list[BenchRequest], LengthReport | None]:
+    """The dataset's requests, all with arrival 0, and for a trace or a prepared file what
+    the limits did to it (ShareGPT and L-Eval are sampled through their filter: None)."""
     limits, n = spec.effective_limits, spec.num_requests
     if spec.dataset is Dataset.SHAREGPT:
         pairs = load_sharegpt_pairs(spec.path)
-        return sample_sharegpt(pairs, tokenizer, n, _stream_seed(spec.seed, 0), limits)
+        return sample_sharegpt(pairs, tokenizer, n, _stream_seed(spec.seed, 0), limits), None
     if spec.dataset is Dataset.LEVAL:
         if spec.path is None:
             raise ValueError("the L-Eval workload needs the JSONL path (--dataset-path)")
         records = load_leval(spec.path)
         seed = _stream_seed(spec.seed, 0)
-        return sample_leval(records, tokenizer, n, seed, limits, spec.max_document_tokens)
+        return sample_leval(records, tokenizer, n, seed, limits, spec.max_document_tokens), None
     if spec.dataset is Dataset.PREPARED:
         if spec.path is None:
             raise ValueError("the prepared workload needs its JSON path (--dataset-path)")
-        return load_prepared(spec.path, n, limits)
+        return load_prepared_reported(spec.path, n, limits)
     if spec.dataset is Dataset.AZURE:
         if spec.path is None:
             raise ValueError("the Azure workload needs the trace CSV path (--dataset-path)")
         trace = load_azure_trace(Path(spec.path)).window(spec.trace_start, n)
-        return requests_with_lengths(trace.lengths(limits), vocab_size, _stream_seed(spec.seed, 1))
+        lengths, report = trace.lengths_reported(limits)
+        return requests_with_lengths(lengths, vocab_size, _stream_seed(spec.seed, 1)), report
     lengths = synthetic_lengths(n, spec.input_len, spec.output_len, spec.range_ratio, _stream_seed(spec.seed, 0))
-    return requests_with_lengths(lengths, vocab_size, _stream_seed(spec.seed, 1))
+    return requests_with_lengths(lengths, vocab_size, _stream_seed(spec.seed, 1)), None
 
 
 def with_arrivals(requests: list[BenchRequest], arrivals: ArrivalSpec, seed: int) -> tuple[BenchRequest, ...]:
@@ -111,11 +122,12 @@ def with_arrivals(requests: list[BenchRequest], arrivals: ArrivalSpec, seed: int
 
 
 def build_workload(spec: WorkloadSpec, tokenizer: Tokenizer, vocab_size: int) -> Workload:
-    requests = sample_requests(spec, tokenizer, vocab_size)
-    return Workload(spec, with_arrivals(requests, spec.arrivals, spec.seed))
+    requests, report = sample_requests(spec, tokenizer, vocab_size)
+    return Workload(spec, with_arrivals(requests, spec.arrivals, spec.seed), report)
 
 
 def at_rate(workload: Workload, rate: float) -> Workload:
     """The same requests under the same arrival process at another mean rate."""
     spec = replace(workload.spec, arrivals=workload.spec.arrivals.with_rate(rate))
-    return Workload(spec, with_arrivals(list(workload.requests), spec.arrivals, spec.seed))
+    requests = with_arrivals(list(workload.requests), spec.arrivals, spec.seed)
+    return Workload(spec, requests, workload.length_report)

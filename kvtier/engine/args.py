@@ -177,7 +177,7 @@ class EngineArgs:
                 parser.add_argument(flag, type=_arg_type(f.type), default=default,
                                     help=f.metadata["help"])
         parser.add_argument("--num-gpu-blocks-override", dest="num_gpu_blocks", type=int,
-                            help=argparse.SUPPRESS)  # vLLM's spelling
+                            help="vLLM's name for --num-gpu-blocks")
         parser.add_argument("--ellm-planner-calibration", dest="ellm_calibration",
                             help=argparse.SUPPRESS)  # its name before it priced the budget too
 

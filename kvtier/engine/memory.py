@@ -11,7 +11,11 @@ from kvtier.config import ConfigError, EngineConfig
 from kvtier.kv.manager import cdiv
 
 GiB = 1 << 30
-CPU_DEFAULT_KV_GB = 2.0  # no "GPU memory" to take a fraction of on the CPU path
+# The CPU path has no "GPU memory" to take a fraction of: its pool holds every seat at
+# max_model_len where that is small, else CPU_DEFAULT_KV_GB, but never less than one request
+# of max_model_len as far as CPU_MAX_KV_GB goes (a first run stays small, a real model starts).
+CPU_DEFAULT_KV_GB = 0.25
+CPU_MAX_KV_GB = 2.0
 
 
 @dataclass(frozen=True)
@@ -79,8 +83,24 @@ def size_pools(
                 "--kv-cache-gb"
             )
     else:
-        num_gpu = int(CPU_DEFAULT_KV_GB * GiB // block_bytes)
+        return _cpu_pools(config, block_bytes, reserved_blocks)
     return complete_pools(config, num_gpu, block_bytes, reserved_blocks)
+
+
+def _cpu_pools(config: EngineConfig, block_bytes: int, reserved_blocks: int) -> PoolSizes:
+    """Device and host pools on the CPU, sized from the model and the scheduler's limits:
+    max_num_seqs requests of max_model_len never need more (nor a swap space beyond it)."""
+    cache = config.cache
+    per_request = cache.num_layer_groups(config.model_config.num_layers) * cdiv(
+        config.scheduler.max_model_len, cache.block_size)
+    seats = config.scheduler.max_num_seqs * per_request
+    one_request = min(per_request, int(CPU_MAX_KV_GB * GiB // block_bytes))
+    budget = max(int(CPU_DEFAULT_KV_GB * GiB // block_bytes), one_request)
+    pools = complete_pools(config, min(seats, budget) + reserved_blocks, block_bytes,
+                           reserved_blocks)
+    if cache.num_host_blocks is not None:
+        return pools
+    return PoolSizes(pools.num_gpu_blocks, min(pools.num_host_blocks, seats), block_bytes)
 
 
 def complete_pools(config: EngineConfig, num_gpu: int, block_bytes: int,

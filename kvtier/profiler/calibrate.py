@@ -78,7 +78,10 @@ def detect_hardware() -> str:
         return "h200"
     if "A100" in name and "80GB" in name:
         return "a100-80gb-pcie"
-    raise SystemExit(f"no hardware profile for {name!r}: pass --hardware NAME")
+    from kvtier.costmodel.hardware import hardware_names
+
+    raise SystemExit(f"kvtier profile: no hardware profile for {name!r}: it calibrates a CUDA "
+                     f"GPU; pass --hardware NAME, one of {', '.join(hardware_names())}")
 
 
 def hf_config(model: str) -> dict:

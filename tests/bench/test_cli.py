@@ -107,3 +107,70 @@ def test_prepared_keeps_the_papers_gaps(tmp_path, word_tokenizer):
     spec = arrival_spec(parse("--workload", "prepared", "--dataset-path", str(sharegpt),
                               "--arrivals", "paper-gamma"))
     assert 1 / spec.rate == pytest.approx(0.011075)  # ShareGPT's halved gaps
+
+
+def test_base_url_is_one_run_of_the_servers_policy():
+    url = ("--base-url", "http://127.0.0.1:1")
+    assert bench_config(parse(*url)).policies == ("server",)  # the default list is not run
+    assert bench_config(parse(*url, "--policies", "swap")).policies == ("swap",)
+    with pytest.raises(SystemExit, match="one server, which serves one policy"):
+        bench_config(parse(*url, "--policies", "recompute,swap"))
+    assert bench_config(parse("--policies", "recompute,swap")).policies == ("recompute", "swap")
+
+
+def test_base_url_silences_httpx_request_lines():
+    import logging
+
+    from kvtier.bench.cli import _http_backends
+
+    httpx_log, root = logging.getLogger("httpx"), logging.getLogger()
+    old, old_root = httpx_log.level, root.level
+    try:
+        httpx_log.setLevel(logging.NOTSET)
+        logging.getLogger().setLevel(logging.INFO)  # as `kvtier` sets it
+        _http_backends(parse("--base-url", "http://127.0.0.1:1"))  # builds no backend yet
+        assert not httpx_log.isEnabledFor(logging.INFO)
+        assert httpx_log.isEnabledFor(logging.WARNING)
+    finally:
+        httpx_log.setLevel(old)
+        root.setLevel(old_root)
+
+
+def _trace(tmp_path, rows):
+    csv = tmp_path / "trace.csv"
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 00:00:{i:02d}.0,{c},{g}\n" for i, (c, g) in enumerate(rows)))
+    return str(csv)
+
+
+def test_a_traces_lengths_are_the_workload(tmp_path, word_tokenizer):
+    """No ShareGPT filter on a trace: only what max_model_len cannot hold is truncated, and said."""
+    from kvtier.bench.workload import build_workload
+
+    rows = [(2076, 300), (1500, 28), (3, 2), (4000, 500)]
+    args = parse("--workload", "azure", "--dataset-path", _trace(tmp_path, rows),
+                 "--num-prompts", "4")
+    assert length_limits(args, 8192) == LengthLimits(1, 1, 8191, 8192)
+    whole = build_workload(workload_spec(args, 8192), word_tokenizer, 1000)
+    assert [(r.prompt_len, r.output_len) for r in whole.requests] == rows
+    assert whole.length_report.num_outside == 0 and whole.summary()["outside_length_limits"] == 0
+    cut = build_workload(workload_spec(args, 2048), word_tokenizer, 1000)
+    assert [(r.prompt_len, r.output_len) for r in cut.requests][1:3] == rows[1:3]
+    assert cut.length_report.num_outside == 2 and cut.length_report.action == "truncated"
+    assert all(r.prompt_len + r.output_len <= 2048 for r in cut.requests)
+    assert cut.summary()["outside_length_action"] == "truncated"
+
+
+def test_a_prepared_workload_keeps_its_own_limits(tmp_path, word_tokenizer):
+    from kvtier.bench.workload import build_workload
+
+    path = tmp_path / "long.json"
+    reqs = [BenchRequest(tuple(range(1, n + 1)), out) for n, out in ((1800, 400), (20, 3), (900, 40))]
+    save_prepared(reqs, path)
+    args = parse("--workload", "prepared", "--dataset-path", str(path), "--num-prompts", "2")
+    kept = build_workload(workload_spec(args, 4096), word_tokenizer, 1000)
+    assert [(r.prompt_len, r.output_len) for r in kept.requests] == [(1800, 400), (20, 3)]
+    assert kept.length_report.num_outside == 0
+    short = build_workload(workload_spec(args, 1024), word_tokenizer, 1000)
+    assert [(r.prompt_len, r.output_len) for r in short.requests] == [(20, 3), (900, 40)]
+    assert (short.length_report.num_outside, short.length_report.action) == (1, "dropped")

@@ -89,3 +89,16 @@ def test_flatten_and_ratios():
     a = {"x": 2, "d": {"y": 4.0, "z": 0, "s": "text", "b": True}, "l": [1]}
     assert flatten(a) == {"x": 2.0, "d.y": 4.0, "d.z": 0.0}
     assert ratios(a, {"x": 3, "d": {"y": 1.0, "z": 5}}) == {"x": 1.5, "d.y": 0.25, "d.z": None}
+
+
+def test_without_the_bench_extra_results_are_kept_and_plots_said_missing(
+        experiment, tmp_path, monkeypatch, caplog):
+    from kvtier.bench import extras
+
+    monkeypatch.setattr(extras, "has_module", lambda name: name not in ("matplotlib", "pynvml"))
+    extras.warn_missing_extras(gpu_monitor=False)
+    assert "matplotlib is not installed" in caplog.text and "kvtier[bench]" in caplog.text
+    workload, results = experiment
+    doc = json.loads(write_result_dir(tmp_path, results, workload, {}, "kvtier bench").read_text())
+    assert doc["files"]["plots"] == {} and not list(tmp_path.glob("*.png"))
+    assert doc["policies"]["fast"]["summary"]["num_completed"] == 24

@@ -89,3 +89,46 @@ def test_concurrency_hand_computed():
 def test_departure_before_arrival_at_same_instant():
     times, counts = concurrency_timeline([rec("x", 0.0, [1.0]), rec("y", 1.0, [2.0])])
     assert counts.max() == 1
+
+
+def test_unsent_requests_are_counted_apart_from_attainment():
+    """A run cut by --max-duration: the requests still due were never asked of the engine."""
+    from dataclasses import replace
+
+    aborted = rec("e", 0.5, [0.6, 0.7], reason="abort")
+    failed = rec("d", 0.5, [], error="rejected")
+    unsent = [replace(rec(f"u{i}", 9.0, [], reason=None, error="not sent"), sent=False)
+              for i in range(5)]
+    s = summarize(RECORDS + [aborted, failed] + unsent, 4.0, Slo(ttft_s=10.0, tpot_s=10.0))
+    assert (s.num_requests, s.num_sent, s.num_completed) == (10, 5, 3)
+    assert (s.num_aborted_at_limit, s.num_failed, s.num_not_sent) == (1, 1, 5)
+    assert s.slo_attainment == pytest.approx(3 / 5)  # of the 5 sent
+    assert s.slo_attainment_all == pytest.approx(3 / 10)  # the strict figure, under its name
+    assert s.ttft_attainment == pytest.approx(3 / 5)
+    assert s.slo_throughput == pytest.approx(3 / 4.0)
+    assert "sent" in s.to_dict()["attainment_basis"]
+
+
+def test_table_says_what_attainment_is_of():
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from kvtier.bench.table import print_table
+
+    def result(records):
+        summary = summarize(records, 4.0, Slo(ttft_s=10.0))
+        return SimpleNamespace(policy="p", summary=summary, goodput=None, engine={})
+
+    from dataclasses import replace
+
+    cut = RECORDS + [replace(rec("u", 9.0, [], reason=None, error="not sent"), sent=False)]
+    buf = io.StringIO()
+    print_table([result(cut)], console=Console(file=buf, width=300))
+    text = buf.getvalue()
+    assert "SLO % sent" in text and "not sent" in text and "SLO % all" in text
+    assert "100.0" in text and "75.0" in text  # 3 of 3 sent, 3 of 4 in all
+    buf = io.StringIO()
+    print_table([result(RECORDS)], console=Console(file=buf, width=300))
+    assert "SLO % sent" in buf.getvalue() and "not sent" not in buf.getvalue()

