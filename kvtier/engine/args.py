@@ -17,8 +17,10 @@ from kvtier.config import (
 )
 from kvtier.model.loader import resolve_model_config
 
-# The default cap on a prompt's chunk per step (--long-prefill-token-threshold).
-DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = 0
+# The default cap on a prompt's chunk per step (--long-prefill-token-threshold): the largest
+# that kept the 8B's ITL p99 within a 100 ms TPOT SLO on L-Eval documents at 1 req/s
+# (benchmarks/results/long_prefill_itl_sim_h200_p1.json). The offline LLM sets 0.
+DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = 2048
 
 
 @dataclass
@@ -103,7 +105,7 @@ class EngineArgs:
         default=None, metadata={"help": "a prompt's chunk per step at most, so the decodes "
                                         "that share the step wait less (0: no cap; default: "
                                         f"{DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD} with chunked "
-                                        "prefill)"})
+                                        "prefill, 0 in the offline LLM)"})
     max_num_partial_prefills: int = field(
         default=1, metadata={"help": "prefills that may stop part-way in one step"})
 

@@ -25,7 +25,8 @@ class LLM:
     def __init__(self, model: str, **options: Any):
         """`options`: EngineArgs' fields. On a large GPU the batch limits left unset are
         vLLM's offline ones (`kvtier/engine/batch_defaults.py`)."""
-        options = {**offline_batch_defaults(options), **options}
+        # Offline, no client waits between tokens: prompts' chunks go uncapped (as vLLM's LLM).
+        options = {"long_prefill_token_threshold": 0, **offline_batch_defaults(options), **options}
         self.engine_args = EngineArgs(model=model, **options)
         self.engine = LLMEngine.from_engine_args(self.engine_args)
         self._ids = itertools.count()

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from kvtier.config import ConfigError, PolicyOptions, SchedulerConfig
-from kvtier.engine.args import EngineArgs
+from kvtier.engine.args import DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD, EngineArgs
 from kvtier.kv.manager import KVCacheManager, cdiv
 from kvtier.policies import get_policy
 from kvtier.scheduler.prefill_budget import PrefillChunker
@@ -149,3 +149,16 @@ def test_engine_args_flags_reach_the_scheduler_config():
     assert (sched.long_prefill_token_threshold, sched.max_num_partial_prefills) == (512, 2)
     off = EngineArgs(model="tiny-llama", enable_chunked_prefill=False, max_model_len=512)
     assert off.create_engine_config().scheduler.long_prefill_token_threshold == 0
+    default = EngineArgs(model="tiny-llama").create_engine_config().scheduler
+    assert default.long_prefill_token_threshold == DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD > 0
+
+
+def test_offline_llm_leaves_prompt_chunks_uncapped():
+    from kvtier import LLM
+
+    llm = LLM("tiny-llama", load_format="dummy", device="cpu", max_model_len=64,
+              num_gpu_blocks=16, num_host_blocks=16)
+    assert llm.engine.config.scheduler.long_prefill_token_threshold == 0
+    capped = LLM("tiny-llama", load_format="dummy", device="cpu", max_model_len=64,
+                 num_gpu_blocks=16, num_host_blocks=16, long_prefill_token_threshold=16)
+    assert capped.engine.config.scheduler.long_prefill_token_threshold == 16
