@@ -160,14 +160,35 @@ class SchedulerConfig:
     # None: the executor's default (on for the GPU model runner; the CPU runner and the
     # simulator step synchronously). LLMEngine resolves it to a bool.
     async_scheduling: bool | None = None
+    # vLLM's long-prefill controls (kvtier/scheduler/prefill_budget.py): a prompt's chunk per
+    # step is capped at long_prefill_token_threshold (0: no cap), and at most
+    # max_num_partial_prefills prefills stop part-way in one step.
+    long_prefill_token_threshold: int = 0
+    max_num_partial_prefills: int = 1
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1 or self.max_model_len < 1:
             raise ConfigError("max_num_batched_tokens, max_num_seqs and max_model_len must be >= 1")
+        if self.long_prefill_token_threshold < 0 or self.max_num_partial_prefills < 1:
+            raise ConfigError(
+                f"long_prefill_token_threshold must be >= 0 (0: off) and max_num_partial_prefills "
+                f">= 1, got {self.long_prefill_token_threshold} and {self.max_num_partial_prefills}")
+        if not self.enable_chunked_prefill and (self.long_prefill_token_threshold
+                                                or self.max_num_partial_prefills > 1):
+            raise ConfigError("long_prefill_token_threshold and max_num_partial_prefills > 1 "
+                              "need chunked prefill")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ConfigError(
                 "without chunked prefill, max_num_batched_tokens must be >= max_model_len"
             )
+
+    @property
+    def effective_long_prefill_threshold(self) -> int:
+        """The chunk cap: vLLM's rule, 4 % of max_model_len when several partial prefills
+        are allowed and no threshold is given."""
+        if self.long_prefill_token_threshold or self.max_num_partial_prefills == 1:
+            return self.long_prefill_token_threshold
+        return max(1, int(self.max_model_len * 0.04))
 
 
 @dataclass(frozen=True)

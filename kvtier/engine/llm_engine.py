@@ -149,7 +149,11 @@ class LLMEngine:
         if isinstance(prompt, str):
             if not prompt:
                 raise InvalidRequestError("prompt is empty")
-            return prompt, self.tokenizer.encode(prompt)
+            encoded = list(self.tokenizer.encode(prompt))
+            if not encoded:  # whitespace under a Whitespace pre-tokenizer, say
+                raise InvalidRequestError(
+                    f"prompt {prompt[:40]!r} encodes to no tokens; a prompt needs at least one")
+            return prompt, encoded
         ids = list(prompt)
         if not ids:
             raise InvalidRequestError("prompt is empty")

@@ -25,7 +25,8 @@ class LLM:
     def __init__(self, model: str, **options: Any):
         """`options`: EngineArgs' fields. On a large GPU the batch limits left unset are
         vLLM's offline ones (`kvtier/engine/batch_defaults.py`)."""
-        options = {**offline_batch_defaults(options), **options}
+        # Offline, no client waits between tokens: prompts' chunks go uncapped (as vLLM's LLM).
+        options = {"long_prefill_token_threshold": 0, **offline_batch_defaults(options), **options}
         self.engine_args = EngineArgs(model=model, **options)
         self.engine = LLMEngine.from_engine_args(self.engine_args)
         self._ids = itertools.count()
@@ -50,12 +51,16 @@ class LLM:
         param_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(param_list) != len(prompts):
             raise ValueError("need one SamplingParams, or one per prompt")
-        ids = []
-        for prompt, p in zip(prompts, param_list):
-            p = replace(p, output_kind="final_only")  # generate() returns finished outputs only
-            rid = str(next(self._ids))
-            self.engine.add_request(rid, _unwrap(prompt), p)
-            ids.append(rid)
+        ids: list[str] = []
+        try:
+            for prompt, p in zip(prompts, param_list):
+                p = replace(p, output_kind="final_only")  # generate() returns finished outputs only
+                rid = str(next(self._ids))
+                self.engine.add_request(rid, _unwrap(prompt), p)
+                ids.append(rid)
+        except Exception:
+            self.engine.abort_request(ids)  # a bad prompt fails the call, leaving nothing queued
+            raise
         return self._run(ids, use_tqdm)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:

@@ -7,6 +7,8 @@ Each step, in order (vLLM V1's order):
   2. if nobody was preempted: swapped requests come back (FCFS) while they fit;
   3. if nobody was preempted and nothing is still swapped out: waiting requests are
      admitted (FCFS) while they fit — swapped requests arrived first (vLLM V0's rule).
+A prefill's chunk (up to the remaining budget) may be capped further, and held back while
+the step has its partial prefills: kvtier/scheduler/prefill_budget.py.
 The result is one StepPlan of ids and counts; no tensors are touched here.
 
 Async scheduling (SchedulerConfig.async_scheduling): `schedule()` for step N+1 runs while
@@ -34,6 +36,7 @@ from kvtier.core.plan import (
 from kvtier.core.request import Request, RequestStatus
 from kvtier.kv.manager import KVCacheManager
 from kvtier.policies.base import KVPolicy, PreemptionKind
+from kvtier.scheduler.prefill_budget import PrefillChunker
 from kvtier.scheduler.queue import FCFSQueue
 
 
@@ -52,8 +55,9 @@ class SchedulerCounters:
 class _StepBuilder:
     """Collects one step's decisions."""
 
-    def __init__(self, budget: int):
+    def __init__(self, budget: int, prefills: PrefillChunker):
         self.budget = budget
+        self.prefills = prefills
         self.entries: list[tuple[Request, int, tuple[tuple[int, ...], ...], bool, int]] = []
         self.swap_out: list[BlockCopy] = []
         self.swap_in: list[BlockCopy] = []
@@ -113,7 +117,7 @@ class Scheduler:
 
     # ---- one step ------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
-        step = _StepBuilder(self.config.max_num_batched_tokens)
+        step = _StepBuilder(self.config.max_num_batched_tokens, PrefillChunker.for_step(self.config))
         self.policy.before_step(self.running, self.kv, self.waiting)
         self._schedule_running(step)
         if not step.preempted:
@@ -127,7 +131,7 @@ class Scheduler:
         # instead of attribute lookups, counts read straight off the token lists.
         kv, running = self.kv, self.running
         allocate_slots, num_slots, no_new_blocks = kv.allocate_slots, kv.num_slots, kv.no_new_blocks
-        entries, budget = step.entries, step.budget
+        entries, budget, chunk = step.entries, step.budget, step.prefills.chunk
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -137,12 +141,17 @@ class Scheduler:
                 continue
             # Nothing is dropped anywhere unless the policy drops prefixes (eLLM).
             recompute = kv.num_dropped_tokens(req) if kv.num_dropped_token_blocks else 0
-            n = (len(req.prompt_token_ids) + len(req.output_token_ids) + pending
-                 - req.num_computed_tokens)
+            remaining = n = (len(req.prompt_token_ids) + len(req.output_token_ids) + pending
+                             - req.num_computed_tokens)
             if n > budget - recompute:  # (min() is a call)
                 n = budget - recompute
             if n <= 0:
                 break  # its prefix recomputation does not fit this step's budget
+            if remaining > 1:  # a prefill: its chunk may be capped, or wait a step
+                n = chunk(remaining, n)
+                if not n:
+                    i += 1
+                    continue
             blocks: tuple[tuple[int, ...], ...] | None
             if req.num_computed_tokens + n <= num_slots.get(req.request_id, 0):
                 blocks = no_new_blocks  # allocate_slots' answer when the tokens fit already
@@ -170,7 +179,10 @@ class Scheduler:
     def _schedule_swapped(self, step: _StepBuilder) -> None:
         while self.swapped and step.budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.swapped[0]
-            n = min(req.num_tokens - req.num_computed_tokens, step.budget)
+            remaining = req.num_tokens - req.num_computed_tokens
+            n = step.prefills.chunk(remaining, min(remaining, step.budget))
+            if not n:
+                break
             if not self.policy.can_resume(req, self.kv, n):
                 break
             work = self.policy.resume(req, self.kv)
@@ -189,11 +201,12 @@ class Scheduler:
     def _schedule_waiting(self, step: _StepBuilder) -> None:
         while self.waiting and step.budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting.peek()
-            n = req.num_tokens - req.num_computed_tokens
-            if n > step.budget:
-                if not self.config.enable_chunked_prefill:
-                    break
-                n = step.budget
+            remaining = req.num_tokens - req.num_computed_tokens
+            if remaining > step.budget and not self.config.enable_chunked_prefill:
+                break
+            n = step.prefills.chunk(remaining, min(remaining, step.budget))
+            if not n:
+                break  # FCFS: it waits for a step with room for another partial prefill
             # The watermark protects running requests; with none running it only blocks.
             blocks = self.kv.allocate_slots(req, n, use_watermark=bool(self.running))
             if blocks is None:
