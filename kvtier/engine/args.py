@@ -19,7 +19,7 @@ from kvtier.model.loader import resolve_model_config
 
 # The default cap on a prompt's chunk per step (--long-prefill-token-threshold): the largest
 # that kept the 8B's ITL p99 within a 100 ms TPOT SLO on L-Eval documents at 1 req/s
-# (benchmarks/results/long_prefill_itl_sim_h200_p1.json). The offline LLM sets 0.
+# (results/serving/long_prefill_itl_sim_h200_p1.json). The offline LLM sets 0.
 DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = 2048
 
 

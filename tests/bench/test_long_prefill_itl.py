@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import random
 
-from benchmarks.bench_long_prefill_itl import choose, main
+from benchmarks.serving.bench_long_prefill_itl import choose, main
 
 
 def write_leval(path, num_docs: int = 2, words: int = 4000) -> None:

@@ -6,11 +6,11 @@ sweep runs the same workload on a fresh engine per threshold (0: no cap) and rec
 TPOT and TTFT percentiles and throughput for each, and which threshold is the largest (the
 cheapest in TTFT) whose ITL p90 meets the TPOT SLO.
 
-  python benchmarks/bench_long_prefill_itl.py --leval-path data/leval_paper_assistant.jsonl \
-      --out benchmarks/results/long_prefill_itl_h200.json
+  python -m benchmarks.serving.bench_long_prefill_itl --leval-path data/leval_paper_assistant.jsonl \
+      --out results/serving/long_prefill_itl_h200.json
   # the same in the simulator (CPU, virtual time):
-  python benchmarks/bench_long_prefill_itl.py --simulate \
-      --calibration benchmarks/results/calib_h200_llama-3.1-8b.json ...
+  python -m benchmarks.serving.bench_long_prefill_itl --simulate \
+      --calibration results/calibration/calib_h200_llama-3.1-8b.json ...
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--simulate", action="store_true", help="the simulator (virtual time)")
     p.add_argument("--gpu", default="h200", help="simulated GPU")
     p.add_argument("--calibration", default=None, help="simulator: cost-model calibration JSON")
-    p.add_argument("--out", default="benchmarks/results/long_prefill_itl.json")
+    p.add_argument("--out", required=True)
     return p.parse_args(argv)
 
 
