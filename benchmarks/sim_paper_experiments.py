@@ -317,7 +317,7 @@ def instrument(engine, probe: Probe):
     """Time every KV-manager call made during engine.step() (outermost only: manager methods
     call each other) and read gpu_slot_usage after every step. The scheduler looks the
     methods up on the instance each step, so wrapping the instance's attributes sees all."""
-    kv, sched = engine.scheduler.kv, engine.scheduler
+    kv, sched = engine.kv_manager, engine.scheduler
     state = {"depth": 0, "acc": 0.0, "in_step": False}
     clock = time.perf_counter
 

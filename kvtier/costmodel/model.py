@@ -395,7 +395,7 @@ class CostModel:
         return out
 
     def copy_seconds(self, shape: StepShape) -> float:
-        """Swap-outs then swap-ins, one call each way (the runner's `_copy_blocks`), and the
+        """Swap-outs then swap-ins, one call each way (the runner's `copy_blocks`), and the
         copies of eLLM's offloaded prefixes."""
         return sum(self.copy_parts(shape)) + self.prefix_copy_seconds(shape)
 

@@ -87,6 +87,11 @@ class ModelRunner:
         return self.device.type == "cuda"
 
     @property
+    def supports_async(self) -> bool:
+        """`launch` returns before the step's tokens are on the host (see PendingStep)."""
+        return True
+
+    @property
     def graphs_allowed(self) -> bool:
         """CUDA graphs of any kind (full decode graphs or pieces) may be captured."""
         return (self.device.type == "cuda" and not self.config.enforce_eager
@@ -262,12 +267,12 @@ class ModelRunner:
             if self.hidden is not None:
                 self.hidden.forget(rid)
         if not plan.scheduled:
-            self._copy_blocks(plan.swap_out, plan.swap_in)
+            self.copy_blocks(plan.swap_out, plan.swap_in)
             return PendingStep(ready=StepResult(sampled={}))
         batch = self.prepare_batch(plan.scheduled)
         # After the batch: it lends eLLM's offloaded prefixes scratch blocks to copy into.
         now, later = self._window_prefix_copies(batch.prefix_copies)
-        self._copy_blocks(plan.swap_out, [*plan.swap_in, *now], later)
+        self.copy_blocks(plan.swap_out, [*plan.swap_in, *now], later)
         self._placeholders = self.async_tokens.placeholder_sources(plan.scheduled,
                                                                    batch.input_ids)
         if self.hidden is not None:
@@ -276,7 +281,7 @@ class ModelRunner:
             self.copies.wait_all()  # restores write the KV pool outside the layers
             self.hidden.restore(plan.restores, self.block_tables, self.gpu_kv, self.ops,
                                 self.cos_sin, self.layers_per_block)
-        logits = self._logits(batch)
+        logits = self.forward_logits(batch)
         if self.hidden is not None:
             self.hidden.store(plan.scheduled, batch)
         if logits is None:
@@ -306,7 +311,7 @@ class ModelRunner:
         self.block_tables.sync_device(self.staging.put)
         return batch
 
-    def _logits(self, batch: HostBatch) -> torch.Tensor | None:
+    def forward_logits(self, batch: HostBatch) -> torch.Tensor | None:
         """Logits of the sampling requests' last tokens ([num_sampling, vocab], model dtype)."""
         copies = self.copies
         # Swap-ins under overlap: the piecewise graphs wait between layer groups, the full
@@ -419,7 +424,7 @@ class ModelRunner:
         eos = () if p.ignore_eos else self.model_config.eos_token_ids
         return SampleRow(p, num_output, tuple(eos) + tuple(p.stop_token_ids))
 
-    def _copy_blocks(self, swap_out: list[BlockCopy], swap_in: list[BlockCopy],
+    def copy_blocks(self, swap_out: list[BlockCopy], swap_in: list[BlockCopy],
                      deferred: dict[int, list[tuple[int, list]]] | None = None) -> None:
         """All swap-outs, then the swap-ins layer group by layer group (a device block freed
         by a swap-out may be the target of a swap-in in the same step); the forward waits
