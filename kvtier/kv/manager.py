@@ -2,7 +2,9 @@
 
 Pure Python, no tensors: the simulator reuses it unchanged. Contract of every mutating call:
 it either succeeds completely or changes nothing (returns None), so the scheduler can try,
-preempt, and try again.
+preempt, and try again. Blocks are reference-counted (`BlockPool`): a table holds one
+reference to each of its blocks, and caches plugged in as `KVCacheHooks` may hold more
+(`check_integrity` checks every count against its owners).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from kvtier.core.plan import BlockCopy
 from kvtier.core.request import Request
 from kvtier.kv.block_pool import BlockPool
 from kvtier.kv.hidden import HiddenStore
+from kvtier.kv.hooks import KVCacheHooks
 from kvtier.kv.map_table import MapTable, Placement
 
 
@@ -56,6 +59,28 @@ class KVCacheManager:
         # the scheduler skips allocate_slots for the tokens that already fit.
         self.num_slots: dict[str, int] = {}
         self.no_new_blocks: tuple[tuple[int, ...], ...] = ((),) * num_groups
+        self.hooks: list[KVCacheHooks] = []  # caches above the pools (kvtier/kv/hooks.py)
+
+    def add_hooks(self, hooks: KVCacheHooks) -> None:
+        self.hooks.append(hooks)
+
+    # ---- lifecycle hooks (kvtier/kv/hooks.py has their contracts) ------------------------
+    def admit(self, req: Request) -> int:
+        """Leading tokens of a WAITING request whose KV a hook already holds (now in its
+        table); 0 without hooks."""
+        cached = 0
+        for h in self.hooks:
+            cached = cached or h.on_admit(req, self)
+        return cached
+
+    def evict(self, num_blocks: int) -> int:
+        """Device blocks freed by the hooks' eviction, asked for `num_blocks`."""
+        freed = 0
+        for h in self.hooks:
+            if freed >= num_blocks:
+                break
+            freed += h.evict(num_blocks - freed, self)
+        return freed
 
     # ---- device allocation -------------------------------------------------------------
     def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
@@ -78,7 +103,9 @@ class KVCacheManager:
         need = per_group * self.num_groups
         reserve = self.watermark_blocks if use_watermark else 0
         if self.gpu.num_free - need < reserve:
-            return None
+            if not self.hooks or self.evict(need + reserve - self.gpu.num_free) <= 0 \
+                    or self.gpu.num_free - need < reserve:
+                return None
         if table is None:
             table = self.tables[req.request_id] = MapTable(self.num_groups)
         ids = self.gpu.allocate(need)
@@ -96,11 +123,14 @@ class KVCacheManager:
         return tuple(tuple(ids) for ids in table.block_ids)
 
     def free(self, req: Request) -> None:
+        """Release every block of the request (one reference each); the hooks see it first."""
         if self.hidden is not None:
             self.hidden.free(req.request_id)
-        table = self.tables.pop(req.request_id, None)
-        if table is None:
+        if req.request_id not in self.tables:
             return
+        for h in self.hooks:
+            h.on_finish(req, self)
+        table = self.tables.pop(req.request_id)
         del self.num_slots[req.request_id]
         self.num_dropped_token_blocks -= table.num_dropped_blocks
         self.gpu.free([b for _, _, b in table.entries(Placement.GPU)])
@@ -246,6 +276,8 @@ class KVCacheManager:
                                   for rid, t in self.tables.items()}, "slot counts"
         assert self.num_dropped_token_blocks == sum(
             t.num_dropped_blocks for t in self.tables.values()), "dropped-block count"
+        for h in self.hooks:
+            gpu_owned += h.owned_device_blocks()
         self.gpu.check_integrity(gpu_owned)
         self.host.check_integrity(host_owned)
         if self.hidden is not None:
