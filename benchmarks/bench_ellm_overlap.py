@@ -88,8 +88,7 @@ def build(args: argparse.Namespace, cases: list[tuple[int, int, int]]):
 def with_host_groups(runner, h: int) -> None:
     """The runner as an engine built with --ellm-host-groups h would run (the scratch was
     sized for the most groups, which covers fewer)."""
-    opts = replace(runner.config.policy_options, prefix_host_groups=h)
-    runner.config = replace(runner.config, policy_options=opts)
+    runner.prefix_host_groups = h
 
 
 def step_rows(engine, n: int, s: int, ctx: int, h: int, decodes: int, seed: int):

@@ -16,7 +16,7 @@ from kvtier.costmodel.hardware import get_hardware
 from kvtier.costmodel.model import CostModel
 from kvtier.costmodel.recording import StepRecord
 from kvtier.sim.engine import build_sim_engine
-from kvtier.sim.memory import sim_pool_sizes
+from kvtier.sim.factory import sim_pool_sizes
 
 FIGURES = {  # summary key path -> name in the report
     ("request_throughput",): "request_throughput",

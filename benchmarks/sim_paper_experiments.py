@@ -490,7 +490,7 @@ def exp_physics(a: argparse.Namespace) -> None:
 def step_budget_rows(engine, ctx: int) -> dict:
     """ellm's per-step recompute budget (adaptive mode) by batch: the engine's rule (the cost
     model's price when calibrated) beside the plain ridge rule."""
-    from kvtier.planner.step_budget import RidgeBudget, ridge_tokens
+    from kvtier.policies.ellm.planner.step_budget import RidgeBudget, ridge_tokens
 
     opts, bs = engine.config.policy_options, engine.config.cache.block_size
     ridge = RidgeBudget(ridge_tokens(engine.executor.cost_model.hw), bs, opts.max_recompute_tokens)

@@ -19,6 +19,7 @@ from kvtier.core.executor import Executor, PendingResult
 from kvtier.core.plan import StepPlan, StepResult
 from kvtier.core.request import Request, RequestStatus
 from kvtier.engine.args import EngineArgs
+from kvtier.engine.assembly import EngineParts, assemble, freeze_startup_objects
 from kvtier.engine.detokenizer import IncrementalDetokenizer
 from kvtier.engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from kvtier.kv.manager import KVCacheManager
@@ -98,9 +99,17 @@ class LLMEngine:
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
-        from kvtier.engine.builder import build_engine
+        """The real engine: the one assembly over the model runner."""
+        from kvtier.engine.runner_factory import RunnerFactory
 
-        return build_engine(args)
+        engine = cls.from_parts(assemble(args, RunnerFactory(args.device, args.dtype)))
+        freeze_startup_objects()
+        return engine
+
+    @classmethod
+    def from_parts(cls, parts: EngineParts) -> LLMEngine:
+        return cls(parts.config, parts.executor, parts.tokenizer, parts.kv, parts.block_bytes,
+                   clock=parts.clock)
 
     @property
     def kv_manager(self) -> KVCacheManager:

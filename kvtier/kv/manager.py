@@ -10,17 +10,33 @@ reference to each of its blocks, and caches plugged in as `KVCacheHooks` may hol
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
 
 from kvtier.core.plan import BlockCopy
 from kvtier.core.request import Request
 from kvtier.kv.block_pool import BlockPool
-from kvtier.kv.hidden import HiddenStore
 from kvtier.kv.hooks import KVCacheHooks
 from kvtier.kv.map_table import MapTable, Placement
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+class HiddenStates(Protocol):
+    """Per-request blocks of hidden states standing in for KV (Placement.HIDDEN): a prefix
+    of each request's tokens is covered, extended as tokens are computed."""
+
+    ids: dict[str, list[int]]
+    pool: BlockPool
+
+    def extend(self, request_id: str, num_tokens: int) -> tuple[int, ...]: ...
+
+    def covers(self, request_id: str, num_tokens: int) -> bool: ...
+
+    def free(self, request_id: str) -> None: ...
+
+    def check_integrity(self) -> None: ...
 
 
 class KVCacheManager:
@@ -31,12 +47,13 @@ class KVCacheManager:
         num_gpu_blocks: int,
         num_host_blocks: int,
         watermark: float = 0.01,
-        num_hidden_blocks: int | None = None,
+        hidden_store: HiddenStates | None = None,
         prefix_host_groups: int = 0,
     ):
-        """`num_hidden_blocks`: a HiddenStore of that many blocks (HCache), or None.
-        `prefix_host_groups`: eLLM's dropped prefixes keep the KV of this many top layer
-        groups in the host pool (copied back each step) instead of recomputing them."""
+        """`hidden_store`: what stands in for the KV of HIDDEN entries (hidden states kept
+        per token), or None. `prefix_host_groups`: dropped prefixes keep the KV of this many
+        top layer groups in the host pool (copied back each step) instead of recomputing
+        them."""
         if not 0 <= prefix_host_groups < num_groups:
             raise ValueError(f"prefix_host_groups must be in [0, {num_groups}), "
                              f"got {prefix_host_groups}")
@@ -45,14 +62,14 @@ class KVCacheManager:
         # moves them into the plan's swap-outs).
         self.pending_swap_out: list[BlockCopy] = []
         self.num_groups, self.block_size = num_groups, block_size
-        self.hidden = HiddenStore(num_hidden_blocks, block_size) if num_hidden_blocks else None
+        self.hidden = hidden_store
         self.gpu = BlockPool(num_gpu_blocks, "gpu")
         self.host = BlockPool(num_host_blocks, "host")
         # Admission keeps this many blocks spare so a new request does not force an
         # immediate preemption of the requests already running (vLLM's watermark).
         self.watermark_blocks = int(watermark * num_gpu_blocks)
         self.tables: dict[str, MapTable] = {}
-        # Sum of every table's num_dropped_blocks: while it is 0 (every policy but eLLM),
+        # Sum of every table's num_dropped_blocks: while it is 0 (no policy dropped a prefix),
         # the scheduler skips asking each request for its dropped prefix.
         self.num_dropped_token_blocks = 0
         # Tokens each request's table holds (token blocks x block_size), for reading only:
@@ -179,7 +196,7 @@ class KVCacheManager:
         self.host.free([old for old, _, _ in moves])
         return [BlockCopy(src=old, dst=new, group=g) for old, new, g in moves]
 
-    # ---- hidden states instead of KV (HCache) ------------------------------------------
+    # ---- hidden states instead of KV (Placement.HIDDEN) -------------------------------
     def hide(self, req: Request) -> None:
         """Free the request's device KV; its hidden states (which must cover every computed
         token) stand in for it until `unhide`."""
@@ -203,7 +220,7 @@ class KVCacheManager:
         n = len(_movable(table, Placement.HIDDEN))
         self._relocate(table, Placement.HIDDEN, Placement.GPU, self.gpu.allocate(n))
 
-    # ---- partial caching (eLLM): drop a prefix, recompute it every step -----------------
+    # ---- partial caching: drop a prefix, recompute it every step ------------------------
     def num_dropped_tokens(self, req: Request) -> int:
         """Leading tokens whose KV is DROPPED (all layer groups): recomputed each step."""
         table = self.tables.get(req.request_id)
