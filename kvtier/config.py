@@ -65,7 +65,7 @@ class ModelConfig:
         return 2 * self.num_layers * self.kv_size * dtype_bytes
 
     def hidden_bytes_per_token(self, dtype_bytes: int) -> int:
-        """What HCache keeps instead of KV: every layer's attention input."""
+        """Every layer's attention input, per token (what a hidden-state store keeps)."""
         return self.num_layers * self.hidden_size * dtype_bytes
 
     @classmethod
@@ -117,7 +117,7 @@ class CacheConfig:
     """Geometry and size of the KV pools.
 
     A physical block holds `layers_per_block` (F) consecutive layers x `block_size` tokens of
-    K and V. F = num_layers is vLLM's layout; eLLM's default is F = 4.
+    K and V. F = num_layers is vLLM's layout; the default is F = 4.
     """
 
     block_size: int = 16
@@ -192,56 +192,10 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
-class PolicyOptions:
-    """Knobs of the policies that have them (the others ignore them)."""
-
-    # eLLM: a fixed uncached ratio r for every running request (the paper's cache-ratio
-    # sweep), or None to drop prefixes only under memory pressure, up to max_uncached_ratio.
-    uncached_ratio: float | None = None
-    max_uncached_ratio: float = 0.5
-    max_recompute_tokens: int = 4096  # dropped-prefix tokens recomputed per step, at most
-    # eLLM's layer-level overlap: a dropped prefix keeps the KV of this many top layer groups
-    # in the host pool; each step copies it in (per group, on the copy stream) while the
-    # lower groups recompute theirs, and the prefix rows stop below those groups.
-    prefix_host_groups: int = 0
-    # ... of which at most this many groups' copies are in flight at once (they share that
-    # many sets of scratch: the paper's "swap <= 3 layers at a time"); 0: all of them.
-    prefix_copy_window: int = 2
-    # eLLM adaptive mode: how many prefix tokens a step may recompute (capped by
-    # max_recompute_tokens) — "ridge": what the linear layers carry free, the ridge point
-    # minus the step's decodes; "cost": the same priced by the cost model (a step may grow by
-    # recompute_tolerance); "auto": "cost" when the engine has a calibrated cost model, else
-    # "ridge" when decode steps run eagerly, else 0 (see kvtier.engine.builder.with_step_budget);
-    # "max": max_recompute_tokens; or a token count. kvtier/planner/step_budget.py.
-    recompute_budget: str | int = "auto"
-    recompute_tolerance: float = 0.01  # within the cost model's error on decode steps (2 %)
-    # That rule priced for this engine's GPU (a kvtier.planner.step_budget.StepBudget, built
-    # once the cost model is known); None: max_recompute_tokens.
-    step_budget: Any = None
-    # eLLM planned mode: a kvtier.planner.request_level.RequestLevelPlanner that re-chooses
-    # r from the running requests every `replan_every` steps (built once pools are sized).
-    planner: Any = None
-    replan_every: int = 32
-
-    def __post_init__(self) -> None:
-        for name in ("uncached_ratio", "max_uncached_ratio"):
-            v = getattr(self, name)
-            if v is not None and not 0.0 <= v < 1.0:
-                raise ConfigError(f"{name} must be in [0, 1), got {v}")
-        rule = self.recompute_budget
-        if isinstance(rule, bool) or not (rule in ("auto", "ridge", "cost", "max")
-                                          or (isinstance(rule, int) and rule >= 0)):
-            raise ConfigError("recompute_budget must be auto, ridge, cost, max or a token "
-                              f"count >= 0, got {rule!r}")
-        if self.recompute_tolerance < 0:
-            raise ConfigError("recompute_tolerance must be >= 0")
-        if self.prefix_host_groups < 0 or self.prefix_copy_window < 0:
-            raise ConfigError("prefix_host_groups and prefix_copy_window must be >= 0")
-
-    @property
-    def adaptive(self) -> bool:
-        """eLLM drops prefixes only on demand (no fixed ratio, no planner)."""
-        return self.uncached_ratio is None and self.planner is None
+class SystemOptions:
+    """Base of a memory system's typed options (`EngineConfig.policy_options`); each system
+    subclasses it in its package (kvtier/policies/<name>/). Systems without knobs use it as
+    is."""
 
 
 @dataclass(frozen=True)
@@ -251,7 +205,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     kv_policy: str = "recompute"
-    policy_options: PolicyOptions = field(default_factory=PolicyOptions)
+    policy_options: SystemOptions = field(default_factory=SystemOptions)
     dtype: str = "auto"  # resolved: float32 on CPU, bfloat16 on GPU unless given
     device: str = "auto"
     load_format: str = "auto"  # auto | safetensors | dummy
@@ -263,7 +217,8 @@ class EngineConfig:
     # pieces around eager attention (vLLM's default cap is 512).
     max_graph_batch_size: int = 512
     # Steps with prefill rows run as graph pieces around eager attention (captured when CUDA
-    # graphs are allowed; HCache's decode steps replay pieces too, no full-model graph).
+    # graphs are allowed; a system that captures every layer's input replays pieces for
+    # decode steps too, no full-model graph).
     piecewise_graphs: bool = True
     # Swap copies on their own CUDA stream, the forward waiting per layer group only before
     # that group's first attention (kvtier/runner/swap_copies.py); off: copies then forward.
@@ -276,13 +231,6 @@ class EngineConfig:
 
     def with_(self, **kw: Any) -> EngineConfig:
         return replace(self, **kw)
-
-
-def copied_groups_in_flight(host_groups: int, copy_window: int) -> int:
-    """eLLM's offloaded prefixes: copied-in layer groups whose scratch exists at once (they
-    share `copy_window` sets; 0: one set each). The recompute scratch (M_o) is 1 + this many
-    sets of one group's prefix KV."""
-    return min(host_groups, copy_window) if copy_window else host_groups
 
 
 def dataclass_option_names(cls: type) -> list[str]:

@@ -20,9 +20,8 @@ def test_num_gpu_blocks_override_is_in_help(command):
 
 
 def test_profile_on_a_cpu_lists_the_hardware_names(monkeypatch):
-    from kvtier.costmodel.calibrate import detect_hardware
-
     from kvtier.costmodel.hardware import hardware_names
+    from kvtier.profiler.calibrate import detect_hardware
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit) as e:

@@ -45,7 +45,7 @@ from kvtier.costmodel.calibration import Calibration
 from kvtier.costmodel.hardware import get_hardware
 from kvtier.costmodel.model import CostModel
 from kvtier.profiler.recording import StepRecord
-from kvtier.sim.memory import sim_pool_sizes
+from kvtier.sim.factory import sim_pool_sizes
 
 
 def allocator_probe():
@@ -107,7 +107,7 @@ def run_real(args: argparse.Namespace) -> None:
     engine.executor = recorder
     with gc_recorder() as gc_events:
         result = run_workload(EngineBackend(engine), reqs, RunOptions(progress=False))
-    kv = engine.scheduler.kv
+    kv = engine.kv_manager
     cfg.update(num_gpu_blocks=kv.gpu.num_blocks, num_host_blocks=kv.host.num_blocks)
     summary = summarize_run(result)
     write_result(args.out, {

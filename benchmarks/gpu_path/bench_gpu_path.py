@@ -89,7 +89,7 @@ def decode_plans(engine: LLMEngine, batch: int, context: int) -> tuple[StepPlan,
                       sample=True, sampling_params=GREEDY, num_output_tokens=1)
         first.append(ScheduledRequest(new_block_ids=blocks, reset_blocks=True, **common))
         steady.append(ScheduledRequest(new_block_ids=((),) * g, reset_blocks=False, **common))
-    assert nxt <= engine.scheduler.kv.gpu.num_blocks, "pool too small for this shape"
+    assert nxt <= engine.kv_manager.gpu.num_blocks, "pool too small for this shape"
     return StepPlan(scheduled=first), StepPlan(scheduled=steady)
 
 
@@ -145,7 +145,7 @@ def run_decode(model: str, batches: list[int], contexts: list[int], kv_gb: float
     time in turn on the same engine (a same-call A/B when it alternates)."""
     rows = []
     engine = make_engine(model, max(contexts) + 16, max_seqs or max(batches), kv_gb, F)
-    pool_tokens = engine.scheduler.kv.gpu.num_blocks // engine.executor.num_groups * 16
+    pool_tokens = engine.kv_manager.gpu.num_blocks // engine.executor.num_groups * 16
     for c in contexts:
         for b in batches:
             row = {"model": model, "batch": b, "context": c, "layers_per_block": F}

@@ -3,8 +3,8 @@
 On the GPU a decode step is a CUDA-graph replay; what is left on the host is Python:
 `Scheduler.schedule` (+ `KVCacheManager.allocate_slots`), `ModelRunner.prepare_batch`
 (host batch, block tables), the sampler's host part, `Scheduler.update` and
-`LLMEngine._process`. This benchmark keeps all of those real and replaces only the forward
-pass (`ModelRunner._logits`) by a constant logits tensor of a few columns, so every
+`LLMEngine.make_outputs`. This benchmark keeps all of those real and replaces only the forward
+pass (`ModelRunner.forward_logits`) by a constant logits tensor of a few columns, so every
 sampling request draws the same token at no device cost and each step times host work only.
 
 The model is the tiny dummy Llama with 32 layers (8 layer groups at layers_per_block 4, as
@@ -64,7 +64,7 @@ def build_engine(num_reqs: int, max_model_len: int, num_layers: int, block_size:
 
 
 def fake_forward(runner: ModelRunner, max_rows: int) -> None:
-    """`_logits` returns rows of a constant [*, 8] tensor whose argmax is _TOKEN."""
+    """`forward_logits` returns rows of a constant [*, 8] tensor whose argmax is _TOKEN."""
     logits = torch.zeros(max_rows, 8)
     logits[:, _TOKEN] = 1.0
 
@@ -72,7 +72,7 @@ def fake_forward(runner: ModelRunner, max_rows: int) -> None:
         n = len(batch.logits_idx)
         return logits[:n].clone() if n else None
 
-    runner._logits = _logits  # type: ignore[method-assign]
+    runner.forward_logits = _logits  # type: ignore[method-assign]
 
 
 def run_case(num_reqs: int, output_kind: str, opts) -> dict:
@@ -113,7 +113,7 @@ def run_case(num_reqs: int, output_kind: str, opts) -> dict:
         t2 = time.perf_counter()
         touched = sched.update(plan, result)
         t3 = time.perf_counter()
-        engine._process(touched, result)
+        engine.make_outputs(touched, result)
         t4 = time.perf_counter()
         for k, a, b in (("schedule", t0, t1), ("execute", t1, t2), ("update", t2, t3),
                         ("process", t3, t4)):

@@ -12,7 +12,7 @@ import statistics
 from benchmarks.common import write_result
 from kvtier.config import ModelConfig
 from kvtier.model.presets import preset_config
-from kvtier.planner.request_level import PlannerConfig, RequestLevelPlanner
+from kvtier.policies.ellm.planner.request_level import PlannerConfig, RequestLevelPlanner
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
 """How well the eLLM planner's roofline T(b, r) matches the calibrated cost model, before and
-after fitting its constants to it (kvtier/planner/fit.py).
+after fitting its constants to it (kvtier/policies/ellm/planner/fit.py).
 
   python -m benchmarks.planner.bench_planner_fit \
       --calibration results/calibration/calib_h200_llama-2-13b.json \
@@ -19,8 +19,8 @@ from kvtier.costmodel.calibration import Calibration
 from kvtier.costmodel.hardware import get_hardware
 from kvtier.costmodel.model import CostModel, CostModelConfig
 from kvtier.model.presets import preset_config
-from kvtier.planner.fit import fit_to_cost_model, sample_points
-from kvtier.planner.request_level import PlannerConfig, RequestLevelPlanner
+from kvtier.policies.ellm.planner.fit import fit_to_cost_model, sample_points
+from kvtier.policies.ellm.planner.request_level import PlannerConfig, RequestLevelPlanner
 
 
 def main() -> None:

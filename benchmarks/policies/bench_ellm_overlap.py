@@ -88,8 +88,7 @@ def build(args: argparse.Namespace, cases: list[tuple[int, int, int]]):
 def with_host_groups(runner, h: int) -> None:
     """The runner as an engine built with --ellm-host-groups h would run (the scratch was
     sized for the most groups, which covers fewer)."""
-    opts = replace(runner.config.policy_options, prefix_host_groups=h)
-    runner.config = replace(runner.config, policy_options=opts)
+    runner.prefix_host_groups = h
 
 
 def step_rows(engine, n: int, s: int, ctx: int, h: int, decodes: int, seed: int):
@@ -99,7 +98,7 @@ def step_rows(engine, n: int, s: int, ctx: int, h: int, decodes: int, seed: int)
 
     runner = engine.executor
     G, k = runner.num_groups, s // runner.block_size
-    b = PlanBuilder(G, runner.block_size, engine.scheduler.kv.gpu.num_blocks,
+    b = PlanBuilder(G, runner.block_size, engine.kv_manager.gpu.num_blocks,
                     runner.model_config.vocab_size, seed=seed)
     install, steady = b.decode_rows([ctx] * (n + decodes))
     host = iter(range(n * G * k))
@@ -133,17 +132,17 @@ def bench_case(engine, timer: Timer, n: int, s: int, ctx: int, h: int,
     def streams(on: bool) -> None:
         runner.copies = SwapCopies(make_streams(runner.device, on), G, F)
 
-    copy_blocks = runner._copy_blocks
+    copy_blocks = runner.copy_blocks
     try:
         copies = runner.prepare_batch(rows).prefix_copies  # host block -> scratch block
         out["copy_blocks"] = len(copies)
         out["copy_gib"] = round(len(copies) * engine.block_bytes / 2**30, 4)
         streams(True)
         out["overlap"] = timer(lambda: runner.execute(step))
-        runner._copy_blocks = lambda swap_out, swap_in, deferred=None: copy_blocks(
+        runner.copy_blocks = lambda swap_out, swap_in, deferred=None: copy_blocks(
             swap_out, [], None)  # the step without its prefix copies: compute alone
         out["compute"] = timer(lambda: runner.execute(step))
-        runner._copy_blocks = copy_blocks
+        runner.copy_blocks = copy_blocks
         if copies:
             gpu, host = runner.gpu_kv, runner.host_kv
 
@@ -155,7 +154,7 @@ def bench_case(engine, timer: Timer, n: int, s: int, ctx: int, h: int,
             streams(False)
             out["serial"] = timer(lambda: runner.execute(step))
     finally:
-        runner._copy_blocks = copy_blocks
+        runner.copy_blocks = copy_blocks
         streams(engine.config.overlap_swap)
         runner.execute(finish_plan(rows))
     out.update(overlap_figures(out["overlap"], out["compute"], out.get("serial"),

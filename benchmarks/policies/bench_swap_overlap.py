@@ -171,7 +171,7 @@ def bench_case(engine, timer: Timer, n: int, ctx: int, args: argparse.Namespace,
     from kvtier.runner.swap_copies import SwapCopies, make_streams
 
     runner = engine.executor
-    b = PlanBuilder(runner.num_groups, runner.block_size, engine.scheduler.kv.gpu.num_blocks,
+    b = PlanBuilder(runner.num_groups, runner.block_size, engine.kv_manager.gpu.num_blocks,
                     runner.model_config.vocab_size, seed=n * 100003 + ctx)
     install, steady = b.decode_rows([args.decode_ctx] * args.decodes)
     if install:
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = parse_cases(args, CASES, QUICK_CASES)
     engine, timer, cost_models, built_s = set_up(args, build, cases)
     print(f"engine built in {built_s:.1f} s: {engine.config.model}, "
-          f"{engine.scheduler.kv.gpu.num_blocks} device + {engine.scheduler.kv.host.num_blocks} "
+          f"{engine.kv_manager.gpu.num_blocks} device + {engine.kv_manager.host.num_blocks} "
           f"host blocks of {engine.block_bytes / 2**20:.2f} MiB, "
           f"G={engine.executor.num_groups} layer groups", flush=True)
     runner = engine.executor

@@ -26,7 +26,7 @@ from benchmarks.sim.sim_ellm_sweeps import load_requests, run, workload_parser
 from kvtier.costmodel.hardware import get_hardware
 from kvtier.engine.args import EngineArgs
 from kvtier.model.loader import resolve_model_config
-from kvtier.planner.layer_overlap import overlap_configs
+from kvtier.policies.ellm.planner.layer_overlap import overlap_configs
 from kvtier.sim import build_sim_engine
 
 

@@ -317,7 +317,7 @@ def instrument(engine, probe: Probe):
     """Time every KV-manager call made during engine.step() (outermost only: manager methods
     call each other) and read gpu_slot_usage after every step. The scheduler looks the
     methods up on the instance each step, so wrapping the instance's attributes sees all."""
-    kv, sched = engine.scheduler.kv, engine.scheduler
+    kv, sched = engine.kv_manager, engine.scheduler
     state = {"depth": 0, "acc": 0.0, "in_step": False}
     clock = time.perf_counter
 
@@ -490,7 +490,7 @@ def exp_physics(a: argparse.Namespace) -> None:
 def step_budget_rows(engine, ctx: int) -> dict:
     """ellm's per-step recompute budget (adaptive mode) by batch: the engine's rule (the cost
     model's price when calibrated) beside the plain ridge rule."""
-    from kvtier.planner.step_budget import RidgeBudget, ridge_tokens
+    from kvtier.policies.ellm.planner.step_budget import RidgeBudget, ridge_tokens
 
     opts, bs = engine.config.policy_options, engine.config.cache.block_size
     ridge = RidgeBudget(ridge_tokens(engine.executor.cost_model.hw), bs, opts.max_recompute_tokens)

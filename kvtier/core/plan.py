@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from operator import attrgetter
 
+from kvtier.core.items import PlanItem
 from kvtier.sampling_params import SamplingParams
 
 # A decode's input token that the step before it sampled but has not handed back yet (async
@@ -78,6 +79,8 @@ class StepPlan:
     restores: list[HiddenRestore] = field(default_factory=list)  # after copies, before forward
     finished_ids: list[str] = field(default_factory=list)  # since the previous plan
     preempted_ids: list[str] = field(default_factory=list)  # runner forgets their tables
+    # Memory systems' own work this step (kvtier/core/items.py): empty unless one made some.
+    items: list[PlanItem] = field(default_factory=list)
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -85,7 +88,7 @@ class StepPlan:
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled and not self.swap_out and not self.swap_in
+        return not self.scheduled and not self.swap_out and not self.swap_in and not self.items
 
 
 @dataclass(frozen=True)

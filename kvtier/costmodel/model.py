@@ -36,10 +36,11 @@ else a graph replay after all copies (serial, as without overlap).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvtier.config import ModelConfig
 from kvtier.core.graph_sizes import graph_batch_sizes, piecewise_sizes
+from kvtier.core.items import kind_named
 from kvtier.core.plan import StepPlan
 from kvtier.costmodel.calibration import Calibration, HostParams, LoopParams, model_dims
 from kvtier.costmodel.hardware import CopyCost, CopyMechanism, HardwareProfile
@@ -85,27 +86,26 @@ class CostModelConfig:
     # default is on, off here so hand-built models keep the serial pricing they were fit with):
     overlap_swap: bool = False
     layers_per_block: int = 0  # CacheConfig.layers_in_block: the copies' layer groups (0: one)
-    # eLLM's offloaded prefixes: copied groups in flight at once (PolicyOptions'; 0: all)
+    # Offloaded dropped prefixes: copied groups in flight at once (0: all)
     prefix_copy_window: int = 0
 
 
 def engine_cost_config(config, block_bytes: int, num_gpus: int = 1) -> CostModelConfig:
     """The cost-model settings that mirror how the runner executes this EngineConfig:
-    graphs unless eager; full decode graphs unless HCache (its steps replay pieces, which
-    hand over the hidden states); pieces when enabled; swap copies overlapped per group."""
-    from kvtier.policies import get_policy
+    graphs unless eager; pieces when enabled; swap copies overlapped per group; and what
+    the memory system says of its steps (`MemorySystem.cost_model_options`)."""
+    from kvtier.policies import get_system
 
     mc, sched = config.model_config, config.scheduler
-    hidden = get_policy(config.kv_policy).keeps_hidden_states
-    return CostModelConfig(
-        cuda_graphs=not config.enforce_eager, decode_graphs=not hidden,
+    return replace(CostModelConfig(
+        cuda_graphs=not config.enforce_eager,
         max_num_seqs=sched.max_num_seqs, block_bytes=block_bytes, num_gpus=num_gpus,
         max_graph_batch_size=config.max_graph_batch_size,
         piecewise_graphs=config.piecewise_graphs,
         max_num_batched_tokens=sched.max_num_batched_tokens,
         overlap_swap=config.overlap_swap,
-        layers_per_block=config.cache.layers_in_block(mc.num_layers),
-        prefix_copy_window=config.policy_options.prefix_copy_window)
+        layers_per_block=config.cache.layers_in_block(mc.num_layers)),
+        **get_system(config.kv_policy).cost_model_options(config))
 
 
 @dataclass(frozen=True)
@@ -163,6 +163,8 @@ class CostModel:
                 _, parts["copies"] = self.swap_overlap(shape, parts["forward"])
             parts["sample"] = self.timer.keyed(_sample_op(self.shapes, shape.num_sampled),
                                                shape.num_sampled) if shape.num_sampled else 0.0
+        if shape.items:  # memory systems' own work, at the prices they registered
+            parts["items"] = sum(kind_named(k).price(self, n) for k, n in shape.items)
         loop = self.loop.seconds(shape.num_reqs, shape.num_sampled)
         return StepCost(sum(parts.values()), loop, graph, parts, piecewise)
 
@@ -394,7 +396,7 @@ class CostModel:
         return out
 
     def copy_seconds(self, shape: StepShape) -> float:
-        """Swap-outs then swap-ins, one call each way (the runner's `_copy_blocks`), and the
+        """Swap-outs then swap-ins, one call each way (the runner's `copy_blocks`), and the
         copies of eLLM's offloaded prefixes."""
         return sum(self.copy_parts(shape)) + self.prefix_copy_seconds(shape)
 

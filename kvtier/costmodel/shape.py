@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvtier.core.items import item_counts
 from kvtier.core.plan import StepPlan
 
 
@@ -29,6 +30,9 @@ class StepShape:
     num_prefix_rows: int = 0
     prefix_host_groups: int = 0
     num_prefix_copy_blocks: int = 0
+    # Memory systems' plan items: (kind, summed count) per kind (kvtier/core/items.py),
+    # priced by the hooks the systems registered. Not kept in step records' JSON.
+    items: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def from_plan(cls, plan: StepPlan, captures_hidden: bool = False) -> StepShape:
@@ -55,7 +59,8 @@ class StepShape:
         captured = sum(len(sr.token_ids) for sr in plan.scheduled) if captures_hidden else 0
         return cls(n_dec, ctx_sum, ctx_max, tuple(prefills + prefix_rows), n_sampled,
                    len(plan.swap_out), len(plan.swap_in), restored, captured,
-                   len(prefix_rows) if host_groups else 0, host_groups, copy_blocks)
+                   len(prefix_rows) if host_groups else 0, host_groups, copy_blocks,
+                   item_counts(plan.items) if plan.items else ())
 
     def without_prefix_rows(self) -> StepShape:
         """The batch above an offloaded prefix's last recomputed layer."""
@@ -87,7 +92,7 @@ class StepShape:
     @property
     def kind(self) -> str:
         if not self.num_reqs:
-            return "copy_only" if self.num_swap_in or self.num_swap_out else "empty"
+            return "copy_only" if self.num_swap_in or self.num_swap_out or self.items else "empty"
         if not self.prefills:
             return "decode"
         return "mixed" if self.num_decodes else "prefill"

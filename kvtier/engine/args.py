@@ -7,15 +7,11 @@ import argparse
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from kvtier.config import (
-    CacheConfig,
-    ConfigError,
-    EngineConfig,
-    ModelConfig,
-    PolicyOptions,
-    SchedulerConfig,
-)
+from kvtier.config import CacheConfig, EngineConfig, SchedulerConfig
 from kvtier.model.loader import resolve_model_config
+from kvtier.policies import get_system, policy_names
+from kvtier.policies.options import SystemArgs, arg_type
+from kvtier.policies.registry import policy_flag_defaults, system_args
 
 # The default cap on a prompt's chunk per step (--long-prefill-token-threshold): the largest
 # that kept the 8B's ITL p99 within a 100 ms TPOT SLO on L-Eval documents at 1 req/s
@@ -24,7 +20,9 @@ DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = 2048
 
 
 @dataclass
-class EngineArgs:
+class EngineArgsFields:
+    """EngineArgs' fields and methods; EngineArgs adds the memory systems' flags."""
+
     model: str = field(metadata={"help": "local HF model directory, or a dummy preset name"})
     tokenizer: str | None = field(default=None, metadata={"help": "tokenizer directory"})
     dtype: str = field(default="auto", metadata={"help": "auto|float32|bfloat16|float16"})
@@ -48,42 +46,6 @@ class EngineArgs:
     num_host_blocks: int | None = field(
         default=None, metadata={"help": "override the host pool's block count"})
     kv_policy: str = field(default="recompute", metadata={"help": "KV-memory policy"})
-    num_hidden_blocks: int | None = field(
-        default=None, metadata={"help": "hcache: host hidden-state blocks (default: --swap-space)"})
-    ellm_uncached_ratio: float | None = field(
-        default=None, metadata={"help": "ellm: fixed uncached ratio r for every request"})
-    ellm_max_uncached_ratio: float = field(
-        default=0.5, metadata={"help": "ellm: cap on r when prefixes are dropped on demand"})
-    ellm_max_recompute_tokens: int | None = field(
-        default=None, metadata={"help": "ellm: prefix tokens recomputed per step at most, "
-                                        "the recompute scratch (default: 256 for a priced "
-                                        "--ellm-recompute-budget, else half the step's "
-                                        "token budget)"})
-    ellm_host_groups: str = field(
-        default="0", metadata={"help": "ellm: a dropped prefix keeps its KV of this many top "
-                                       "layer groups in the host pool, copied in each step "
-                                       "while the lower groups recompute (layer-level "
-                                       "overlap); auto: the split whose copy and recompute "
-                                       "times match on the H200 roofline; 0: all recompute"})
-    ellm_copy_window: int = field(
-        default=2, metadata={"help": "ellm: of the copied-in layer groups, how many are in "
-                                     "flight at once (they share that many sets of scratch; "
-                                     "0: all)"})
-    ellm_recompute_budget: str = field(
-        default="auto", metadata={"help": "ellm: prefix tokens a step may recompute when "
-                                          "prefixes are dropped on demand: ridge (ridge point "
-                                          "minus the step's decodes), cost (priced by the "
-                                          "calibrated cost model), auto (cost with "
-                                          "--ellm-calibration, else ridge), max, or a count"})
-    ellm_planner: bool = field(
-        default=False, metadata={"help": "ellm: r from the request-level planner (SLSQP)"})
-    ellm_tpot_slo_ms: float = field(
-        default=100.0, metadata={"help": "ellm planner: the TPOT SLO it plans for"})
-    ellm_calibration: str | None = field(
-        default=None, metadata={"help": "ellm: cost-model calibration JSON (kvtier profile) "
-                                        "that prices recomputation: the recompute budget and "
-                                        "the planner's roofline fit (default: the H200's "
-                                        "probe ceilings alone)"})
     attention_backend: str = field(default="auto", metadata={"help": "auto|torch|triton"})
     enforce_eager: bool = field(default=False, metadata={"help": "disable CUDA graphs"})
     max_graph_batch_size: int = field(
@@ -108,6 +70,13 @@ class EngineArgs:
                                         "prefill, 0 in the offline LLM)"})
     max_num_partial_prefills: int = field(
         default=1, metadata={"help": "prefills that may stop part-way in one step"})
+    # The memory systems' own flags (`--ellm-*`, ...: each system's SystemArgs), by keyword;
+    # EngineArgs(ellm_planner=True) and args.ellm_planner read and write them here.
+    policy_args: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
+
+    def system_args(self, name: str) -> SystemArgs:
+        """The flags of memory system `name`, from the given values and its defaults."""
+        return get_system(name).args.from_values(self.policy_args)
 
     def create_engine_config(self) -> EngineConfig:
         model_config, _ = resolve_model_config(self.model, self.load_format)
@@ -132,55 +101,33 @@ class EngineArgs:
             num_gpu_blocks=self.num_gpu_blocks,
             num_host_blocks=self.num_host_blocks,
         )
-        return EngineConfig(
+        config = EngineConfig(
             model=self.model, model_config=model_config, cache=cache, scheduler=sched,
-            kv_policy=self.kv_policy, dtype=self.dtype,
-            policy_options=PolicyOptions(
-                uncached_ratio=self.ellm_uncached_ratio,
-                max_uncached_ratio=self.ellm_max_uncached_ratio,
-                max_recompute_tokens=self.ellm_max_recompute_tokens or self._recompute_cap(sched),
-                recompute_budget=_budget_rule(self.ellm_recompute_budget),
-                prefix_host_groups=self._host_groups(model_config, cache),
-                prefix_copy_window=self.ellm_copy_window),
-            device=self.device,
+            kv_policy=self.kv_policy, dtype=self.dtype, device=self.device,
             load_format=self.load_format, tokenizer=self.tokenizer, seed=self.seed,
             attention_backend=self.attention_backend, enforce_eager=self.enforce_eager,
             max_graph_batch_size=self.max_graph_batch_size,
             piecewise_graphs=self.piecewise_graphs, overlap_swap=self.overlap_swap,
             served_model_name=self.served_model_name,
         )
+        system = get_system(self.kv_policy)
+        for name in policy_names():  # flags of the other systems must not be set for nothing
+            if name != self.kv_policy:
+                get_system(name).check_unused_flags(self.system_args(name))
+        return config.with_(policy_options=system.options(self.system_args(self.kv_policy),
+                                                          config))
 
     def _long_prefill_threshold(self) -> int:
         if self.long_prefill_token_threshold is not None:
             return self.long_prefill_token_threshold
         return DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD if self.enable_chunked_prefill else 0
 
-    def _host_groups(self, mc: ModelConfig, cache: CacheConfig) -> int:
-        rule = _host_groups_rule(self.ellm_host_groups)
-        if rule != "auto":
-            return int(rule)
-        if self.kv_policy != "ellm":
-            return 0
-        from kvtier.costmodel.hardware import get_hardware
-        from kvtier.planner.layer_overlap import choose_host_groups
-
-        return choose_host_groups(mc, get_hardware("h200"), cache.layers_in_block(mc.num_layers),
-                                  block_size=cache.block_size).host_groups
-
-    def _recompute_cap(self, sched: SchedulerConfig) -> int:
-        """ellm's default max_recompute_tokens (it sizes the recompute scratch): half the
-        step's token budget for a fixed, planned or explicit budget; 256 for the priced
-        budgets of on-demand drops, which stay under the ridge point (H200 180 tokens a
-        step, A100 161)."""
-        priced = _budget_rule(self.ellm_recompute_budget) in ("auto", "ridge", "cost")
-        if priced and self.ellm_uncached_ratio is None and not self.ellm_planner:
-            return min(256, sched.max_num_batched_tokens // 2)
-        return sched.max_num_batched_tokens // 2
-
     # ---- argparse ----------------------------------------------------------------------
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser, positional_model: bool = True) -> None:
         for f in fields(cls):
+            if not f.metadata.get("cli", True):
+                continue
             if f.name == "model":
                 if positional_model:
                     parser.add_argument("model", help=f.metadata["help"])
@@ -193,37 +140,48 @@ class EngineArgs:
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction,
                                     default=default, help=f.metadata["help"])
             else:
-                parser.add_argument(flag, type=_arg_type(f.type), default=default,
+                parser.add_argument(flag, type=arg_type(f.type), default=default,
                                     help=f.metadata["help"])
         parser.add_argument("--num-gpu-blocks-override", dest="num_gpu_blocks", type=int,
                             help="vLLM's name for --num-gpu-blocks")
-        parser.add_argument("--ellm-planner-calibration", dest="ellm_calibration",
-                            help=argparse.SUPPRESS)  # its name before it priced the budget too
+        taken: set[str] = set()
+        for args_cls in system_args().values():  # every memory system's own flags
+            args_cls.add_cli_args(parser, taken)
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> EngineArgs:
-        kw: dict[str, Any] = {f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)}
+        kw: dict[str, Any] = {f.name: getattr(ns, f.name) for f in fields(cls)
+                              if f.metadata.get("cli", True) and hasattr(ns, f.name)}
+        flags = policy_flag_defaults()
+        kw["policy_args"] = {k: getattr(ns, k) for k in flags if hasattr(ns, k)}
         return cls(**kw)
 
 
-def _host_groups_rule(rule: str | int) -> str | int:
-    """`--ellm-host-groups`: auto, or a group count given as digits."""
-    if isinstance(rule, int) or rule == "auto":
-        return rule
-    if not rule.isdigit():
-        raise ConfigError(f"--ellm-host-groups must be auto or a count >= 0, got {rule!r}")
-    return int(rule)
+class EngineArgs(EngineArgsFields):
+    """Every engine option: the fields above plus each registered memory system's flags,
+    given by keyword (`EngineArgs(model=..., ellm_planner=True)`) and read as attributes."""
+
+    def __init__(self, *args: Any, **kw: Any):
+        given = dict(kw.pop("policy_args", None) or {})
+        known = policy_flag_defaults()
+        for key in [k for k in kw if k in known]:
+            given[key] = kw.pop(key)
+        unknown = set(given) - set(known)
+        if unknown:
+            raise TypeError(f"EngineArgs got unknown options {sorted(unknown)}")
+        super().__init__(*args, **kw)
+        self.policy_args = given
+
+    def __getattr__(self, name: str) -> Any:
+        known = policy_flag_defaults()
+        if name in known:  # only called for names that are not fields
+            return self.__dict__.get("policy_args", {}).get(name, known[name])
+        raise AttributeError(f"EngineArgs has no option {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in policy_flag_defaults():
+            self.policy_args[name] = value
+        else:
+            super().__setattr__(name, value)
 
 
-def _budget_rule(rule: str | int) -> str | int:
-    """`--ellm-recompute-budget`: a rule's name, or a token count given as digits."""
-    return int(rule) if isinstance(rule, str) and rule.isdigit() else rule
-
-
-def _arg_type(annotation: Any):
-    text = str(annotation)
-    if "float" in text:
-        return float
-    if "int" in text:
-        return int
-    return str

@@ -1,7 +1,7 @@
 """The engine: requests in, one step at a time, outputs out.
 
     step():  plan = scheduler.schedule()  ->  result = executor.execute(plan)
-             ->  outputs = self._process(scheduler.update(plan, result))
+             ->  outputs = self.make_outputs(scheduler.update(plan, result))
 
 With async scheduling (an executor that can `launch` a step without waiting for its
 tokens) a step is one ahead: schedule and launch step N+1, then wait for step N's tokens
@@ -13,12 +13,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from kvtier.config import EngineConfig
+from kvtier.core.executor import Executor, PendingResult
 from kvtier.core.plan import StepPlan, StepResult
 from kvtier.core.request import Request, RequestStatus
 from kvtier.engine.args import EngineArgs
+from kvtier.engine.assembly import EngineParts, assemble, freeze_startup_objects
 from kvtier.engine.detokenizer import IncrementalDetokenizer
 from kvtier.engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from kvtier.kv.manager import KVCacheManager
@@ -69,26 +70,26 @@ def _completion(c: _Child) -> CompletionOutput:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, executor, tokenizer: Tokenizer, kv: KVCacheManager,
+    def __init__(self, config: EngineConfig, executor: Executor, tokenizer: Tokenizer, kv: KVCacheManager,
                  block_bytes: int, clock: Callable[[], float] = time.monotonic):
         """`clock` stamps arrivals and tokens: wall time for a real runner, the virtual time
         of a simulated executor (which then shares the scheduler and KV manager unchanged)."""
         # Async only where the executor can launch without waiting (the model runner; the
-        # simulator and recording wrappers step synchronously), by default where it says so.
+        # simulator steps synchronously), by default where it says so.
         wanted = config.scheduler.async_scheduling
         if wanted is None:
-            wanted = getattr(executor, "async_by_default", False)
-        self._async = wanted and hasattr(executor, "launch")
+            wanted = executor.async_by_default
+        self._async = bool(wanted) and executor.supports_async
         config = config.with_(scheduler=replace(config.scheduler, async_scheduling=self._async))
         self.config = config
         self.clock = clock
         self.model_config = config.model_config
-        self.executor = executor
+        self.executor: Executor = executor
         self.tokenizer = tokenizer
         self.block_bytes = block_bytes
         self.scheduler = Scheduler(config.scheduler, kv,
                                    get_policy(config.kv_policy, config.policy_options))
-        self._inflight: tuple[StepPlan, Any] | None = None  # async: launched, not yet read
+        self._inflight: tuple[StepPlan, PendingResult] | None = None  # async: launched, not yet read
         self._inflight_ids: set[str] | None = None  # its request ids, built when first asked
         self._parents: dict[str, _Parent] = {}
         self._child_of: dict[str, tuple[_Parent, _Child]] = {}
@@ -98,9 +99,22 @@ class LLMEngine:
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
-        from kvtier.engine.builder import build_engine
+        """The real engine: the one assembly over the model runner."""
+        from kvtier.engine.runner_factory import RunnerFactory
 
-        return build_engine(args)
+        engine = cls.from_parts(assemble(args, RunnerFactory(args.device, args.dtype)))
+        freeze_startup_objects()
+        return engine
+
+    @classmethod
+    def from_parts(cls, parts: EngineParts) -> LLMEngine:
+        return cls(parts.config, parts.executor, parts.tokenizer, parts.kv, parts.block_bytes,
+                   clock=parts.clock)
+
+    @property
+    def kv_manager(self) -> KVCacheManager:
+        """The scheduler's KV manager (pool sizes and use, for reports and benchmarks)."""
+        return self.scheduler.kv
 
     @property
     def served_model_name(self) -> str:
@@ -198,7 +212,7 @@ class LLMEngine:
             outputs = self._step_async(plan)
         else:
             result: StepResult = self.executor.execute(plan)
-            outputs = self._process(self.scheduler.update(plan, result), result)
+            outputs = self.make_outputs(self.scheduler.update(plan, result), result)
         self._last_step_tokens = plan.num_scheduled_tokens
         self._last_step_reqs = len(plan.scheduled)
         self._last_step_time = self.clock() - t0
@@ -223,11 +237,12 @@ class LLMEngine:
             self._inflight_ids = {*ids, *(rid.rsplit("#", 1)[0] for rid in ids)}
         return request_id in self._inflight_ids
 
-    def _finish_step(self, plan: StepPlan, launched: Any) -> list[RequestOutput]:
+    def _finish_step(self, plan: StepPlan, launched: PendingResult) -> list[RequestOutput]:
         result: StepResult = launched.result()
-        return self._process(self.scheduler.update(plan, result), result)
+        return self.make_outputs(self.scheduler.update(plan, result), result)
 
-    def _process(self, touched: list[Request], result: StepResult) -> list[RequestOutput]:
+    def make_outputs(self, touched: list[Request], result: StepResult) -> list[RequestOutput]:
+        """The outputs of the requests `scheduler.update` touched (the step's last phase)."""
         now = self.clock()
         child_of = self._child_of
         changed: dict[str, _Parent] = {}
@@ -315,9 +330,7 @@ class LLMEngine:
         if self._inflight is not None:  # its tokens land before the runner frees its memory
             self._finish_step(*self._inflight)
             self._inflight = self._inflight_ids = None
-        close = getattr(self.executor, "close", None)
-        if close is not None:
-            close()
+        self.executor.close()
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()

@@ -125,3 +125,14 @@ def complete_pools(config: EngineConfig, num_gpu: int, block_bytes: int,
             "give more memory (--gpu-memory-utilization / --kv-cache-gb) or lower --max-model-len"
         )
     return PoolSizes(num_gpu, num_host, block_bytes)
+
+
+def explicit_gpu_blocks(config: EngineConfig, block_bytes: int) -> int | None:
+    """The device pool's block count when the config gives it (a count or a size in GiB),
+    else None: the rule size_pools applies first, shared with the simulated device."""
+    cache = config.cache
+    if cache.num_gpu_blocks is not None:
+        return cache.num_gpu_blocks
+    if cache.kv_cache_gb is not None:
+        return int(cache.kv_cache_gb * GiB // block_bytes)
+    return None

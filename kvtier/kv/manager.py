@@ -2,22 +2,41 @@
 
 Pure Python, no tensors: the simulator reuses it unchanged. Contract of every mutating call:
 it either succeeds completely or changes nothing (returns None), so the scheduler can try,
-preempt, and try again.
+preempt, and try again. Blocks are reference-counted (`BlockPool`): a table holds one
+reference to each of its blocks, and caches plugged in as `KVCacheHooks` may hold more
+(`check_integrity` checks every count against its owners).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
 
 from kvtier.core.plan import BlockCopy
 from kvtier.core.request import Request
 from kvtier.kv.block_pool import BlockPool
-from kvtier.kv.hidden import HiddenStore
+from kvtier.kv.hooks import KVCacheHooks
 from kvtier.kv.map_table import MapTable, Placement
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+class HiddenStates(Protocol):
+    """Per-request blocks of hidden states standing in for KV (Placement.HIDDEN): a prefix
+    of each request's tokens is covered, extended as tokens are computed."""
+
+    ids: dict[str, list[int]]
+    pool: BlockPool
+
+    def extend(self, request_id: str, num_tokens: int) -> tuple[int, ...]: ...
+
+    def covers(self, request_id: str, num_tokens: int) -> bool: ...
+
+    def free(self, request_id: str) -> None: ...
+
+    def check_integrity(self) -> None: ...
 
 
 class KVCacheManager:
@@ -28,12 +47,13 @@ class KVCacheManager:
         num_gpu_blocks: int,
         num_host_blocks: int,
         watermark: float = 0.01,
-        num_hidden_blocks: int | None = None,
+        hidden_store: HiddenStates | None = None,
         prefix_host_groups: int = 0,
     ):
-        """`num_hidden_blocks`: a HiddenStore of that many blocks (HCache), or None.
-        `prefix_host_groups`: eLLM's dropped prefixes keep the KV of this many top layer
-        groups in the host pool (copied back each step) instead of recomputing them."""
+        """`hidden_store`: what stands in for the KV of HIDDEN entries (hidden states kept
+        per token), or None. `prefix_host_groups`: dropped prefixes keep the KV of this many
+        top layer groups in the host pool (copied back each step) instead of recomputing
+        them."""
         if not 0 <= prefix_host_groups < num_groups:
             raise ValueError(f"prefix_host_groups must be in [0, {num_groups}), "
                              f"got {prefix_host_groups}")
@@ -42,20 +62,42 @@ class KVCacheManager:
         # moves them into the plan's swap-outs).
         self.pending_swap_out: list[BlockCopy] = []
         self.num_groups, self.block_size = num_groups, block_size
-        self.hidden = HiddenStore(num_hidden_blocks, block_size) if num_hidden_blocks else None
+        self.hidden = hidden_store
         self.gpu = BlockPool(num_gpu_blocks, "gpu")
         self.host = BlockPool(num_host_blocks, "host")
         # Admission keeps this many blocks spare so a new request does not force an
         # immediate preemption of the requests already running (vLLM's watermark).
         self.watermark_blocks = int(watermark * num_gpu_blocks)
         self.tables: dict[str, MapTable] = {}
-        # Sum of every table's num_dropped_blocks: while it is 0 (every policy but eLLM),
+        # Sum of every table's num_dropped_blocks: while it is 0 (no policy dropped a prefix),
         # the scheduler skips asking each request for its dropped prefix.
         self.num_dropped_token_blocks = 0
         # Tokens each request's table holds (token blocks x block_size), for reading only:
         # the scheduler skips allocate_slots for the tokens that already fit.
         self.num_slots: dict[str, int] = {}
         self.no_new_blocks: tuple[tuple[int, ...], ...] = ((),) * num_groups
+        self.hooks: list[KVCacheHooks] = []  # caches above the pools (kvtier/kv/hooks.py)
+
+    def add_hooks(self, hooks: KVCacheHooks) -> None:
+        self.hooks.append(hooks)
+
+    # ---- lifecycle hooks (kvtier/kv/hooks.py has their contracts) ------------------------
+    def admit(self, req: Request) -> int:
+        """Leading tokens of a WAITING request whose KV a hook already holds (now in its
+        table); 0 without hooks."""
+        cached = 0
+        for h in self.hooks:
+            cached = cached or h.on_admit(req, self)
+        return cached
+
+    def evict(self, num_blocks: int) -> int:
+        """Device blocks freed by the hooks' eviction, asked for `num_blocks`."""
+        freed = 0
+        for h in self.hooks:
+            if freed >= num_blocks:
+                break
+            freed += h.evict(num_blocks - freed, self)
+        return freed
 
     # ---- device allocation -------------------------------------------------------------
     def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
@@ -78,7 +120,9 @@ class KVCacheManager:
         need = per_group * self.num_groups
         reserve = self.watermark_blocks if use_watermark else 0
         if self.gpu.num_free - need < reserve:
-            return None
+            if not self.hooks or self.evict(need + reserve - self.gpu.num_free) <= 0 \
+                    or self.gpu.num_free - need < reserve:
+                return None
         if table is None:
             table = self.tables[req.request_id] = MapTable(self.num_groups)
         ids = self.gpu.allocate(need)
@@ -96,11 +140,14 @@ class KVCacheManager:
         return tuple(tuple(ids) for ids in table.block_ids)
 
     def free(self, req: Request) -> None:
+        """Release every block of the request (one reference each); the hooks see it first."""
         if self.hidden is not None:
             self.hidden.free(req.request_id)
-        table = self.tables.pop(req.request_id, None)
-        if table is None:
+        if req.request_id not in self.tables:
             return
+        for h in self.hooks:
+            h.on_finish(req, self)
+        table = self.tables.pop(req.request_id)
         del self.num_slots[req.request_id]
         self.num_dropped_token_blocks -= table.num_dropped_blocks
         self.gpu.free([b for _, _, b in table.entries(Placement.GPU)])
@@ -149,7 +196,7 @@ class KVCacheManager:
         self.host.free([old for old, _, _ in moves])
         return [BlockCopy(src=old, dst=new, group=g) for old, new, g in moves]
 
-    # ---- hidden states instead of KV (HCache) ------------------------------------------
+    # ---- hidden states instead of KV (Placement.HIDDEN) -------------------------------
     def hide(self, req: Request) -> None:
         """Free the request's device KV; its hidden states (which must cover every computed
         token) stand in for it until `unhide`."""
@@ -173,7 +220,7 @@ class KVCacheManager:
         n = len(_movable(table, Placement.HIDDEN))
         self._relocate(table, Placement.HIDDEN, Placement.GPU, self.gpu.allocate(n))
 
-    # ---- partial caching (eLLM): drop a prefix, recompute it every step -----------------
+    # ---- partial caching: drop a prefix, recompute it every step ------------------------
     def num_dropped_tokens(self, req: Request) -> int:
         """Leading tokens whose KV is DROPPED (all layer groups): recomputed each step."""
         table = self.tables.get(req.request_id)
@@ -246,6 +293,8 @@ class KVCacheManager:
                                   for rid, t in self.tables.items()}, "slot counts"
         assert self.num_dropped_token_blocks == sum(
             t.num_dropped_blocks for t in self.tables.values()), "dropped-block count"
+        for h in self.hooks:
+            gpu_owned += h.owned_device_blocks()
         self.gpu.check_integrity(gpu_owned)
         self.host.check_integrity(host_owned)
         if self.hidden is not None:

@@ -1,17 +1,18 @@
-"""KV-memory policies, chosen by name (`kv_policy=` / `--kv-policy`)."""
+"""Memory systems, chosen by name (`kv_policy=` / `--kv-policy`): one package each
+(`kvtier/policies/<name>/`); base.py holds the hooks shared code calls them through."""
 
-from kvtier.config import PolicyOptions
 from kvtier.policies import ellm as _ellm  # noqa: F401  (importing registers them)
 from kvtier.policies import hcache as _hcache  # noqa: F401
 from kvtier.policies import recompute as _recompute  # noqa: F401
 from kvtier.policies import swap as _swap  # noqa: F401
-from kvtier.policies.base import (
-    KVPolicy,
-    Preemption,
+from kvtier.policies.base import KVPolicy, MemorySystem, Preemption
+from kvtier.policies.registry import (
     get_policy,
+    get_system,
     policy_names,
-    register_policy,
+    register_system,
+    unregister_system,
 )
 
-__all__ = ["KVPolicy", "PolicyOptions", "Preemption", "get_policy", "policy_names",
-           "register_policy"]
+__all__ = ["KVPolicy", "MemorySystem", "Preemption", "get_policy", "get_system",
+           "policy_names", "register_system", "unregister_system"]

@@ -135,4 +135,4 @@ class StepSweeper:
     def _copy(self, n: int, out: bool) -> float:
         blocks = [BlockCopy(i, i) for i in range(n)]
         args = (blocks, []) if out else ([], blocks)
-        return self.timer.wall_seconds(lambda: self.runner._copy_blocks(*args))
+        return self.timer.wall_seconds(lambda: self.runner.copy_blocks(*args))

@@ -34,12 +34,13 @@ from kvtier.runner.hidden_states import HiddenStates
 from kvtier.runner.host_batch import HostBatch, build_host_batch
 from kvtier.runner.kernel_warmup import warm_up_attention
 from kvtier.runner.piecewise_graphs import PiecewiseGraphs
+from kvtier.runner.plan_items import run_items
+from kvtier.runner.prefix_rows import copy_window, prefix_truncation, window_prefix_copies
 from kvtier.runner.sampler import SampleRow, plain_greedy, sample
 from kvtier.runner.staging import PinnedStaging
+from kvtier.runner.startup import profile_activation_peak, warm_up_steps
 from kvtier.runner.swap_copies import SwapCopies, make_streams
-from kvtier.sampling_params import SamplingParams
 
-_PROFILE_PARAMS = SamplingParams(temperature=0.0, max_tokens=1)
 _sample_flag, _request_id = attrgetter("sample"), attrgetter("request_id")
 
 
@@ -72,6 +73,11 @@ class ModelRunner:
         self.host_kv: torch.Tensor | None = None
         self.graphs: DecodeGraphs | None = None
         self.recompute_scratch = range(0)
+        # Dropped prefixes keep this many top layer groups' KV in the host pool, copied in
+        # each step, at most `prefix_copy_window` groups at once (0: all); set by the memory
+        # system that drops prefixes (its prepare_executor hook), 0 otherwise.
+        self.prefix_host_groups = 0
+        self.prefix_copy_window = 0
         self.hidden: HiddenStates | None = None  # HCache's hidden-state store
         self.piecewise: PiecewiseGraphs | None = None  # steps with prefill rows
         self.copies = SwapCopies(make_streams(device, config.overlap_swap), self.num_groups,
@@ -86,6 +92,11 @@ class ModelRunner:
         the step while the host prepares the next (vLLM's default too since its PR #27614);
         on the CPU the host is the device, so there is nothing to hide behind."""
         return self.device.type == "cuda"
+
+    @property
+    def supports_async(self) -> bool:
+        """`launch` returns before the step's tokens are on the host (see PendingStep)."""
+        return True
 
     @property
     def graphs_allowed(self) -> bool:
@@ -147,97 +158,14 @@ class ModelRunner:
                                              keep_attention_inputs=self.hidden is not None)
             self.piecewise.capture()
 
-    @torch.inference_mode()
     def profile_activation_peak(self) -> int:
-        """Peak activation bytes of the largest step (GPU only): run one forward over
-        max_num_batched_tokens dummy tokens and read the allocator's high-water mark."""
-        if self.device.type != "cuda":
-            return 0
-        sched = self.config.scheduler
-        total = sched.max_num_batched_tokens
-        lens: list[int] = []
-        while total > 0 and len(lens) < sched.max_num_seqs:
-            lens.append(min(total, sched.max_model_len))
-            total -= lens[-1]
-        blocks = [cdiv(n, self.block_size) for n in lens]
-        shape = self.block_shape()
-        self.gpu_kv = torch.zeros((sum(blocks), *shape), dtype=self.dtype, device=self.device)
-        self.host_kv = torch.empty((0, *shape), dtype=self.dtype)
-        torch.cuda.synchronize(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        base = torch.cuda.memory_allocated(self.device)
-        plan, first = [], 0
-        for i, (n, nb) in enumerate(zip(lens, blocks)):
-            ids = tuple(range(first, first + nb))
-            first += nb
-            plan.append(ScheduledRequest(
-                request_id=f"__profile{i}", token_ids=[0] * n, start_pos=0,
-                new_block_ids=(ids,) * self.num_groups, reset_blocks=True, sample=True,
-                sampling_params=_PROFILE_PARAMS, num_output_tokens=0))
-        self.execute(StepPlan(scheduled=plan))
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device) - base
-        for p in plan:
-            self.block_tables.remove(p.request_id)
-        self.gpu_kv = self.host_kv = None
-        torch.cuda.empty_cache()
-        return int(peak)
+        """Peak activation bytes of the largest step (GPU only; kvtier/runner/startup.py)."""
+        return profile_activation_peak(self)
 
-    @torch.inference_mode()
     def warm_up_steps(self) -> bool:
-        """Before serving: a small mixed step (decodes beside a prefill and a prefix-cached
-        chunk), the largest mixed step the budget allows (max_num_seqs - 1 decodes at the
-        longest context beside prefill rows filling max_num_batched_tokens), and a decode-only
-        step. Whatever a first occurrence compiles or allocates is then not paid inside a
-        request's step: on the H200 fidelity trace the first mixed step took 0.92 s (a
-        compile), and mixed steps ran ~10 ms slow for the first ~600 steps while the caching
-        allocator grew, each new segment's cudaMalloc a sync in the middle of a piecewise
-        step that left the GPU waiting on the host's remaining launches
-        (results/fidelity/fidelity_h200.md). The largest step's memory was reserved for
-        activations when the pools were sized, so it stays cached.
-        Every row reads and writes the same first blocks of the pool: garbage KV in free
-        blocks is harmless, a block is always written before it is read. HCache's
-        hidden-state store keeps per-request rows of its own, so it is left out. Returns
-        whether the steps ran."""
-        if self.hidden is not None or self.gpu_kv is None:
-            return False
-        sched, bs = self.config.scheduler, self.block_size
-        if cdiv(sched.max_model_len, bs) > len(self.gpu_kv) - 1:
-            return False  # a pool too small to share (tiny test pools)
-        # No more rows than the block tables hold (an engine of 4 seats crashed here).
-        small = [(19, 1), (33, 1), (7, 1), (0, 31), (16, 17)][: sched.max_num_seqs]
-        decodes = min(sched.max_num_seqs - 1, sched.max_num_batched_tokens // 2)
-        large = [(sched.max_model_len - 2, 1)] * decodes
-        rest, longest = sched.max_num_batched_tokens - decodes, sched.max_model_len - 1
-        while rest > 0 and len(large) < sched.max_num_seqs:
-            large.append((0, min(rest, longest)))
-            rest -= large[-1][1]
-        last: list[ScheduledRequest] = []
-        for rows in (small, large):
-            last = [self._warm_row(i, start, n) for i, (start, n) in enumerate(rows)]
-            self.execute(StepPlan(scheduled=last))
-            for sr in last:
-                self.block_tables.remove(sr.request_id)
-        if self.graphs is None:  # every padded LM-head shape (the graphs' capture ran them)
-            for size in self.graph_sizes:
-                self.model.compute_logits(torch.zeros(size, self.model_config.hidden_size,
-                                                      dtype=self.dtype, device=self.device))
-        short = [self._warm_row(i, start, n) for i, (start, n) in enumerate(small)]
-        self.execute(StepPlan(scheduled=short))
-        self.execute(StepPlan(scheduled=[
-            ScheduledRequest(sr.request_id, [1], sr.seq_len, ((),) * self.num_groups, False,
-                             True, _PROFILE_PARAMS, 1) for sr in short]))
-        for sr in short:
-            self.block_tables.remove(sr.request_id)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return True
-
-    def _warm_row(self, i: int, start: int, n: int) -> ScheduledRequest:
-        """A warm-up row of n tokens from position `start`, over the pool's first blocks."""
-        ids = tuple(range(cdiv(start + n + 1, self.block_size)))
-        return ScheduledRequest(f"__warm{i}", [1] * n, start, (ids,) * self.num_groups, True,
-                                True, _PROFILE_PARAMS, 0)
+        """Before serving: run the step shapes a first occurrence would compile or allocate
+        for (kvtier/runner/startup.py). Returns whether the steps ran."""
+        return warm_up_steps(self)
 
     def close(self) -> None:
         """Drop every tensor this runner owns (weights, pools, graphs) and return the memory."""
@@ -262,13 +190,15 @@ class ModelRunner:
             self.block_tables.remove(rid)
             if self.hidden is not None:
                 self.hidden.forget(rid)
+        if plan.items:  # the memory system's own work, one hook per kind
+            run_items(self, plan.items)
         if not plan.scheduled:
-            self._copy_blocks(plan.swap_out, plan.swap_in)
+            self.copy_blocks(plan.swap_out, plan.swap_in)
             return PendingStep(ready=StepResult(sampled={}))
         batch = self.prepare_batch(plan.scheduled)
         # After the batch: it lends eLLM's offloaded prefixes scratch blocks to copy into.
-        now, later = self._window_prefix_copies(batch.prefix_copies)
-        self._copy_blocks(plan.swap_out, [*plan.swap_in, *now], later)
+        now, later = window_prefix_copies(self, batch.prefix_copies)
+        self.copy_blocks(plan.swap_out, [*plan.swap_in, *now], later)
         self._placeholders = self.async_tokens.placeholder_sources(plan.scheduled,
                                                                    batch.input_ids)
         if self.hidden is not None:
@@ -277,7 +207,7 @@ class ModelRunner:
             self.copies.wait_all()  # restores write the KV pool outside the layers
             self.hidden.restore(plan.restores, self.block_tables, self.gpu_kv, self.ops,
                                 self.cos_sin, self.layers_per_block)
-        logits = self._logits(batch)
+        logits = self.forward_logits(batch)
         if self.hidden is not None:
             self.hidden.store(plan.scheduled, batch)
         if logits is None:
@@ -303,11 +233,11 @@ class ModelRunner:
         forward needs before `device_inputs` (also the seam the cost-model profiler uses)."""
         self.staging.next_step()
         batch = build_host_batch(scheduled, self.block_tables, self.block_size,
-                                 self.recompute_scratch, self._copy_window())
+                                 self.recompute_scratch, copy_window(self))
         self.block_tables.sync_device(self.staging.put)
         return batch
 
-    def _logits(self, batch: HostBatch) -> torch.Tensor | None:
+    def forward_logits(self, batch: HostBatch) -> torch.Tensor | None:
         """Logits of the sampling requests' last tokens ([num_sampling, vocab], model dtype)."""
         copies = self.copies
         # Swap-ins under overlap: the piecewise graphs wait between layer groups, the full
@@ -363,49 +293,7 @@ class ModelRunner:
 
     def _prefix_truncation(self, batch: HostBatch, meta: AttentionMetadata
                            ) -> tuple[int, AttentionMetadata] | None:
-        """eLLM with offloaded prefixes: (the first layer whose prefix KV is copied in, the
-        metadata of the batch without the prefix rows), or None."""
-        h = self.config.policy_options.prefix_host_groups
-        if not h or not batch.num_prefix_rows:
-            return None
-        b = batch.num_reqs - batch.num_prefix_rows
-        n = int(batch.query_start_loc[b])
-        short = AttentionMetadata(
-            num_tokens=n, num_reqs=b, num_decodes=min(meta.num_decodes, b),
-            max_query_len=int(batch.query_lens[:b].max()),
-            max_seq_len=int(batch.seq_lens[:b].max()),
-            query_start_loc=meta.query_start_loc[: b + 1], seq_lens=meta.seq_lens[:b],
-            block_tables=meta.block_tables[:, :b], slot_mapping=meta.slot_mapping[:, :n],
-            layers_per_block=meta.layers_per_block, block_size=meta.block_size,
-            query_lens_cpu=meta.query_lens_cpu[:b], seq_lens_cpu=meta.seq_lens_cpu[:b],
-            decode_order=meta.decode_order)  # decodes lead the batch, before any prefix row
-        return (self.num_groups - h) * self.layers_per_block, short
-
-    def _copy_window(self) -> int:
-        """Copied groups of offloaded prefixes in flight at once (0: all)."""
-        opts = self.config.policy_options
-        return opts.prefix_copy_window if opts.prefix_host_groups else 0
-
-    def _window_prefix_copies(self, copies: list[BlockCopy]
-                              ) -> tuple[list[BlockCopy], dict[int, list[tuple[int, list]]]]:
-        """(copies issued with the step's own, {group: [(target group, copies)]} held back
-        until that group's attention is done): the j-th copied group reuses the scratch of
-        the (j-W)-th (`build_host_batch`)."""
-        w = self._copy_window()
-        if not copies or not w:
-            return copies, {}
-        first = self.num_groups - self.config.policy_options.prefix_host_groups
-        now: list[BlockCopy] = []
-        by_target: dict[int, list[BlockCopy]] = {}
-        for c in copies:
-            if c.group - first < w:
-                now.append(c)
-            else:
-                by_target.setdefault(c.group, []).append(c)
-        later: dict[int, list[tuple[int, list]]] = {}
-        for g, cs in sorted(by_target.items()):
-            later.setdefault(g - w, []).append((g, cs))
-        return now, later
+        return prefix_truncation(self, batch, meta)
 
     def _fill_placeholders(self, input_ids: torch.Tensor) -> None:
         """Async scheduling: the in-flight tokens into this step's device input ids."""
@@ -420,7 +308,7 @@ class ModelRunner:
         eos = () if p.ignore_eos else self.model_config.eos_token_ids
         return SampleRow(p, num_output, tuple(eos) + tuple(p.stop_token_ids))
 
-    def _copy_blocks(self, swap_out: list[BlockCopy], swap_in: list[BlockCopy],
+    def copy_blocks(self, swap_out: list[BlockCopy], swap_in: list[BlockCopy],
                      deferred: dict[int, list[tuple[int, list]]] | None = None) -> None:
         """All swap-outs, then the swap-ins layer group by layer group (a device block freed
         by a swap-out may be the target of a swap-in in the same step); the forward waits

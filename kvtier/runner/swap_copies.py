@@ -203,6 +203,13 @@ class SwapCopies:
                 self.ready[g] = current
         self.unjoined = True
 
+    def join_previous(self) -> None:
+        """The compute stream waits for the previous step's copies (before work of its own
+        touches the pools outside `issue`)."""
+        if self.unjoined:
+            self.streams.join()
+            self.unjoined = False
+
     def after_layer(self, layer_idx: int) -> None:
         """After layer `layer_idx`'s attention has been issued: at the end of a layer group,
         the copies deferred behind it go out, behind everything the compute stream has so

@@ -25,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from kvtier.config import SchedulerConfig
+from kvtier.core.items import PlanItem
 from kvtier.core.plan import (
     PLACEHOLDER_TOKEN,
     BlockCopy,
@@ -35,7 +36,7 @@ from kvtier.core.plan import (
 )
 from kvtier.core.request import Request, RequestStatus
 from kvtier.kv.manager import KVCacheManager
-from kvtier.policies.base import KVPolicy, PreemptionKind
+from kvtier.policies.base import KVPolicy
 from kvtier.scheduler.prefill_budget import PrefillChunker
 from kvtier.scheduler.queue import FCFSQueue
 
@@ -62,6 +63,7 @@ class _StepBuilder:
         self.swap_out: list[BlockCopy] = []
         self.swap_in: list[BlockCopy] = []
         self.restores: list[HiddenRestore] = []
+        self.items: list[PlanItem] = []  # the memory system's own work (kvtier/core/items.py)
         self.preempted: list[Request] = []
 
     def add(self, req: Request, n: int, blocks: tuple[tuple[int, ...], ...], reset: bool,
@@ -190,6 +192,8 @@ class Scheduler:
             assert blocks is not None, "can_resume promised room"
             self.swapped.popleft()
             step.swap_in += work.copies
+            if work.items:
+                step.items += work.items
             self.counters.num_swap_in_blocks += len(work.copies)
             if work.restore_tokens:
                 step.restores.append(HiddenRestore(req.request_id, work.restore_tokens))
@@ -223,7 +227,9 @@ class Scheduler:
         self.counters.num_recomputed_tokens += result.num_dropped_tokens
         step.preempted.append(req)
         self._preempted_ids.append(req.request_id)
-        if result.kind in (PreemptionKind.SWAP, PreemptionKind.HIDDEN):
+        if result.items:
+            step.items += result.items
+        if result.resumable:
             step.swap_out += result.copies
             self.counters.num_swap_out_blocks += len(result.copies)
             self.swapped.appendleft(req)  # it ran before every other swapped request
@@ -274,13 +280,11 @@ class Scheduler:
             if hidden_store is not None:  # HCache keeps every computed token's hidden states
                 new_hidden = hidden_store.extend(req.request_id, end)
                 hidden = tuple(hidden_store.ids.get(req.request_id, ())) if reset else new_hidden
-            # Positional: ScheduledRequest's field order (request_id, token_ids, start_pos,
-            # new_block_ids, reset_blocks, sample, sampling_params, num_output_tokens,
-            # prefix_token_ids, new_hidden_ids, prefix_host_blocks); keywords cost more,
-            # 512 times a step.
             (decodes if n == 1 else others).append(ScheduledRequest(
-                req.request_id, token_ids, start, blocks, reset, sample,
-                req.sampling_params, len(out) + pending, prefix, hidden, prefix_host))
+                request_id=req.request_id, token_ids=token_ids, start_pos=start,
+                new_block_ids=blocks, reset_blocks=reset, sample=sample,
+                sampling_params=req.sampling_params, num_output_tokens=len(out) + pending,
+                prefix_token_ids=prefix, new_hidden_ids=hidden, prefix_host_blocks=prefix_host))
         self.counters.num_prefix_recompute_tokens += prefix_recompute
         if others:
             decodes += others
@@ -290,6 +294,7 @@ class Scheduler:
             scheduled=decodes, swap_out=step.swap_out, swap_in=step.swap_in,
             restores=step.restores,
             finished_ids=self._finished_ids, preempted_ids=self._preempted_ids,
+            items=step.items,
         )
         self._finished_ids, self._preempted_ids = [], []
         return plan

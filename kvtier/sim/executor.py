@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kvtier.core.executor import SyncExecutor
 from kvtier.core.plan import StepPlan, StepResult
 from kvtier.costmodel.model import CostModel, StepCost
 from kvtier.costmodel.shape import StepShape
@@ -25,7 +26,7 @@ class SimStep:
     cost: StepCost
 
 
-class SimulatedExecutor:
+class SimulatedExecutor(SyncExecutor):
     def __init__(self, cost_model: CostModel, clock: VirtualClock, token_id: int,
                  eos_token_id: int | None = None, output_lens: Mapping[str, int] | None = None,
                  record: bool = False, captures_hidden: bool = False):

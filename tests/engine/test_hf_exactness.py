@@ -98,7 +98,7 @@ class _AlternatingPlanner:
         self.num_solves = 0
 
     def solve(self, contexts, max_wait_s=0.0):
-        from kvtier.planner.request_level import Decision
+        from kvtier.policies.ellm.planner.request_level import Decision
 
         self.num_solves += 1
         return Decision(len(contexts), 0.6 if self.num_solves % 2 else 0.2, 0.0, True, 0.0)

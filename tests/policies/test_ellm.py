@@ -7,11 +7,12 @@ import random
 
 import pytest
 
-from kvtier.config import PolicyOptions, SchedulerConfig
+from kvtier.config import SchedulerConfig
 from kvtier.core.request import Request
 from kvtier.kv.manager import KVCacheManager, cdiv
-from kvtier.planner.step_budget import FixedBudget, RidgeBudget
 from kvtier.policies import get_policy
+from kvtier.policies.ellm import EllmOptions
+from kvtier.policies.ellm.planner.step_budget import FixedBudget, RidgeBudget
 from kvtier.scheduler.scheduler import Scheduler
 from tests.scheduler.fake_executor import FakeExecutor
 from tests.scheduler.test_scheduler import request, run_to_end
@@ -21,7 +22,7 @@ BS, GROUPS = 4, 2
 
 def make(step_budget, uncached_ratio=None, gpu_blocks=40, cap=64):
     kv = KVCacheManager(GROUPS, BS, gpu_blocks, 0, watermark=0.0)
-    options = PolicyOptions(uncached_ratio=uncached_ratio, max_uncached_ratio=0.6,
+    options = EllmOptions(uncached_ratio=uncached_ratio, max_uncached_ratio=0.6,
                             max_recompute_tokens=cap, step_budget=step_budget)
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=128, max_num_seqs=12,
                                       max_model_len=64), kv, get_policy("ellm", options))
@@ -101,7 +102,7 @@ def test_make_room_drops_all_or_nothing():
     # Two decoding requests of 12 tokens (3 blocks each, 2 droppable); a budget of one block
     # frees 2 physical blocks (one per group): enough for 2, not for 3.
     kv = KVCacheManager(GROUPS, BS, 12, 0, watermark=0.0)
-    policy = get_policy("ellm", PolicyOptions(max_uncached_ratio=0.9, max_recompute_tokens=64,
+    policy = get_policy("ellm", EllmOptions(max_uncached_ratio=0.9, max_recompute_tokens=64,
                                               step_budget=FixedBudget(BS)))
     reqs = []
     for i in range(2):

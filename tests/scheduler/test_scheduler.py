@@ -7,10 +7,12 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvtier.config import PolicyOptions, SchedulerConfig
+from kvtier.config import SchedulerConfig
 from kvtier.core.request import Request, RequestStatus
 from kvtier.kv.manager import KVCacheManager, cdiv
 from kvtier.policies import get_policy
+from kvtier.policies.ellm import EllmOptions
+from kvtier.policies.hcache import HiddenStore
 from kvtier.sampling_params import SamplingParams
 from kvtier.scheduler.scheduler import Scheduler
 from tests.scheduler.fake_executor import FakeExecutor
@@ -20,8 +22,8 @@ def make(policy: str, num_groups=2, block_size=4, gpu_blocks=24, host_blocks=24,
          max_seqs=8, max_len=40):
     hidden = host_blocks if policy == "hcache" else None
     kv = KVCacheManager(num_groups, block_size, gpu_blocks, host_blocks, watermark=0.0,
-                        num_hidden_blocks=hidden)
-    options = PolicyOptions(max_uncached_ratio=0.6, max_recompute_tokens=budget // 2)
+                        hidden_store=HiddenStore(hidden, block_size) if hidden else None)
+    options = EllmOptions(max_uncached_ratio=0.6, max_recompute_tokens=budget // 2)
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs,
                                       max_model_len=max_len), kv, get_policy(policy, options))
     ex = FakeExecutor(num_groups, block_size, max_seqs, cdiv(max_len, block_size))

@@ -7,7 +7,7 @@ from kvtier.costmodel.hardware import GiB, get_hardware
 from kvtier.engine.args import EngineArgs
 from kvtier.sampling_params import SamplingParams
 from kvtier.sim import VirtualClock, build_sim_engine, run_simulation
-from kvtier.sim.memory import activation_peak_bytes, weight_bytes
+from kvtier.sim.factory import activation_peak_bytes, weight_bytes
 
 GREEDY = dict(temperature=0.0, ignore_eos=True, detokenize=False)
 
@@ -86,7 +86,7 @@ def test_a_faster_gpu_finishes_sooner():
 
 
 def test_ellm_lends_scratch_blocks_from_the_pool_as_the_real_builder_does():
-    from kvtier.engine.builder import recompute_scratch_blocks
+    from kvtier.policies.ellm import recompute_scratch_blocks
 
     base = build_sim_engine(args13(), "h200")
     ellm = build_sim_engine(args13(kv_policy="ellm"), "h200")

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import minimize
 
-from kvtier.config import ModelConfig, copied_groups_in_flight
+from kvtier.config import ModelConfig
+from kvtier.policies.ellm.options import copied_groups_in_flight
 
 _P = 8.0  # smooth max: (x^p + y^p)^(1/p) is within 9 % of max(x, y), and differentiable
 
@@ -48,7 +49,7 @@ class PlannerConfig:
     # What the ceilings deliver in practice (1.0: the roofline as measured by the probes) and
     # the extra cost of a step that recomputes anything (it leaves the full-model decode graph
     # for piecewise graphs with eager attention and a prefill attention). Fitted to the
-    # calibrated cost model by `kvtier.planner.fit.fit_to_cost_model`.
+    # calibrated cost model by `kvtier.policies.ellm.planner.fit.fit_to_cost_model`.
     flops_efficiency: float = 1.0
     hbm_efficiency: float = 1.0
     recompute_overhead_s: float = 0.0

@@ -2,10 +2,9 @@
 
 from kvtier.core.request import Request
 from kvtier.kv.manager import KVCacheManager
-from kvtier.policies.base import KVPolicy, Preemption, drop_kv, register_policy
+from kvtier.policies.base import KVPolicy, Preemption, drop_kv
 
 
-@register_policy("recompute")
 class RecomputePolicy(KVPolicy):
     def preempt(self, req: Request, kv: KVCacheManager) -> Preemption:
         return drop_kv(req, kv)

@@ -7,12 +7,12 @@ nothing after it, so this is exact). The uncached ratio r = s / n trades compute
   * fixed mode (`uncached_ratio=r`): every request in decode keeps ~(1-r) of its KV — the
     paper's cache-ratio sweep;
   * planned mode (`planner`): the request-level planner (SLSQP over the batch size and r,
-    kvtier/planner/request_level.py) re-chooses r from the running requests' contexts every
+    kvtier/policies/ellm/planner/request_level.py) re-chooses r from the running requests' contexts every
     `replan_every` steps, and every request is brought to it as in fixed mode;
   * adaptive mode (default): prefixes are dropped only when blocks run out, from the
     requests holding the most KV, each up to `max_uncached_ratio`, and only while every
     dropped prefix together stays within the step's recompute budget
-    (`PolicyOptions.step_budget`: what a decode step of the running requests recomputes
+    (`EllmOptions.step_budget`: what a decode step of the running requests recomputes
     about free — the ridge point minus its decodes, or the cost model's price; a dropped
     prefix is paid on every later step, so anything past it costs more than the preemption
     it saves); only when that cannot free enough does the scheduler preempt (recompute
@@ -25,20 +25,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kvtier.config import PolicyOptions
+from kvtier.config import SystemOptions
 from kvtier.core.request import Request
 from kvtier.kv.manager import KVCacheManager
-from kvtier.policies.base import KVPolicy, Preemption, drop_kv, register_policy
+from kvtier.policies.base import KVPolicy, Preemption, drop_kv
+from kvtier.policies.ellm.options import EllmOptions
 
 
 def _in_decode(req: Request) -> bool:
     return req.num_computed_tokens >= req.num_prompt_tokens
 
 
-@register_policy("ellm")
 class EllmPolicy(KVPolicy):
-    def __init__(self, options: PolicyOptions):
-        super().__init__(options)
+    options: EllmOptions
+
+    def __init__(self, options: SystemOptions):
+        super().__init__(options if isinstance(options, EllmOptions) else EllmOptions())
         self._steps = 0
         self._planned_ratio: float | None = None
 

@@ -11,9 +11,14 @@ from kvtier.costmodel.hardware import get_hardware
 from kvtier.costmodel.model import CostModel, CostModelConfig
 from kvtier.costmodel.shape import StepShape
 from kvtier.engine.args import EngineArgs
-from kvtier.engine.builder import with_step_budget
-from kvtier.planner.step_budget import CostBudget, FixedBudget, RidgeBudget, ridge_tokens
-from tests.planner.test_request_level import M13
+from kvtier.policies.ellm import with_step_budget
+from kvtier.policies.ellm.planner.step_budget import (
+    CostBudget,
+    FixedBudget,
+    RidgeBudget,
+    ridge_tokens,
+)
+from tests.policies.ellm.planner.test_request_level import M13
 
 CALIB = "results/calibration/calib_h200_llama-2-13b.json"
 
@@ -91,7 +96,7 @@ def test_explicit_rules():
         _config(ellm_recompute_budget="free")
     # Not ellm: untouched.
     other = EngineArgs(model="llama-2-13b", load_format="dummy").create_engine_config()
-    assert with_step_budget(other).policy_options.step_budget is None
+    assert getattr(with_step_budget(other).policy_options, "step_budget", None) is None
 
 
 def test_priced_budgets_shrink_the_recompute_scratch():

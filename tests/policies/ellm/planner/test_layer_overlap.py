@@ -7,7 +7,11 @@ from kvtier.config import ConfigError
 from kvtier.costmodel.hardware import CopyMechanism, get_hardware
 from kvtier.engine.args import EngineArgs
 from kvtier.model.loader import resolve_model_config
-from kvtier.planner.layer_overlap import choose_host_groups, layer_params, overlap_configs
+from kvtier.policies.ellm.planner.layer_overlap import (
+    choose_host_groups,
+    layer_params,
+    overlap_configs,
+)
 
 
 def test_times_by_hand_for_llama_2_13b():
@@ -45,8 +49,9 @@ def test_engine_option_auto_and_errors():
     mc, _ = resolve_model_config("llama-2-13b", "dummy")
     assert cfg.policy_options.prefix_host_groups == choose_host_groups(
         mc, get_hardware("h200"), 4).host_groups > 0
-    assert EngineArgs(model="llama-2-13b", load_format="dummy", ellm_host_groups="auto"
-                      ).create_engine_config().policy_options.prefix_host_groups == 0
+    other = EngineArgs(model="llama-2-13b", load_format="dummy", ellm_host_groups="auto"
+                       ).create_engine_config().policy_options  # not ellm: no host groups
+    assert getattr(other, "prefix_host_groups", 0) == 0
     with pytest.raises(ConfigError, match="ellm-host-groups"):
         EngineArgs(model="llama-2-13b", load_format="dummy",
                    ellm_host_groups="some").create_engine_config()
@@ -54,7 +59,7 @@ def test_engine_option_auto_and_errors():
 
 def test_priced_choice_is_the_cheapest_predicted_step():
     from kvtier.costmodel.shape import StepShape
-    from kvtier.planner.layer_overlap import choose_host_groups_priced
+    from kvtier.policies.ellm.planner.layer_overlap import choose_host_groups_priced
     from kvtier.sim.engine import build_sim_engine
 
     # The simulated engine's cost model: the runner's settings (F = 4, piecewise graphs).

@@ -19,7 +19,7 @@ from scipy.optimize import least_squares
 
 from kvtier.config import ModelConfig
 from kvtier.costmodel.shape import StepShape
-from kvtier.planner.request_level import PlannerConfig, RequestLevelPlanner
+from kvtier.policies.ellm.planner.request_level import PlannerConfig, RequestLevelPlanner
 
 BATCHES = (8, 32, 64, 128, 256)
 CONTEXTS = (256, 512, 1024, 2048)

@@ -3,8 +3,8 @@
 import pytest
 
 from kvtier.config import ModelConfig
-from kvtier.kv.hidden import HiddenStore
 from kvtier.model.presets import preset_config
+from kvtier.policies.hcache.store import HiddenStore
 
 
 def test_store_covers_a_prefix_and_gives_up_when_full():

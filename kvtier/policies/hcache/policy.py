@@ -1,7 +1,7 @@
 """HCache (EuroSys'25) as a preemption policy: a preempted request keeps its per-layer
 hidden states instead of its KV and comes back by re-projecting K/V from them (one GEMM per
 layer, no attention, no MLP). Every computed token's hidden states are stored as it is
-computed (`kvtier/kv/hidden.py`); a request whose store ran out falls back to recompute.
+computed (`kvtier/policies/hcache/store.py`); a request whose store ran out falls back to recompute.
 The store is h values per token per layer against K+V's 2 x kv_heads x head_dim: smaller
 only for MHA models (Llama 2), twice as large for GQA ones with 8 of 32 KV heads."""
 
@@ -13,14 +13,10 @@ from kvtier.policies.base import (
     PreemptionKind,
     Resume,
     drop_kv,
-    register_policy,
 )
 
 
-@register_policy("hcache")
 class HCachePolicy(KVPolicy):
-    keeps_hidden_states = True
-
     def preempt(self, req: Request, kv: KVCacheManager) -> Preemption:
         if kv.hidden is None or not kv.hidden.covers(req.request_id, req.num_computed_tokens):
             return drop_kv(req, kv)  # no store, or it ran out for this request

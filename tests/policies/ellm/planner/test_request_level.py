@@ -2,7 +2,7 @@
 
 from kvtier.config import ModelConfig
 from kvtier.model.presets import preset_config
-from kvtier.planner.request_level import PlannerConfig, RequestLevelPlanner
+from kvtier.policies.ellm.planner.request_level import PlannerConfig, RequestLevelPlanner
 
 M13 = ModelConfig.from_hf(preset_config("llama-2-13b"))
 GiB = 1 << 30

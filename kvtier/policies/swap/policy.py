@@ -3,10 +3,9 @@ When the host pool is full too, the victim is recomputed instead (nothing else i
 
 from kvtier.core.request import Request, RequestStatus
 from kvtier.kv.manager import KVCacheManager
-from kvtier.policies.base import KVPolicy, Preemption, PreemptionKind, drop_kv, register_policy
+from kvtier.policies.base import KVPolicy, Preemption, PreemptionKind, drop_kv
 
 
-@register_policy("swap")
 class SwapPolicy(KVPolicy):
     def preempt(self, req: Request, kv: KVCacheManager) -> Preemption:
         copies = kv.swap_out(req)

@@ -5,9 +5,9 @@ import numpy as np
 from kvtier.costmodel.calibration import Calibration
 from kvtier.costmodel.hardware import get_hardware
 from kvtier.costmodel.model import CostModel, CostModelConfig
-from kvtier.planner.fit import decode_shape, fit_to_cost_model, sample_points
-from kvtier.planner.request_level import PlannerConfig, RequestLevelPlanner
-from tests.planner.test_request_level import M13
+from kvtier.policies.ellm.planner.fit import decode_shape, fit_to_cost_model, sample_points
+from kvtier.policies.ellm.planner.request_level import PlannerConfig, RequestLevelPlanner
+from tests.policies.ellm.planner.test_request_level import M13
 
 CALIB = "results/calibration/calib_h200_llama-2-13b.json"
 
@@ -39,7 +39,7 @@ def test_fit_follows_the_calibrated_cost_model():
 
 def test_the_real_engine_fits_its_planner_to_a_given_calibration():
     from kvtier.engine.args import EngineArgs
-    from kvtier.engine.builder import ellm_cost_model, with_planner
+    from kvtier.policies.ellm import ellm_cost_model, with_planner
 
     args = EngineArgs(model="llama-2-13b", load_format="dummy", kv_policy="ellm",
                       ellm_planner=True, ellm_calibration=CALIB, max_model_len=2048)

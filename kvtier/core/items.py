@@ -1,0 +1,84 @@
+"""Typed plan items: the work a memory system adds to a step beyond computing tokens (copies
+of its own, restores, ...), and the registry that says who carries each kind out.
+
+A memory system defines its item classes (subclasses of `PlanItem`) in its package and
+registers, per kind, the runner hook that executes a step's items of that kind and the
+cost-model price of them (`register_item`). A plan carries items only when a system made
+some (`StepPlan.items`, empty otherwise), and the runner and the cost model dispatch once per
+kind present, never per request. Torch-free: the simulator and the pricing model import it.
+
+Contracts:
+  * run(runner, items): called by the model runner once per step for that step's items of
+    the kind, in plan order, after the rows of finished/preempted requests are forgotten and
+    before any of the runner's own copies and the forward, on the compute stream. It may
+    read and write the runner's pools (`runner.gpu_kv`, `runner.host_kv`) and nothing else
+    of the runner's state; the plan's block ids are valid for the whole step.
+  * price(cost_model, count): seconds the step spends on `count` units of the kind
+    (`PlanItem.count`: blocks, tokens, ...), added to the step's time as a serial part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+
+class PlanItem:
+    """Base of plan items. `kind` names the item class in step shapes and records."""
+
+    __slots__ = ()
+    kind: ClassVar[str] = ""
+
+    @property
+    def count(self) -> int:
+        """Units the cost model prices the item by (blocks, tokens); 1 by default."""
+        return 1
+
+
+@dataclass(frozen=True)
+class ItemKind:
+    item_cls: type[PlanItem]
+    run: Callable[[Any, list[Any]], None]  # (model runner, items of the kind)
+    price: Callable[[Any, int], float]  # (cost model, summed counts) -> seconds
+
+
+_KINDS: dict[type[PlanItem], ItemKind] = {}
+_BY_NAME: dict[str, ItemKind] = {}
+
+
+def register_item(item_cls: type[PlanItem], run: Callable[[Any, list[Any]], None],
+                  price: Callable[[Any, int], float]) -> None:
+    if not item_cls.kind:
+        raise ValueError(f"{item_cls.__name__} needs a `kind` name")
+    kind = ItemKind(item_cls, run, price)
+    _KINDS[item_cls] = kind
+    _BY_NAME[item_cls.kind] = kind
+
+
+def item_kind(item_cls: type[PlanItem]) -> ItemKind:
+    try:
+        return _KINDS[item_cls]
+    except KeyError:
+        raise KeyError(f"plan item {item_cls.__name__} has no registered hooks "
+                       "(kvtier.core.items.register_item)") from None
+
+
+def kind_named(name: str) -> ItemKind:
+    return _BY_NAME[name]
+
+
+def by_kind(items: Iterable[PlanItem]) -> dict[type[PlanItem], list[PlanItem]]:
+    """A step's items grouped by class, each group in plan order."""
+    groups: dict[type[PlanItem], list[PlanItem]] = {}
+    for item in items:
+        groups.setdefault(type(item), []).append(item)
+    return groups
+
+
+def item_counts(items: Iterable[PlanItem]) -> tuple[tuple[str, int], ...]:
+    """(kind, summed count) per kind present, sorted by kind: what a StepShape keeps."""
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item.kind] = counts.get(item.kind, 0) + item.count
+    return tuple(sorted(counts.items()))

@@ -1,0 +1,46 @@
+"""What a cache above the block pools (a prefix cache: blocks kept after their request ends,
+shared by later requests) plugs into the KV manager. Pure Python, like the manager.
+
+Contract, per hook (the KV manager calls them, in the order its hooks were added):
+  * `on_admit(req, kv)`: a WAITING request is about to be admitted (before its first
+    `allocate_slots`). The hook may give it device blocks that already hold the KV of its
+    first tokens: append them to its map table (`kv.tables`, creating it) with one more
+    reference each (`kv.gpu.incref`), and return how many leading tokens they hold (a
+    multiple of `kv.block_size`); the scheduler then starts it at that many computed
+    tokens. Return 0 to give nothing. It must not free or move anyone's blocks.
+  * `on_finish(req, kv)`: the request ends (finished, aborted or preempted by dropping its
+    KV) and its table is about to be released. The hook may keep blocks of it with
+    `kv.gpu.incref` (they stay allocated after the request drops its own reference); it
+    must not change the table.
+  * `evict(num_blocks, kv)`: `allocate_slots` is `num_blocks` device blocks short. Release
+    (decref) up to that many blocks the hook keeps and no request's table holds; returns how
+    many became free. It must not touch blocks a table holds.
+  * `owned_device_blocks()`: the device blocks the hook holds a reference to, once per
+    reference (`check_integrity` counts them as owners).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from kvtier.core.request import Request
+
+if TYPE_CHECKING:
+    from kvtier.kv.manager import KVCacheManager
+
+
+class KVCacheHooks:
+    """A hook set that does nothing: subclass and override what a cache needs."""
+
+    def on_admit(self, req: Request, kv: KVCacheManager) -> int:
+        return 0
+
+    def on_finish(self, req: Request, kv: KVCacheManager) -> None:
+        return None
+
+    def evict(self, num_blocks: int, kv: KVCacheManager) -> int:
+        return 0
+
+    def owned_device_blocks(self) -> Iterable[int]:
+        return ()
