@@ -7,10 +7,12 @@ import random
 
 import pytest
 
-from kvtier.config import ConfigError, PolicyOptions, SchedulerConfig
+from kvtier.config import ConfigError, SchedulerConfig
 from kvtier.engine.args import DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD, EngineArgs
 from kvtier.kv.manager import KVCacheManager, cdiv
 from kvtier.policies import get_policy
+from kvtier.policies.ellm import EllmOptions
+from kvtier.policies.hcache import HiddenStore
 from kvtier.scheduler.prefill_budget import PrefillChunker
 from kvtier.scheduler.scheduler import Scheduler
 from tests.scheduler.fake_executor import FakeExecutor
@@ -20,11 +22,11 @@ from tests.scheduler.test_scheduler import request, run_to_end
 def make(threshold: int, max_partial: int = 1, policy: str = "recompute", budget: int = 32,
          gpu_blocks: int = 64, max_len: int = 64):
     kv = KVCacheManager(2, 4, gpu_blocks, 64, watermark=0.0,
-                        num_hidden_blocks=64 if policy == "hcache" else None)
+                        hidden_store=HiddenStore(64, 4) if policy == "hcache" else None)
     config = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=8, max_model_len=max_len,
                              long_prefill_token_threshold=threshold,
                              max_num_partial_prefills=max_partial)
-    options = PolicyOptions(max_uncached_ratio=0.6, max_recompute_tokens=budget // 2)
+    options = EllmOptions(max_uncached_ratio=0.6, max_recompute_tokens=budget // 2)
     sched = Scheduler(config, kv, get_policy(policy, options))
     return sched, FakeExecutor(2, 4, 8, cdiv(max_len, 4))
 
