@@ -73,6 +73,24 @@ gpu_path() {  # NAME PARTS TIMEOUT: bench_gpu_path's parts
     | grep -E "fraction_of_roofline|host_overhead|Error" | cut -c1-400 | tail -4
 }
 
+before_after() {  # BEFORE: the old tree's figures and this tree's, alternating
+  local b=$1 t0=$SECONDS i
+  # The old tree's module names: flat benchmarks/, before the subject folders.
+  local gpu_path_mod=benchmarks.bench_gpu_path offline_mod=benchmarks.bench_offline_throughput
+  for i in 1 2; do
+    [ $i -eq 2 ] && [ $((SECONDS - t0)) -gt 280 ] && break  # a second round only if it fits
+    (cd "$b" && export KVTIER_GIT_COMMIT=${BEFORE_COMMIT:-before} && timeout 200 python3 -m $gpu_path_mod \
+      --parts target_engine --out "$(out gpu_path "target_engine_before_$i.json")") 2>&1 \
+      | grep -E "fraction_of_roofline|Error" | cut -c1-300 | tail -2
+    gpu_path "target_engine_after_$i.json" target_engine 200
+    (cd "$b" && export KVTIER_GIT_COMMIT=${BEFORE_COMMIT:-before} && timeout 140 python3 \
+      -m $offline_mod --workload "$OLDPWD/$W8" \
+      --out "$(out offline "offline_before_$i.json")") 2>&1 \
+      | grep -E '"output_tokens_per_s|Error' | tail -2
+    offline "offline_after_$i.json"
+  done
+}
+
 # --- the parts: "name) commands ;; # what it answers" -----------------------------------
 part() {
   case "$1" in
@@ -157,6 +175,15 @@ part() {
     done ;;
   policies-13b-long)  # recompute and eLLM over 3,000 prompts, 150 s
     bench_13b bench_13b_long_h200 560 3000 150 recompute,ellm --ellm-calibration $CALIB13 ;;
+  before-after)  # the 256 x 2048 engine step and offline throughput of the tree in $BEFORE (default .carry/before, an older commit's kvtier + benchmarks, flat layout) and of this one, alternating in one call
+    before_after "${BEFORE:-.carry/before}" ;;
+  long-prefill-itl)  # long L-Eval documents at 1 request/s: ITL and TTFT by --long-prefill-token-threshold
+    timeout 420 python3 -m benchmarks.serving.bench_long_prefill_itl \
+      --leval-path .carry/leval_paper_assistant.jsonl --thresholds 0,4096,2048,1024 \
+      --num-prompts 24 --max-duration 40 --out "$(out serving long_prefill_itl_h200.json)" 2>&1 \
+      | tail -12 ;;
+  real-model)  # SmolLM2-135M-Instruct: the GPU teacher-forcing test and the bf16 benchmark rows (the GGUF's 5 parts carried over warm calls first)
+    OUT="$(dirname "$(out offline x)")" bash benchmarks/h200_real_model.sh ;;
   policies-13b-long-swap-hcache)  # swap and HCache over the same window
     bench_13b bench_13b_long_swap_hcache_h200 560 3000 150 swap,hcache ;;
   policies-13b-long-ridge)  # eLLM dropping (ridge budget, offloaded groups, overlap)
@@ -173,6 +200,7 @@ list_parts() {  # the case labels above with their comments
 [ $# -gt 0 ] || { echo "usage: $0 list | PART..." >&2; exit 2; }
 if [ "$1" = list ]; then list_parts; exit 0; fi
 : "${OUT:?set OUT to the folder the results go to}"
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)  # absolute: some parts run from other folders
 for name in "$@"; do  # every name checked before the first part runs
   list_parts | cut -f1 | grep -qx -- "$name" || { echo "unknown part: $name ($0 list)" >&2; exit 2; }
 done
