@@ -105,7 +105,7 @@ def _copy_rows_kernel(
                  mask=mask, cache_modifier=".cs")
 
 
-def _check_pools(gpu_kv: torch.Tensor, host_kv: torch.Tensor, layout: HostPageLayout) -> None:
+def check_pools(gpu_kv: torch.Tensor, host_kv: torch.Tensor, layout: HostPageLayout) -> None:
     check(gpu_kv.dim() == 6 and gpu_kv.shape[2] == 2,
           lambda: f"gpu_kv: [num_blocks, F, 2, block_size, Hkv, D], got {tuple(gpu_kv.shape)}")
     want = host_page_shape(tuple(gpu_kv.shape[1:]), layout)
@@ -123,9 +123,10 @@ def _check_pools(gpu_kv: torch.Tensor, host_kv: torch.Tensor, layout: HostPageLa
 
 def _check_ids(src: torch.Tensor, dst: torch.Tensor, device: torch.device) -> None:
     for name, t in (("src ids", src), ("dst ids", dst)):
-        check(t.dim() == 1 and t.dtype in (torch.int32, torch.int64) and t.is_contiguous(),
-              lambda: f"{name}: contiguous 1-D int32/int64, got {t.dtype} {tuple(t.shape)}")
-        check(t.device == device, lambda: f"{name} on {t.device}, the kernel reads them on {device}")
+        if not (t.dim() == 1 and t.dtype in (torch.int32, torch.int64) and t.is_contiguous()):
+            raise ValueError(f"{name}: contiguous 1-D int32/int64, got {t.dtype} {tuple(t.shape)}")
+        if t.device != device:
+            raise ValueError(f"{name} on {t.device}, the kernel reads them on {device}")
     check(src.shape == dst.shape, lambda: f"{src.shape[0]} src ids vs {dst.shape[0]} dst ids")
 
 
@@ -160,7 +161,7 @@ def gather_to_host(
     """D2H, one launch: host page host_pages[i] = device block gpu_blocks[i], on the current
     stream. Ids are not range-checked here (that would cost a sync): HostPageIO checks them
     on the host."""
-    _check_pools(gpu_kv, host_kv, layout)
+    check_pools(gpu_kv, host_kv, layout)
     _check_ids(gpu_blocks, host_pages, gpu_kv.device)
     _launch(host_order(gpu_kv, layout), gpu_blocks, host_kv, host_pages, num_programs, tile_bytes)
 
@@ -174,7 +175,7 @@ def scatter_to_gpu(
     num_programs: int = DEFAULT_NUM_PROGRAMS, tile_bytes: int = DEFAULT_TILE_BYTES,
 ) -> None:
     """H2D, one launch: device block gpu_blocks[i] = host page host_pages[i]."""
-    _check_pools(gpu_kv, host_kv, layout)
+    check_pools(gpu_kv, host_kv, layout)
     _check_ids(host_pages, gpu_blocks, gpu_kv.device)
     _launch(host_kv, host_pages, host_order(gpu_kv, layout), gpu_blocks, num_programs, tile_bytes)
 
@@ -183,7 +184,7 @@ def gather_to_host_ref(gpu_kv: torch.Tensor, host_kv: torch.Tensor, gpu_blocks: 
                        host_pages: torch.Tensor,
                        layout: HostPageLayout = HostPageLayout.HEAD_MAJOR) -> None:
     """Pure torch: the CPU path and the oracle."""
-    _check_pools(gpu_kv, host_kv, layout)
+    check_pools(gpu_kv, host_kv, layout)
     blocks = gpu_kv.index_select(0, gpu_blocks.to(gpu_kv.device, torch.int64))
     block_order(host_kv, layout).index_copy_(0, host_pages.to("cpu", torch.int64), blocks.cpu())
 
@@ -192,6 +193,6 @@ def scatter_to_gpu_ref(host_kv: torch.Tensor, gpu_kv: torch.Tensor, host_pages: 
                        gpu_blocks: torch.Tensor,
                        layout: HostPageLayout = HostPageLayout.HEAD_MAJOR) -> None:
     """Pure torch: the CPU path and the oracle."""
-    _check_pools(gpu_kv, host_kv, layout)
+    check_pools(gpu_kv, host_kv, layout)
     pages = block_order(host_kv, layout).index_select(0, host_pages.to("cpu", torch.int64))
     gpu_kv.index_copy_(0, gpu_blocks.to(gpu_kv.device, torch.int64), pages.to(gpu_kv.device))
