@@ -67,6 +67,16 @@ def host_order(pool: torch.Tensor, layout: HostPageLayout) -> torch.Tensor:
 
 
 @triton.jit
+def _tile_ids(src_ids_ptr, dst_ids_ptr, row, num_rows, ROWS_PER_PAGE: tl.constexpr):
+    """Each row's (source, target) page id, int64 for the address arithmetic."""
+    ok = row < num_rows
+    i = row // ROWS_PER_PAGE
+    src = tl.load(src_ids_ptr + i, mask=ok, other=0).to(tl.int64)
+    dst = tl.load(dst_ids_ptr + i, mask=ok, other=0).to(tl.int64)
+    return src, dst
+
+
+@triton.jit
 def _copy_rows_kernel(
     src_ptr, src_ids_ptr, s_page, s_f, s_kv, s_r1, s_r2,  # [*, F, 2, R1, R2, D] view
     dst_ptr, dst_ids_ptr, d_page, d_f, d_kv, d_r1, d_r2,  # same dims, other pool
@@ -78,17 +88,16 @@ def _copy_rows_kernel(
     step = tl.num_programs(0) * TILE_ROWS
     rows = tl.arange(0, TILE_ROWS)
     d = tl.arange(0, D_PAD)
+    src_id, dst_id = _tile_ids(src_ids_ptr, dst_ids_ptr, pid * TILE_ROWS + rows, num_rows,
+                               ROWS_PER_PAGE)
     for start in tl.range(pid * TILE_ROWS, num_rows, step):
         row = start + rows
         row_ok = row < num_rows
-        i = row // ROWS_PER_PAGE  # which (src, dst) pair
         r = row % ROWS_PER_PAGE  # row within the page, host order: (f, kv, r1, r2)
         r2 = r % R2
         r1 = (r // R2) % R1
         kv = (r // (R1 * R2)) % 2
         f = r // (2 * R1 * R2)
-        src_id = tl.load(src_ids_ptr + i, mask=row_ok, other=0).to(tl.int64)
-        dst_id = tl.load(dst_ids_ptr + i, mask=row_ok, other=0).to(tl.int64)
         src_row = src_id * s_page + f * s_f + kv * s_kv + r1 * s_r1 + r2 * s_r2
         dst_row = dst_id * d_page + f * d_f + kv * d_kv + r1 * d_r1 + r2 * d_r2
         if D_PAD == HEAD_DIM:  # a row-only mask keeps each lane's 16 B access one vector
@@ -99,6 +108,10 @@ def _copy_rows_kernel(
         # running beside the copy wants for itself.
         x = tl.load(src_ptr + src_row[:, None] + d[None, :], mask=mask,
                     cache_modifier=".cg", eviction_policy="evict_first")
+        # The next tile's ids, fetched while this tile's data is in flight (over PCIe, the
+        # longer wait), so the next iteration's loads need not wait for them.
+        src_id, dst_id = _tile_ids(src_ids_ptr, dst_ids_ptr, row + step, num_rows,
+                                   ROWS_PER_PAGE)
         if UPCAST:  # the interpreter's bf16 (exact both ways)
             x = x.to(tl.float32)
         tl.store(dst_ptr + dst_row[:, None] + d[None, :], x.to(dst_ptr.dtype.element_ty),
@@ -143,7 +156,10 @@ def _launch(src: torch.Tensor, src_ids: torch.Tensor, dst: torch.Tensor, dst_ids
     fit = max(1, tile_bytes // (d_pad * src.element_size()))
     tile_rows = min(1 << (fit.bit_length() - 1), next_pow2(n * rows_per_page))  # a power of 2
     num_tiles = -(-n * rows_per_page // tile_rows)
-    _copy_rows_kernel[(min(num_programs, num_tiles),)](
+    programs = min(num_programs, num_tiles)
+    check((num_tiles + programs) * tile_rows < 2**31,  # row indices are int32
+          lambda: f"{n} pages of {rows_per_page} rows: too many for one launch")
+    _copy_rows_kernel[(programs,)](
         src, src_ids, *src.stride()[:5], dst, dst_ids, *dst.stride()[:5], n * rows_per_page,
         R1=r1, R2=r2, ROWS_PER_PAGE=rows_per_page, HEAD_DIM=d, D_PAD=d_pad,
         TILE_ROWS=tile_rows, UPCAST=upcast(src.dtype), num_warps=NUM_WARPS,
