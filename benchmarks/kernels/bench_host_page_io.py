@@ -175,8 +175,10 @@ def make_pools(g: Geometry, page_tokens: int, args: argparse.Namespace,
     shape = g.block_shape(page_tokens)
     pin = device.type == "cuda"
     gpu_kv = torch.randn(2 * n, *shape, device=device).to(g.dtype)
-    pools = [torch.randn(n, *host_page_shape(shape, lay)).to(g.dtype) for lay in HostPageLayout]
-    pools = [t.pin_memory() if pin else t for t in pools]
+    pools = [torch.empty(n, *host_page_shape(shape, lay), dtype=g.dtype, pin_memory=pin)
+             for lay in HostPageLayout]
+    for t in pools:  # random contents, drawn on the device (fast)
+        t.copy_(gpu_kv[:n].view(t.shape))
     return Pools(page_tokens, gpu_kv, pools[0], pools[1], gpu_ids, host_ids,
                  torch.tensor(gpu_ids, device=device), torch.tensor(host_ids, device=device))
 

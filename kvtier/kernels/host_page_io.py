@@ -118,7 +118,10 @@ def _copy_rows_kernel(
                  mask=mask, cache_modifier=".cs")
 
 
-def check_pools(gpu_kv: torch.Tensor, host_kv: torch.Tensor, layout: HostPageLayout) -> None:
+def check_pools(gpu_kv: torch.Tensor, host_kv: torch.Tensor, layout: HostPageLayout,
+                need_pinned: bool = True) -> None:
+    """Shapes, dtypes and devices of a pair of pools; beside a CUDA pool the host pool must
+    be pinned (`need_pinned`) for the kernel and the copy engine, not for the references."""
     check(gpu_kv.dim() == 6 and gpu_kv.shape[2] == 2,
           lambda: f"gpu_kv: [num_blocks, F, 2, block_size, Hkv, D], got {tuple(gpu_kv.shape)}")
     want = host_page_shape(tuple(gpu_kv.shape[1:]), layout)
@@ -127,7 +130,7 @@ def check_pools(gpu_kv: torch.Tensor, host_kv: torch.Tensor, layout: HostPageLay
     check(host_kv.dtype == gpu_kv.dtype, lambda: f"dtypes differ: {host_kv.dtype} vs {gpu_kv.dtype}")
     check(gpu_kv.dtype in _DTYPES, lambda: f"dtype {gpu_kv.dtype} not one of {_DTYPES}")
     check(host_kv.device.type == "cpu", lambda: f"host_kv must be a CPU tensor, is on {host_kv.device}")
-    if gpu_kv.device.type == "cuda":
+    if need_pinned and gpu_kv.device.type == "cuda":
         check(host_kv.is_pinned(), "host_kv must be pinned (pin_memory=True): the kernel "
                                    "reaches it through its UVA address")
     for name, t in (("gpu_kv", gpu_kv), ("host_kv", host_kv)):
@@ -200,7 +203,7 @@ def gather_to_host_ref(gpu_kv: torch.Tensor, host_kv: torch.Tensor, gpu_blocks: 
                        host_pages: torch.Tensor,
                        layout: HostPageLayout = HostPageLayout.HEAD_MAJOR) -> None:
     """Pure torch: the CPU path and the oracle."""
-    check_pools(gpu_kv, host_kv, layout)
+    check_pools(gpu_kv, host_kv, layout, need_pinned=False)
     blocks = gpu_kv.index_select(0, gpu_blocks.to(gpu_kv.device, torch.int64))
     block_order(host_kv, layout).index_copy_(0, host_pages.to("cpu", torch.int64), blocks.cpu())
 
@@ -209,6 +212,6 @@ def scatter_to_gpu_ref(host_kv: torch.Tensor, gpu_kv: torch.Tensor, host_pages: 
                        gpu_blocks: torch.Tensor,
                        layout: HostPageLayout = HostPageLayout.HEAD_MAJOR) -> None:
     """Pure torch: the CPU path and the oracle."""
-    check_pools(gpu_kv, host_kv, layout)
+    check_pools(gpu_kv, host_kv, layout, need_pinned=False)
     pages = block_order(host_kv, layout).index_select(0, host_pages.to("cpu", torch.int64))
     gpu_kv.index_copy_(0, gpu_blocks.to(gpu_kv.device, torch.int64), pages.to(gpu_kv.device))
