@@ -115,7 +115,7 @@ class Clock:
         if self.cuda:
             torch.cuda.synchronize()
 
-    def span(self, fn: Callable[[], None]) -> float:
+    def span(self, fn: Callable[[], object]) -> float:
         self.sync()
         if not self.cuda:
             t0 = time.perf_counter()
@@ -128,7 +128,7 @@ class Clock:
         end.synchronize()
         return start.elapsed_time(end) / 1e3
 
-    def median(self, fn: Callable[[], None]) -> float:
+    def median(self, fn: Callable[[], object]) -> float:
         for _ in range(self.warmup):
             fn()
         return statistics.median(self.span(fn) for _ in range(self.reps))
@@ -233,9 +233,9 @@ class PrefillStandIn:
         q_width, kv_width = g.num_heads * g.head_dim, g.num_kv_heads * g.head_dim
         for _ in range(g.num_layers):
             q, k, v = (x @ self.w_qkv).split([q_width, kv_width, kv_width], dim=-1)
-            heads = [a.view(1, t, -1, g.head_dim).transpose(1, 2) for a in (q, k, v)]
+            qh, kh, vh = (a.view(1, t, -1, g.head_dim).transpose(1, 2) for a in (q, k, v))
             attn = torch.nn.functional.scaled_dot_product_attention(
-                *heads, is_causal=True, enable_gqa=True)
+                qh, kh, vh, is_causal=True, enable_gqa=True)
             x = x + attn.transpose(1, 2).reshape(t, q_width) @ self.w_o
             gate, up = (x @ self.w_gate_up).chunk(2, dim=-1)
             x = x + (torch.nn.functional.silu(gate) * up) @ self.w_down
@@ -266,12 +266,11 @@ def concurrent_row(p: Pools, clock: Clock, prefill: PrefillStandIn, prefill_alon
     fn = transfer(p, backend, to_host, programs or 1)
     one = clock.median(fn)
     repeats = max(1, round(prefill_alone_s / one))
-    cuda = clock.cuda
-    side = torch.cuda.Stream() if cuda else None
+    side = torch.cuda.Stream() if clock.cuda else None
     prefill_s, copy_s = [], []
     for _ in range(clock.reps):
         clock.sync()
-        if not cuda:  # the CPU smoke run: one after the other
+        if side is None:  # the CPU smoke run: one after the other
             prefill_s.append(clock.span(prefill))
             copy_s.append(clock.span(lambda: [fn() for _ in range(repeats)]))
             continue
@@ -347,6 +346,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"  with prefill: {r['page_tokens']:>2} tok {r['direction']} {r['backend']:<12} "
               f"p={r['programs']}: {r['copy_GBps']:6.1f} GB/s, prefill +{r['slowdown_pct']:.1f} %")
     result = {"geometry": {**vars(g), "dtype": str(g.dtype)}, "args": vars(args), "pcie": pcie,
+              "prefill": "stand-in: the preset's GEMMs and causal GQA SDPA per layer, one "
+                         f"layer's weights reused, {args.prefill_tokens} tokens",
               "prefill_stand_in_ms": prefill_alone * 1e3, "kernel_correct": correct,
               "isolated": rows, "concurrent": concurrent,
               "summary": summary(rows, concurrent, pcie)}
