@@ -15,10 +15,12 @@ request's blocks come in runs). Variants:
 Times: median of --reps after --warmup, CUDA events around the issue of a whole transfer (the
 direct variants' host issue time included: that is their cost).
 
-Concurrent prefill: a stand-in, not the engine's forward: the preset's prefill GEMMs (QKV,
-O, gate_up, down for every layer, one layer's weights reused) and causal GQA attention
-(torch SDPA) on --prefill-tokens tokens, on the main stream, while the transfer repeats on a
-side stream for about as long. Reported: the prefill's slowdown and the copies' GB/s.
+Concurrent prefill (--prefill): the engine's own prefill of one --prefill-tokens prompt
+(the preset with dummy weights, eager, to its first token), or, when the engine does not
+build or with --prefill stand-in, a stand-in: the preset's GEMMs (QKV, O, gate_up, down of
+every layer, one layer's weights reused) and causal GQA attention (torch SDPA). It runs on the
+main stream while a second thread repeats the transfer on a side stream for about as long.
+Reported: the prefill's slowdown and the copies' GB/s (the JSON's "prefill" says which ran).
 
   python -m benchmarks.kernels.bench_host_page_io --out benchmarks/results/host_page_io_h200.json
                                                                       (H200: ~2 minutes)
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,7 +55,7 @@ from kvtier.kernels.launch import interpreting
 PAGE_TOKENS = (1, 16, 64)
 PROGRAMS = (1, 2, 4, 8, 16, 32, 132)
 TILE_KIB = (32, 64, 128)
-CONCURRENT_PROGRAMS = (1, 2, 4, 8)
+CONCURRENT_PROGRAMS = (1, 2, 4, 8, 16)
 TARGET_PCT, TARGET_SLOWDOWN_PCT = 90.0, 5.0
 
 
@@ -64,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--volume-mib", type=float, default=512, help="bytes a transfer moves")
     p.add_argument("--run-length", type=int, default=8, help="consecutive blocks a run")
     p.add_argument("--prefill-tokens", type=int, default=8192)
+    p.add_argument("--prefill", choices=("engine", "stand-in"), default="engine",
+                   help="the concurrent prefill: the engine's real forward, or the GEMM+SDPA "
+                        "stand-in (also used when the engine does not build)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--cpu-smoke", action="store_true",
@@ -241,6 +247,54 @@ class PrefillStandIn:
             x = x + (torch.nn.functional.silu(gate) * up) @ self.w_down
 
 
+class EnginePrefill:
+    """The real thing: the engine's prefill of one random `tokens`-token prompt (the preset
+    with dummy weights, eager, prefill in one step) run until its first token is out."""
+
+    def __init__(self, args: argparse.Namespace, device: torch.device):
+        from kvtier.engine.args import EngineArgs
+        from kvtier.engine.llm_engine import LLMEngine
+        from kvtier.sampling_params import SamplingParams
+
+        tokens, block = args.prefill_tokens, 16
+        g = geometry(args, device)
+        groups = -(-g.num_layers // g.layers_per_block)
+        self.engine = LLMEngine.from_engine_args(EngineArgs(
+            model=args.model, load_format="dummy", device=device.type,
+            max_model_len=tokens + block, max_num_seqs=2, max_num_batched_tokens=tokens,
+            block_size=block, layers_per_block=g.layers_per_block,
+            num_gpu_blocks=(tokens // block + 2) * groups, num_host_blocks=groups,
+            enforce_eager=True, async_scheduling=False))
+        self.params = SamplingParams(max_tokens=1, ignore_eos=True, detokenize=False)
+        self.tokens, self.calls = tokens, 0
+        self.gen = torch.Generator().manual_seed(1)
+
+    def __call__(self) -> None:
+        vocab = self.engine.model_config.vocab_size
+        prompt = torch.randint(0, vocab, (self.tokens,), generator=self.gen).tolist()
+        self.calls += 1
+        self.engine.add_request(f"prefill-{self.calls}", prompt, self.params)
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+
+
+def make_prefill(args: argparse.Namespace, g: Geometry,
+                 device: torch.device) -> tuple[Callable[[], None], str]:
+    """The engine's prefill when it builds (--prefill engine), else the stand-in; and what
+    was used."""
+    stand_in = (f"stand-in: the preset's GEMMs and causal GQA SDPA per layer, one layer's "
+                f"weights reused, {args.prefill_tokens} tokens")
+    if args.prefill == "engine":
+        try:
+            return EnginePrefill(args, device), (
+                f"engine: {args.model} dummy, one {args.prefill_tokens}-token prompt to its "
+                f"first token, eager")
+        except Exception as e:  # recorded in the result, the run goes on with the stand-in
+            print(f"engine prefill unavailable ({type(e).__name__}: {e}); using the stand-in")
+            stand_in += f" (the engine failed to build: {type(e).__name__}: {e})"
+    return PrefillStandIn(g, args.prefill_tokens, device), stand_in
+
+
 def isolated_rows(p: Pools, clock: Clock, pcie: dict[str, float],
                   programs: tuple[int, ...], tiles_kib: tuple[int, ...]) -> list[dict[str, Any]]:
     variants: list[tuple[str, int | None, int | None]] = [
@@ -259,31 +313,39 @@ def isolated_rows(p: Pools, clock: Clock, pcie: dict[str, float],
     return rows
 
 
-def concurrent_row(p: Pools, clock: Clock, prefill: PrefillStandIn, prefill_alone_s: float,
+def _issue_on(stream: torch.cuda.Stream, fn: Callable[[], None], repeats: int,
+              start: torch.cuda.Event, end: torch.cuda.Event) -> None:
+    with torch.cuda.stream(stream):
+        start.record()
+        for _ in range(repeats):
+            fn()
+        end.record()
+
+
+def concurrent_row(p: Pools, clock: Clock, prefill: Callable[[], None], prefill_alone_s: float,
                    backend: str, programs: int | None, to_host: bool) -> dict[str, Any]:
-    """The prefill on the main stream, the transfer repeated on a side stream for about as
-    long (issued after the prefill, so both run together)."""
+    """The prefill on the main stream while a second thread issues the transfer, repeated
+    for about as long, on a side stream (as a scheduler thread would issue loads): the
+    engine's prefill blocks its caller until the token is out, and the direct variants spend
+    host time issuing, so neither can wait for the other."""
     fn = transfer(p, backend, to_host, programs or 1)
     one = clock.median(fn)
     repeats = max(1, round(prefill_alone_s / one))
     side = torch.cuda.Stream() if clock.cuda else None
     prefill_s, copy_s = [], []
-    for _ in range(clock.reps):
+    for _ in range(max(2, clock.reps - 2)):  # each rep is a whole prefill: fewer of them
         clock.sync()
         if side is None:  # the CPU smoke run: one after the other
             prefill_s.append(clock.span(prefill))
             copy_s.append(clock.span(lambda: [fn() for _ in range(repeats)]))
             continue
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+        thread = threading.Thread(target=_issue_on, args=(side, fn, repeats, ev[2], ev[3]))
         ev[0].record()
+        thread.start()
         prefill()
         ev[1].record()
-        side.wait_event(ev[0])
-        with torch.cuda.stream(side):
-            ev[2].record()
-            for _ in range(repeats):
-                fn()
-            ev[3].record()
+        thread.join()
         torch.cuda.synchronize()
         prefill_s.append(ev[0].elapsed_time(ev[1]) / 1e3)
         copy_s.append(ev[2].elapsed_time(ev[3]) / 1e3)
@@ -317,6 +379,7 @@ def summary(rows: list[dict], concurrent: list[dict], pcie: dict[str, float]) ->
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    t_start = time.perf_counter()
     device = torch.device("cpu" if args.cpu_smoke else "cuda")
     torch.manual_seed(0)
     g = geometry(args, device)
@@ -325,7 +388,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"PCIe ceiling: {pcie['h2d_GBps']:.1f} GB/s H2D, {pcie['d2h_GBps']:.1f} GB/s D2H")
     programs = (1, 2) if args.cpu_smoke else PROGRAMS
     tiles = (1,) if args.cpu_smoke else TILE_KIB
-    prefill = PrefillStandIn(g, args.prefill_tokens, device)
+    prefill, prefill_kind = make_prefill(args, g, device)
     prefill_alone = clock.median(prefill)
     rows, concurrent, correct = [], [], {}
     for page_tokens in PAGE_TOKENS:
@@ -346,11 +409,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"  with prefill: {r['page_tokens']:>2} tok {r['direction']} {r['backend']:<12} "
               f"p={r['programs']}: {r['copy_GBps']:6.1f} GB/s, prefill +{r['slowdown_pct']:.1f} %")
     result = {"geometry": {**vars(g), "dtype": str(g.dtype)}, "args": vars(args), "pcie": pcie,
-              "prefill": "stand-in: the preset's GEMMs and causal GQA SDPA per layer, one "
-                         f"layer's weights reused, {args.prefill_tokens} tokens",
-              "prefill_stand_in_ms": prefill_alone * 1e3, "kernel_correct": correct,
+              "prefill": prefill_kind,
+              "prefill_ms_alone": prefill_alone * 1e3, "kernel_correct": correct,
               "isolated": rows, "concurrent": concurrent,
-              "summary": summary(rows, concurrent, pcie)}
+              "summary": summary(rows, concurrent, pcie),
+              "wall_s": time.perf_counter() - t_start}
     write_result(args.out, result)
     return result
 
