@@ -29,6 +29,12 @@ LAYOUTS = list(HostPageLayout)
 DTYPES = [torch.float32, torch.bfloat16]
 
 
+def sync() -> None:
+    """Before the host reads pages a kernel or copy wrote (those writes are asynchronous)."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def pools(num_blocks: int, num_pages: int, layout: HostPageLayout, dtype: torch.dtype,
           f: int = 2, bs: int = 4, h: int = 2, d: int = 8, device: torch.device = DEVICE):
     """Random device pool [nb, F, 2, bs, H, D] and host pool of pages in `layout` (pinned
@@ -64,6 +70,7 @@ def test_gather_matches_reference(layout, dtype, num_programs, tile_bytes):
     gather_to_host_ref(gpu_kv, expected, src, dst, layout)
     gather_to_host(gpu_kv, host_kv, src.to(DEVICE), dst.to(DEVICE), layout,
                    num_programs=num_programs, tile_bytes=tile_bytes)
+    sync()
     assert torch.equal(host_kv, expected)
     # the reference itself: the listed pages hold the blocks, the others are untouched
     untouched = [p for p in range(7) if p not in dst.tolist()]
@@ -81,6 +88,7 @@ def test_scatter_matches_reference(layout, dtype, num_programs, tile_bytes):
     scatter_to_gpu_ref(host_kv, expected, src, dst, layout)
     scatter_to_gpu(host_kv, gpu_kv, src.to(DEVICE), dst.to(DEVICE), layout,
                    num_programs=num_programs, tile_bytes=tile_bytes)
+    sync()
     assert torch.equal(gpu_kv, expected)
     assert torch.equal(expected[dst.to(DEVICE)].cpu(), block_order(host_kv, layout)[src])
 
@@ -90,6 +98,7 @@ def test_head_major_page_holds_per_head_tiles():
     gpu_kv, host_kv = pools(3, 2, HostPageLayout.HEAD_MAJOR, torch.float32, h=3, d=4)
     gather_to_host(gpu_kv, host_kv, torch.tensor([2], device=DEVICE),
                    torch.tensor([1], device=DEVICE))
+    sync()
     for f in range(2):
         for kv in range(2):
             for h in range(3):
@@ -106,6 +115,7 @@ def test_odd_head_dim_and_int32_ids():
     gather_to_host_ref(gpu_kv, expected, src, dst)
     gather_to_host(gpu_kv, host_kv, src.to(DEVICE, torch.int32), dst.to(DEVICE, torch.int32),
                    num_programs=2, tile_bytes=48)
+    sync()
     assert torch.equal(host_kv, expected)
 
 
@@ -122,8 +132,7 @@ def test_direct_copies_equal_reference(coalesce):
     expected = host_kv.clone()
     gather_to_host_ref(gpu_kv, expected, src, dst, HostPageLayout.BLOCK)
     copy_pages_direct(host_kv, gpu_kv, dst.tolist(), src.tolist(), coalesce)
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize()
+    sync()
     assert torch.equal(host_kv, expected)
 
 
@@ -137,8 +146,7 @@ def test_backends_round_trip(backend, layout):
     original = gpu_kv.clone()
     io.store(gpu_kv, host_kv, [5, 6, 7, 1], [0, 1, 2, 4])
     io.load(host_kv, gpu_kv, torch.tensor([0, 1, 2, 4]), [2, 3, 4, 0])
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize()
+    sync()
     assert torch.equal(gpu_kv[[2, 3, 4, 0]], original[[5, 6, 7, 1]])
     assert torch.equal(gpu_kv[[1, 5, 6, 7]], original[[1, 5, 6, 7]])
 
@@ -230,4 +238,5 @@ def test_kernel_backend_on_cpu_without_interpreter_runs_reference(monkeypatch):
     monkeypatch.setattr(backends.hp, "gather_to_host", None)  # a launch would fail
     gpu_kv, host_kv = pools(5, 4, HostPageLayout.HEAD_MAJOR, torch.float32)
     HostPageIO().store(gpu_kv, host_kv, [4, 0], [1, 3])
+    sync()
     assert torch.equal(block_order(host_kv, HostPageLayout.HEAD_MAJOR)[[1, 3]], gpu_kv[[4, 0]])
