@@ -12,8 +12,9 @@ whole block moves as one run of host addresses), in one of two layouts:
   * BLOCK [num_pages, F, 2, block_size, Hkv, D]: byte for byte the device block, the only
     layout the copy engine can move (one cudaMemcpyAsync per block or run of blocks,
     kvtier/kernels/host_page_backends.py).
-In SGLang's `--hicache-mem-layout` words both are page-first; HEAD_MAJOR is its `page_head`
-(heads outside tokens within a page), BLOCK its `page_first_direct` (what `direct` copies).
+Against SGLang's `--hicache-mem-layout`: both are page-first; within a page BLOCK has the
+order of its `page_first_direct` (layers, tokens, heads; K/V kept inside the page here, so a
+page is one span), HEAD_MAJOR puts heads outside tokens.
 
 Why a kernel: a few programs of 1024 threads keep enough 16 B loads in flight to fill PCIe
 with pages far smaller than a copy-engine call needs, and leave the other SMs to a
