@@ -23,7 +23,7 @@ main stream while a second thread repeats the transfer on a side stream for abou
 Reported: the prefill's slowdown and the copies' GB/s (the JSON's "prefill" says which ran).
 
   python -m benchmarks.kernels.bench_host_page_io --out benchmarks/results/host_page_io_h200.json
-                                                                      (H200: ~2 minutes)
+                                                                      (H200: a few minutes)
   TRITON_INTERPRET=1 python -m benchmarks.kernels.bench_host_page_io --cpu-smoke --out /tmp/x.json
                                                (CPU: tiny model, the interpreter; logic only)
 """
@@ -64,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="llama-3.1-8b", help="dummy preset for the geometry")
     p.add_argument("--layers-per-block", type=int, default=4, help="F")
-    p.add_argument("--volume-mib", type=float, default=512, help="bytes a transfer moves")
+    p.add_argument("--volume-mib", type=float, default=256, help="bytes a transfer moves")
     p.add_argument("--run-length", type=int, default=8, help="consecutive blocks a run")
     p.add_argument("--prefill-tokens", type=int, default=8192)
     p.add_argument("--prefill", choices=("engine", "stand-in"), default="engine",
