@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import write_result
+from benchmarks.kernels.concurrent_prefill import make_prefill
 from kvtier.kernels.host_page_backends import copy_pages_direct
 from kvtier.kernels.host_page_io import (
     HostPageLayout,
@@ -220,81 +221,6 @@ def kernel_is_correct(p: Pools, clock: Clock) -> bool:
     return ok and torch.equal(back, p.gpu_kv)
 
 
-class PrefillStandIn:
-    """The preset's prefill of `tokens` tokens as its GEMMs and causal GQA attention (one
-    layer's weights reused for every layer; no norms, rotary or KV writes)."""
-
-    def __init__(self, g: Geometry, tokens: int, device: torch.device):
-        def w(k: int, n: int) -> torch.Tensor:
-            return (torch.randn(k, n, device=device) * k**-0.5).to(g.dtype)
-
-        q, kv = g.num_heads * g.head_dim, g.num_kv_heads * g.head_dim
-        self.g, self.tokens = g, tokens
-        self.w_qkv, self.w_o = w(g.hidden, q + 2 * kv), w(q, g.hidden)
-        self.w_gate_up, self.w_down = w(g.hidden, 2 * g.intermediate), w(g.intermediate, g.hidden)
-        self.x = torch.randn(tokens, g.hidden, device=device).to(g.dtype)
-
-    def __call__(self) -> None:
-        g, t, x = self.g, self.tokens, self.x
-        q_width, kv_width = g.num_heads * g.head_dim, g.num_kv_heads * g.head_dim
-        for _ in range(g.num_layers):
-            q, k, v = (x @ self.w_qkv).split([q_width, kv_width, kv_width], dim=-1)
-            qh, kh, vh = (a.view(1, t, -1, g.head_dim).transpose(1, 2) for a in (q, k, v))
-            attn = torch.nn.functional.scaled_dot_product_attention(
-                qh, kh, vh, is_causal=True, enable_gqa=True)
-            x = x + attn.transpose(1, 2).reshape(t, q_width) @ self.w_o
-            gate, up = (x @ self.w_gate_up).chunk(2, dim=-1)
-            x = x + (torch.nn.functional.silu(gate) * up) @ self.w_down
-
-
-class EnginePrefill:
-    """The real thing: the engine's prefill of one random `tokens`-token prompt (the preset
-    with dummy weights, eager, prefill in one step) run until its first token is out."""
-
-    def __init__(self, args: argparse.Namespace, device: torch.device):
-        from kvtier.engine.args import EngineArgs
-        from kvtier.engine.llm_engine import LLMEngine
-        from kvtier.sampling_params import SamplingParams
-
-        tokens, block = args.prefill_tokens, 16
-        g = geometry(args, device)
-        groups = -(-g.num_layers // g.layers_per_block)
-        self.engine = LLMEngine.from_engine_args(EngineArgs(
-            model=args.model, load_format="dummy", device=device.type,
-            max_model_len=tokens + block, max_num_seqs=2, max_num_batched_tokens=tokens,
-            block_size=block, layers_per_block=g.layers_per_block,
-            num_gpu_blocks=(tokens // block + 2) * groups, num_host_blocks=groups,
-            enforce_eager=True, async_scheduling=False))
-        self.params = SamplingParams(max_tokens=1, ignore_eos=True, detokenize=False)
-        self.tokens, self.calls = tokens, 0
-        self.gen = torch.Generator().manual_seed(1)
-
-    def __call__(self) -> None:
-        vocab = self.engine.model_config.vocab_size
-        prompt = torch.randint(0, vocab, (self.tokens,), generator=self.gen).tolist()
-        self.calls += 1
-        self.engine.add_request(f"prefill-{self.calls}", prompt, self.params)
-        while self.engine.has_unfinished_requests():
-            self.engine.step()
-
-
-def make_prefill(args: argparse.Namespace, g: Geometry,
-                 device: torch.device) -> tuple[Callable[[], None], str]:
-    """The engine's prefill when it builds (--prefill engine), else the stand-in; and what
-    was used."""
-    stand_in = (f"stand-in: the preset's GEMMs and causal GQA SDPA per layer, one layer's "
-                f"weights reused, {args.prefill_tokens} tokens")
-    if args.prefill == "engine":
-        try:
-            return EnginePrefill(args, device), (
-                f"engine: {args.model} dummy, one {args.prefill_tokens}-token prompt to its "
-                f"first token, eager")
-        except Exception as e:  # recorded in the result, the run goes on with the stand-in
-            print(f"engine prefill unavailable ({type(e).__name__}: {e}); using the stand-in")
-            stand_in += f" (the engine failed to build: {type(e).__name__}: {e})"
-    return PrefillStandIn(g, args.prefill_tokens, device), stand_in
-
-
 def isolated_rows(p: Pools, clock: Clock, pcie: dict[str, float],
                   programs: tuple[int, ...], tiles_kib: tuple[int, ...]) -> list[dict[str, Any]]:
     variants: list[tuple[str, int | None, int | None]] = [
@@ -388,7 +314,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"PCIe ceiling: {pcie['h2d_GBps']:.1f} GB/s H2D, {pcie['d2h_GBps']:.1f} GB/s D2H")
     programs = (1, 2) if args.cpu_smoke else PROGRAMS
     tiles = (1,) if args.cpu_smoke else TILE_KIB
-    prefill, prefill_kind = make_prefill(args, g, device)
+    prefill, prefill_kind = make_prefill(args.prefill, args.model, args.layers_per_block,
+                                         args.prefill_tokens, g.dtype, device)
     prefill_alone = clock.median(prefill)
     rows, concurrent, correct = [], [], {}
     for page_tokens in PAGE_TOKENS:
