@@ -175,6 +175,10 @@ part() {
     done ;;
   policies-13b-long)  # recompute and eLLM over 3,000 prompts, 150 s
     bench_13b bench_13b_long_h200 560 3000 150 recompute,ellm --ellm-calibration $CALIB13 ;;
+  host-page-io)  # Strata's host-tier I/O: kernel vs copy engine by page size, alone and beside a prefill; its GPU tests
+    pytest_gpu "gpu_tests_host_page_io_$KVTIER_GIT_COMMIT" 200 tests/kernels/test_kernel_host_page_io.py
+    timeout 300 python3 -m benchmarks.kernels.bench_host_page_io \
+      --out "$(out kernels host_page_io_h200.json)" 2>&1 | tail -6 ;;
   before-after)  # the 256 x 2048 engine step and offline throughput of the tree in $BEFORE (default .carry/before, an older commit's kvtier + benchmarks, flat layout) and of this one, alternating in one call
     before_after "${BEFORE:-.carry/before}" ;;
   long-prefill-itl)  # long L-Eval documents at 1 request/s: ITL and TTFT by --long-prefill-token-threshold

@@ -22,7 +22,7 @@ every layer, one layer's weights reused) and causal GQA attention (torch SDPA). 
 main stream while a second thread repeats the transfer on a side stream for about as long.
 Reported: the prefill's slowdown and the copies' GB/s (the JSON's "prefill" says which ran).
 
-  python -m benchmarks.kernels.bench_host_page_io --out benchmarks/results/host_page_io_h200.json
+  python -m benchmarks.kernels.bench_host_page_io --out results/kernels/host_page_io_h200.json
                                                                       (H200: a few minutes)
   TRITON_INTERPRET=1 python -m benchmarks.kernels.bench_host_page_io --cpu-smoke --out /tmp/x.json
                                                (CPU: tiny model, the interpreter; logic only)
@@ -75,7 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--cpu-smoke", action="store_true",
                    help="tiny-llama-gqa on the CPU, fp32, tiny volumes: checks the logic only")
-    p.add_argument("--out", default="benchmarks/results/host_page_io_h200.json")
+    p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     if args.cpu_smoke:
         if not interpreting():
