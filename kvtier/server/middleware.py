@@ -14,27 +14,34 @@ _DRAIN_LIMIT_BYTES = 64 * 2**20
 
 
 class APIKeyMiddleware:
-    """`Authorization: Bearer <key>` on /v1/*; /health and /metrics stay open (as vLLM)."""
+    """`Authorization: Bearer <key>` (the scheme in any case, as RFC 9110 says) on the paths
+    under `protected`; by default /v1/* only, so /health and /metrics stay open (as vLLM)."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, api_key: str, protected: tuple[str, ...] = ("/v1",)) -> None:
+        if not api_key:
+            raise ValueError("the API key is empty")
         self.app = app
-        self._expected = f"Bearer {api_key}".encode()
+        self._expected = api_key.encode()
+        self._protected = protected
+
+    def _is_protected(self, path: str) -> bool:
+        return any(path == p or path.startswith(p + "/") for p in self._protected)
+
+    def _authorized(self, scope: Scope) -> bool:
+        scheme, _, token = dict(scope["headers"]).get(b"authorization", b"").strip().partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._expected)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1"):
+        if scope["type"] != "http" or not self._is_protected(scope["path"]) or self._authorized(scope):
             await self.app(scope, receive, send)
             return
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        if not hmac.compare_digest(given, self._expected):
-            response = error_response(
-                401,
-                "Incorrect API key provided. Pass it as 'Authorization: Bearer <key>'.",
-                code="invalid_api_key",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-            await response(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
+        response = error_response(
+            401,
+            "Incorrect API key provided. Pass it as 'Authorization: Bearer <key>'.",
+            code="invalid_api_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+        await response(scope, receive, send)
 
 
 class BodyLimitMiddleware:
