@@ -187,16 +187,18 @@ class AsyncEngine:
         self._enqueue(Call(fn, future), future)
         return future
 
-    def check_admission(self, num_new_seqs: int) -> None:
-        """Whether `num_new_seqs` more sequences may wait now; cheap, so handlers call it
-        before tokenizing too. Raises ShuttingDownError, EngineDeadError, ServerOverloadedError."""
+    def check_admission(self, num_new_seqs: int, num_reserved_seqs: int = 0) -> None:
+        """Whether `num_new_seqs` more sequences may wait now, beside `num_reserved_seqs`
+        admitted but not submitted yet; cheap, so handlers call it before tokenizing too.
+        Raises ShuttingDownError, EngineDeadError, ServerOverloadedError."""
         if not self._accepting:
             raise ShuttingDownError("the server is shutting down")
         if self._closed is not None:
             raise self._closed_error()
-        if self._num_pending_seqs + num_new_seqs > self.max_waiting_requests:
+        num_waiting = self._num_pending_seqs + num_reserved_seqs
+        if num_waiting + num_new_seqs > self.max_waiting_requests:
             raise ServerOverloadedError(
-                f"the server is overloaded: {self._num_pending_seqs} sequences are waiting "
+                f"the server is overloaded: {num_waiting} sequences are waiting "
                 f"(limit {self.max_waiting_requests}); retry later"
             )
 

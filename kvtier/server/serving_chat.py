@@ -32,12 +32,12 @@ async def create_chat_completion(
     # max_completion_tokens is the newer name; None lets the engine fill the context.
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     top_k_logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    async with state.admitted(req):
+    async with state.admitted(req) as seats:
         prompt = await state.tokenize(prompt_chars(req), chat_prompt, req, state.tokenizer, state.limits)
         check_lengths([prompt], max_tokens, state.limits, req.min_tokens)
         params = sampling_params(req, max_tokens, top_k_logprobs, state.limits)
         request_id = state.new_request_id("chatcmpl")
-        stream = await state.submit(request_id, [prompt], params, arrival_time)
+        stream = await state.submit(request_id, [prompt], params, arrival_time, seats)
 
     def build(results: list[ChoiceResult]) -> ChatCompletionResponse:
         choices = []

@@ -21,13 +21,13 @@ async def create_completion(
 ) -> CompletionResponse | Response:
     arrival_time = state.async_engine.now()
     model = state.resolve_model(req.model)
-    async with state.admitted(req):
+    async with state.admitted(req) as seats:
         prompts = await state.tokenize(prompt_chars(req), completion_prompts, req, state.tokenizer,
                                        state.limits)
         check_lengths(prompts, req.max_tokens, state.limits, req.min_tokens)
         params = sampling_params(req, req.max_tokens, req.logprobs, state.limits)
         request_id = state.new_request_id("cmpl")
-        stream = await state.submit(request_id, prompts, params, arrival_time)
+        stream = await state.submit(request_id, prompts, params, arrival_time, seats)
     num_prompt_tokens = sum(len(p) for p in prompts)
 
     def build(results: list[ChoiceResult]) -> CompletionResponse:

@@ -31,6 +31,13 @@ T = TypeVar("T")
 
 
 @dataclass
+class Seats:
+    """Waiting places a request holds between admission and submission."""
+
+    num: int
+
+
+@dataclass
 class ServerState:
     engine: Any  # LLMEngine (duck-typed: the contract is docs/ENGINE_API.md)
     async_engine: AsyncEngine
@@ -59,19 +66,25 @@ class ServerState:
         return self.engine.tokenizer
 
     @asynccontextmanager
-    async def admitted(self, req: _SamplingFields) -> AsyncIterator[None]:
+    async def admitted(self, req: _SamplingFields) -> AsyncIterator[Seats]:
         """Refuse what can be refused before any tokenizing (400 too big, 503 queue full or
-        shutting down), then hold the request's sequences' places until it is submitted."""
+        shutting down), then hold the request's sequences' places until it is submitted
+        (`submit(..., seats)` hands them to the engine's count) or fails."""
         num_seqs = check_before_tokenizing(req, self.limits)
         try:
-            self.async_engine.check_admission(self._reserved_seqs + num_seqs)
+            self.async_engine.check_admission(num_seqs, self._reserved_seqs)
         except Exception as exc:
             raise self._unavailable(exc) from None
         self._reserved_seqs += num_seqs
+        seats = Seats(num_seqs)
         try:
-            yield
+            yield seats
         finally:
-            self._reserved_seqs -= num_seqs
+            self._release(seats)
+
+    def _release(self, seats: Seats) -> None:
+        self._reserved_seqs -= seats.num
+        seats.num = 0
 
     async def tokenize(self, num_chars: int, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(*args)` (a function of params.py that tokenizes `num_chars` characters)
@@ -104,10 +117,12 @@ class ServerState:
         return f"{prefix}-{uuid.uuid4().hex}"
 
     async def submit(
-        self, request_id: str, prompts: Sequence[list[int]], params: SamplingParams, arrival_time: float
+        self, request_id: str, prompts: Sequence[list[int]], params: SamplingParams, arrival_time: float,
+        seats: Seats,
     ) -> RequestStream:
         """One engine request per prompt; engine and admission errors become API errors."""
         engine_prompts = [(f"{request_id}-{i}", p) for i, p in enumerate(prompts)]
+        self._release(seats)  # from here on the engine counts them as pending
         try:
             return await self.async_engine.submit(engine_prompts, params, arrival_time)
         except InvalidRequestError as exc:
