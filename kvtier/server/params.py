@@ -108,7 +108,9 @@ def prompt_chars(req: _SamplingFields) -> int:
     if isinstance(req, CompletionRequest):
         prompt = req.prompt
         return len(prompt) if isinstance(prompt, str) else sum(len(p) for p in prompt if isinstance(p, str))
-    return sum(len(m.text()) for m in req.messages)  # type: ignore[attr-defined]
+    if isinstance(req, ChatCompletionRequest):
+        return sum(len(m.text()) for m in req.messages)
+    return 0
 
 
 def completion_prompts(req: CompletionRequest, tokenizer: Any, limits: ServingLimits) -> list[list[int]]:
