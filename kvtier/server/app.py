@@ -37,6 +37,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     for code, text in [
         (400, "Invalid request (bad JSON, missing or invalid fields, prompt too long)."),
         (401, "Missing or wrong API key."),
+        (408, "The request outlived the server's --request-timeout."),
         (404, "Unknown model."),
         (413, "Request body too large."),
         (503, "Waiting queue full, shutting down, or engine down; see Retry-After."),
@@ -56,6 +57,7 @@ def build_app(
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
     max_tokenize_queue_chars: int = DEFAULT_MAX_TOKENIZE_QUEUE_CHARS,
     shutdown_timeout_s: float = 30.0,
+    request_timeout_s: float | None = None,
 ) -> FastAPI:
     """An OpenAI-compatible app serving `engine` (an LLMEngine, see docs/ENGINE_API.md).
 
@@ -66,9 +68,12 @@ def build_app(
     `max_waiting_requests` (sequences) defaults to the engine's `--max-waiting-requests`,
     else 256; `max_seqs_per_request` (prompts x n of one call) to `max_waiting_requests`.
     `api_key` guards /v1/* (and /metrics too with `metrics_need_key`).
+    `request_timeout_s`: a request unfinished that long after submission ends with 408.
     """
     if api_key is not None and not api_key.strip():
         raise ValueError("the API key is empty: pass a non-empty key, or none to serve without one")
+    if request_timeout_s is not None and not request_timeout_s > 0:
+        raise ValueError(f"request_timeout_s must be > 0, got {request_timeout_s}")
     sched = engine.config.scheduler
     if max_waiting_requests is None:
         max_waiting_requests = getattr(sched, "max_waiting_requests", None) or DEFAULT_MAX_WAITING_REQUESTS
@@ -95,6 +100,7 @@ def build_app(
         metrics=metrics,
         max_tokenize_queue_chars=max_tokenize_queue_chars,
         shutdown_timeout_s=shutdown_timeout_s,
+        request_timeout_s=request_timeout_s,
     )
 
     @asynccontextmanager

@@ -34,13 +34,14 @@ from kvtier.server.streams import (
     EngineDeadError,
     RequestFailedError,
     RequestStream,
+    RequestTimeoutError,
     ServerOverloadedError,
     ShuttingDownError,
 )
 from kvtier.server.updates import DeltaTracker, RequestUpdate, stop_holdback
 
 __all__ = ["AsyncEngine", "EngineDeadError", "RequestFailedError", "RequestStream",
-           "ServerOverloadedError", "ShuttingDownError"]
+           "RequestTimeoutError", "ServerOverloadedError", "ShuttingDownError"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -65,6 +65,9 @@ def _add_limit_args(http: argparse._ArgumentGroup) -> None:
                       help=f"seconds a request body may pause between chunks (default {d.body_timeout_s:g})")
     http.add_argument("--timeout-keep-alive", type=float, default=d.keep_alive_timeout_s,
                       help=f"seconds an idle keep-alive connection stays open (default {d.keep_alive_timeout_s:g})")
+    http.add_argument("--request-timeout", type=float, default=None,
+                      help="seconds a request may run after admission; then it ends with 408 "
+                      "(default: no server-side deadline)")
     http.add_argument("--shutdown-timeout", type=float, default=30.0,
                       help="on SIGTERM: seconds running requests get to finish before each ends "
                       "with a 503 error (new requests get 503 at once)")
@@ -129,6 +132,7 @@ def run_serve(args: argparse.Namespace) -> int:
             max_seqs_per_request=args.max_seqs_per_request,
             max_request_body_bytes=args.max_request_body_bytes or DEFAULT_MAX_REQUEST_BODY_BYTES,
             shutdown_timeout_s=args.shutdown_timeout,
+            request_timeout_s=args.request_timeout,
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -20,7 +20,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvtier.sampling_params import InvalidRequestError
 from kvtier.server.api_models import ErrorInfo, ErrorResponse
-from kvtier.server.streams import EngineDeadError, RequestFailedError, ShuttingDownError
+from kvtier.server.streams import (
+    EngineDeadError,
+    RequestFailedError,
+    RequestTimeoutError,
+    ShuttingDownError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +35,7 @@ _TYPES = {
     401: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
     503: "service_unavailable",
@@ -41,6 +47,7 @@ FAILURE_STATUS: dict[type[BaseException], int] = {
     EngineDeadError: 503,
     ShuttingDownError: 503,
     RequestFailedError: 500,
+    RequestTimeoutError: 408,
     InvalidRequestError: 400,  # a prompt the engine refused when it entered it
 }
 
@@ -158,6 +165,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestFailedError)
     async def _failed(_: Request, exc: Exception) -> JSONResponse:
         return error_response(500, str(exc), code="engine_error")
+
+    @app.exception_handler(RequestTimeoutError)
+    async def _timed_out(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(408, str(exc), code="request_timeout")
 
     @app.exception_handler(InvalidRequestError)
     async def _refused(_: Request, exc: Exception) -> JSONResponse:

@@ -16,6 +16,7 @@ from kvtier.server.async_engine import (
     AsyncEngine,
     EngineDeadError,
     RequestStream,
+    RequestTimeoutError,
     ServerOverloadedError,
     ShuttingDownError,
 )
@@ -51,6 +52,7 @@ class ServerState:
     )
     max_tokenize_queue_chars: int = DEFAULT_MAX_TOKENIZE_QUEUE_CHARS
     shutdown_timeout_s: float = 30.0
+    request_timeout_s: float | None = None  # from submission; None: no server-side deadline
     # Sequences of requests admitted but not submitted yet (tokenizing): they count
     # against the waiting bound, so a burst is refused before it queues at the tokenizer.
     _reserved_seqs: int = 0
@@ -124,11 +126,18 @@ class ServerState:
         engine_prompts = [(f"{request_id}-{i}", p) for i, p in enumerate(prompts)]
         self._release(seats)  # from here on the engine counts them as pending
         try:
-            return await self.async_engine.submit(engine_prompts, params, arrival_time)
+            stream = await self.async_engine.submit(engine_prompts, params, arrival_time)
         except InvalidRequestError as exc:
             raise APIError(400, str(exc), code="invalid_value") from None
         except (ServerOverloadedError, ShuttingDownError, EngineDeadError) as exc:
             raise self._unavailable(exc) from None
+        if self.request_timeout_s is not None:
+            timeout = self.request_timeout_s
+            stream.deadline = asyncio.get_running_loop().call_later(
+                timeout, stream.fail,
+                RequestTimeoutError(f"the request did not finish within the server's request timeout "
+                                    f"of {timeout:g} s"))
+        return stream
 
     def _unavailable(self, exc: BaseException) -> BaseException:
         """The 503 for an admission error (any other exception is returned as it is)."""

@@ -25,6 +25,10 @@ class RequestFailedError(RuntimeError):
     """An engine step computing this request raised; the request is ended (HTTP 500)."""
 
 
+class RequestTimeoutError(RuntimeError):
+    """The request outlived the server's --request-timeout; it is ended (HTTP 408)."""
+
+
 class _Aborter(Protocol):
     def abort(self, request_ids: Iterable[str]) -> int: ...
 
@@ -38,6 +42,7 @@ class RequestStream:
         self._queue: asyncio.Queue[RequestUpdate | None] = asyncio.Queue()
         self._failure: BaseException | None = None
         self._owner = owner
+        self.deadline: asyncio.TimerHandle | None = None  # --request-timeout's, if any
 
     @property
     def finished(self) -> bool:
@@ -48,6 +53,8 @@ class RequestStream:
 
     def fail(self, exc: BaseException) -> None:
         """End the stream with `exc` (engine died, shutdown), raised to its consumer."""
+        if not self._unfinished and self._queue.empty():
+            return  # everything was delivered: nothing left to end
         if self._failure is None:  # the first reason is the one the client gets
             self._failure = exc
         self._queue.put_nowait(None)  # wakes a consumer waiting in __aiter__
@@ -68,6 +75,8 @@ class RequestStream:
 
     def close(self) -> int:
         """Abort whatever is unfinished (client gone, error); return how many. Idempotent."""
+        if self.deadline is not None:
+            self.deadline.cancel()
         if not self._unfinished:
             return 0
         num = self._owner.abort(self._unfinished)

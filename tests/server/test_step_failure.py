@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 
@@ -63,3 +64,31 @@ def test_failing_request_gets_an_error_the_others_go_on(tiny_model_dir):
         assert_engine_clean(srv)
     finally:
         srv.stop()
+
+
+def test_request_timeout_ends_requests_with_408(tiny_model_dir):
+    """--request-timeout: a request still running after it ends with 408 (an SSE error event
+    then [DONE] when streamed), its blocks freed; quick requests are untouched."""
+    srv = start_server(build_app(make_engine(tiny_model_dir), request_timeout_s=0.3))
+    long = {"model": MODEL, "prompt": "slow", "max_tokens": 250, "ignore_eos": True}
+    try:
+        with httpx.Client(base_url=srv.base_url, timeout=30) as http:
+            quick = http.post("/v1/completions", json={**long, "max_tokens": 2})
+            assert quick.status_code == 200
+            srv.call(lambda e: setattr(e, "step", _slowed(e.step)))
+            resp = http.post("/v1/completions", json=long)
+            assert resp.status_code == 408 and resp.json()["error"]["code"] == "request_timeout"
+            with http.stream("POST", "/v1/completions", json={**long, "stream": True}) as r:
+                lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+            assert lines[-1] == "data: [DONE]" and "request timeout" in lines[-2]
+        assert_engine_clean(srv)
+    finally:
+        srv.stop()
+
+
+def _slowed(step):
+    def slow_step():
+        time.sleep(0.01)  # 250 tokens then take > 2.5 s, well past the 0.3 s deadline
+        return step()
+
+    return slow_step
