@@ -77,6 +77,7 @@ class AsyncEngine:
         self._tracker = DeltaTracker()
         self._backlog = RoundRobinBacklog()  # worker thread only
         self._num_step_failures = 0  # consecutive; worker only
+        self._num_engine_waiting = 0  # sequences waiting in the engine (last step + fed since)
         self._streams: dict[str, RequestStream] = {}  # loop thread only
         self._pending: dict[str, int] = {}  # accepted, no token yet -> its n; loop only
         self._num_pending_seqs = 0
@@ -90,6 +91,7 @@ class AsyncEngine:
         """Start the worker; call from the event loop that will consume the streams."""
         self._loop = asyncio.get_running_loop()
         self.stats = self.engine.get_stats()
+        self._num_engine_waiting = self.stats.num_waiting
         self._thread = threading.Thread(target=self._run, name="kvtier-engine", daemon=True)
         self._thread.start()
 
@@ -271,6 +273,7 @@ class AsyncEngine:
         self._feed()
         updates = self._guarded_step() if self.engine.has_unfinished_requests() else []
         self.stats = self.engine.get_stats()
+        self._num_engine_waiting = self.stats.num_waiting
         if updates:
             assert self._loop is not None
             self._loop.call_soon_threadsafe(self._deliver, updates)
@@ -341,9 +344,7 @@ class AsyncEngine:
         """Add prompts from the backlog, round-robin, while fewer than `feed_window`
         sequences wait in the engine. A prompt the engine refuses ends its whole call;
         for the call being submitted the error is raised to `submit` instead."""
-        stats = self.stats
-        waiting = stats.num_waiting if stats is not None else 0
-        while len(self._backlog) and waiting < self.feed_window:
+        while len(self._backlog) and self._num_engine_waiting < self.feed_window:
             item = self._backlog.take()
             assert item is not None
             try:
@@ -353,7 +354,7 @@ class AsyncEngine:
                     raise
                 self._drop_call(item.call)
                 self._fail_requests(list(item.call.request_ids), exc)
-            waiting += item.call.params.n
+            self._num_engine_waiting += item.call.params.n
 
     def _add_one(self, item: FeedItem) -> None:
         call = item.call
