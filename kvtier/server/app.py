@@ -22,7 +22,7 @@ from kvtier.server.api_models import (
 from kvtier.server.async_engine import AsyncEngine
 from kvtier.server.errors import error_response, install_error_handlers
 from kvtier.server.metrics import ServerMetrics
-from kvtier.server.middleware import APIKeyMiddleware, BodyLimitMiddleware
+from kvtier.server.middleware import AdmissionMiddleware, APIKeyMiddleware, BodyLimitMiddleware
 from kvtier.server.openapi import openapi_without_422
 from kvtier.server.params import ServingLimits, max_token_chars
 from kvtier.server.serving_chat import create_chat_completion
@@ -116,6 +116,7 @@ def build_app(
     _add_routes(app, state)
     app.openapi = openapi_without_422(app)  # type: ignore[method-assign]
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_body_bytes)
+    app.add_middleware(AdmissionMiddleware, refusal=state.refusal)  # before the body is read
     if api_key:
         protected = ("/v1", "/metrics") if metrics_need_key else ("/v1",)
         app.add_middleware(APIKeyMiddleware, api_key=api_key, protected=protected)  # outermost: first

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kvtier.server.errors import error_response
+from kvtier.server.errors import APIError, error_response
 
 # A body over the limit is still read (and dropped) up to this size, so the client, which
 # is still sending, gets to read our 413 instead of a reset connection.
@@ -42,6 +43,26 @@ class APIKeyMiddleware:
             headers={"WWW-Authenticate": "Bearer"},
         )
         await response(scope, receive, send)
+
+
+class AdmissionMiddleware:
+    """A POST to /v1/* while no sequence can be admitted (queue full, shutting down, engine
+    dead) is answered 503 before its body is even read: a burst is refused at the cost of
+    its headers, not of its JSON parsing and validation."""
+
+    def __init__(self, app: ASGIApp, refusal: Callable[[], APIError | None]) -> None:
+        self.app = app
+        self._refusal = refusal
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"].startswith("/v1/"):
+            refusal = self._refusal()
+            if refusal is not None:
+                headers = {**(refusal.headers or {}), "Connection": "close"}  # the body stays unread
+                response = error_response(refusal.status, refusal.message, code=refusal.code, headers=headers)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class BodyLimitMiddleware:

@@ -88,6 +88,15 @@ class ServerState:
         self._reserved_seqs -= seats.num
         seats.num = 0
 
+    def refusal(self) -> APIError | None:
+        """The 503 a new request would get now (not even one sequence could wait), if any."""
+        try:
+            self.async_engine.check_admission(1, self._reserved_seqs)
+        except Exception as exc:
+            error = self._unavailable(exc)
+            return error if isinstance(error, APIError) else None
+        return None
+
     async def tokenize(self, num_chars: int, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(*args)` (a function of params.py that tokenizes `num_chars` characters)
         on the tokenizer thread; 503 at once while too much text waits for it."""

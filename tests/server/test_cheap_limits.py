@@ -4,6 +4,7 @@ max_model_len, too much text queued for the tokenizer. Each answers within milli
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 
@@ -90,3 +91,22 @@ def test_too_many_characters_and_a_full_tokenizer_queue(slow):
     statuses = sorted(status for status, _, _ in asyncio.run(three()))
     assert statuses == [200, 200, 503]
     assert_engine_clean(srv)
+
+
+def test_refused_before_the_body_is_read(tiny_model_dir):
+    """While nothing can be admitted, a POST is answered 503 on its headers alone."""
+    srv = start_server(build_app(make_engine(tiny_model_dir)))
+    try:
+        srv.async_engine.stop_accepting()  # as on SIGTERM
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 1000000\r\n\r\n")
+            reply = b""
+            while b"}}" not in reply:  # the JSON error body's end (bounded by the timeout)
+                chunk = s.recv(65536)
+                assert chunk, reply
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in reply.lower()
+        assert b"the server is shutting down" in reply
+    finally:
+        srv.stop()
