@@ -26,17 +26,23 @@ def _integral(value: object) -> object:
     return value
 
 
-Int = Annotated[int, BeforeValidator(_integral)]
+# The integral check runs before the int's own (strict) validation, and the range belongs
+# to the int: written `Annotated[int, Field(ge=...), INTEGRAL]`, the OpenAPI schema shows
+# JSON Schema's minimum/maximum.
+INTEGRAL = BeforeValidator(_integral)
+Int = Annotated[int, INTEGRAL]
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    # NaN and Infinity (Python's json reads them) are refused: no range check catches NaN.
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------- shared pieces
 class StreamOptions(_Request):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage in every chunk
 
 
 class UsageInfo(BaseModel):
@@ -60,10 +66,10 @@ class _SamplingFields(_Request):
     """The sampling options both endpoints share."""
 
     model: str | None = None  # None: the (first) served model, as vLLM allows
-    n: Annotated[Int, Field(ge=1, le=128)] = 1
+    n: Annotated[int, Field(ge=1, le=128), INTEGRAL] = 1
     temperature: Annotated[float, Field(ge=0.0, le=100.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    seed: Annotated[Int, Field(ge=0, le=MAX_SEED)] | None = None
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED), INTEGRAL] | None = None
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -72,10 +78,10 @@ class _SamplingFields(_Request):
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     # vLLM extensions the engine implements.
-    top_k: Annotated[Int, Field(ge=-1)] | None = None
-    min_tokens: Annotated[Int, Field(ge=0)] = 0
+    top_k: Annotated[int, Field(ge=-1), INTEGRAL] | None = None
+    min_tokens: Annotated[int, Field(ge=0), INTEGRAL] = 0
     ignore_eos: bool = False
-    stop_token_ids: list[Annotated[Int, Field(ge=0)]] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0), INTEGRAL]] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     # vLLM's extension: each choice (and each streamed chunk) also carries its token ids,
@@ -92,10 +98,10 @@ class CompletionRequest(_SamplingFields):
         | Annotated[list[Int], Field(min_length=1)]
         | Annotated[list[Annotated[list[Int], Field(min_length=1)]], Field(min_length=1)]
     )
-    max_tokens: Annotated[Int, Field(ge=1)] | None = 16
-    logprobs: Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    max_tokens: Annotated[int, Field(ge=1), INTEGRAL] | None = 16
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS), INTEGRAL] | None = None
     echo: bool = False
-    best_of: Annotated[Int, Field(ge=1)] | None = None
+    best_of: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     suffix: str | None = None
 
 
@@ -154,10 +160,10 @@ class ChatMessage(_Request):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_tokens: Annotated[Int, Field(ge=1)] | None = None
-    max_completion_tokens: Annotated[Int, Field(ge=1)] | None = None
+    max_tokens: Annotated[int, Field(ge=1), INTEGRAL] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS), INTEGRAL] | None = None
     add_generation_prompt: bool = True
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None

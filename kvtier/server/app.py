@@ -22,11 +22,12 @@ from kvtier.server.api_models import (
 from kvtier.server.async_engine import AsyncEngine
 from kvtier.server.errors import error_response, install_error_handlers
 from kvtier.server.metrics import ServerMetrics
-from kvtier.server.middleware import APIKeyMiddleware, BodyLimitMiddleware
-from kvtier.server.params import ServingLimits
+from kvtier.server.middleware import AdmissionMiddleware, APIKeyMiddleware, BodyLimitMiddleware
+from kvtier.server.openapi import openapi_without_422
+from kvtier.server.params import ServingLimits, max_token_chars
 from kvtier.server.serving_chat import create_chat_completion
 from kvtier.server.serving_completions import create_completion
-from kvtier.server.state import ServerState
+from kvtier.server.state import DEFAULT_MAX_TOKENIZE_QUEUE_CHARS, ServerState
 
 DEFAULT_MAX_WAITING_REQUESTS = 256
 DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 2**20
@@ -36,6 +37,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     for code, text in [
         (400, "Invalid request (bad JSON, missing or invalid fields, prompt too long)."),
         (401, "Missing or wrong API key."),
+        (408, "The request outlived the server's --request-timeout."),
         (404, "Unknown model."),
         (413, "Request body too large."),
         (503, "Waiting queue full, shutting down, or engine down; see Retry-After."),
@@ -49,34 +51,56 @@ def build_app(
     *,
     served_model_names: Sequence[str] | None = None,
     api_key: str | None = None,
+    metrics_need_key: bool = False,
     max_waiting_requests: int | None = None,
+    max_seqs_per_request: int | None = None,
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+    max_tokenize_queue_chars: int = DEFAULT_MAX_TOKENIZE_QUEUE_CHARS,
     shutdown_timeout_s: float = 30.0,
+    request_timeout_s: float | None = None,
 ) -> FastAPI:
     """An OpenAI-compatible app serving `engine` (an LLMEngine, see docs/ENGINE_API.md).
 
     The engine's step loop starts with the app (lifespan) and stops with it: on shutdown
-    new requests get 503, in-flight ones have `shutdown_timeout_s` to finish, then abort.
+    new requests get 503, in-flight ones have `shutdown_timeout_s` to finish, then end with
+    an error (`ServerState.drain`, which `connections.KVTierServer` calls on SIGTERM).
     `app.state.server.async_engine.call(fn)` runs `fn(engine)` safely between steps.
-    `max_waiting_requests` defaults to the engine's `--max-waiting-requests`, else 256.
+    `max_waiting_requests` (sequences) defaults to the engine's `--max-waiting-requests`,
+    else 256; `max_seqs_per_request` (prompts x n of one call) to `max_waiting_requests`.
+    `api_key` guards /v1/* (and /metrics too with `metrics_need_key`).
+    `request_timeout_s`: a request unfinished that long after submission ends with 408.
     """
+    if api_key is not None and not api_key.strip():
+        raise ValueError("the API key is empty: pass a non-empty key, or none to serve without one")
+    if request_timeout_s is not None and not request_timeout_s > 0:
+        raise ValueError(f"request_timeout_s must be > 0, got {request_timeout_s}")
     sched = engine.config.scheduler
     if max_waiting_requests is None:
         max_waiting_requests = getattr(sched, "max_waiting_requests", None) or DEFAULT_MAX_WAITING_REQUESTS
+    if max_seqs_per_request is None:
+        max_seqs_per_request = max_waiting_requests
+    if not 1 <= max_seqs_per_request <= max_waiting_requests:
+        raise ValueError(f"max_seqs_per_request must be in [1, max_waiting_requests={max_waiting_requests}]"
+                         f" (a larger request could never be admitted), got {max_seqs_per_request}")
     metrics = ServerMetrics()
     async_engine = AsyncEngine(engine, max_waiting_requests=max_waiting_requests, on_update=metrics.observe)
     metrics.attach(async_engine)
+    vocab_size = engine.model_config.vocab_size
     state = ServerState(
         engine=engine,
         async_engine=async_engine,
         served_model_names=tuple(served_model_names or (engine.served_model_name,)),
         limits=ServingLimits(
             max_model_len=sched.max_model_len,
-            vocab_size=engine.model_config.vocab_size,
+            vocab_size=vocab_size,
             max_num_seqs=sched.max_num_seqs,
-            max_prompts=max_waiting_requests,
+            max_seqs_per_request=max_seqs_per_request,
+            max_token_chars=max_token_chars(engine.tokenizer, min(vocab_size, engine.tokenizer.vocab_size)),
         ),
         metrics=metrics,
+        max_tokenize_queue_chars=max_tokenize_queue_chars,
+        shutdown_timeout_s=shutdown_timeout_s,
+        request_timeout_s=request_timeout_s,
     )
 
     @asynccontextmanager
@@ -90,9 +114,12 @@ def build_app(
     app.state.server = state
     install_error_handlers(app)
     _add_routes(app, state)
+    app.openapi = openapi_without_422(app)  # type: ignore[method-assign]
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_body_bytes)
+    app.add_middleware(AdmissionMiddleware, refusal=state.refusal)  # before the body is read
     if api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=api_key)  # outermost: checked first
+        protected = ("/v1", "/metrics") if metrics_need_key else ("/v1",)
+        app.add_middleware(APIKeyMiddleware, api_key=api_key, protected=protected)  # outermost: first
     return app
 
 
@@ -114,11 +141,14 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         return ModelList(data=[ModelCard(id=n, root=root, max_model_len=max_len) for n in state.served_model_names])
 
     @app.get("/health", responses={503: _ERRORS[503]})
+    @app.head("/health", include_in_schema=False)
     async def health() -> Response:
         if state.async_engine.is_healthy:
             return JSONResponse({"status": "ok"})
         return error_response(503, "the engine is not running", code="unavailable")
 
+    # HEAD too (unlisted): load generators probe /metrics and /health with it.
     @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+    @app.head("/metrics", include_in_schema=False)
     async def prometheus_metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -2,13 +2,17 @@
 
     event loop (HTTP handlers)                worker thread (owns the engine)
     ──────────────────────────                ───────────────────────────────
-    submit() ──► _Add ──► command queue ──►   add_request / abort_request / call
-    stream.close() ──► _Abort ─────────────►  step() → deltas
-    RequestStream.queue ◄── call_soon_threadsafe(_deliver, updates) ◄──┘
+    submit() ──► _Add ──► command queue ──►   backlog ─(round-robin, a batch ahead)─► add_request
+    stream.close() ──► _Abort ─────────────►  abort_request / drop from the backlog
+    RequestStream.queue ◄── call_soon_threadsafe(_deliver, updates) ◄── step() → deltas
 
 The engine is not thread-safe, so only the worker touches it: every other access is a
 command that the worker applies between two steps. Commands are applied before each step,
 so an abort frees the request's blocks before the next step runs.
+
+A step that raises ends the requests it was computing with RequestFailedError; the others
+go on. Only `MAX_CONSECUTIVE_STEP_FAILURES` failing steps in a row (a broken engine, not
+one bad request) stop the loop for good (EngineDeadError).
 """
 
 from __future__ import annotations
@@ -19,107 +23,39 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from kvtier.engine.outputs import EngineStats
 from kvtier.sampling_params import SamplingParams
+from kvtier.server.admission import FeedItem, PendingCall, RoundRobinBacklog
+from kvtier.server.commands import Abort, Add, Call, Stop, fail_future, run_into
+from kvtier.server.streams import (
+    EngineDeadError,
+    RequestFailedError,
+    RequestStream,
+    RequestTimeoutError,
+    ServerOverloadedError,
+    ShuttingDownError,
+)
 from kvtier.server.updates import DeltaTracker, RequestUpdate, stop_holdback
+
+__all__ = ["AsyncEngine", "EngineDeadError", "RequestFailedError", "RequestStream",
+           "RequestTimeoutError", "ServerOverloadedError", "ShuttingDownError"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-class ServerOverloadedError(RuntimeError):
-    """The waiting queue is full; the client should retry later (HTTP 503)."""
-
-
-class ShuttingDownError(RuntimeError):
-    """The server no longer accepts requests (HTTP 503)."""
-
-
-class EngineDeadError(RuntimeError):
-    """The engine's step loop failed; nothing more can be served (HTTP 503)."""
-
-
-# ----------------------------------------------------------------------------- commands
-@dataclass
-class _Add:
-    prompts: Sequence[tuple[str, list[int]]]  # (request_id, prompt token ids)
-    params: SamplingParams
-    future: concurrent.futures.Future
-    arrival_time: float | None = None  # on the engine's clock
-
-
-@dataclass
-class _Abort:
-    request_ids: list[str]
-
-
-@dataclass
-class _Call:
-    fn: Callable[[Any], Any]
-    future: concurrent.futures.Future
-
-
-@dataclass
-class _Stop:
-    pass
-
-
-# ----------------------------------------------------------------------------- streams
-class RequestStream:
-    """The updates of the engine requests of one API call (one per prompt), on the loop."""
-
-    def __init__(self, request_ids: Sequence[str], owner: AsyncEngine) -> None:
-        self.request_ids = tuple(request_ids)
-        self._unfinished = set(request_ids)
-        self._queue: asyncio.Queue[RequestUpdate | None] = asyncio.Queue()
-        self._failure: BaseException | None = None
-        self._owner = owner
-
-    @property
-    def finished(self) -> bool:
-        return not self._unfinished
-
-    def put(self, update: RequestUpdate) -> None:
-        self._queue.put_nowait(update)
-
-    def fail(self, exc: BaseException) -> None:
-        """End the stream with `exc` (engine died, shutdown), raised to its consumer."""
-        self._failure = exc
-        self._queue.put_nowait(None)  # wakes a consumer waiting in __aiter__
-
-    async def __aiter__(self) -> AsyncIterator[RequestUpdate]:
-        while True:
-            # Checked before `_unfinished`: a failed stream must never look complete.
-            if self._failure is not None:
-                raise self._failure
-            if not self._unfinished:
-                return
-            update = await self._queue.get()
-            if update is None:
-                continue
-            if update.finished:
-                self._unfinished.discard(update.request_id)
-            yield update
-
-    def close(self) -> int:
-        """Abort whatever is unfinished (client gone, error); return how many. Idempotent."""
-        if not self._unfinished:
-            return 0
-        num = self._owner.abort(self._unfinished)
-        self._unfinished.clear()
-        return num
+MAX_CONSECUTIVE_STEP_FAILURES = 3
 
 
 # ----------------------------------------------------------------------------- engine
 class AsyncEngine:
     """Runs `engine.step()` in a worker thread and serves asyncio callers.
 
-    `max_waiting_requests` bounds the requests accepted but not yet producing tokens;
-    `submit` beyond it raises ServerOverloadedError instead of queueing without limit.
+    `max_waiting_requests` bounds the sequences (prompts x n) accepted but not yet
+    producing tokens; `submit` beyond it raises ServerOverloadedError instead of queueing
+    without limit. `feed_window` is how many sequences may wait inside the engine (default:
+    its max_num_seqs); the rest wait in the round-robin backlog (see admission.py).
     `on_update(update)` is called on the worker thread for every update (metrics).
     """
 
@@ -128,17 +64,23 @@ class AsyncEngine:
         engine: Any,
         *,
         max_waiting_requests: int = 256,
+        feed_window: int | None = None,
         on_update: Callable[[RequestUpdate], None] | None = None,
     ) -> None:
         self.engine = engine
         self.max_waiting_requests = max_waiting_requests
+        self.feed_window = feed_window or engine.config.scheduler.max_num_seqs
         self._on_update = on_update
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()  # orders "enqueue" against "worker died/stopped"
         self._closed: BaseException | None = None  # set once the worker no longer runs
         self._tracker = DeltaTracker()
+        self._backlog = RoundRobinBacklog()  # worker thread only
+        self._num_step_failures = 0  # consecutive; worker only
+        self._num_engine_waiting = 0  # sequences waiting in the engine (last step + fed since)
         self._streams: dict[str, RequestStream] = {}  # loop thread only
-        self._pending: set[str] = set()  # accepted, no token yet; loop thread only
+        self._pending: dict[str, int] = {}  # accepted, no token yet -> its n; loop only
+        self._num_pending_seqs = 0
         self._accepting = True
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -149,11 +91,16 @@ class AsyncEngine:
         """Start the worker; call from the event loop that will consume the streams."""
         self._loop = asyncio.get_running_loop()
         self.stats = self.engine.get_stats()
+        self._num_engine_waiting = self.stats.num_waiting
         self._thread = threading.Thread(target=self._run, name="kvtier-engine", daemon=True)
         self._thread.start()
 
-    async def shutdown(self, timeout_s: float = 30.0) -> None:
-        """Stop accepting, let in-flight requests finish for `timeout_s`, abort the rest."""
+    def stop_accepting(self) -> None:
+        self._accepting = False
+
+    async def drain(self, timeout_s: float) -> None:
+        """Stop accepting; let in-flight requests finish for `timeout_s`, then end the rest
+        with ShuttingDownError (their clients get a 503 body or an SSE error event)."""
         self._accepting = False
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -162,7 +109,11 @@ class AsyncEngine:
         for stream in set(self._streams.values()):
             stream.fail(ShuttingDownError("the server is shutting down"))
             stream.close()
-        self._enqueue(_Stop())
+
+    async def shutdown(self, timeout_s: float = 30.0) -> None:
+        """`drain(timeout_s)`, then stop the worker."""
+        await self.drain(timeout_s)
+        self._enqueue(Stop())
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 30.0)
 
@@ -176,9 +127,13 @@ class AsyncEngine:
         return self._closed is None and self._thread is not None and self._thread.is_alive()
 
     @property
+    def is_accepting(self) -> bool:
+        return self._accepting
+
+    @property
     def num_pending(self) -> int:
-        """Requests accepted that have not produced a token yet (the waiting bound)."""
-        return len(self._pending)
+        """Sequences accepted that have not produced a token yet (the waiting bound)."""
+        return self._num_pending_seqs
 
     @property
     def num_in_flight(self) -> int:
@@ -191,21 +146,23 @@ class AsyncEngine:
         params: SamplingParams,
         arrival_time: float | None = None,
     ) -> RequestStream:
-        """Add one engine request per (request_id, prompt ids); all or none are added.
+        """Accept one engine request per (request_id, prompt ids), each with `params.n`
+        sequences; those the engine takes at once are all-or-none (InvalidRequestError).
 
         `arrival_time` (from `now()`, taken when the HTTP request came in) makes the engine's
         TTFT and E2E include tokenization and the wait for the worker.
         Raises InvalidRequestError (from the engine), ServerOverloadedError,
         ShuttingDownError or EngineDeadError.
         """
-        self._check_admission(len(prompts))
+        self.check_admission(len(prompts) * params.n)
         ids = [rid for rid, _ in prompts]
         stream = RequestStream(ids, self)
         for rid in ids:
             self._streams[rid] = stream
-            self._pending.add(rid)
+            self._pending[rid] = params.n
+        self._num_pending_seqs += len(ids) * params.n
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._enqueue(_Add(prompts, params, future, arrival_time), future)
+        self._enqueue(Add(prompts, params, future, arrival_time), future)
         try:
             await asyncio.wrap_future(future)
         except BaseException:
@@ -219,9 +176,9 @@ class AsyncEngine:
         num_in_flight = 0
         for rid in ids:
             num_in_flight += self._streams.pop(rid, None) is not None
-            self._pending.discard(rid)
+            self._num_pending_seqs -= self._pending.pop(rid, 0)
         if ids:
-            self._enqueue(_Abort(ids))
+            self._enqueue(Abort(ids))
         return num_in_flight
 
     async def call(self, fn: Callable[[Any], T]) -> T:
@@ -230,17 +187,21 @@ class AsyncEngine:
 
     def call_threadsafe(self, fn: Callable[[Any], T]) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._enqueue(_Call(fn, future), future)
+        self._enqueue(Call(fn, future), future)
         return future
 
-    def _check_admission(self, num_new: int) -> None:
+    def check_admission(self, num_new_seqs: int, num_reserved_seqs: int = 0) -> None:
+        """Whether `num_new_seqs` more sequences may wait now, beside `num_reserved_seqs`
+        admitted but not submitted yet; cheap, so handlers call it before tokenizing too.
+        Raises ShuttingDownError, EngineDeadError, ServerOverloadedError."""
         if not self._accepting:
             raise ShuttingDownError("the server is shutting down")
         if self._closed is not None:
             raise self._closed_error()
-        if len(self._pending) + num_new > self.max_waiting_requests:
+        num_waiting = self._num_pending_seqs + num_reserved_seqs
+        if num_waiting + num_new_seqs > self.max_waiting_requests:
             raise ServerOverloadedError(
-                f"the server is overloaded: {len(self._pending)} requests are waiting "
+                f"the server is overloaded: {num_waiting} sequences are waiting "
                 f"(limit {self.max_waiting_requests}); retry later"
             )
 
@@ -250,7 +211,7 @@ class AsyncEngine:
                 self._commands.put(cmd)
                 return
         if future is not None:
-            _fail(future, self._closed_error())
+            fail_future(future, self._closed_error())
 
     def _closed_error(self) -> BaseException:
         """A fresh exception like the one that closed the worker (stopped or died)."""
@@ -261,7 +222,7 @@ class AsyncEngine:
 
     def _deliver(self, updates: list[RequestUpdate]) -> None:
         for update in updates:
-            self._pending.discard(update.request_id)
+            self._num_pending_seqs -= self._pending.pop(update.request_id, 0)
             stream = self._streams.get(update.request_id)
             if stream is None:
                 continue  # aborted after the step produced it
@@ -269,11 +230,18 @@ class AsyncEngine:
                 del self._streams[update.request_id]
             stream.put(update)
 
+    def _deliver_failure(self, request_ids: list[str], exc: BaseException) -> None:
+        """End the streams of `request_ids` with `exc` (their engine requests are gone)."""
+        for stream in {s for rid in request_ids if (s := self._streams.get(rid)) is not None}:
+            stream.fail(type(exc)(str(exc)))
+            stream.close()  # aborts the stream's other prompts too
+
     def _fail_all(self, exc: BaseException) -> None:
         for stream in set(self._streams.values()):
             stream.fail(type(exc)(str(exc)))  # one instance each: tracebacks are per raise
         self._streams.clear()
         self._pending.clear()
+        self._num_pending_seqs = 0
 
     # ------------------------------------------------------------------ worker thread
     def _run(self) -> None:
@@ -287,8 +255,9 @@ class AsyncEngine:
             self._close(ShuttingDownError("the engine was stopped"))
 
     def _serve_once(self) -> bool:
-        """Apply queued commands, then run one step if there is work. False: stop."""
-        busy = self.engine.has_unfinished_requests()
+        """Apply queued commands, feed the engine, then run one step if there is work.
+        False: stop."""
+        busy = self.engine.has_unfinished_requests() or len(self._backlog) > 0
         commands = [self._commands.get()] if not busy else []
         while True:
             try:
@@ -296,16 +265,34 @@ class AsyncEngine:
             except queue.Empty:
                 break
         for cmd in commands:
-            if isinstance(cmd, _Stop):
+            if isinstance(cmd, Stop):
+                self._backlog.discard(self._backlog.request_ids())
                 self._abort_ids(self._tracker.live_ids())
                 return False
             self._apply(cmd)
-        updates = self._step() if self.engine.has_unfinished_requests() else []
+        self._feed()
+        updates = self._guarded_step() if self.engine.has_unfinished_requests() else []
         self.stats = self.engine.get_stats()
+        self._num_engine_waiting = self.stats.num_waiting
         if updates:
             assert self._loop is not None
             self._loop.call_soon_threadsafe(self._deliver, updates)
         return True
+
+    def _guarded_step(self) -> list[RequestUpdate]:
+        try:
+            updates = self._step()
+        except Exception as exc:
+            self._num_step_failures += 1
+            if self._num_step_failures >= MAX_CONSECUTIVE_STEP_FAILURES:
+                raise
+            logger.exception("engine step failed; ending the requests it computed")
+            suspects = self._step_request_ids()
+            self._abort_ids(suspects)
+            self._fail_requests(suspects, RequestFailedError(f"the engine failed on this request: {exc!r}"))
+            return []
+        self._num_step_failures = 0
+        return updates
 
     def _step(self) -> list[RequestUpdate]:
         updates = []
@@ -318,28 +305,69 @@ class AsyncEngine:
                 self._on_update(update)
         return updates
 
-    def _apply(self, cmd: Any) -> None:
-        if isinstance(cmd, _Add):
-            self._add(cmd)
-        elif isinstance(cmd, _Abort):
-            self._abort_ids(cmd.request_ids)
-        elif isinstance(cmd, _Call):
-            _run_into(cmd.future, cmd.fn, self.engine)
+    def _step_request_ids(self) -> list[str]:
+        """The live requests the failed step was computing: the engine's running ones (or,
+        for an engine that does not say, all live ones)."""
+        live = self._tracker.live_ids()
+        running = getattr(getattr(self.engine, "scheduler", None), "running", None)
+        if not running:
+            return live
+        # An engine request with n > 1 runs as children "<request_id>#<i>".
+        ids = {r.request_id for r in running}
+        ids |= {rid.rsplit("#", 1)[0] for rid in ids}
+        return [rid for rid in live if rid in ids] or live
 
-    def _add(self, cmd: _Add) -> None:
+    def _apply(self, cmd: Any) -> None:
+        if isinstance(cmd, Add):
+            self._add(cmd)
+        elif isinstance(cmd, Abort):
+            self._backlog.discard(cmd.request_ids)
+            self._abort_ids(cmd.request_ids)
+        elif isinstance(cmd, Call):
+            run_into(cmd.future, cmd.fn, self.engine)
+
+    def _add(self, cmd: Add) -> None:
+        """Queue the call in the backlog and feed at once: what enters the engine now is
+        validated now, all or none."""
         if not cmd.future.set_running_or_notify_cancel():
             return  # the caller gave up before we got here
-        added: list[str] = []
+        call = self._backlog.add(cmd.prompts, cmd.params, cmd.arrival_time)
         try:
-            for rid, prompt_ids in cmd.prompts:
-                self.engine.add_request(rid, prompt_ids, cmd.params, cmd.arrival_time)
-                self._tracker.track(rid, stop_holdback(cmd.params.stop))
-                added.append(rid)
-        except Exception as exc:  # InvalidRequestError mostly; all or none are added
-            self._abort_ids(added)
+            self._feed(submitting=call)
+        except Exception as exc:  # InvalidRequestError mostly
+            self._drop_call(call)
             cmd.future.set_exception(exc)
             return
         cmd.future.set_result(None)
+
+    def _feed(self, submitting: PendingCall | None = None) -> None:
+        """Add prompts from the backlog, round-robin, while fewer than `feed_window`
+        sequences wait in the engine. A prompt the engine refuses ends its whole call;
+        for the call being submitted the error is raised to `submit` instead."""
+        while len(self._backlog) and self._num_engine_waiting < self.feed_window:
+            item = self._backlog.take()
+            assert item is not None
+            try:
+                self._add_one(item)
+            except Exception as exc:
+                if item.call is submitting:
+                    raise
+                self._drop_call(item.call)
+                self._fail_requests(list(item.call.request_ids), exc)
+            self._num_engine_waiting += item.call.params.n
+
+    def _add_one(self, item: FeedItem) -> None:
+        call = item.call
+        self.engine.add_request(item.request_id, item.prompt_ids, call.params, call.arrival_time)
+        self._tracker.track(item.request_id, stop_holdback(call.params.stop))
+
+    def _drop_call(self, call: PendingCall) -> None:
+        self._backlog.discard_call(call)
+        self._abort_ids(call.request_ids)
+
+    def _fail_requests(self, request_ids: list[str], exc: BaseException) -> None:
+        if request_ids and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._deliver_failure, request_ids, exc)
 
     def _abort_ids(self, request_ids: Iterable[str]) -> None:
         # Only ids the engine still runs: finished ones are gone from the engine already.
@@ -359,7 +387,7 @@ class AsyncEngine:
                 break
             future = getattr(cmd, "future", None)
             if future is not None:
-                _fail(future, exc)
+                fail_future(future, exc)
         loop = self._loop
         if loop is not None and not loop.is_closed():
             try:
@@ -367,18 +395,3 @@ class AsyncEngine:
             except RuntimeError:  # the loop closed meanwhile
                 pass
 
-
-def _run_into(future: concurrent.futures.Future, fn: Callable[[Any], Any], arg: Any) -> None:
-    if not future.set_running_or_notify_cancel():
-        return
-    try:
-        future.set_result(fn(arg))
-    except BaseException as exc:
-        future.set_exception(exc)
-
-
-def _fail(future: concurrent.futures.Future, exc: BaseException) -> None:
-    try:
-        future.set_exception(exc)
-    except concurrent.futures.InvalidStateError:  # cancelled or done meanwhile
-        pass

@@ -6,9 +6,13 @@ import argparse
 import logging
 import os
 import signal
+from pathlib import Path
 from typing import Any
 
+from kvtier.config import ConfigError
+
 DEFAULT_PORT = 8000
+API_KEY_ENV = "KVTIER_API_KEY"
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -25,59 +29,122 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     http = parser.add_argument_group("HTTP server")
     http.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     http.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (default 8000)")
-    http.add_argument(
-        "--api-key",
-        default=os.environ.get("KVTIER_API_KEY"),
-        help="require 'Authorization: Bearer KEY' on /v1/* (default: $KVTIER_API_KEY)",
-    )
-    http.add_argument(
-        "--max-request-body-bytes",
-        type=int,
-        default=None,
-        help="larger request bodies get 413 (default 8 MiB)",
-    )
-    http.add_argument(
-        "--shutdown-timeout",
-        type=float,
-        default=30.0,
-        help="seconds in-flight requests get to finish on SIGTERM before they are aborted",
-    )
+    _add_auth_args(http)
+    _add_limit_args(http)
     http.add_argument("--uvicorn-log-level", default="info",
                       choices=["critical", "error", "warning", "info", "debug", "trace"])
     parser.set_defaults(func=run_serve)
     return parser
 
 
+def _add_auth_args(http: argparse._ArgumentGroup) -> None:
+    http.add_argument("--api-key", default=None,
+                      help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV}; "
+                      "prefer --api-key-file or the variable: argv is visible to every user)")
+    http.add_argument("--api-key-file", type=Path, default=None,
+                      help="read the API key from this file (surrounding whitespace dropped)")
+    http.add_argument("--protect-metrics", action="store_true",
+                      help="require the API key on /metrics too (/health always stays open)")
+
+
+def _add_limit_args(http: argparse._ArgumentGroup) -> None:
+    from kvtier.server.connections import ConnectionLimits
+
+    d = ConnectionLimits()
+    http.add_argument("--max-request-body-bytes", type=int, default=None,
+                      help="larger request bodies get 413 (default 8 MiB)")
+    http.add_argument("--max-seqs-per-request", type=int, default=None,
+                      help="sequences (prompts x n) one request may ask for; more get 400 "
+                      "(default: the waiting bound, --max-waiting-requests)")
+    http.add_argument("--max-connections", type=int, default=None,
+                      help=f"open connections at most; more get 503 (default: {d.max_connections}, "
+                      "or fewer where the open-files limit is lower)")
+    http.add_argument("--header-timeout", type=float, default=d.header_timeout_s,
+                      help=f"seconds a request's headers may take to arrive (default {d.header_timeout_s:g})")
+    http.add_argument("--body-timeout", type=float, default=d.body_timeout_s,
+                      help=f"seconds a request body may pause between chunks (default {d.body_timeout_s:g})")
+    http.add_argument("--timeout-keep-alive", type=float, default=d.keep_alive_timeout_s,
+                      help=f"seconds an idle keep-alive connection stays open (default {d.keep_alive_timeout_s:g})")
+    http.add_argument("--request-timeout", type=float, default=None,
+                      help="seconds a request may run after admission; then it ends with 408 "
+                      "(default: no server-side deadline)")
+    http.add_argument("--shutdown-timeout", type=float, default=30.0,
+                      help="on SIGTERM: seconds running requests get to finish before each ends "
+                      "with a 503 error (new requests get 503 at once)")
+
+
+def resolve_api_key(args: argparse.Namespace, environ: dict[str, str] | None = None) -> str | None:
+    """The key from --api-key, --api-key-file or $KVTIER_API_KEY; an empty one is an error,
+    never "no authentication"."""
+    env = os.environ if environ is None else environ
+    given = [name for name, v in (("--api-key", args.api_key), ("--api-key-file", args.api_key_file))
+             if v is not None]
+    if len(given) > 1:
+        raise ConfigError("pass either --api-key or --api-key-file, not both")
+    if args.api_key is not None:
+        key, source = args.api_key, "--api-key"
+    elif args.api_key_file is not None:
+        try:
+            key, source = args.api_key_file.read_text().strip(), f"--api-key-file {args.api_key_file}"
+        except OSError as exc:
+            raise ConfigError(f"cannot read --api-key-file: {exc}") from None
+    elif API_KEY_ENV in env:
+        key, source = env[API_KEY_ENV], f"${API_KEY_ENV}"
+    else:
+        if args.protect_metrics:
+            raise ConfigError("--protect-metrics needs an API key")
+        return None
+    if not key.strip():
+        raise ConfigError(f"the API key from {source} is empty: give a key, or unset it to serve "
+                          "without authentication")
+    return key.strip()
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Build the engine from the parsed options and serve until SIGINT/SIGTERM."""
-    import uvicorn
-
     from kvtier.engine.args import EngineArgs
     from kvtier.engine.llm_engine import LLMEngine
     from kvtier.server.app import DEFAULT_MAX_REQUEST_BODY_BYTES, build_app
+    from kvtier.server.connections import (
+        ConnectionLimits,
+        KVTierServer,
+        raise_open_files_limit,
+        server_config,
+    )
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    api_key = resolve_api_key(args)
+    room = raise_open_files_limit()
+    max_connections = args.max_connections or min(ConnectionLimits().max_connections, room)
+    try:
+        limits = ConnectionLimits(max_connections=max_connections, header_timeout_s=args.header_timeout,
+                                  body_timeout_s=args.body_timeout,
+                                  keep_alive_timeout_s=args.timeout_keep_alive)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))
-    app = build_app(
-        engine,
-        api_key=args.api_key or None,
-        max_waiting_requests=args.max_waiting_requests,
-        max_request_body_bytes=args.max_request_body_bytes or DEFAULT_MAX_REQUEST_BODY_BYTES,
-        shutdown_timeout_s=args.shutdown_timeout,
-    )
-    # uvicorn handles SIGTERM/SIGINT: it stops listening, waits up to the timeout for open
-    # requests, then runs the app's shutdown (which aborts what is left and stops the engine).
-    # Afterwards it re-raises the signal into the handlers it found; with these, a graceful
-    # shutdown ends the process with status 0 instead of being killed by the re-raised signal.
+    try:
+        app = build_app(
+            engine,
+            api_key=api_key,
+            metrics_need_key=args.protect_metrics,
+            max_waiting_requests=args.max_waiting_requests,
+            max_seqs_per_request=args.max_seqs_per_request,
+            max_request_body_bytes=args.max_request_body_bytes or DEFAULT_MAX_REQUEST_BODY_BYTES,
+            shutdown_timeout_s=args.shutdown_timeout,
+            request_timeout_s=args.request_timeout,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    # uvicorn handles SIGTERM/SIGINT: it stops listening, the app drains (new requests 503,
+    # running ones finish or end with an error after --shutdown-timeout), then the app's
+    # shutdown stops the engine. Afterwards uvicorn re-raises the signal into the handlers
+    # it found; with these, a graceful shutdown ends the process with status 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _after_graceful_shutdown)
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.uvicorn_log_level,
-        timeout_graceful_shutdown=args.shutdown_timeout,
-    )
+    config = server_config(app, host=args.host, port=args.port, limits=limits,
+                           shutdown_timeout_s=args.shutdown_timeout, log_level=args.uvicorn_log_level)
+    KVTierServer(config, drain=app.state.server.drain).run()
     return 0
 
 

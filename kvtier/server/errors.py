@@ -8,6 +8,7 @@ validation errors (422 by default) become 400, as OpenAI and vLLM answer them.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from http import HTTPStatus
 from typing import Any
@@ -17,8 +18,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from kvtier.sampling_params import InvalidRequestError
 from kvtier.server.api_models import ErrorInfo, ErrorResponse
-from kvtier.server.async_engine import EngineDeadError, ShuttingDownError
+from kvtier.server.streams import (
+    EngineDeadError,
+    RequestFailedError,
+    RequestTimeoutError,
+    ShuttingDownError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -28,9 +35,20 @@ _TYPES = {
     401: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
     503: "service_unavailable",
+}
+
+
+# Exceptions that end a request after it was accepted, and the status each answers with.
+FAILURE_STATUS: dict[type[BaseException], int] = {
+    EngineDeadError: 503,
+    ShuttingDownError: 503,
+    RequestFailedError: 500,
+    RequestTimeoutError: 408,
+    InvalidRequestError: 400,  # a prompt the engine refused when it entered it
 }
 
 
@@ -76,10 +94,32 @@ def error_response(
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
+# pydantic names the members of a union in an error's location ("list[str]",
+# "function-before[_integral(), int]"): internal names, never a field of the API.
+_FIELD = re.compile(r"[a-z_][a-z0-9_]*")
+_TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def _is_member_label(part: Any) -> bool:
+    return isinstance(part, str) and (not _FIELD.fullmatch(part) or part in _TYPE_NAMES)
+
+
 def _loc_to_param(loc: Sequence[Any]) -> str | None:
-    # ("body", "messages", 0, "role") -> "messages.0.role"
-    parts = [str(p) for p in loc if p != "body"]
+    # ("body", "messages", 0, "role") -> "messages.0.role"; a union's member label and
+    # whatever follows it -> the union's field
+    parts: list[str] = []
+    for p in loc:
+        if _is_member_label(p):
+            break
+        if p != "body":
+            parts.append(str(p))
     return ".".join(parts) or None
+
+
+def _error_text(error: dict[str, Any]) -> str:
+    if error.get("type") == "finite_number":
+        return "must be a finite number, not NaN or Infinity"
+    return str(error.get("msg", ""))
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -87,11 +127,15 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if not errors:
         return "invalid request", None
     first = errors[0]
-    param = _loc_to_param(first.get("loc", ()))
     if first.get("type") == "json_invalid":
         return "request body is not valid JSON", None
-    msgs = [f"{_loc_to_param(e.get('loc', ())) or 'body'}: {e.get('msg', '')}" for e in errors[:5]]
-    return "; ".join(msgs), param
+    by_param: dict[str, list[str]] = {}  # a union's members each add their reason
+    for e in errors:
+        texts = by_param.setdefault(_loc_to_param(e.get("loc", ())) or "body", [])
+        if (text := _error_text(e)) not in texts:
+            texts.append(text)
+    msgs = [f"{param}: {' or '.join(texts)}" for param, texts in list(by_param.items())[:5]]
+    return "; ".join(msgs), _loc_to_param(first.get("loc", ()))
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -117,6 +161,18 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _unavailable(_: Request, exc: Exception) -> JSONResponse:
         # Raised while a request was in flight (admission maps them in ServerState.submit).
         return error_response(503, str(exc), code="unavailable", headers={"Retry-After": "1"})
+
+    @app.exception_handler(RequestFailedError)
+    async def _failed(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(500, str(exc), code="engine_error")
+
+    @app.exception_handler(RequestTimeoutError)
+    async def _timed_out(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(408, str(exc), code="request_timeout")
+
+    @app.exception_handler(InvalidRequestError)
+    async def _refused(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(400, str(exc), code="invalid_value")
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kvtier.server.errors import error_response
+from kvtier.server.errors import APIError, error_response
 
 # A body over the limit is still read (and dropped) up to this size, so the client, which
 # is still sending, gets to read our 413 instead of a reset connection.
@@ -14,26 +15,53 @@ _DRAIN_LIMIT_BYTES = 64 * 2**20
 
 
 class APIKeyMiddleware:
-    """`Authorization: Bearer <key>` on /v1/*; /health and /metrics stay open (as vLLM)."""
+    """`Authorization: Bearer <key>` (the scheme in any case, as RFC 9110 says) on the paths
+    under `protected`; by default /v1/* only, so /health and /metrics stay open (as vLLM)."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, api_key: str, protected: tuple[str, ...] = ("/v1",)) -> None:
+        if not api_key:
+            raise ValueError("the API key is empty")
         self.app = app
-        self._expected = f"Bearer {api_key}".encode()
+        self._expected = api_key.encode()
+        self._protected = protected
+
+    def _is_protected(self, path: str) -> bool:
+        return any(path == p or path.startswith(p + "/") for p in self._protected)
+
+    def _authorized(self, scope: Scope) -> bool:
+        scheme, _, token = dict(scope["headers"]).get(b"authorization", b"").strip().partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._expected)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1"):
+        if scope["type"] != "http" or not self._is_protected(scope["path"]) or self._authorized(scope):
             await self.app(scope, receive, send)
             return
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        if not hmac.compare_digest(given, self._expected):
-            response = error_response(
-                401,
-                "Incorrect API key provided. Pass it as 'Authorization: Bearer <key>'.",
-                code="invalid_api_key",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-            await response(scope, receive, send)
-            return
+        response = error_response(
+            401,
+            "Incorrect API key provided. Pass it as 'Authorization: Bearer <key>'.",
+            code="invalid_api_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+        await response(scope, receive, send)
+
+
+class AdmissionMiddleware:
+    """A POST to /v1/* while no sequence can be admitted (queue full, shutting down, engine
+    dead) is answered 503 before its body is even read: a burst is refused at the cost of
+    its headers, not of its JSON parsing and validation."""
+
+    def __init__(self, app: ASGIApp, refusal: Callable[[], APIError | None]) -> None:
+        self.app = app
+        self._refusal = refusal
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"].startswith("/v1/"):
+            refusal = self._refusal()
+            if refusal is not None:
+                headers = {**(refusal.headers or {}), "Connection": "close"}  # the body stays unread
+                response = error_response(refusal.status, refusal.message, code=refusal.code, headers=headers)
+                await response(scope, receive, send)
+                return
         await self.app(scope, receive, send)
 
 

@@ -23,7 +23,25 @@ class ServingLimits:
     max_model_len: int
     vocab_size: int
     max_num_seqs: int  # n above it could never be scheduled at once
-    max_prompts: int  # prompts in one completions call (each is one engine request)
+    max_seqs_per_request: int  # prompts x n of one call
+    # No token of the vocabulary decodes to more characters than this (+1 for a leading
+    # space a tokenizer drops when decoding one token alone): a prompt with more than
+    # max_model_len * max_token_chars characters cannot fit, and is refused untokenized.
+    max_token_chars: int | None = None
+
+    @property
+    def max_prompt_chars(self) -> int | None:
+        return None if self.max_token_chars is None else self.max_model_len * self.max_token_chars
+
+
+def max_token_chars(tokenizer: Any, vocab_size: int) -> int | None:
+    """The longest text one token id decodes to, +1 (see ServingLimits); None if unknown."""
+    try:
+        longest = max(len(tokenizer.decode([i], skip_special_tokens=False)) for i in range(vocab_size))
+    except Exception as exc:  # an id the tokenizer lacks: no bound, prompts are still checked after
+        logger.warning("cannot bound characters per token (%r); prompts are only checked tokenized", exc)
+        return None
+    return longest + 1
 
 
 def _bad(message: str, param: str | None = None, code: str = "invalid_value") -> APIError:
@@ -54,6 +72,47 @@ def _check_ids(ids: list[int], limits: ServingLimits, param: str) -> list[int]:
     return ids
 
 
+def num_prompts(req: CompletionRequest) -> int:
+    prompt = req.prompt
+    if isinstance(prompt, str) or all(isinstance(p, int) for p in prompt):
+        return 1
+    return len(prompt)
+
+
+def check_before_tokenizing(req: _SamplingFields, limits: ServingLimits) -> int:
+    """What can be refused without tokenizing (the tokenizer is a queue): sequences per
+    request, and prompts with more characters than any `max_model_len` tokens can hold.
+    Returns the request's number of sequences (prompts x n)."""
+    num_seqs = req.n * (num_prompts(req) if isinstance(req, CompletionRequest) else 1)
+    if num_seqs > limits.max_seqs_per_request:
+        raise _bad(f"a request may ask for at most {limits.max_seqs_per_request} sequences "
+                   f"(prompts x n); this one asks for {num_seqs}", "n", code="too_many_sequences")
+    max_chars = limits.max_prompt_chars
+    if max_chars is None:
+        return num_seqs
+    if isinstance(req, CompletionRequest):
+        texts = [req.prompt] if isinstance(req.prompt, str) else [p for p in req.prompt if isinstance(p, str)]
+        num_chars = max((len(t) for t in texts), default=0)
+    else:
+        num_chars = prompt_chars(req)
+    if num_chars > max_chars:
+        raise _bad(f"This model's maximum context length is {limits.max_model_len} tokens. However, "
+                   f"your prompt has {num_chars} characters, more than {limits.max_model_len} tokens "
+                   "can hold.", "messages" if isinstance(req, ChatCompletionRequest) else "prompt",
+                   code="context_length_exceeded")
+    return num_seqs
+
+
+def prompt_chars(req: _SamplingFields) -> int:
+    """Characters a request hands the tokenizer (what its time there grows with)."""
+    if isinstance(req, CompletionRequest):
+        prompt = req.prompt
+        return len(prompt) if isinstance(prompt, str) else sum(len(p) for p in prompt if isinstance(p, str))
+    if isinstance(req, ChatCompletionRequest):
+        return sum(len(m.text()) for m in req.messages)
+    return 0
+
+
 def completion_prompts(req: CompletionRequest, tokenizer: Any, limits: ServingLimits) -> list[list[int]]:
     """Token ids of every prompt of a completions request (str, [str], [int] or [[int]])."""
     prompt = req.prompt
@@ -61,8 +120,6 @@ def completion_prompts(req: CompletionRequest, tokenizer: Any, limits: ServingLi
         return [_encode(tokenizer, prompt, "prompt")]
     if all(isinstance(p, int) for p in prompt):
         return [_check_ids([int(p) for p in prompt], limits, "prompt")]  # type: ignore[arg-type]
-    if len(prompt) > limits.max_prompts:
-        raise _bad(f"at most {limits.max_prompts} prompts per request, got {len(prompt)}", "prompt")
     prompts = []
     for i, p in enumerate(prompt):
         param = f"prompt.{i}"

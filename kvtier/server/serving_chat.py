@@ -16,16 +16,12 @@ from kvtier.server.api_models import (
     ChatStreamChoice,
     DeltaMessage,
 )
-from kvtier.server.async_engine import EngineDeadError, RequestStream, ShuttingDownError
-from kvtier.server.params import chat_prompt, check_lengths, sampling_params
+from kvtier.server.async_engine import RequestStream
+from kvtier.server.params import chat_prompt, check_lengths, prompt_chars, sampling_params
 from kvtier.server.respond import respond
 from kvtier.server.results import ChoiceResult, chat_logprobs, usage
 from kvtier.server.state import ServerState
-from kvtier.server.streaming import (
-    DONE,
-    sse,
-    sse_error,
-)
+from kvtier.server.streaming import DONE, STREAM_FAILURES, failure_event, sse
 
 
 async def create_chat_completion(
@@ -33,14 +29,15 @@ async def create_chat_completion(
 ) -> ChatCompletionResponse | Response:
     arrival_time = state.async_engine.now()
     model = state.resolve_model(req.model)
-    prompt = await state.tokenize(chat_prompt, req, state.tokenizer, state.limits)
     # max_completion_tokens is the newer name; None lets the engine fill the context.
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    check_lengths([prompt], max_tokens, state.limits, req.min_tokens)
     top_k_logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    params = sampling_params(req, max_tokens, top_k_logprobs, state.limits)
-    request_id = state.new_request_id("chatcmpl")
-    stream = await state.submit(request_id, [prompt], params, arrival_time)
+    async with state.admitted(req) as seats:
+        prompt = await state.tokenize(prompt_chars(req), chat_prompt, req, state.tokenizer, state.limits)
+        check_lengths([prompt], max_tokens, state.limits, req.min_tokens)
+        params = sampling_params(req, max_tokens, top_k_logprobs, state.limits)
+        request_id = state.new_request_id("chatcmpl")
+        stream = await state.submit(request_id, [prompt], params, arrival_time, seats)
 
     def build(results: list[ChoiceResult]) -> ChatCompletionResponse:
         choices = []
@@ -80,13 +77,18 @@ async def _events(
     num_prompt_tokens: int,
     top_k_logprobs: int | None,
 ) -> AsyncIterator[str]:
+    options = req.stream_options
+    continuous = options is not None and options.continuous_usage_stats
+    num_completion_tokens = 0
+
     def chunk(choice: ChatStreamChoice) -> str:
-        return sse(ChatCompletionStreamResponse(id=request_id, model=model, choices=[choice]))
+        # vLLM's continuous_usage_stats: every chunk carries the usage so far.
+        so_far = usage(num_prompt_tokens, num_completion_tokens) if continuous else None
+        return sse(ChatCompletionStreamResponse(id=request_id, model=model, choices=[choice], usage=so_far))
 
     # OpenAI opens every choice with the role; content follows in later chunks.
     for i in range(req.n):
         yield chunk(ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")))
-    num_completion_tokens = 0
     try:
         async for update in stream:
             for delta in update.seqs:
@@ -106,9 +108,9 @@ async def _events(
                         token_ids=list(delta.token_ids) if req.return_token_ids else None,
                     )
                 )
-        if req.stream_options is not None and req.stream_options.include_usage:
+        if options is not None and options.include_usage:
             final = usage(num_prompt_tokens, num_completion_tokens)
             yield sse(ChatCompletionStreamResponse(id=request_id, model=model, choices=[], usage=final))
-    except (EngineDeadError, ShuttingDownError) as exc:
-        yield sse_error(503, str(exc))
+    except STREAM_FAILURES as exc:
+        yield failure_event(exc)
     yield DONE

@@ -8,16 +8,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kvtier.server.api_models import CompletionChoice, CompletionRequest, CompletionResponse
-from kvtier.server.async_engine import EngineDeadError, RequestStream, ShuttingDownError
-from kvtier.server.params import check_lengths, completion_prompts, sampling_params
+from kvtier.server.async_engine import RequestStream
+from kvtier.server.params import check_lengths, completion_prompts, prompt_chars, sampling_params
 from kvtier.server.respond import respond
 from kvtier.server.results import ChoiceResult, completion_logprobs, usage
 from kvtier.server.state import ServerState
-from kvtier.server.streaming import (
-    DONE,
-    sse,
-    sse_error,
-)
+from kvtier.server.streaming import DONE, STREAM_FAILURES, failure_event, sse
 
 
 async def create_completion(
@@ -25,11 +21,13 @@ async def create_completion(
 ) -> CompletionResponse | Response:
     arrival_time = state.async_engine.now()
     model = state.resolve_model(req.model)
-    prompts = await state.tokenize(completion_prompts, req, state.tokenizer, state.limits)
-    check_lengths(prompts, req.max_tokens, state.limits, req.min_tokens)
-    params = sampling_params(req, req.max_tokens, req.logprobs, state.limits)
-    request_id = state.new_request_id("cmpl")
-    stream = await state.submit(request_id, prompts, params, arrival_time)
+    async with state.admitted(req) as seats:
+        prompts = await state.tokenize(prompt_chars(req), completion_prompts, req, state.tokenizer,
+                                       state.limits)
+        check_lengths(prompts, req.max_tokens, state.limits, req.min_tokens)
+        params = sampling_params(req, req.max_tokens, req.logprobs, state.limits)
+        request_id = state.new_request_id("cmpl")
+        stream = await state.submit(request_id, prompts, params, arrival_time, seats)
     num_prompt_tokens = sum(len(p) for p in prompts)
 
     def build(results: list[ChoiceResult]) -> CompletionResponse:
@@ -73,6 +71,8 @@ async def _events(
     prompt_index = state.prompt_index(stream)
     offsets: dict[int, int] = {}  # choice index -> text length sent (logprobs text_offset)
     num_completion_tokens = 0
+    options = req.stream_options
+    continuous = options is not None and options.continuous_usage_stats
     try:
         async for update in stream:
             base = prompt_index[update.request_id] * req.n
@@ -94,10 +94,11 @@ async def _events(
                     stop_reason=delta.stop_reason,
                     token_ids=list(delta.token_ids) if req.return_token_ids else None,
                 )
-                yield sse(CompletionResponse(id=request_id, model=model, choices=[choice]))
-        if req.stream_options is not None and req.stream_options.include_usage:
+                so_far = usage(num_prompt_tokens, num_completion_tokens) if continuous else None
+                yield sse(CompletionResponse(id=request_id, model=model, choices=[choice], usage=so_far))
+        if options is not None and options.include_usage:
             final = usage(num_prompt_tokens, num_completion_tokens)
             yield sse(CompletionResponse(id=request_id, model=model, choices=[], usage=final))
-    except (EngineDeadError, ShuttingDownError) as exc:
-        yield sse_error(503, str(exc))
+    except STREAM_FAILURES as exc:
+        yield failure_event(exc)
     yield DONE

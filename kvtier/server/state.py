@@ -4,25 +4,38 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from kvtier.sampling_params import InvalidRequestError, SamplingParams
+from kvtier.server.api_models import _SamplingFields
 from kvtier.server.async_engine import (
     AsyncEngine,
     EngineDeadError,
     RequestStream,
+    RequestTimeoutError,
     ServerOverloadedError,
     ShuttingDownError,
 )
 from kvtier.server.errors import APIError
 from kvtier.server.metrics import ServerMetrics
-from kvtier.server.params import ServingLimits
+from kvtier.server.params import ServingLimits, check_before_tokenizing
 
 RETRY_AFTER_S = 1
+# Characters waiting for (or in) the tokenizer thread at most; beyond, 503 at once rather
+# than a queue that holds every later request for seconds.
+DEFAULT_MAX_TOKENIZE_QUEUE_CHARS = 16 * 2**20
 T = TypeVar("T")
+
+
+@dataclass
+class Seats:
+    """Waiting places a request holds between admission and submission."""
+
+    num: int
 
 
 @dataclass
@@ -37,14 +50,65 @@ class ServerState:
     tokenize_pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtier-tokenize")
     )
+    max_tokenize_queue_chars: int = DEFAULT_MAX_TOKENIZE_QUEUE_CHARS
+    shutdown_timeout_s: float = 30.0
+    request_timeout_s: float | None = None  # from submission; None: no server-side deadline
+    # Sequences of requests admitted but not submitted yet (tokenizing): they count
+    # against the waiting bound, so a burst is refused before it queues at the tokenizer.
+    _reserved_seqs: int = 0
+    _queued_chars: int = 0
+
+    async def drain(self) -> None:
+        """SIGTERM: refuse new requests (503), give running ones `shutdown_timeout_s`, then
+        end each with an error response; the engine's worker keeps running until lifespan."""
+        await self.async_engine.drain(self.shutdown_timeout_s)
 
     @property
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
 
-    async def tokenize(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(*args)` (a function of params.py that tokenizes) on the tokenizer thread."""
-        return await asyncio.get_running_loop().run_in_executor(self.tokenize_pool, fn, *args)
+    @asynccontextmanager
+    async def admitted(self, req: _SamplingFields) -> AsyncIterator[Seats]:
+        """Refuse what can be refused before any tokenizing (400 too big, 503 queue full or
+        shutting down), then hold the request's sequences' places until it is submitted
+        (`submit(..., seats)` hands them to the engine's count) or fails."""
+        num_seqs = check_before_tokenizing(req, self.limits)
+        try:
+            self.async_engine.check_admission(num_seqs, self._reserved_seqs)
+        except Exception as exc:
+            raise self._unavailable(exc) from None
+        self._reserved_seqs += num_seqs
+        seats = Seats(num_seqs)
+        try:
+            yield seats
+        finally:
+            self._release(seats)
+
+    def _release(self, seats: Seats) -> None:
+        self._reserved_seqs -= seats.num
+        seats.num = 0
+
+    def refusal(self) -> APIError | None:
+        """The 503 a new request would get now (not even one sequence could wait), if any."""
+        try:
+            self.async_engine.check_admission(1, self._reserved_seqs)
+        except Exception as exc:
+            error = self._unavailable(exc)
+            return error if isinstance(error, APIError) else None
+        return None
+
+    async def tokenize(self, num_chars: int, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn(*args)` (a function of params.py that tokenizes `num_chars` characters)
+        on the tokenizer thread; 503 at once while too much text waits for it."""
+        if self._queued_chars and self._queued_chars + num_chars > self.max_tokenize_queue_chars:
+            raise self._unavailable(ServerOverloadedError(
+                f"the server is overloaded: {self._queued_chars} characters wait for the "
+                "tokenizer; retry later"))
+        self._queued_chars += num_chars
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.tokenize_pool, fn, *args)
+        finally:
+            self._queued_chars -= num_chars
 
     def resolve_model(self, name: str | None) -> str:
         """The name to answer with; 404 for a model this server does not serve."""
@@ -64,23 +128,35 @@ class ServerState:
         return f"{prefix}-{uuid.uuid4().hex}"
 
     async def submit(
-        self, request_id: str, prompts: Sequence[list[int]], params: SamplingParams, arrival_time: float
+        self, request_id: str, prompts: Sequence[list[int]], params: SamplingParams, arrival_time: float,
+        seats: Seats,
     ) -> RequestStream:
         """One engine request per prompt; engine and admission errors become API errors."""
         engine_prompts = [(f"{request_id}-{i}", p) for i, p in enumerate(prompts)]
+        self._release(seats)  # from here on the engine counts them as pending
         try:
-            return await self.async_engine.submit(engine_prompts, params, arrival_time)
+            stream = await self.async_engine.submit(engine_prompts, params, arrival_time)
         except InvalidRequestError as exc:
             raise APIError(400, str(exc), code="invalid_value") from None
-        except ServerOverloadedError as exc:
+        except (ServerOverloadedError, ShuttingDownError, EngineDeadError) as exc:
+            raise self._unavailable(exc) from None
+        if self.request_timeout_s is not None:
+            timeout = self.request_timeout_s
+            stream.deadline = asyncio.get_running_loop().call_later(
+                timeout, stream.fail,
+                RequestTimeoutError(f"the request did not finish within the server's request timeout "
+                                    f"of {timeout:g} s"))
+        return stream
+
+    def _unavailable(self, exc: BaseException) -> BaseException:
+        """The 503 for an admission error (any other exception is returned as it is)."""
+        retry = {"Retry-After": str(RETRY_AFTER_S)}
+        if isinstance(exc, ServerOverloadedError):
             self.metrics.requests_rejected.inc()
-            raise APIError(
-                503, str(exc), code="server_overloaded", headers={"Retry-After": str(RETRY_AFTER_S)}
-            ) from None
-        except (ShuttingDownError, EngineDeadError) as exc:
-            raise APIError(
-                503, str(exc), code="unavailable", headers={"Retry-After": str(RETRY_AFTER_S)}
-            ) from None
+            return APIError(503, str(exc), code="server_overloaded", headers=retry)
+        if isinstance(exc, (ShuttingDownError, EngineDeadError)):
+            return APIError(503, str(exc), code="unavailable", headers=retry)
+        return exc
 
     def prompt_index(self, stream: RequestStream) -> dict[str, int]:
         return {rid: i for i, rid in enumerate(stream.request_ids)}

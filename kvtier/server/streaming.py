@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from kvtier.server.errors import error_body
+from kvtier.server.errors import FAILURE_STATUS, error_body
 
 T = TypeVar("T")
 
@@ -30,6 +30,14 @@ def sse(model: BaseModel) -> str:
 
 def sse_error(status: int, message: str) -> str:
     return sse(error_body(status, message))
+
+
+# What can end a stream after its 200 went out: an error event, then [DONE].
+STREAM_FAILURES = tuple(FAILURE_STATUS)
+
+
+def failure_event(exc: BaseException) -> str:
+    return sse_error(FAILURE_STATUS[type(exc)], str(exc))
 
 
 class ClientDisconnected(Exception):

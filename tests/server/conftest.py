@@ -18,6 +18,7 @@ from kvtier.engine.args import EngineArgs
 from kvtier.engine.llm_engine import LLMEngine
 from kvtier.model.presets import PRESETS
 from kvtier.server.app import build_app
+from kvtier.server.connections import ConnectionLimits, KVTierServer, server_config
 
 MODEL = "tiny-llama"
 ENGINE_OPTIONS = dict(load_format="dummy", device="cpu", attention_backend="torch",
@@ -90,13 +91,16 @@ class LiveServer:
         assert not self.thread.is_alive(), "server did not stop"
 
 
-def start_server(app: Any, graceful_s: float = 5.0) -> LiveServer:
+def start_server(app: Any, limits: ConnectionLimits | None = None) -> LiveServer:
+    """Serve `app` as `kvtier serve` does (its protocol, limits and draining shutdown)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=graceful_s)
-    server = uvicorn.Server(config)
+    state = app.state.server
+    config = server_config(app, host="127.0.0.1", port=port, limits=limits or ConnectionLimits(),
+                           shutdown_timeout_s=state.shutdown_timeout_s, log_level="warning")
+    server = KVTierServer(config, drain=state.drain)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from kvtier.server.app import build_app
+from kvtier.server.async_engine import MAX_CONSECUTIVE_STEP_FAILURES
 from tests.server.conftest import MODEL, make_engine, start_server
 
 
@@ -76,7 +77,7 @@ def _assert_stopped_clean(srv) -> None:
 
 
 def test_graceful_shutdown_finishes_in_flight(tiny_model_dir):
-    srv = start_server(build_app(make_engine(tiny_model_dir)), graceful_s=20)
+    srv = start_server(build_app(make_engine(tiny_model_dir), shutdown_timeout_s=20))
     results = _shutdown_during(srv, [_body(240, i) for i in range(8)])
     for events in results:
         assert events[-1] == "[DONE]"
@@ -88,7 +89,7 @@ def test_graceful_shutdown_finishes_in_flight(tiny_model_dir):
 
 
 def test_shutdown_timeout_aborts_in_flight(tiny_model_dir):
-    srv = start_server(build_app(make_engine(tiny_model_dir), shutdown_timeout_s=0.5), graceful_s=0.3)
+    srv = start_server(build_app(make_engine(tiny_model_dir), shutdown_timeout_s=0.5))
     t0 = time.monotonic()
     results = _shutdown_during(srv, [_body(240, i) for i in range(40)])
     assert time.monotonic() - t0 < 20
@@ -115,6 +116,9 @@ class ExplodingEngine:
 
 
 def test_dead_engine_fails_requests_and_health(tiny_model_dir):
+    """A step that fails every time is a broken engine, not a bad request: after
+    MAX_CONSECUTIVE_STEP_FAILURES failing steps (each ending its requests with a 500) the
+    loop stops for good: 503, /health 503, engine_healthy 0."""
     engine = ExplodingEngine(make_engine(tiny_model_dir))
     srv = start_server(build_app(engine))
     try:
@@ -122,6 +126,10 @@ def test_dead_engine_fails_requests_and_health(tiny_model_dir):
             ok = http.post("/v1/completions", json={**_body(3), "stream": False})
             assert ok.status_code == 200
             engine.explode = True
+            for _ in range(MAX_CONSECUTIVE_STEP_FAILURES - 1):
+                failed = http.post("/v1/completions", json={**_body(3), "stream": False})
+                assert failed.status_code == 500 and failed.json()["error"]["type"] == "server_error"
+                assert http.get("/health").status_code == 200
             failed = http.post("/v1/completions", json={**_body(3), "stream": False})
             assert failed.status_code == 503 and failed.json()["error"]["type"] == "service_unavailable"
             assert http.get("/health").status_code == 503

@@ -1,0 +1,88 @@
+"""Which API call's prompt enters the engine next: one prompt per call in turn.
+
+The engine's waiting queue is first-come first-served per engine request. Were all prompts
+of a call with hundreds of them added at once, a small call arriving a moment later would
+wait for every one of them. So the worker keeps calls in this backlog and adds a prompt
+(its `n` sequences) only while the engine has fewer than a batch of sequences waiting,
+taking the calls round-robin: a later call waits behind at most one batch.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from kvtier.sampling_params import SamplingParams
+
+
+@dataclass
+class PendingCall:
+    """The prompts of one API call that are not in the engine yet."""
+
+    call_id: int
+    params: SamplingParams
+    arrival_time: float | None
+    prompts: deque[tuple[str, list[int]]] = field(default_factory=deque)  # (request_id, ids)
+    request_ids: tuple[str, ...] = ()  # all of the call's, fed or not
+
+
+@dataclass(frozen=True)
+class FeedItem:
+    call: PendingCall
+    request_id: str
+    prompt_ids: list[int]
+
+
+class RoundRobinBacklog:
+    """API calls waiting to enter the engine; `take` serves them one prompt each in turn."""
+
+    def __init__(self) -> None:
+        self._calls: OrderedDict[int, PendingCall] = OrderedDict()
+        self._call_of: dict[str, int] = {}  # request_id -> call_id, for prompts not yet taken
+        self._next_id = 0
+
+    def add(
+        self, prompts: Sequence[tuple[str, list[int]]], params: SamplingParams, arrival_time: float | None
+    ) -> PendingCall:
+        call = PendingCall(self._next_id, params, arrival_time, deque(prompts),
+                           tuple(rid for rid, _ in prompts))
+        self._next_id += 1
+        if call.prompts:
+            self._calls[call.call_id] = call
+            for rid, _ in prompts:
+                self._call_of[rid] = call.call_id
+        return call
+
+    def take(self) -> FeedItem | None:
+        """The next prompt of the call whose turn it is; that call then goes to the back."""
+        if not self._calls:
+            return None
+        call_id, call = next(iter(self._calls.items()))
+        rid, ids = call.prompts.popleft()
+        del self._call_of[rid]
+        if call.prompts:
+            self._calls.move_to_end(call_id)
+        else:
+            del self._calls[call_id]
+        return FeedItem(call, rid, ids)
+
+    def discard(self, request_ids: Iterable[str]) -> None:
+        """Drop prompts not taken yet (their call was aborted or failed)."""
+        for rid in request_ids:
+            call_id = self._call_of.pop(rid, None)
+            if call_id is None:
+                continue
+            call = self._calls[call_id]
+            call.prompts = deque(p for p in call.prompts if p[0] != rid)
+            if not call.prompts:
+                del self._calls[call_id]
+
+    def discard_call(self, call: PendingCall) -> None:
+        self.discard(call.request_ids)
+
+    def request_ids(self) -> list[str]:
+        return list(self._call_of)
+
+    def __len__(self) -> int:
+        return len(self._call_of)
