@@ -44,7 +44,8 @@ def _check_inputs(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                   block_tables: torch.Tensor, context_lens: torch.Tensor) -> None:
     for name, t in (("q", q), ("k_pages", k_pages), ("v_pages", v_pages),
                     ("block_tables", block_tables), ("context_lens", context_lens)):
-        check(t.device.type == "cpu", lambda n=name, t=t: f"{n} must be on the CPU, not {t.device}")
+        if t.device.type != "cpu":
+            raise ValueError(f"{name} must be on the CPU, not {t.device}")
     check(q.dim() == 3, lambda: f"q must be [B, Hq, D], got {tuple(q.shape)}")
     check(k_pages.dim() == 4 and k_pages.shape == v_pages.shape,
           lambda: f"k_pages and v_pages must both be [num_pages, Hkv, page_size, D], got "
@@ -57,9 +58,9 @@ def _check_inputs(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
     check(k_pages.dtype in KV_DTYPES and v_pages.dtype == k_pages.dtype,
           lambda: f"pages must both be bf16 or fp32, got {k_pages.dtype} and {v_pages.dtype}")
     for name, t in (("k_pages", k_pages), ("v_pages", v_pages)):
-        check(t.stride(3) == 1 and t.stride(2) == head_dim,
-              lambda n=name, t=t: f"{n}: each [page_size, D] tile must be contiguous, "
-                                  f"strides {t.stride()}")
+        if t.stride(3) != 1 or t.stride(2) != head_dim:
+            raise ValueError(f"{name}: each [page_size, D] tile must be contiguous, "
+                             f"strides {t.stride()}")
     check(block_tables.dim() == 2 and block_tables.shape[0] == batch
           and block_tables.dtype == torch.int32 and block_tables.stride(1) == 1,
           lambda: f"block_tables must be [B={batch}, max_pages] int32 with contiguous rows, got "
@@ -147,15 +148,14 @@ def cpu_decode_attention_reference(
     out = torch.zeros(batch, num_heads, head_dim, dtype=torch.float32)
     lse = torch.full((batch, num_heads), -math.inf, dtype=torch.float32)
     for b, length in enumerate(context_lens.tolist()):
-        check(0 <= length <= block_tables.shape[1] * page_size,
-              lambda b=b, n=length: f"context_lens[{b}] = {n} outside "
-                                    f"[0, {block_tables.shape[1] * page_size}]")
+        if not 0 <= length <= block_tables.shape[1] * page_size:
+            raise ValueError(f"context_lens[{b}] = {length} outside "
+                             f"[0, {block_tables.shape[1] * page_size}]")
         if length == 0:
             continue
         ids = block_tables[b, : -(-length // page_size)].long()
-        check(bool(((ids >= 0) & (ids < num_pages)).all()),
-              lambda b=b, ids=ids: f"block_tables[{b}] has ids outside [0, {num_pages}): "
-                                   f"{ids.tolist()}")
+        if not bool(((ids >= 0) & (ids < num_pages)).all()):
+            raise ValueError(f"block_tables[{b}] has ids outside [0, {num_pages}): {ids.tolist()}")
         k = _gather(k_pages, ids, length)  # [Hkv, length, D] fp32
         v = _gather(v_pages, ids, length)
         group = num_heads // num_kv_heads

@@ -160,48 +160,34 @@ struct Item {
 
 // Per-thread scratch, sized for one item.
 struct Scratch {
+  int stride;  // of scores: page_size rounded up to whole vectors
   std::vector<float> q, acc, scores, m, l;
   explicit Scratch(const Problem& pb)
-      : q(pb.group() * pb.head_dim),
+      : stride((pb.page_size + kWidth - 1) / kWidth * kWidth),
+        q(pb.group() * pb.head_dim),
         acc(pb.group() * pb.head_dim),
-        scores(pb.group() * ((pb.page_size + kWidth - 1) / kWidth) * kWidth),
+        scores(pb.group() * stride),
         m(pb.group()),
         l(pb.group()) {}
 };
 
+// Tiles are 4 KiB and scattered, so the hardware prefetchers stop at each one; software
+// prefetch fetches the tiles kPrefetchPages ahead. Non-temporal: the KV is read once a step.
+constexpr int kPrefetchPages = 2;
+
 inline void prefetch_tile(const char* p, int64_t bytes) {
 #if defined(__AVX512F__) || defined(__AVX2__)
-  for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+  for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_NTA);
 #else
   (void)p;
   (void)bytes;
 #endif
 }
 
-// scores[g][t] = q_g . k_t (base-2 units) for the n valid rows of one K tile.
-template <typename T>
-inline void tile_scores(const Problem& pb, const T* k, int n, Scratch& s) {
-  const int G = pb.group(), D = pb.head_dim, stride = static_cast<int>(s.scores.size()) / G;
-  for (int t = 0; t < n; ++t) {
-    const T* row = k + static_cast<int64_t>(t) * D;
-    for (int g = 0; g < G; ++g) {
-      const float* qg = s.q.data() + g * D;
-      vec a0 = vzero(), a1 = vzero();
-      int j = 0;
-      for (; j + 2 * kWidth <= D; j += 2 * kWidth) {
-        a0 = vfma(vload(qg + j), vload(row + j), a0);
-        a1 = vfma(vload(qg + j + kWidth), vload(row + j + kWidth), a1);
-      }
-      for (; j < D; j += kWidth) a0 = vfma(vload(qg + j), vload(row + j), a0);
-      s.scores[g * stride + t] = vsum(vadd(a0, a1));
-    }
-  }
-}
-
 // Online-softmax step for head g: fold the tile's n scores into (m, l), rescale acc, and turn
 // the scores into weights 2^(s - m).
 inline void tile_softmax(const Problem& pb, int g, int n, Scratch& s) {
-  const int D = pb.head_dim, stride = static_cast<int>(s.scores.size()) / pb.group();
+  const int D = pb.head_dim, stride = s.stride;
   float* sc = s.scores.data() + g * stride;
   float tile_max = kNegInf;
   for (int t = 0; t < n; ++t) tile_max = std::max(tile_max, sc[t]);
@@ -219,18 +205,78 @@ inline void tile_softmax(const Problem& pb, int g, int n, Scratch& s) {
   }
 }
 
-// acc[g] += sum_t w[g][t] * v_t over the n valid rows of one V tile.
-template <typename T>
-inline void tile_values(const Problem& pb, const T* v, int n, Scratch& s) {
-  const int G = pb.group(), D = pb.head_dim, stride = static_cast<int>(s.scores.size()) / G;
+// Query heads are processed in blocks of up to kHeadBlock: a K or V row chunk is widened once
+// and used for the whole block from registers, the block's accumulators stay in registers
+// (2 x 4 x 4 vectors at most), and the rows stay in L1 for the next block of a larger group.
+constexpr int kHeadBlock = 4;
+constexpr int kValueChunks = 4;  // vectors of head_dim per register block of the V pass
+
+// scores[g][t] = q_g . k_t (base-2 units) for heads [g0, g0 + GB) and the n valid rows of a
+// K tile.
+template <int GB, typename T>
+inline void block_scores(const Problem& pb, const T* k, int n, int g0, Scratch& s) {
+  const int D = pb.head_dim, stride = s.stride;
+  const float* q = s.q.data() + g0 * D;
   for (int t = 0; t < n; ++t) {
-    const T* row = v + static_cast<int64_t>(t) * D;
-    for (int j = 0; j < D; j += kWidth) {
-      const vec x = vload(row + j);
-      for (int g = 0; g < G; ++g) {
-        float* acc = s.acc.data() + g * D + j;
-        vstore(acc, vfma(vset(s.scores[g * stride + t]), x, vload(acc)));
+    const T* row = k + static_cast<int64_t>(t) * D;
+    vec a[GB][2];
+    for (int g = 0; g < GB; ++g) a[g][0] = a[g][1] = vzero();
+    int j = 0;
+    for (; j + 2 * kWidth <= D; j += 2 * kWidth) {
+      const vec x0 = vload(row + j), x1 = vload(row + j + kWidth);
+      for (int g = 0; g < GB; ++g) {
+        a[g][0] = vfma(vload(q + g * D + j), x0, a[g][0]);
+        a[g][1] = vfma(vload(q + g * D + j + kWidth), x1, a[g][1]);
       }
+    }
+    for (; j < D; j += kWidth) {
+      const vec x = vload(row + j);
+      for (int g = 0; g < GB; ++g) a[g][0] = vfma(vload(q + g * D + j), x, a[g][0]);
+    }
+    for (int g = 0; g < GB; ++g) s.scores[(g0 + g) * stride + t] = vsum(vadd(a[g][0], a[g][1]));
+  }
+}
+
+// acc[g] += sum_t w[g][t] * v_t for heads [g0, g0 + GB), head_dim columns [j0, j0 + NJ * kWidth)
+// and the n valid rows of a V tile: the accumulators stay in registers across the rows.
+template <int GB, int NJ, typename T>
+inline void block_values(const Problem& pb, const T* v, int n, int g0, int j0, Scratch& s) {
+  const int D = pb.head_dim, stride = s.stride;
+  vec a[GB][NJ];
+  for (int g = 0; g < GB; ++g)
+    for (int c = 0; c < NJ; ++c) a[g][c] = vload(s.acc.data() + (g0 + g) * D + j0 + c * kWidth);
+  for (int t = 0; t < n; ++t) {
+    const T* row = v + static_cast<int64_t>(t) * D + j0;
+    vec x[NJ];
+    for (int c = 0; c < NJ; ++c) x[c] = vload(row + c * kWidth);
+    for (int g = 0; g < GB; ++g) {
+      const vec w = vset(s.scores[(g0 + g) * stride + t]);
+      for (int c = 0; c < NJ; ++c) a[g][c] = vfma(w, x[c], a[g][c]);
+    }
+  }
+  for (int g = 0; g < GB; ++g)
+    for (int c = 0; c < NJ; ++c) vstore(s.acc.data() + (g0 + g) * D + j0 + c * kWidth, a[g][c]);
+}
+
+template <int GB, typename T>
+inline void block_tile(const Problem& pb, const T* k, const T* v, int n, int g0, Scratch& s) {
+  block_scores<GB>(pb, k, n, g0, s);
+  for (int g = g0; g < g0 + GB; ++g) tile_softmax(pb, g, n, s);
+  const int D = pb.head_dim, full = D / (kValueChunks * kWidth) * kValueChunks * kWidth;
+  for (int j = 0; j < full; j += kValueChunks * kWidth) block_values<GB, kValueChunks>(pb, v, n, g0, j, s);
+  for (int j = full; j < D; j += kWidth) block_values<GB, 1>(pb, v, n, g0, j, s);
+}
+
+// One K tile and its V tile for all heads of the group.
+template <typename T>
+inline void attend_tile(const Problem& pb, const T* k, const T* v, int n, Scratch& s) {
+  const int G = pb.group();
+  for (int g0 = 0; g0 < G; g0 += kHeadBlock) {
+    switch (std::min(kHeadBlock, G - g0)) {
+      case 1: block_tile<1>(pb, k, v, n, g0, s); break;
+      case 2: block_tile<2>(pb, k, v, n, g0, s); break;
+      case 3: block_tile<3>(pb, k, v, n, g0, s); break;
+      default: block_tile<4>(pb, k, v, n, g0, s); break;
     }
   }
 }
@@ -256,15 +302,13 @@ void attend(const Problem& pb, const Item& it, Scratch& s) {
     const int64_t page = table[p];
     const T* kt = k + page * pb.k_stride_page + it.h * pb.k_stride_head;
     const T* vt = v + page * pb.v_stride_page + it.h * pb.v_stride_head;
-    if (p + 1 < it.page_hi) {  // the next tiles stream in while this one is computed
-      const int64_t next = table[p + 1];
+    if (p + kPrefetchPages < it.page_hi) {  // later tiles stream in while this one is computed
+      const int64_t next = table[p + kPrefetchPages];
       prefetch_tile(reinterpret_cast<const char*>(k + next * pb.k_stride_page + it.h * pb.k_stride_head), tile_bytes);
       prefetch_tile(reinterpret_cast<const char*>(v + next * pb.v_stride_page + it.h * pb.v_stride_head), tile_bytes);
     }
     const int n = std::min(P, len - p * P);
-    tile_scores(pb, kt, n, s);
-    for (int g = 0; g < G; ++g) tile_softmax(pb, g, n, s);
-    tile_values(pb, vt, n, s);
+    attend_tile(pb, kt, vt, n, s);
   }
 }
 
