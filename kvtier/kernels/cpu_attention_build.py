@@ -7,19 +7,24 @@ never loads a stale library. The module name carries the key too, so two builds 
 in one process. The source includes only pybind11 (tensors cross as data pointers, checked by
 the Python wrapper), which keeps the build to seconds.
 
-Where the build cannot run (no C++ compiler, no ninja, a failing compile), one warning says
-why and callers get None: they fall back to the pure-torch reference.
+cpp_extension needs ninja; where there is none, the one source is compiled by one direct
+compiler call into the same cache instead (an info line says so). Where the build cannot run
+(no C++ compiler, a failing compile), one warning says why and callers get None: they fall
+back to the pure-torch reference.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import logging
 import os
 import platform
 import shutil
+import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 from types import ModuleType
 
@@ -53,29 +58,51 @@ def _build_root() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "torch_extensions"
 
 
-def missing_tool() -> str | None:
-    """Why the build cannot start, or None: the compiler torch would call, and ninja."""
-    from torch.utils import cpp_extension
-
+def missing_compiler() -> str | None:
+    """Why the build cannot start (the compiler torch would call is missing), or None."""
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         return f"no C++ compiler ({compiler!r} not found)"
-    if not cpp_extension.is_ninja_available():
-        return "ninja not found (pip install ninja)"
     return None
+
+
+def _compile_directly(name: str, build_dir: Path, cflags: tuple[str, ...]) -> ModuleType:
+    """The module built by one compiler call (no ninja), or loaded if built before."""
+    from torch.utils import cpp_extension
+
+    library = build_dir / f"{name}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
+    if not library.exists():
+        partial = library.with_suffix(f".{os.getpid()}.tmp")
+        includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
+        cmd = [os.environ.get("CXX", "c++"), *cflags, "-shared", "-fPIC",
+               f"-DTORCH_EXTENSION_NAME={name}", *(f"-I{p}" for p in includes),
+               str(SOURCE), "-o", str(partial), *LDFLAGS]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr.strip() or f"{cmd[0]} exited {done.returncode}")
+        os.replace(partial, library)  # atomic: a concurrent build never loads half a file
+    spec = importlib.util.spec_from_file_location(name, library)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def build_extension(cflags: tuple[str, ...] = CFLAGS) -> ModuleType | None:
     """The compiled module (built now or loaded from the cache), or None after one warning."""
     from torch.utils import cpp_extension
 
-    reason = missing_tool()
+    reason = missing_compiler()
     if reason is None:
-        key = build_key(cflags)
+        ninja = cpp_extension.is_ninja_available()
+        key = build_key(cflags if ninja else (*cflags, "direct"))
         name = f"kvtier_cpu_attention_{key}"
         build_dir = _build_root() / name
         try:
             build_dir.mkdir(parents=True, exist_ok=True)
+            if not ninja:
+                log.info("CPU decode attention: ninja not found, compiling with one c++ call")
+                return _compile_directly(name, build_dir, cflags)
             return cpp_extension.load(
                 name=name, sources=[str(SOURCE)], extra_cflags=list(cflags),
                 extra_ldflags=list(LDFLAGS), build_directory=str(build_dir), verbose=False,

@@ -22,7 +22,7 @@ from kvtier.kernels.cpu_attention_build import (
     build_extension,
     build_key,
     cpu_attention_extension,
-    missing_tool,
+    missing_compiler,
 )
 from tests.kernels.kernel_testing import assert_close
 
@@ -31,7 +31,7 @@ from tests.kernels.kernel_testing import assert_close
 def compiled() -> ModuleType:
     """The kernel, built once per session (and cached on disk across sessions). Without a
     compiler the C++ tests skip; with one, a failing build fails them."""
-    reason = missing_tool()
+    reason = missing_compiler()
     if reason is not None:
         pytest.skip(reason)
     ext = cpu_attention_extension()
@@ -262,3 +262,16 @@ def test_worker_thread_leaves_the_main_thread_free(compiled):
     assert len(ticks) > 100
     ref, ref_lse = cpu_decode_attention(*kv.args(), num_threads=1)
     assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+
+
+def test_build_without_ninja_compiles_directly(compiled, monkeypatch):
+    """A machine without ninja still gets the kernel, from one direct compiler call."""
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(cpp_extension, "is_ninja_available", lambda: False)
+    ext = build_extension()
+    assert ext is not None and ext.isa == compiled.isa and ext.__name__ != compiled.__name__
+    monkeypatch.setattr(cpu_attention, "cpu_attention_extension", lambda: ext)
+    kv = make_host_kv(LENS, 8, 2, 64, torch.bfloat16)
+    out, _ = cpu_decode_attention(*kv.args(), out_dtype=torch.float32, pages_per_split=2)
+    assert_close(out, cpu_decode_attention_reference(*kv.args())[0], torch.float32)
