@@ -184,7 +184,8 @@ def main() -> None:
     write_result(args.out, {
         "host": {"cpu_model": cpu_model(), "logical_cpus": os.cpu_count(),
                  "flags": cpu_flags_of_interest()},
-        "threads": args.threads, "kernel_isa": ext.isa, "build_or_load_s": round(build_s, 2),
+        "threads": args.threads, "kernel_isa": ext.isa,
+        "openmp_env": {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "GOMP_"))}, "build_or_load_s": round(build_s, 2),
         "host_read_gbps": round(read_gbps, 2),
         "geometry": {"num_heads": NUM_HEADS, "num_kv_heads": NUM_KV_HEADS, "head_dim": HEAD_DIM,
                      "page_size": PAGE_SIZE, "dtype": "bfloat16"},
