@@ -33,6 +33,7 @@ import torch
 log = logging.getLogger("kvtier")
 
 SOURCE = Path(__file__).parent / "csrc" / "cpu_attention.cpp"
+HEADERS = (Path(__file__).parent / "csrc" / "cpu_simd.h",)  # included by SOURCE
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17")
 LDFLAGS = ("-fopenmp",)
 
@@ -48,8 +49,8 @@ def _cpu_flags() -> str:
 
 
 def build_key(cflags: tuple[str, ...] = CFLAGS) -> str:
-    parts = (SOURCE.read_bytes(), " ".join(cflags).encode(), torch.__version__.encode(),
-             sys.version.encode(), _cpu_flags().encode())
+    parts = (SOURCE.read_bytes(), *(h.read_bytes() for h in HEADERS), " ".join(cflags).encode(),
+             torch.__version__.encode(), sys.version.encode(), _cpu_flags().encode())
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
 
