@@ -35,7 +35,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.common import write_result  # noqa: E402
 from kvtier.kernels.cpu_attention import cpu_decode_attention  # noqa: E402
-from kvtier.kernels.cpu_attention_build import cpu_attention_extension  # noqa: E402
+from kvtier.kernels.cpu_attention_build import CFLAGS, cpu_attention_extension  # noqa: E402
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, PAGE_SIZE = 32, 8, 128, 16
 DEFAULT_SHAPES = "1x8192,8x4096,32x2048,64x1024"
@@ -105,7 +105,8 @@ def contiguous_kv(layer: dict[str, torch.Tensor], ctx: int) -> tuple[torch.Tenso
     return gather(layer["k"]), gather(layer["v"])
 
 
-def bench_shape(batch: int, ctx: int, threads: int, iters: int, sdpa: bool) -> dict[str, Any]:
+def bench_shape(batch: int, ctx: int, threads: int, iters: int, sdpa: bool,
+                pages_per_split: int | None) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(batch * 100003 + ctx)
     kv_bytes = 2 * batch * ctx * NUM_KV_HEADS * HEAD_DIM * 2
     copies = max(1, min(32, -(-ROTATE_BYTES // kv_bytes)))
@@ -119,7 +120,7 @@ def bench_shape(batch: int, ctx: int, threads: int, iters: int, sdpa: bool) -> d
     def kernel() -> None:
         layer = layers[next(it) % copies]
         cpu_decode_attention(q, layer["k"], layer["v"], layer["tables"], lens, out=out,
-                             num_threads=threads)
+                             num_threads=threads, pages_per_split=pages_per_split)
 
     row: dict[str, Any] = {"batch": batch, "context": ctx, "kv_bytes": kv_bytes,
                            "copies_cycled": copies}
@@ -168,6 +169,8 @@ def main() -> None:
     ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="BATCHxCONTEXT,...")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--pages-per-split", type=int, default=None,
+                    help="the kernel's split size (default: its own choice)")
     ap.add_argument("--no-sdpa", action="store_true", help="skip the torch SDPA baseline")
     ap.add_argument("--clock", choices=("wall", "thread"), default="wall",
                     help="thread: CPU time of the calling thread (needs --threads 1)")
@@ -189,7 +192,8 @@ def main() -> None:
     rows = []
     for shape in args.shapes.split(","):
         batch, ctx = (int(x) for x in shape.lower().split("x"))
-        row = bench_shape(batch, ctx, args.threads, args.iters, not args.no_sdpa)
+        row = bench_shape(batch, ctx, args.threads, args.iters, not args.no_sdpa,
+                          args.pages_per_split)
         row["kernel_pct_of_host_read"] = round(100 * row["kernel_gbps"] / read_gbps, 1)
         print({k: row[k] for k in row if k.endswith(("gbps", "pct_of_host_read", "context", "batch"))})
         rows.append(row)
@@ -197,6 +201,7 @@ def main() -> None:
         "host": {"cpu_model": cpu_model(), "logical_cpus": os.cpu_count(),
                  "flags": cpu_flags_of_interest()},
         "threads": args.threads, "clock": args.clock, "kernel_isa": ext.isa,
+        "kernel_cflags": list(CFLAGS), "pages_per_split": args.pages_per_split,
         "openmp_env": {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "GOMP_"))}, "build_or_load_s": round(build_s, 2),
         "host_read_gbps": round(read_gbps, 2),
         "geometry": {"num_heads": NUM_HEADS, "num_kv_heads": NUM_KV_HEADS, "head_dim": HEAD_DIM,

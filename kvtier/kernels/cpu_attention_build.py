@@ -34,7 +34,9 @@ log = logging.getLogger("kvtier")
 
 SOURCE = Path(__file__).parent / "csrc" / "cpu_attention.cpp"
 HEADERS = (Path(__file__).parent / "csrc" / "cpu_simd.h",)  # included by SOURCE
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17")
+# KVTIER_CPU_ATTENTION_CFLAGS appends flags (e.g. a tuning -D) for experiments; the key follows.
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17",
+          *os.environ.get("KVTIER_CPU_ATTENTION_CFLAGS", "").split())
 LDFLAGS = ("-fopenmp",)
 
 

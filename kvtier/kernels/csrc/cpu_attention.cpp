@@ -76,7 +76,11 @@ struct Scratch {
 
 // Tiles are 4 KiB and scattered, so the hardware prefetchers stop at each one; software
 // prefetch fetches the tiles kPrefetchPages ahead. Non-temporal: the KV is read once a step.
-constexpr int kPrefetchPages = 2;
+// (-DKVTIER_PREFETCH_PAGES=n through KVTIER_CPU_ATTENTION_CFLAGS tries another distance.)
+#ifndef KVTIER_PREFETCH_PAGES
+#define KVTIER_PREFETCH_PAGES 2
+#endif
+constexpr int kPrefetchPages = KVTIER_PREFETCH_PAGES;
 
 inline void prefetch_tile(const char* p, int64_t bytes) {
 #if defined(__AVX512F__) || defined(__AVX2__)
