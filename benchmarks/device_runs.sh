@@ -179,6 +179,11 @@ part() {
     pytest_gpu "gpu_tests_host_page_io_$KVTIER_GIT_COMMIT" 200 tests/kernels/test_kernel_host_page_io.py
     timeout 300 python3 -m benchmarks.kernels.bench_host_page_io \
       --out "$(out kernels host_page_io_h200.json)" 2>&1 | tail -6 ;;
+  cpu-attention)  # NEO's CPU decode attention on the host's cores: 16 threads, then 15 (one left to the engine)
+    for t in 16 15; do
+      TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 100 python3 -m benchmarks.kernels.bench_cpu_attention \
+        --threads $t --out "$(out kernels "cpu_attention_h200_t$t.json")" 2>&1 | tail -6
+    done ;;
   before-after)  # the 256 x 2048 engine step and offline throughput of the tree in $BEFORE (default .carry/before, an older commit's kvtier + benchmarks, flat layout) and of this one, alternating in one call
     before_after "${BEFORE:-.carry/before}" ;;
   long-prefill-itl)  # long L-Eval documents at 1 request/s: ITL and TTFT by --long-prefill-token-threshold
