@@ -12,6 +12,7 @@ could only wait for every copy before it starts.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from itertools import compress
 from operator import attrgetter
 
@@ -20,7 +21,16 @@ import torch
 
 from kvtier.attention.metadata import AttentionMetadata
 from kvtier.config import EngineConfig
-from kvtier.core.plan import BlockCopy, ScheduledRequest, StepPlan, StepResult
+from kvtier.core.items import by_kind
+from kvtier.core.plan import (
+    BlockCopy,
+    HiddenBlocks,
+    HiddenRestore,
+    RecomputePrefix,
+    ScheduledRequest,
+    StepPlan,
+    StepResult,
+)
 from kvtier.kv.manager import cdiv
 from kvtier.model.llama import DecoderLayer, ForwardContext
 from kvtier.model.loader import build_model
@@ -189,23 +199,24 @@ class ModelRunner:
             self.block_tables.remove(rid)
             if self.hidden is not None:
                 self.hidden.forget(rid)
-        if plan.items:  # the memory system's own work, one hook per kind
-            run_items(self, plan.items)
+        items = by_kind(plan.items) if plan.items else {}
+        if items:  # the memory systems' own work, one hook per kind
+            run_items(self, items)
         if not plan.scheduled:
             self.copy_blocks(plan.swap_out, plan.swap_in)
             return PendingStep(ready=StepResult(sampled={}))
-        batch = self.prepare_batch(plan.scheduled)
-        # After the batch: it lends eLLM's offloaded prefixes scratch blocks to copy into.
+        batch = self.prepare_batch(plan.scheduled, items.get(RecomputePrefix, ()))
+        # After the batch: it lends offloaded prefixes scratch blocks to copy into.
         now, later = window_prefix_copies(self, batch.prefix_copies)
         self.copy_blocks(plan.swap_out, [*plan.swap_in, *now], later)
         self._placeholders = self.async_tokens.placeholder_sources(plan.scheduled,
                                                                    batch.input_ids)
         if self.hidden is not None:
-            self.hidden.apply(plan.scheduled)
+            self.hidden.apply(items.get(HiddenBlocks, ()))
             assert self.gpu_kv is not None
             self.copies.wait_all()  # restores write the KV pool outside the layers
-            self.hidden.restore(plan.restores, self.block_tables, self.gpu_kv, self.ops,
-                                self.cos_sin, self.layers_per_block)
+            self.hidden.restore(items.get(HiddenRestore, ()), self.block_tables, self.gpu_kv,
+                                self.ops, self.cos_sin, self.layers_per_block)
         logits = self.forward_logits(batch)
         if self.hidden is not None:
             self.hidden.store(plan.scheduled, batch)
@@ -227,12 +238,14 @@ class ModelRunner:
         return PendingStep(ready=StepResult(sampled=dict(zip(ids, out.token_ids)),
                                             logprobs=logprobs))
 
-    def prepare_batch(self, scheduled: list[ScheduledRequest]) -> HostBatch:
+    def prepare_batch(self, scheduled: list[ScheduledRequest],
+                      prefixes: Sequence[RecomputePrefix] = ()) -> HostBatch:
         """A step's host batch, with the device block tables brought up to date: what a
-        forward needs before `device_inputs` (also the seam the cost-model profiler uses)."""
+        forward needs before `device_inputs` (also the seam the cost-model profiler uses).
+        `prefixes`: the plan's dropped prefixes to recompute."""
         self.staging.next_step()
         batch = build_host_batch(scheduled, self.block_tables, self.block_size,
-                                 self.recompute_scratch, copy_window(self))
+                                 self.recompute_scratch, copy_window(self), list(prefixes))
         self.block_tables.sync_device(self.staging.put)
         return batch
 
@@ -268,7 +281,7 @@ class ModelRunner:
             hidden = self.piecewise.forward(input_ids, positions, meta, kv_wait, sink, truncate,
                                             kv_after, keep)
         if truncate is not None and hidden is None:
-            raise RuntimeError("an offloaded eLLM prefix needs the piecewise forward")
+            raise RuntimeError("an offloaded dropped prefix needs the piecewise forward")
         if copies.deferred:
             raise RuntimeError("prefix copies held back for layers the forward never ran")
         if hidden is None:
