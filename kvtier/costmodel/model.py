@@ -133,7 +133,7 @@ class CostModel:
         return StepCost(sum(parts.values()), loop, graph, parts, piecewise)
 
     def hidden_state_seconds(self, shape: StepShape) -> float:
-        """HCache's two costs, in the runner's order on one stream: restoring KV (hidden
+        """The hidden-state store's two costs, in the runner's order on one stream: restoring KV (hidden
         rows over PCIe, then per layer the K/V projection GEMM and its KV write) and sending
         every computed token's hidden states to the host (one copy per layer)."""
         m, hw, d = self.mc, self.hw, 2
@@ -162,7 +162,7 @@ class CostModel:
                                     self.config.prefix_copy_window)
 
     def prefix_copy_seconds(self, shape: StepShape) -> float:
-        """eLLM's offloaded prefixes: host -> device seconds of their block copies."""
+        """Offloaded dropped prefixes: host -> device seconds of their block copies."""
         n = shape.num_prefix_copy_blocks
         if not n:
             return 0.0
@@ -361,7 +361,7 @@ class CostModel:
 
     def copy_seconds(self, shape: StepShape) -> float:
         """Swap-outs then swap-ins, one call each way (the runner's `copy_blocks`), and the
-        copies of eLLM's offloaded prefixes."""
+        copies of offloaded dropped prefixes."""
         return sum(self.copy_parts(shape)) + self.prefix_copy_seconds(shape)
 
     def copy_parts(self, shape: StepShape) -> tuple[float, float]:

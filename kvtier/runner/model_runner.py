@@ -87,7 +87,7 @@ class ModelRunner:
         # system that drops prefixes (its prepare_executor hook), 0 otherwise.
         self.prefix_host_groups = 0
         self.prefix_copy_window = 0
-        self.hidden: HiddenStates | None = None  # HCache's hidden-state store
+        self.hidden: HiddenStates | None = None  # Placement.HIDDEN's store of hidden states
         self.piecewise: PiecewiseGraphs | None = None  # steps with prefill rows
         self.copies = SwapCopies(make_streams(device, config.overlap_swap), self.num_groups,
                                  self.layers_per_block)
@@ -122,12 +122,12 @@ class ModelRunner:
 
     @property
     def use_cuda_graphs(self) -> bool:
-        """Full-model decode graphs. HCache keeps every layer's attention input, which a
+        """Full-model decode graphs. A hidden-state store keeps every layer's attention input, which a
         piecewise step hands over between its pieces but a whole-model graph cannot."""
         return self.graphs_allowed and self.hidden is None
 
     def allocate_hidden(self, num_blocks: int) -> None:
-        """HCache: the host pool of per-layer hidden states (before allocate_kv)."""
+        """The host pool of per-layer hidden states (Placement.HIDDEN) (before allocate_kv)."""
         sched = self.config.scheduler
         self.hidden = HiddenStates(
             self.model, num_blocks, self.block_size, sched.max_num_seqs,
@@ -142,7 +142,7 @@ class ModelRunner:
     def allocate_kv(self, num_gpu_blocks: int, num_host_blocks: int,
                     num_recompute_blocks: int = 0) -> None:
         """Device pool, then blocks the KV manager never hands out: `num_recompute_blocks`
-        of scratch for dropped-prefix recomputation (eLLM) and one for padded graph rows.
+        of scratch for dropped-prefix recomputation and one for padded graph rows.
         Zeroed on the device: padded rows may read a block nobody wrote."""
         shape = self.block_shape()
         extra = 1 if self.graphs_allowed else 0
@@ -273,7 +273,7 @@ class ModelRunner:
         n = len(batch.logits_idx)
         idx = self.staging.put(self._padded_logits_idx(batch.logits_idx))
         # Past the last attention only the rows with logits go on (none in a step of prompt
-        # chunks that all continue); eLLM's truncated forwards keep every row.
+        # chunks that all continue); forwards truncated for offloaded prefixes keep every row.
         keep = idx if truncate is None else None
         if self.piecewise is not None:
             if keep is not None and self.piecewise.padded(keep.shape[0]) is None:
