@@ -266,10 +266,12 @@ class Scheduler:
                 new_hidden = hidden_store.extend(req.request_id, end)
                 items.append(HiddenBlocks(req.request_id, tuple(hidden_store.ids.get(
                     req.request_id, ())) if reset else new_hidden, reset))
+            # Positional, in field order (request_id, token_ids, start_pos, new_block_ids,
+            # reset_blocks, sample, sampling_params, num_output_tokens): keywords cost more,
+            # once per running request a step (benchmarks/bench_host_overhead_cpu.py).
             (decodes if n == 1 else others).append(ScheduledRequest(
-                request_id=req.request_id, token_ids=token_ids, start_pos=start,
-                new_block_ids=blocks, reset_blocks=reset, sample=sample,
-                sampling_params=req.sampling_params, num_output_tokens=len(out) + pending))
+                req.request_id, token_ids, start, blocks, reset, sample, req.sampling_params,
+                len(out) + pending))
         self.counters.num_prefix_recompute_tokens += prefix_recompute
         if others:
             decodes += others
