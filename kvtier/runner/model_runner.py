@@ -39,9 +39,9 @@ from kvtier.runner.async_tokens import DeviceTokens, PendingStep
 from kvtier.runner.block_tables import BlockTables
 from kvtier.runner.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from kvtier.runner.device import make_attention_backend, make_ops
-from kvtier.runner.hidden_states import HiddenStates
 from kvtier.runner.host_batch import HostBatch, build_host_batch
 from kvtier.runner.kernel_warmup import warm_up_attention
+from kvtier.runner.layer_inputs import LayerInputStore
 from kvtier.runner.piecewise_graphs import PiecewiseGraphs
 from kvtier.runner.plan_items import run_items
 from kvtier.runner.prefix_rows import copy_window, prefix_truncation, window_prefix_copies
@@ -87,7 +87,7 @@ class ModelRunner:
         # system that drops prefixes (its prepare_executor hook), 0 otherwise.
         self.prefix_host_groups = 0
         self.prefix_copy_window = 0
-        self.hidden: HiddenStates | None = None  # Placement.HIDDEN's store of hidden states
+        self.hidden: LayerInputStore | None = None  # Placement.HIDDEN's (attach_layer_inputs)
         self.piecewise: PiecewiseGraphs | None = None  # steps with prefill rows
         self.copies = SwapCopies(make_streams(device, config.overlap_swap), self.num_groups,
                                  self.layers_per_block)
@@ -122,17 +122,14 @@ class ModelRunner:
 
     @property
     def use_cuda_graphs(self) -> bool:
-        """Full-model decode graphs. A hidden-state store keeps every layer's attention input, which a
-        piecewise step hands over between its pieces but a whole-model graph cannot."""
+        """Full-model decode graphs. A layer-input store keeps every layer's attention input,
+        which a piecewise step hands over between its pieces but a whole-model graph cannot."""
         return self.graphs_allowed and self.hidden is None
 
-    def allocate_hidden(self, num_blocks: int) -> None:
-        """The host pool of per-layer hidden states (Placement.HIDDEN) (before allocate_kv)."""
-        sched = self.config.scheduler
-        self.hidden = HiddenStates(
-            self.model, num_blocks, self.block_size, sched.max_num_seqs,
-            self.block_tables.table.shape[2], sched.max_num_batched_tokens, self.dtype,
-            self.device)
+    def attach_layer_inputs(self, store: LayerInputStore) -> None:
+        """A store of every layer's attention input, set by the memory system that keeps
+        hidden states (before allocate_kv: the graphs it captures depend on it)."""
+        self.hidden = store
 
     # ---- memory ------------------------------------------------------------------------
     def block_shape(self) -> tuple[int, ...]:

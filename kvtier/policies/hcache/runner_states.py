@@ -1,4 +1,4 @@
-"""Placement.HIDDEN in the runner: store every computed token's per-layer hidden states in the host
+"""HCache in the runner: store every computed token's per-layer hidden states in the host
 hidden pool, and rebuild a resumed request's KV from them.
 
 Capture: each layer's attention input is copied, as the forward runs, into a staging
