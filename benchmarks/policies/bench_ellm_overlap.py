@@ -28,7 +28,6 @@ With --calibration the cost model's price of each step is put beside it.
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 from typing import Any
 
 from benchmarks.policies.bench_swap_overlap import (
@@ -94,6 +93,7 @@ def with_host_groups(runner, h: int) -> None:
 def step_rows(engine, n: int, s: int, ctx: int, h: int, decodes: int, seed: int):
     """(rows installing every table, the decode step: n rows with a dropped s-token prefix
     whose top h groups' KV sits in host blocks 0.., then the plain decodes)."""
+    from kvtier.core.plan import RecomputePrefix
     from kvtier.profiler.plans import PlanBuilder
 
     runner = engine.executor
@@ -102,15 +102,12 @@ def step_rows(engine, n: int, s: int, ctx: int, h: int, decodes: int, seed: int)
                     runner.model_config.vocab_size, seed=seed)
     install, steady = b.decode_rows([ctx] * (n + decodes))
     host = iter(range(n * G * k))
-    rows = []
-    for i, sr in enumerate(steady):
-        if i < n:
-            blocks = tuple(tuple(next(host) for _ in range(k)) if g >= G - h else ()
-                           for g in range(G))
-            sr = replace(sr, prefix_token_ids=b._tokens(s),
-                         prefix_host_blocks=blocks if h else ())
-        rows.append(sr)
-    return install, rows
+    prefixes = []
+    for sr in steady[:n]:
+        blocks = tuple(tuple(next(host) for _ in range(k)) if g >= G - h else ()
+                       for g in range(G))
+        prefixes.append(RecomputePrefix(sr.request_id, b._tokens(s), blocks if h else ()))
+    return install, steady, prefixes
 
 
 def bench_case(engine, timer: Timer, n: int, s: int, ctx: int, h: int,
@@ -123,9 +120,10 @@ def bench_case(engine, timer: Timer, n: int, s: int, ctx: int, h: int,
     runner = engine.executor
     G, F = runner.num_groups, runner.layers_per_block
     with_host_groups(runner, h)
-    install, rows = step_rows(engine, n, s, ctx, h, args.decodes, seed=n * 7919 + s + h)
+    install, rows, prefixes = step_rows(engine, n, s, ctx, h, args.decodes,
+                                        seed=n * 7919 + s + h)
     runner.execute(StepPlan(scheduled=install))
-    step = StepPlan(scheduled=rows)
+    step = StepPlan(scheduled=rows, items=prefixes)
     out: dict[str, Any] = {"prefix_requests": n, "prefix_tokens": s, "ctx": ctx,
                            "decodes": args.decodes, "host_groups": h, "num_groups": G}
 
@@ -134,7 +132,7 @@ def bench_case(engine, timer: Timer, n: int, s: int, ctx: int, h: int,
 
     copy_blocks = runner.copy_blocks
     try:
-        copies = runner.prepare_batch(rows).prefix_copies  # host block -> scratch block
+        copies = runner.prepare_batch(rows, prefixes).prefix_copies  # host -> scratch block
         out["copy_blocks"] = len(copies)
         out["copy_gib"] = round(len(copies) * engine.block_bytes / 2**30, 4)
         streams(True)

@@ -9,7 +9,7 @@ KV layout (device and host pools share it):
 Layer `l` lives in layer group `g = l // F`, slot `i = l % F`. Every request has one block
 table per layer group, so `block_tables[g, b, j]` is the physical block that holds tokens
 `[j*block_size, (j+1)*block_size)` of request `b` for layers `g*F .. g*F+F-1`. With F equal
-to the number of layers this is vLLM's layout (one table); eLLM's default is F = 4.
+to the number of layers this is vLLM's layout (one table); kvtier's default is F = 4.
 
 A layer's view is `kv_cache[:, i]`: [num_blocks, 2, block_size, num_kv_heads, head_dim],
 strided (K of one block-layer is block_size*H*D contiguous elements).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from operator import attrgetter
+from typing import ClassVar, TypeVar
 
 from kvtier.core.items import PlanItem
 from kvtier.sampling_params import SamplingParams
@@ -17,6 +18,8 @@ from kvtier.sampling_params import SamplingParams
 # A decode's input token that the step before it sampled but has not handed back yet (async
 # scheduling): the runner puts the sampled token in its place on the device.
 PLACEHOLDER_TOKEN = -1
+
+_Item = TypeVar("_Item", bound=PlanItem)
 
 
 @dataclass(slots=True)  # not frozen: built for every running request every step, keep it cheap
@@ -29,14 +32,6 @@ class ScheduledRequest:
     sample: bool  # this step reaches num_tokens: sample the next token
     sampling_params: SamplingParams
     num_output_tokens: int  # before this step (min_tokens, seeded sampling offsets)
-    # eLLM partial caching: the KV of positions [0, len(prefix_token_ids)) was dropped; the
-    # runner recomputes it this step (through every layer, not stored) for this attention.
-    prefix_token_ids: list[int] = field(default_factory=list)
-    # HCache: hidden-state blocks added this step (all of them when reset_blocks)
-    new_hidden_ids: tuple[int, ...] = ()
-    # eLLM with an offloaded prefix: per layer group, the host blocks holding the dropped
-    # prefix's KV (empty for the groups that recompute it); () when every group recomputes.
-    prefix_host_blocks: tuple[tuple[int, ...], ...] = ()
 
     @property
     def num_new_tokens(self) -> int:
@@ -59,13 +54,55 @@ class BlockCopy:
     group: int = 0
 
 
-@dataclass(frozen=True)
-class HiddenRestore:
+# ---- items of the shared placement mechanisms (the runner carries them out itself) --------
+@dataclass(frozen=True, slots=True)
+class RecomputePrefix(PlanItem):
+    """Placement.DROPPED: the KV of the request's positions [0, len(token_ids)) was dropped;
+    the runner recomputes it this step (through every layer, not stored) for this step's
+    attention. `host_blocks`, per layer group, the host blocks that hold the prefix's KV of
+    the groups that copy it in instead (empty for the groups that recompute it); () when
+    every group recomputes."""
+
+    kind: ClassVar[str] = "recompute_prefix"
+    request_id: str
+    token_ids: list[int]
+    host_blocks: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def count(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class HiddenBlocks(PlanItem):
+    """Placement.HIDDEN's store: hidden-state blocks the request got this step (all of them
+    when `reset`): the runner keeps every computed token's hidden states in them."""
+
+    kind: ClassVar[str] = "hidden_blocks"
+    request_id: str
+    block_ids: tuple[int, ...]
+    reset: bool
+
+
+@dataclass(frozen=True, slots=True)
+class HiddenRestore(PlanItem):
     """Rebuild the KV of a request's first `num_tokens` tokens from its hidden states (one
     K/V projection per layer) into its device blocks, before this step's forward."""
 
+    kind: ClassVar[str] = "hidden_restore"
     request_id: str
     num_tokens: int
+
+    @property
+    def count(self) -> int:
+        return self.num_tokens
+
+
+def items_of(plan: StepPlan, cls: type[_Item]) -> list[_Item]:
+    """The plan's items of one class, in plan order (none: an empty list, no scan)."""
+    if not plan.items:
+        return []
+    return [i for i in plan.items if type(i) is cls]
 
 
 _token_ids = attrgetter("token_ids")
@@ -76,7 +113,6 @@ class StepPlan:
     scheduled: list[ScheduledRequest]  # requests with one query token first (decodes)
     swap_out: list[BlockCopy] = field(default_factory=list)  # device -> host
     swap_in: list[BlockCopy] = field(default_factory=list)  # host -> device
-    restores: list[HiddenRestore] = field(default_factory=list)  # after copies, before forward
     finished_ids: list[str] = field(default_factory=list)  # since the previous plan
     preempted_ids: list[str] = field(default_factory=list)  # runner forgets their tables
     # Memory systems' own work this step (kvtier/core/items.py): empty unless one made some.

@@ -36,7 +36,7 @@ else a graph replay after all copies (serial, as without overlap).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from kvtier.config import ModelConfig
 from kvtier.core.graph_sizes import graph_batch_sizes, piecewise_sizes
@@ -61,51 +61,14 @@ from kvtier.costmodel.overlap import (
     queue_seconds,
     swap_overlap_seconds,
 )
+from kvtier.costmodel.settings import CostModelConfig, engine_cost_config
 from kvtier.costmodel.shape import StepShape
+
+__all__ = ["CostModel", "CostModelConfig", "StepCost", "engine_cost_config"]
 
 _LAYER_GEMMS = ("qkv", "o", "gate_up", "down")
 DECODE_LAUNCHES = 3  # kv_write, split-K attention, merge of the splits
 PREFILL_LAUNCHES = 2  # kv_write, varlen attention
-
-
-@dataclass(frozen=True)
-class CostModelConfig:
-    cuda_graphs: bool = True  # CUDA graphs allowed (the runner's default on a GPU)
-    # Decode-only steps replay a full-model graph; off under HCache, whose steps all replay
-    # pieces (a piece hands each layer's attention input to the host between graphs).
-    decode_graphs: bool = True
-    max_num_seqs: int = 256  # graphs are captured for padded batches up to this
-    max_graph_batch_size: int = 512  # EngineConfig's: and no larger
-    block_bytes: int = 0  # one KV block (CacheConfig.block_bytes), for swap copies
-    num_gpus: int = 1  # tensor parallel degree
-    # Steps with prefill rows replay piecewise graphs (EngineConfig.piecewise_graphs; only
-    # with cuda_graphs, as the runner captures them) at padded token counts up to this:
-    piecewise_graphs: bool = False
-    max_num_batched_tokens: int = 8192  # SchedulerConfig's: the largest piecewise size
-    # Swap copies overlap the forward per layer group (EngineConfig.overlap_swap; the runner's
-    # default is on, off here so hand-built models keep the serial pricing they were fit with):
-    overlap_swap: bool = False
-    layers_per_block: int = 0  # CacheConfig.layers_in_block: the copies' layer groups (0: one)
-    # Offloaded dropped prefixes: copied groups in flight at once (0: all)
-    prefix_copy_window: int = 0
-
-
-def engine_cost_config(config, block_bytes: int, num_gpus: int = 1) -> CostModelConfig:
-    """The cost-model settings that mirror how the runner executes this EngineConfig:
-    graphs unless eager; pieces when enabled; swap copies overlapped per group; and what
-    the memory system says of its steps (`MemorySystem.cost_model_options`)."""
-    from kvtier.policies import get_system
-
-    mc, sched = config.model_config, config.scheduler
-    return replace(CostModelConfig(
-        cuda_graphs=not config.enforce_eager,
-        max_num_seqs=sched.max_num_seqs, block_bytes=block_bytes, num_gpus=num_gpus,
-        max_graph_batch_size=config.max_graph_batch_size,
-        piecewise_graphs=config.piecewise_graphs,
-        max_num_batched_tokens=sched.max_num_batched_tokens,
-        overlap_swap=config.overlap_swap,
-        layers_per_block=config.cache.layers_in_block(mc.num_layers)),
-        **get_system(config.kv_policy).cost_model_options(config))
 
 
 @dataclass(frozen=True)
@@ -169,7 +132,7 @@ class CostModel:
         return StepCost(sum(parts.values()), loop, graph, parts, piecewise)
 
     def hidden_state_seconds(self, shape: StepShape) -> float:
-        """HCache's two costs, in the runner's order on one stream: restoring KV (hidden
+        """The hidden-state store's two costs, in the runner's order on one stream: restoring KV (hidden
         rows over PCIe, then per layer the K/V projection GEMM and its KV write) and sending
         every computed token's hidden states to the host (one copy per layer)."""
         m, hw, d = self.mc, self.hw, 2
@@ -198,7 +161,7 @@ class CostModel:
                                     self.config.prefix_copy_window)
 
     def prefix_copy_seconds(self, shape: StepShape) -> float:
-        """eLLM's offloaded prefixes: host -> device seconds of their block copies."""
+        """Offloaded dropped prefixes: host -> device seconds of their block copies."""
         n = shape.num_prefix_copy_blocks
         if not n:
             return 0.0
@@ -397,7 +360,7 @@ class CostModel:
 
     def copy_seconds(self, shape: StepShape) -> float:
         """Swap-outs then swap-ins, one call each way (the runner's `copy_blocks`), and the
-        copies of eLLM's offloaded prefixes."""
+        copies of offloaded dropped prefixes."""
         return sum(self.copy_parts(shape)) + self.prefix_copy_seconds(shape)
 
     def copy_parts(self, shape: StepShape) -> tuple[float, float]:

@@ -141,7 +141,7 @@ def swap_overlap_seconds(forward_s: float, copy_out_s: float, copy_in_s: float,
     """(seconds from the forward's first launch until it ends, the bubble: how long it
     waited for copies), with `group_layers[g]` layers in layer group g. `copy_in_s` is
     spread evenly over the groups; `top_copy_in = (seconds, h)` more go to the top h groups
-    alone (eLLM's offloaded prefixes), of which the j-th may start only once the (j -
+    alone (offloaded dropped prefixes), of which the j-th may start only once the (j -
     window)-th group's layers are done (`window` 0: all at once; the runner issues such a
     copy when that group's attention is issued, so this errs on the late side)."""
     num_layers, groups = sum(group_layers), len(group_layers)

@@ -10,7 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvtier.core.items import item_counts
-from kvtier.core.plan import StepPlan
+from kvtier.core.plan import HiddenBlocks, HiddenRestore, RecomputePrefix, StepPlan, items_of
+
+# Items the shape counts in fields of its own; the others are priced by their kind's hook.
+_SHAPED = (RecomputePrefix, HiddenBlocks, HiddenRestore)
 
 
 @dataclass(frozen=True)
@@ -22,9 +25,9 @@ class StepShape:
     num_sampled: int = 0
     num_swap_out: int = 0  # blocks device -> host
     num_swap_in: int = 0  # blocks host -> device
-    num_restored_tokens: int = 0  # HCache: KV re-projected from hidden states before the step
-    num_captured_tokens: int = 0  # HCache: tokens whose hidden states go to the host
-    # eLLM's offloaded prefixes: the prefix rows (the last `num_prefix_rows` prefills) stop
+    num_restored_tokens: int = 0  # KV re-projected from hidden states before the step
+    num_captured_tokens: int = 0  # tokens whose hidden states go to the host
+    # Offloaded dropped prefixes: the prefix rows (the last `num_prefix_rows` prefills) stop
     # below the top `prefix_host_groups` layer groups, whose prefix KV comes in as
     # `num_prefix_copy_blocks` host -> device block copies overlapping the forward.
     num_prefix_rows: int = 0
@@ -37,8 +40,7 @@ class StepShape:
     @classmethod
     def from_plan(cls, plan: StepPlan, captures_hidden: bool = False) -> StepShape:
         n_dec = ctx_sum = ctx_max = n_sampled = 0
-        prefills, prefix_rows = [], []
-        host_groups = copy_blocks = 0
+        prefills = []
         for sr in plan.scheduled:
             n = len(sr.token_ids)
             if n == 1:
@@ -48,19 +50,26 @@ class StepShape:
                 ctx_max = max(ctx_max, seq)
             else:
                 prefills.append((n, sr.start_pos))
-            if sr.prefix_token_ids:  # eLLM: the runner recomputes it as one more prefill row
-                prefix_rows.append((len(sr.prefix_token_ids), 0))
-                if sr.prefix_host_blocks:
-                    host = [b for b in sr.prefix_host_blocks if b]
-                    host_groups = len(host)
-                    copy_blocks += sum(map(len, host))
             n_sampled += sr.sample
-        restored = sum(r.num_tokens for r in plan.restores)
+        # Dropped prefixes: the runner recomputes each as one more prefill row.
+        prefixes = items_of(plan, RecomputePrefix)
+        if len(prefixes) > 1:  # in the order of their requests' rows, as the runner's batch
+            index = {sr.request_id: i for i, sr in enumerate(plan.scheduled)}
+            prefixes.sort(key=lambda p: index[p.request_id])
+        prefix_rows = [(len(p.token_ids), 0) for p in prefixes]
+        host_groups = copy_blocks = 0
+        for p in prefixes:
+            if p.host_blocks:
+                host = [b for b in p.host_blocks if b]
+                host_groups = len(host)
+                copy_blocks += sum(map(len, host))
+        restored = sum(r.num_tokens for r in items_of(plan, HiddenRestore))
         captured = sum(len(sr.token_ids) for sr in plan.scheduled) if captures_hidden else 0
+        others = [i for i in plan.items if type(i) not in _SHAPED] if plan.items else ()
         return cls(n_dec, ctx_sum, ctx_max, tuple(prefills + prefix_rows), n_sampled,
                    len(plan.swap_out), len(plan.swap_in), restored, captured,
                    len(prefix_rows) if host_groups else 0, host_groups, copy_blocks,
-                   item_counts(plan.items) if plan.items else ())
+                   item_counts(others) if others else ())
 
     def without_prefix_rows(self) -> StepShape:
         """The batch above an offloaded prefix's last recomputed layer."""
@@ -107,5 +116,5 @@ class StepShape:
 
     @classmethod
     def from_json(cls, row: list) -> StepShape:
-        d, cs, cm, pre, s, so, si, *hidden = row  # logs from before HCache have 7 fields
+        d, cs, cm, pre, s, so, si, *hidden = row  # logs from before hidden states have 7 fields
         return cls(d, cs, cm, tuple((int(a), int(b)) for a, b in pre), s, so, si, *hidden)

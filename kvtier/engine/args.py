@@ -70,8 +70,8 @@ class EngineArgsFields:
                                         "prefill, 0 in the offline LLM)"})
     max_num_partial_prefills: int = field(
         default=1, metadata={"help": "prefills that may stop part-way in one step"})
-    # The memory systems' own flags (`--ellm-*`, ...: each system's SystemArgs), by keyword;
-    # EngineArgs(ellm_planner=True) and args.ellm_planner read and write them here.
+    # The memory systems' own flags (each system's SystemArgs), by keyword;
+    # EngineArgs(<prefix>_<flag>=...) and args.<prefix>_<flag> read and write them here.
     policy_args: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
 
     def system_args(self, name: str) -> SystemArgs:
@@ -159,7 +159,7 @@ class EngineArgsFields:
 
 class EngineArgs(EngineArgsFields):
     """Every engine option: the fields above plus each registered memory system's flags,
-    given by keyword (`EngineArgs(model=..., ellm_planner=True)`) and read as attributes."""
+    given by keyword (`EngineArgs(model=..., <prefix>_<flag>=...)`) and read as attributes."""
 
     def __init__(self, *args: Any, **kw: Any):
         given = dict(kw.pop("policy_args", None) or {})

@@ -154,6 +154,6 @@ def freeze_startup_objects() -> None:
     """Move everything alive after start-up (torch, the model, the engine) out of the
     garbage collector's sight, as vLLM does: a gen-2 collection otherwise walks it all, a
     pause inside a step whose launches the GPU waits on, an idle GPU for that long
-    (benchmarks/bench_gc_pauses.py, gc_pauses_cpu.json)."""
+    (benchmarks/gpu_path/bench_gc_pauses.py, results/gpu_path/gc_pauses_cpu.json)."""
     gc.collect()
     gc.freeze()

@@ -61,7 +61,7 @@ def size_pools(
     config: EngineConfig, device: torch.device, dtype: torch.dtype, activation_peak: int,
     reserved_blocks: int = 0,
 ) -> PoolSizes:
-    """`reserved_blocks`: device blocks taken from the same memory for other uses (eLLM's
+    """`reserved_blocks`: device blocks taken from the same memory for other uses (a memory system's, e.g. the
     recompute scratch); an explicit block count is the KV pool alone."""
     cache, mc = config.cache, config.model_config
     block_bytes = cache.block_bytes(mc, dtype_bytes(dtype))

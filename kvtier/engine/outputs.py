@@ -61,6 +61,6 @@ class EngineStats:
     block_bytes: int
     step_time_s: float  # wall time of the last step
     num_scheduled_requests: int = 0  # in the last step
-    num_prefix_recompute_tokens_total: int = 0  # eLLM: dropped-prefix tokens recomputed
-    num_dropped_tokens: int = 0  # eLLM: tokens of running requests whose KV is dropped now
-    num_restored_tokens_total: int = 0  # HCache: tokens whose KV was re-projected
+    num_prefix_recompute_tokens_total: int = 0  # dropped-prefix tokens recomputed
+    num_dropped_tokens: int = 0  # tokens of running requests whose KV is dropped now
+    num_restored_tokens_total: int = 0  # tokens whose KV was re-projected from hidden states

@@ -3,7 +3,7 @@
 An attention kernel walks a request's context as a list of source segments, each a range of
 absolute token positions whose K/V live somewhere different:
 
-    positions  [0, prefix_len)        dense segment  (eLLM: KV recomputed this step)
+    positions  [0, prefix_len)        dense segment  (a dropped prefix: KV recomputed this step)
                [prefix_len, seq_len)  paged segment  (the block table into the KV pool)
                ... later: a host segment read through a UVA pointer (DirectKV)
 
@@ -97,7 +97,7 @@ def load_dense_kv_tile(
     stride_head,
     UPCAST: tl.constexpr,
 ):
-    """K and V ([BLOCK_N, D_PAD]) of a dense segment (e.g. eLLM's recomputed prefix)."""
+    """K and V ([BLOCK_N, D_PAD]) of a dense segment (e.g. a recomputed dropped prefix)."""
     offs = rows.to(tl.int64)[:, None] * stride_tok + kv_head * stride_head + d[None, :]
     mask = valid[:, None] & d_ok[None, :]
     k = tl.load(k_ptr + offs, mask=mask, other=0.0)

@@ -17,8 +17,8 @@ import enum
 class Placement(enum.Enum):
     GPU = "gpu"
     HOST = "host"
-    HIDDEN = "hidden"  # hidden states kept, KV re-projected (HCache)
-    DROPPED = "dropped"  # recomputed from token ids (eLLM)
+    HIDDEN = "hidden"  # hidden states kept, KV re-projected
+    DROPPED = "dropped"  # recomputed from token ids
 
 
 class MapTable:
@@ -26,8 +26,8 @@ class MapTable:
         self.block_ids: list[list[int]] = [[] for _ in range(num_groups)]
         self.placements: list[list[Placement]] = [[] for _ in range(num_groups)]
         # Token blocks [0, k) are missing from the device in every group: DROPPED, except in
-        # the last `num_host_groups` groups, whose prefix KV waits in the host pool (eLLM's
-        # layer-level overlap: copied in each step while the lower groups recompute).
+        # the last `num_host_groups` groups, whose prefix KV waits in the host pool
+        # (layer-level overlap: copied in each step while the lower groups recompute).
         self.num_dropped_blocks = 0
         self.num_host_groups = 0
 

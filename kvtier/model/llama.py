@@ -62,7 +62,7 @@ class Attention(nn.Module):
         self, x: torch.Tensor, positions: torch.Tensor, ops: TorchOps, cos_sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """K (normed, rotated) and V of tokens whose attention input `x` ([n, hidden], after
-        the layer's RMSNorm) is known: HCache's restore, the K/V projection alone."""
+        the layer's RMSNorm) is known: a restore from hidden states: the K/V projection alone."""
         cfg = self.cfg
         rows = slice(cfg.q_size, None)
         bias = self.qkv_bias[rows] if self.qkv_bias is not None else None
@@ -128,7 +128,7 @@ class DecoderLayer(nn.Module):
             residual, x = x, ops.rms_norm(x, self.input_norm, self.eps)
         else:
             x, residual = ops.fused_add_rms_norm(x, residual, self.input_norm, self.eps)
-        if ctx.hidden_sink is not None:  # HCache keeps every layer's attention input
+        if ctx.hidden_sink is not None:  # a hidden-state store keeps every layer's input
             ctx.hidden_sink(self.attn.layer_idx, x)
         q, k, v = self.attn.project_qkv(x, positions, ops, ctx.cos_sin_cache,
                                         rotate=not ctx.attention.fuses_rotary)

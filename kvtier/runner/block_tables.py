@@ -79,7 +79,7 @@ class BlockTables:
 
     def point_prefix(self, row: int, blocks: range, group: int | None = None) -> None:
         """Point a row's first len(blocks) columns (a dropped prefix) at `blocks`, in every
-        layer group or in `group` only (eLLM's recompute scratch; those columns are read
+        layer group or in `group` only (dropped prefixes' recompute scratch; those columns are read
         nowhere else)."""
         k = len(blocks)
         where = slice(None) if group is None else group

@@ -11,7 +11,7 @@ from operator import attrgetter, itemgetter
 
 import numpy as np
 
-from kvtier.core.plan import BlockCopy, ScheduledRequest
+from kvtier.core.plan import BlockCopy, RecomputePrefix, ScheduledRequest
 from kvtier.runner.block_tables import BlockTables
 
 
@@ -27,7 +27,7 @@ class HostBatch:
     logits_idx: np.ndarray  # [num sampling requests] token index of each one's last token
     num_decodes: int
     max_blocks: int  # block-table columns the batch needs
-    # eLLM: rows recomputing dropped prefixes (last in the batch), and the copies that bring
+    # Rows recomputing dropped prefixes (last in the batch), and the copies that bring
     # the offloaded part of those prefixes (top layer groups) from the host into scratch.
     num_prefix_rows: int = 0
     prefix_copies: list[BlockCopy] = field(default_factory=list)
@@ -52,25 +52,26 @@ class HostBatch:
 
 # C-level field getters: the per-request lists below are built without Python frames.
 _token_ids, _start_pos = attrgetter("token_ids"), attrgetter("start_pos")
-_sample, _prefix_token_ids = attrgetter("sample"), attrgetter("prefix_token_ids")
+_sample = attrgetter("sample")
 _first = itemgetter(0)
 
 
 def build_host_batch(
     scheduled: list[ScheduledRequest], tables: BlockTables, block_size: int,
-    scratch: range = range(0), copy_window: int = 0,
+    scratch: range = range(0), copy_window: int = 0, prefixes: list[RecomputePrefix] = (),
 ) -> HostBatch:
-    """`scratch`: device blocks lent to dropped-prefix recomputation this step (eLLM).
-    `copy_window`: scratch sets the copied-in groups of offloaded prefixes share (the j-th
-    copied group uses set j % copy_window; 0: one set per group)."""
+    """`prefixes`: the step's dropped prefixes to recompute (the plan's RecomputePrefix
+    items); `scratch`: device blocks lent to their recomputation this step. `copy_window`:
+    scratch sets the copied-in groups of offloaded prefixes share (the j-th copied group
+    uses set j % copy_window; 0: one set per group)."""
     rows = tables.apply_all(scheduled)
     token_ids = list(map(_token_ids, scheduled))
     starts = list(map(_start_pos, scheduled))
     sample = list(map(_sample, scheduled))
     copies: list[BlockCopy] = []
     num_main = len(rows)
-    if any(map(_prefix_token_ids, scheduled)):
-        copies = _add_prefix_rows(scheduled, rows, token_ids, starts, sample, tables,
+    if prefixes:
+        copies = _add_prefix_rows(scheduled, prefixes, rows, token_ids, starts, sample, tables,
                                   block_size, scratch, copy_window)
     batch = _batch(np.asarray(rows, dtype=np.int64), token_ids,
                    np.asarray(starts, dtype=np.int64), np.asarray(sample, dtype=bool), tables,
@@ -79,9 +80,10 @@ def build_host_batch(
     return batch
 
 
-def _add_prefix_rows(scheduled, rows, token_ids, starts, sample, tables: BlockTables,
+def _add_prefix_rows(scheduled, prefixes, rows, token_ids, starts, sample, tables: BlockTables,
                      block_size: int, scratch: range, copy_window: int = 0) -> list[BlockCopy]:
-    """eLLM: a request whose KV prefix [0, s) was dropped gets it recomputed this step.
+    """A request whose KV prefix [0, s) was dropped gets it recomputed this step (its
+    prefix rows follow the batch in the order of the requests' rows).
 
     Its prefix tokens join the batch as one more prefill-like entry (positions 0..s-1, no
     sampling) over the same block-table row, whose first s/B columns now point at scratch
@@ -90,7 +92,7 @@ def _add_prefix_rows(scheduled, rows, token_ids, starts, sample, tables: BlockTa
     the ordinary paged kernels, and layer l+F overwrites layer l's slot only after layer l
     is done, so s tokens of one layer group is all the memory the recompute needs.
 
-    Layer groups whose prefix KV waits in the host pool (`prefix_host_blocks`) get scratch
+    Layer groups whose prefix KV waits in the host pool (`host_blocks`) get scratch
     blocks of their own instead, which the returned copies fill while the lower groups
     compute; the prefix rows stop before those groups (the runner truncates the batch).
     With a copy window W, copied groups share W sets of scratch: the j-th one reuses the set
@@ -106,13 +108,15 @@ def _add_prefix_rows(scheduled, rows, token_ids, starts, sample, tables: BlockTa
         nxt += k
         return range(nxt - k, nxt)
 
-    for i, sr in enumerate(scheduled):
-        k = len(sr.prefix_token_ids) // block_size
+    index = {sr.request_id: i for i, sr in enumerate(scheduled)}
+    for p in sorted(prefixes, key=lambda p: index[p.request_id]):
+        i = index[p.request_id]
+        k = len(p.token_ids) // block_size
         if not k:
             continue
         tables.point_prefix(rows[i], lend(k))
         sets: list[range] = []
-        copied = [g for g, host_blocks in enumerate(sr.prefix_host_blocks) if host_blocks]
+        copied = [g for g, host_blocks in enumerate(p.host_blocks) if host_blocks]
         for j, g in enumerate(copied):
             if copy_window and j >= copy_window:
                 dst = sets[j % copy_window]
@@ -121,9 +125,9 @@ def _add_prefix_rows(scheduled, rows, token_ids, starts, sample, tables: BlockTa
                 sets.append(dst)
             tables.point_prefix(rows[i], dst, group=g)
             copies += [BlockCopy(src=h, dst=d, group=g)
-                       for h, d in zip(sr.prefix_host_blocks[g], dst)]
+                       for h, d in zip(p.host_blocks[g], dst)]
         rows.append(rows[i])
-        token_ids.append(sr.prefix_token_ids)
+        token_ids.append(p.token_ids)
         starts.append(0)
         sample.append(False)
     return copies

@@ -12,6 +12,7 @@ could only wait for every copy before it starts.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from itertools import compress
 from operator import attrgetter
 
@@ -21,7 +22,16 @@ import torch
 from kvtier.attention.metadata import AttentionMetadata
 from kvtier.config import EngineConfig
 from kvtier.core.graph_sizes import graph_batch_sizes
-from kvtier.core.plan import BlockCopy, ScheduledRequest, StepPlan, StepResult
+from kvtier.core.items import by_kind
+from kvtier.core.plan import (
+    BlockCopy,
+    HiddenBlocks,
+    HiddenRestore,
+    RecomputePrefix,
+    ScheduledRequest,
+    StepPlan,
+    StepResult,
+)
 from kvtier.kv.manager import cdiv
 from kvtier.model.llama import DecoderLayer, ForwardContext
 from kvtier.model.loader import build_model
@@ -30,9 +40,9 @@ from kvtier.runner.async_tokens import DeviceTokens, PendingStep
 from kvtier.runner.block_tables import BlockTables
 from kvtier.runner.cuda_graphs import DecodeGraphs
 from kvtier.runner.device import make_attention_backend, make_ops
-from kvtier.runner.hidden_states import HiddenStates
 from kvtier.runner.host_batch import HostBatch, build_host_batch
 from kvtier.runner.kernel_warmup import warm_up_attention
+from kvtier.runner.layer_inputs import LayerInputStore
 from kvtier.runner.piecewise_graphs import PiecewiseGraphs
 from kvtier.runner.plan_items import run_items
 from kvtier.runner.prefix_rows import copy_window, prefix_truncation, window_prefix_copies
@@ -78,7 +88,7 @@ class ModelRunner:
         # system that drops prefixes (its prepare_executor hook), 0 otherwise.
         self.prefix_host_groups = 0
         self.prefix_copy_window = 0
-        self.hidden: HiddenStates | None = None  # HCache's hidden-state store
+        self.hidden: LayerInputStore | None = None  # Placement.HIDDEN's (attach_layer_inputs)
         self.piecewise: PiecewiseGraphs | None = None  # steps with prefill rows
         self.copies = SwapCopies(make_streams(device, config.overlap_swap), self.num_groups,
                                  self.layers_per_block)
@@ -113,17 +123,14 @@ class ModelRunner:
 
     @property
     def use_cuda_graphs(self) -> bool:
-        """Full-model decode graphs. HCache keeps every layer's attention input, which a
-        piecewise step hands over between its pieces but a whole-model graph cannot."""
+        """Full-model decode graphs. A layer-input store keeps every layer's attention input,
+        which a piecewise step hands over between its pieces but a whole-model graph cannot."""
         return self.graphs_allowed and self.hidden is None
 
-    def allocate_hidden(self, num_blocks: int) -> None:
-        """HCache: the host pool of per-layer hidden states (before allocate_kv)."""
-        sched = self.config.scheduler
-        self.hidden = HiddenStates(
-            self.model, num_blocks, self.block_size, sched.max_num_seqs,
-            self.block_tables.table.shape[2], sched.max_num_batched_tokens, self.dtype,
-            self.device)
+    def attach_layer_inputs(self, store: LayerInputStore) -> None:
+        """A store of every layer's attention input, set by the memory system that keeps
+        hidden states (before allocate_kv: the graphs it captures depend on it)."""
+        self.hidden = store
 
     # ---- memory ------------------------------------------------------------------------
     def block_shape(self) -> tuple[int, ...]:
@@ -133,7 +140,7 @@ class ModelRunner:
     def allocate_kv(self, num_gpu_blocks: int, num_host_blocks: int,
                     num_recompute_blocks: int = 0) -> None:
         """Device pool, then blocks the KV manager never hands out: `num_recompute_blocks`
-        of scratch for dropped-prefix recomputation (eLLM) and one for padded graph rows.
+        of scratch for dropped-prefix recomputation and one for padded graph rows.
         Zeroed on the device: padded rows may read a block nobody wrote."""
         shape = self.block_shape()
         extra = 1 if self.graphs_allowed else 0
@@ -190,23 +197,24 @@ class ModelRunner:
             self.block_tables.remove(rid)
             if self.hidden is not None:
                 self.hidden.forget(rid)
-        if plan.items:  # the memory system's own work, one hook per kind
-            run_items(self, plan.items)
+        items = by_kind(plan.items) if plan.items else {}
+        if items:  # the memory systems' own work, one hook per kind
+            run_items(self, items)
         if not plan.scheduled:
             self.copy_blocks(plan.swap_out, plan.swap_in)
             return PendingStep(ready=StepResult(sampled={}))
-        batch = self.prepare_batch(plan.scheduled)
-        # After the batch: it lends eLLM's offloaded prefixes scratch blocks to copy into.
+        batch = self.prepare_batch(plan.scheduled, items.get(RecomputePrefix, ()))
+        # After the batch: it lends offloaded prefixes scratch blocks to copy into.
         now, later = window_prefix_copies(self, batch.prefix_copies)
         self.copy_blocks(plan.swap_out, [*plan.swap_in, *now], later)
         self._placeholders = self.async_tokens.placeholder_sources(plan.scheduled,
                                                                    batch.input_ids)
         if self.hidden is not None:
-            self.hidden.apply(plan.scheduled)
+            self.hidden.apply(items.get(HiddenBlocks, ()))
             assert self.gpu_kv is not None
             self.copies.wait_all()  # restores write the KV pool outside the layers
-            self.hidden.restore(plan.restores, self.block_tables, self.gpu_kv, self.ops,
-                                self.cos_sin, self.layers_per_block)
+            self.hidden.restore(items.get(HiddenRestore, ()), self.block_tables, self.gpu_kv,
+                                self.ops, self.cos_sin, self.layers_per_block)
         logits = self.forward_logits(batch)
         if self.hidden is not None:
             self.hidden.store(plan.scheduled, batch)
@@ -228,12 +236,14 @@ class ModelRunner:
         return PendingStep(ready=StepResult(sampled=dict(zip(ids, out.token_ids)),
                                             logprobs=logprobs))
 
-    def prepare_batch(self, scheduled: list[ScheduledRequest]) -> HostBatch:
+    def prepare_batch(self, scheduled: list[ScheduledRequest],
+                      prefixes: Sequence[RecomputePrefix] = ()) -> HostBatch:
         """A step's host batch, with the device block tables brought up to date: what a
-        forward needs before `device_inputs` (also the seam the cost-model profiler uses)."""
+        forward needs before `device_inputs` (also the seam the cost-model profiler uses).
+        `prefixes`: the plan's dropped prefixes to recompute."""
         self.staging.next_step()
         batch = build_host_batch(scheduled, self.block_tables, self.block_size,
-                                 self.recompute_scratch, copy_window(self))
+                                 self.recompute_scratch, copy_window(self), list(prefixes))
         self.block_tables.sync_device(self.staging.put)
         return batch
 
@@ -261,7 +271,7 @@ class ModelRunner:
         n = len(batch.logits_idx)
         idx = self.staging.put(self._padded_logits_idx(batch.logits_idx))
         # Past the last attention only the rows with logits go on (none in a step of prompt
-        # chunks that all continue); eLLM's truncated forwards keep every row.
+        # chunks that all continue); forwards truncated for offloaded prefixes keep every row.
         keep = idx if truncate is None else None
         if self.piecewise is not None:
             if keep is not None and self.piecewise.padded(keep.shape[0]) is None:
@@ -269,7 +279,7 @@ class ModelRunner:
             hidden = self.piecewise.forward(input_ids, positions, meta, kv_wait, sink, truncate,
                                             kv_after, keep)
         if truncate is not None and hidden is None:
-            raise RuntimeError("an offloaded eLLM prefix needs the piecewise forward")
+            raise RuntimeError("an offloaded dropped prefix needs the piecewise forward")
         if copies.deferred:
             raise RuntimeError("prefix copies held back for layers the forward never ran")
         if hidden is None:

@@ -1,4 +1,4 @@
-"""Piecewise CUDA graphs for steps that carry prefill rows (mixed, prefill, eLLM recompute).
+"""Piecewise CUDA graphs for steps that carry prefill rows (mixed, prefill, dropped-prefix recompute).
 
 Such a step's attention has varlen metadata, so the whole forward cannot be one graph; but
 everything else in a layer can. Everything between two attentions — layer l-1 after
@@ -48,7 +48,7 @@ class PiecewiseGraphs:
         self.k = torch.zeros(m, cfg.num_kv_heads, cfg.head_dim, dtype=dt, device=dev)
         self.v = torch.zeros(m, cfg.num_kv_heads, cfg.head_dim, dtype=dt, device=dev)
         self.attn_out = torch.zeros(m, cfg.num_heads, cfg.head_dim, dtype=dt, device=dev)
-        # HCache: each piece also leaves its layer's attention input (the normed hidden
+        # A hidden-state store: each piece also leaves its layer's attention input (the normed hidden
         # state) here, and the step hands it to the hidden-state sink before the next piece
         # overwrites it (stream order).
         self.attn_in = (torch.zeros(m, cfg.hidden_size, dtype=dt, device=dev)
@@ -132,8 +132,8 @@ class PiecewiseGraphs:
         `kv_wait(l)` runs before layer l's attention: between pieces is the one place a
         step can wait for the swap-ins of a layer group (layer-level overlap) while the
         earlier layers' pieces already run. `hidden_sink(l, x)` receives layer l's attention
-        input (HCache). `truncate=(L, meta')`: from layer L on, only meta'.num_tokens rows
-        go on, with meta' (eLLM's offloaded prefixes: their rows, last in the batch, are
+        input (hidden-state store). `truncate=(L, meta')`: from layer L on, only meta'.num_tokens rows
+        go on, with meta' (offloaded dropped prefixes: their rows, last in the batch, are
         recomputed through the first L layers only; rows are independent outside attention,
         so the later pieces simply run at the smaller padded size). `kv_after(l)` runs once
         layer l's attention is issued (copies waiting for that layer's scratch to be read)."""

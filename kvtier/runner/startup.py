@@ -67,7 +67,7 @@ def warm_up_steps(runner: ModelRunner) -> bool:
     (results/fidelity/fidelity_h200.md). The largest step's memory was reserved for
     activations when the pools were sized, so it stays cached.
     Every row reads and writes the same first blocks of the pool: garbage KV in free
-    blocks is harmless, a block is always written before it is read. HCache's
+    blocks is harmless, a block is always written before it is read. The
     hidden-state store keeps per-request rows of its own, so it is left out. Returns
     whether the steps ran."""
     if runner.hidden is not None or runner.gpu_kv is None:

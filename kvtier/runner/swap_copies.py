@@ -1,5 +1,5 @@
-"""A step's swap copies, overlapped with its forward pass layer group by layer group (eLLM's
-layer-level overlap, applied to preempt-swap).
+"""A step's swap copies, overlapped with its forward pass layer group by layer group
+(the layer-level overlap of offloaded prefixes, applied to preempt-swap).
 
 Why: a block holds F consecutive layers (one layer group), so a request swapped back in
 is G = L/F independent pieces of KV. Copied in one lump before the forward, the whole
@@ -128,7 +128,7 @@ def copy_blocks(dst_pool: torch.Tensor, src_pool: torch.Tensor, dst: Sequence[in
     """dst_pool[dst[i]] = src_pool[src[i]], non-blocking. A run of copies whose source and
     target blocks both advance by one goes as one slice copy: one cudaMemcpyAsync of k
     blocks instead of k calls, each of which costs the host ~10 µs (a request's blocks are
-    mostly allocated in runs; eLLM's prefix copies issue thousands a step)."""
+    mostly allocated in runs; offloaded prefixes' copies issue thousands a step)."""
     i, n = 0, len(dst)
     while i < n:
         d, s, k = dst[i], src[i], 1
@@ -157,7 +157,7 @@ class SwapCopies:
         self.waited = -1  # the latest event the compute stream already waits for
         self.unjoined = False  # copies issued that the compute stream may not wait for yet
         self.has_swap_in = False  # this step carries swap-ins
-        # Copies held back until a layer group's attention is done (eLLM's copy window: they
+        # Copies held back until a layer group's attention is done (the offloaded prefixes' copy window: they
         # land in scratch that group still reads): {group: [(target group, copies)]}.
         self.deferred: dict[int, list[tuple[int, list[BlockCopy]]]] = {}
         self._pools: tuple[torch.Tensor, torch.Tensor] | None = None

@@ -29,7 +29,9 @@ from kvtier.core.items import PlanItem
 from kvtier.core.plan import (
     PLACEHOLDER_TOKEN,
     BlockCopy,
+    HiddenBlocks,
     HiddenRestore,
+    RecomputePrefix,
     ScheduledRequest,
     StepPlan,
     StepResult,
@@ -49,8 +51,8 @@ class SchedulerCounters:
     num_recomputed_tokens: int = 0  # KV dropped by preemption, to be computed again
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
-    num_prefix_recompute_tokens: int = 0  # eLLM: dropped-prefix tokens recomputed, all steps
-    num_restored_tokens: int = 0  # HCache: tokens whose KV was re-projected from hidden states
+    num_prefix_recompute_tokens: int = 0  # dropped-prefix tokens recomputed, all steps
+    num_restored_tokens: int = 0  # tokens whose KV was rebuilt from hidden states
 
 
 class _StepBuilder:
@@ -62,7 +64,6 @@ class _StepBuilder:
         self.entries: list[tuple[Request, int, tuple[tuple[int, ...], ...], bool, int]] = []
         self.swap_out: list[BlockCopy] = []
         self.swap_in: list[BlockCopy] = []
-        self.restores: list[HiddenRestore] = []
         self.items: list[PlanItem] = []  # the memory system's own work (kvtier/core/items.py)
         self.preempted: list[Request] = []
 
@@ -141,7 +142,7 @@ class Scheduler:
             if pending and len(req.output_token_ids) + pending >= req.max_tokens:
                 i += 1  # its last token is in flight: it finishes when that comes back
                 continue
-            # Nothing is dropped anywhere unless the policy drops prefixes (eLLM).
+            # Nothing is dropped anywhere unless the policy drops prefixes.
             recompute = kv.num_dropped_tokens(req) if kv.num_dropped_token_blocks else 0
             remaining = n = (len(req.prompt_token_ids) + len(req.output_token_ids) + pending
                              - req.num_computed_tokens)
@@ -160,7 +161,7 @@ class Scheduler:
             else:
                 blocks = allocate_slots(req, n)
             while blocks is None:
-                # A policy may free memory without preempting (eLLM drops KV prefixes; the
+                # A policy may free memory without preempting (by dropping KV prefixes: the
                 # requests it picks pay by recomputing them, counted from their next step).
                 if self.policy.make_room(running, kv, kv.blocks_needed(req, n)):
                     blocks = allocate_slots(req, n)
@@ -196,7 +197,7 @@ class Scheduler:
                 step.items += work.items
             self.counters.num_swap_in_blocks += len(work.copies)
             if work.restore_tokens:
-                step.restores.append(HiddenRestore(req.request_id, work.restore_tokens))
+                step.items.append(HiddenRestore(req.request_id, work.restore_tokens))
                 self.counters.num_restored_tokens += work.restore_tokens
             req.status = RequestStatus.RUNNING
             self.running.append(req)
@@ -237,9 +238,9 @@ class Scheduler:
             self.waiting.prepend(req)
 
     def _make_plan(self, step: _StepBuilder) -> StepPlan:
-        kv, hidden_store = self.kv, self.kv.hidden
-        # Prefixes dropped after a request was scheduled (eLLM's make_room for a later
-        # one) are recomputed this step too: read them now, when anything is dropped at all.
+        kv, hidden_store, items = self.kv, self.kv.hidden, step.items
+        # Prefixes dropped after a request was scheduled (make_room for a later one) are
+        # recomputed this step too: read them now, when anything is dropped at all.
         num_dropped_tokens = kv.num_dropped_tokens if kv.num_dropped_token_blocks else None
         # Decodes first: attention kernels split the batch at num_decodes without a sync.
         # Two lists in schedule order == a stable sort on "not a decode".
@@ -269,33 +270,29 @@ class Scheduler:
             if sample and is_async:
                 req.num_pending_tokens = pending + 1
             dropped = num_dropped_tokens(req) if num_dropped_tokens is not None else 0
-            prefix: list[int] = []
-            prefix_host: tuple[tuple[int, ...], ...] = ()
-            if dropped:
+            if dropped:  # Placement.DROPPED: the runner recomputes the prefix this step
                 prefix_recompute += dropped
-                prefix = req.token_ids_slice(0, dropped)
-                if kv.prefix_host_groups:
-                    prefix_host = kv.prefix_host_blocks(req)
-            hidden: tuple[int, ...] = ()
-            if hidden_store is not None:  # HCache keeps every computed token's hidden states
+                items.append(RecomputePrefix(req.request_id, req.token_ids_slice(0, dropped),
+                                             kv.prefix_host_blocks(req)
+                                             if kv.prefix_host_groups else ()))
+            if hidden_store is not None:  # every computed token's hidden states are kept
                 new_hidden = hidden_store.extend(req.request_id, end)
-                hidden = tuple(hidden_store.ids.get(req.request_id, ())) if reset else new_hidden
+                items.append(HiddenBlocks(req.request_id, tuple(hidden_store.ids.get(
+                    req.request_id, ())) if reset else new_hidden, reset))
+            # Positional, in field order (request_id, token_ids, start_pos, new_block_ids,
+            # reset_blocks, sample, sampling_params, num_output_tokens): keywords cost more,
+            # once per running request a step (benchmarks/gpu_path/bench_host_overhead_cpu.py).
             (decodes if n == 1 else others).append(ScheduledRequest(
-                request_id=req.request_id, token_ids=token_ids, start_pos=start,
-                new_block_ids=blocks, reset_blocks=reset, sample=sample,
-                sampling_params=req.sampling_params, num_output_tokens=len(out) + pending,
-                prefix_token_ids=prefix, new_hidden_ids=hidden, prefix_host_blocks=prefix_host))
+                req.request_id, token_ids, start, blocks, reset, sample, req.sampling_params,
+                len(out) + pending))
         self.counters.num_prefix_recompute_tokens += prefix_recompute
         if others:
             decodes += others
-        if kv.pending_swap_out:  # eLLM prefixes offloaded this step: out before any swap-in
+        if kv.pending_swap_out:  # prefixes offloaded this step: out before any swap-in
             step.swap_out = kv.take_pending_swap_out() + step.swap_out
-        plan = StepPlan(
-            scheduled=decodes, swap_out=step.swap_out, swap_in=step.swap_in,
-            restores=step.restores,
-            finished_ids=self._finished_ids, preempted_ids=self._preempted_ids,
-            items=step.items,
-        )
+        plan = StepPlan(scheduled=decodes, swap_out=step.swap_out, swap_in=step.swap_in,
+                        finished_ids=self._finished_ids, preempted_ids=self._preempted_ids,
+                        items=items)
         self._finished_ids, self._preempted_ids = [], []
         return plan
 

@@ -38,7 +38,7 @@ class SimulatedExecutor(SyncExecutor):
         self.eos_token_id = eos_token_id
         self.output_lens = dict(output_lens) if output_lens is not None else None
         self.record = record
-        self.captures_hidden = captures_hidden  # HCache: the runner stores hidden states
+        self.captures_hidden = captures_hidden  # the runner stores hidden states (set by the memory system)
         self.steps: list[SimStep] = []
         self.busy_s = 0.0
 

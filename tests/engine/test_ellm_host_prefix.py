@@ -113,14 +113,14 @@ def test_simulator_prices_offloaded_prefix_between_recompute_and_nothing():
 
 
 def test_step_shape_records_offloaded_prefixes_and_round_trips():
-    from kvtier.core.plan import ScheduledRequest, StepPlan
+    from kvtier.core.plan import RecomputePrefix, ScheduledRequest, StepPlan
     from kvtier.costmodel.shape import StepShape
 
     p = SamplingParams(temperature=0.0, max_tokens=4)
     plan = StepPlan(scheduled=[
-        ScheduledRequest("a", [7], 40, ((), (), ()), False, True, p, 3, list(range(32)), (),
-                         ((), (11, 12), (13, 14))),
-        ScheduledRequest("b", [8], 20, ((), (), ()), False, True, p, 2)])
+        ScheduledRequest("a", [7], 40, ((), (), ()), False, True, p, 3),
+        ScheduledRequest("b", [8], 20, ((), (), ()), False, True, p, 2)],
+        items=[RecomputePrefix("a", list(range(32)), ((), (11, 12), (13, 14)))])
     shape = StepShape.from_plan(plan)
     assert (shape.num_prefix_rows, shape.prefix_host_groups, shape.num_prefix_copy_blocks) == (
         1, 2, 4)

@@ -8,7 +8,7 @@ says — so a dropped, stale or wrongly swapped block is caught.
 
 from __future__ import annotations
 
-from kvtier.core.plan import StepPlan, StepResult
+from kvtier.core.plan import HiddenRestore, RecomputePrefix, StepPlan, StepResult, items_of
 from kvtier.runner.block_tables import BlockTables
 
 
@@ -30,11 +30,12 @@ class FakeExecutor:
         for c in plan.swap_in:
             self.device[c.dst] = self.host.pop(c.src)
         rows = [self.tables.apply(sr) for sr in plan.scheduled]
-        for r in plan.restores:  # HCache: KV re-projected from hidden states
+        for r in items_of(plan, HiddenRestore):  # KV re-projected from hidden states
             self._write(r.request_id, self.tables.row_of[r.request_id], 0, r.num_tokens)
         sampled = {}
+        prefix_len = {p.request_id: len(p.token_ids) for p in items_of(plan, RecomputePrefix)}
         for sr, row in zip(plan.scheduled, rows):
-            dropped = len(sr.prefix_token_ids)  # eLLM: recomputed this step, not read
+            dropped = prefix_len.get(sr.request_id, 0)  # recomputed this step, not read
             self._check_and_write(sr.request_id, row, sr.start_pos, sr.seq_len, dropped)
             if sr.sample:
                 sampled[sr.request_id] = self.token_for(sr.request_id, sr.seq_len)

@@ -10,7 +10,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from kvtier.core.plan import StepPlan, StepResult
+from kvtier.core.plan import (
+    HiddenBlocks,
+    HiddenRestore,
+    RecomputePrefix,
+    StepPlan,
+    StepResult,
+    items_of,
+)
 from kvtier.engine.args import EngineArgs
 from kvtier.engine.llm_engine import LLMEngine
 from kvtier.sampling_params import SamplingParams
@@ -18,12 +25,14 @@ from kvtier.sim.engine import build_sim_engine
 
 
 def decision(plan: StepPlan) -> tuple:
+    prefix = {p.request_id: len(p.token_ids) for p in items_of(plan, RecomputePrefix)}
+    hidden = {h.request_id: h.block_ids for h in items_of(plan, HiddenBlocks)}
     return (tuple((s.request_id, len(s.token_ids), s.start_pos, s.sample, s.reset_blocks,
-                   s.new_block_ids, len(s.prefix_token_ids), s.new_hidden_ids)
+                   s.new_block_ids, prefix.get(s.request_id, 0), hidden.get(s.request_id, ()))
                   for s in plan.scheduled),
             tuple((c.src, c.dst) for c in plan.swap_out),
             tuple((c.src, c.dst) for c in plan.swap_in),
-            tuple((r.request_id, r.num_tokens) for r in plan.restores),
+            tuple((r.request_id, r.num_tokens) for r in items_of(plan, HiddenRestore)),
             tuple(plan.preempted_ids), tuple(plan.finished_ids))
 
 

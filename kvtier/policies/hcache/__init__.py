@@ -1,6 +1,7 @@
 """HCache: a preempted request keeps its per-layer hidden states instead of its KV and comes
-back by re-projecting K/V from them (policy.py); the host store of hidden states (store.py);
-its assembly: the swap space holds hidden states, not KV, and the runner captures them."""
+back by re-projecting K/V from them (policy.py); the host store of hidden states (store.py)
+and its tensors in the runner (runner_states.py); its assembly: the swap space holds hidden
+states, not KV, and the runner captures them."""
 
 from __future__ import annotations
 
@@ -48,8 +49,14 @@ class HCacheSystem(MemorySystem):
         """The runner captures every layer's attention input (the simulator prices it)."""
         if ctx.simulated:
             executor.captures_hidden = True
-        else:
-            executor.allocate_hidden(pools.num_state_blocks)
+            return
+        from kvtier.policies.hcache.runner_states import HiddenStates
+
+        sched = executor.config.scheduler
+        executor.attach_layer_inputs(HiddenStates(
+            executor.model, pools.num_state_blocks, executor.block_size, sched.max_num_seqs,
+            executor.block_tables.table.shape[2], sched.max_num_batched_tokens,
+            executor.dtype, executor.device))
 
     def cost_model_options(self, config: EngineConfig) -> dict[str, Any]:
         # Its steps all replay pieces: a piece hands each layer's input to the host.

@@ -17,11 +17,13 @@ copies of the last store.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
 from kvtier.attention.torch_backend import write_kv
-from kvtier.core.plan import HiddenRestore, ScheduledRequest
+from kvtier.core.plan import HiddenBlocks, HiddenRestore, ScheduledRequest
 from kvtier.model.llama import DecoderLayer, LlamaForCausalLM
 from kvtier.runner.block_tables import BlockTables
 from kvtier.runner.host_batch import HostBatch
@@ -46,9 +48,10 @@ class HiddenStates:
     def forget(self, request_id: str) -> None:
         self.tables.remove(request_id)
 
-    def apply(self, scheduled: list[ScheduledRequest]) -> None:
-        for sr in scheduled:
-            self.tables.apply_ids(sr.request_id, (sr.new_hidden_ids,), sr.reset_blocks)
+    def apply(self, blocks: Sequence[HiddenBlocks]) -> None:
+        """The plan's new hidden-state blocks per request."""
+        for b in blocks:
+            self.tables.apply_ids(b.request_id, (b.block_ids,), b.reset)
 
     def sink(self, num_tokens: int):
         """The model's per-layer hook for this step's `num_tokens` main rows."""
@@ -84,7 +87,7 @@ class HiddenStates:
             self._stored = torch.cuda.Event()
             self._stored.record()
 
-    def restore(self, restores: list[HiddenRestore], block_tables: BlockTables,
+    def restore(self, restores: Sequence[HiddenRestore], block_tables: BlockTables,
                 gpu_kv: torch.Tensor, ops, cos_sin: torch.Tensor, layers_per_block: int) -> None:
         """All of this step's restores together: per layer one gather of hidden rows, one
         host-to-device copy, one K/V projection GEMM and one KV write."""
