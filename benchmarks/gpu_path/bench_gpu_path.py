@@ -300,7 +300,7 @@ def step_phases(engine: LLMEngine, iters: int) -> dict[str, float]:
 
     for obj, name, *how in ((sched, "schedule", "schedule"),
                             (runner, "launch", "launch", time_result),
-                            (sched, "update", "update"), (engine, "_process", "outputs"),
+                            (sched, "update", "update"), (engine, "make_outputs", "outputs"),
                             (runner, "prepare_batch", "launch.host_batch")):
         wrap(obj, name, *how)
         patched.append((obj, name))
