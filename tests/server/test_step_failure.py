@@ -18,7 +18,7 @@ def _poison_executor(engine) -> None:
     (as it once did in index_select on a prompt of no tokens): after the runner took the
     step's bookkeeping (block tables), before any token."""
     runner = engine.executor
-    launch, logits = runner.launch, runner._logits
+    launch, logits = runner.launch, runner.forward_logits
     poisoned = [False]
 
     def launch_noting_poison(plan):
@@ -30,7 +30,7 @@ def _poison_executor(engine) -> None:
             raise IndexError("index out of range in self")
         return logits(batch)
 
-    runner.launch, runner._logits = launch_noting_poison, failing_logits
+    runner.launch, runner.forward_logits = launch_noting_poison, failing_logits
 
 
 def test_failing_request_gets_an_error_the_others_go_on(tiny_model_dir):
