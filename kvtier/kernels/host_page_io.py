@@ -45,6 +45,10 @@ NUM_WARPS = 32  # 1024 threads a program, Strata's shape
 DEFAULT_NUM_PROGRAMS = 4
 DEFAULT_TILE_BYTES = 64 * 1024  # bytes one program moves per loop iteration
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Cache hints of the copy's loads and stores (see the kernel); a CPU test compiles the kernel
+# for sm_90 with Triton's ptxas, which checks that the pair is one PTX accepts.
+LOAD_EVICTION_POLICY: tl.constexpr = tl.constexpr("evict_first")
+STORE_CACHE_MODIFIER: tl.constexpr = tl.constexpr(".cs")  # streaming: written once
 
 
 class HostPageLayout(str, Enum):
@@ -107,10 +111,12 @@ def _copy_rows_kernel(
             mask = row_ok[:, None]
         else:
             mask = row_ok[:, None] & (d < HEAD_DIM)[None, :]
-        # Read once, never again soon: bypass L1 and go first out of L2, which a forward
-        # running beside the copy wants for itself.
+        # Read once, never again soon: go first out of L1 and L2, which a forward running
+        # beside the copy wants for itself. An eviction priority alone: PTX's ld takes either
+        # a cache operator (.cg, ...) or an eviction priority, never both (ptxas refuses
+        # `.cg` with `.evict_first`), and Triton's loads have no streaming `.cs`.
         x = tl.load(src_ptr + src_row[:, None] + d[None, :], mask=mask,
-                    cache_modifier=".cg", eviction_policy="evict_first")
+                    eviction_policy=LOAD_EVICTION_POLICY)
         # The next tile's ids, fetched while this tile's data is in flight (over PCIe, the
         # longer wait), so the next iteration's loads need not wait for them.
         src_id, dst_id = _tile_ids(src_ids_ptr, dst_ids_ptr, row + step, num_rows,
@@ -118,7 +124,7 @@ def _copy_rows_kernel(
         if UPCAST:  # the interpreter's bf16 (exact both ways)
             x = x.to(tl.float32)
         tl.store(dst_ptr + dst_row[:, None] + d[None, :], x.to(dst_ptr.dtype.element_ty),
-                 mask=mask, cache_modifier=".cs")
+                 mask=mask, cache_modifier=STORE_CACHE_MODIFIER)
 
 
 def check_pools(gpu_kv: torch.Tensor, host_kv: torch.Tensor, layout: HostPageLayout,

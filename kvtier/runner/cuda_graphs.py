@@ -20,6 +20,7 @@ import torch
 
 from kvtier.attention.metadata import AttentionMetadata
 from kvtier.model.llama import ForwardContext
+from kvtier.runner.capture_guard import collector_paused
 from kvtier.runner.graph_host import GraphHost
 from kvtier.runner.host_batch import HostBatch
 
@@ -71,16 +72,17 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        for b in reversed(self.sizes):
-            self._forward(b)  # warm-up: Triton compiles and autotunes outside the capture
+        with collector_paused():  # no destructor of dead CUDA objects inside a capture
+            for b in reversed(self.sizes):
+                self._forward(b)  # warm-up: Triton compiles and autotunes outside the capture
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool):
+                    self._forward(b)
+                if self.pool is None:
+                    self.pool = graph.pool()
+                self.graphs[b] = graph
             torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                self._forward(b)
-            if self.pool is None:
-                self.pool = graph.pool()
-            self.graphs[b] = graph
-        torch.cuda.synchronize()
 
     def padded_size(self, b: int) -> int | None:
         for s in self.sizes:

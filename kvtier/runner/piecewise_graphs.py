@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from kvtier.attention.metadata import AttentionMetadata
 from kvtier.core.graph_sizes import piecewise_sizes
 from kvtier.model.llama import DecoderLayer, ForwardContext
+from kvtier.runner.capture_guard import collector_paused
 from kvtier.runner.graph_host import GraphHost
 
 
@@ -102,17 +103,18 @@ class PiecewiseGraphs:
             return
         ctx = self._ctx()
         num_layers = len(self.runner.model.layers)
-        for t in reversed(self.sizes):
-            for k in range(num_layers + 1):
-                self._piece(k, t, ctx)  # warm-up: Triton compiles here
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool):
-                    self._piece(k, t, ctx)
-                if self.pool is None:
-                    self.pool = graph.pool()
-                self.graphs[(k, t)] = graph
-        torch.cuda.synchronize()
+        with collector_paused():  # no destructor of dead CUDA objects inside a capture
+            for t in reversed(self.sizes):
+                for k in range(num_layers + 1):
+                    self._piece(k, t, ctx)  # warm-up: Triton compiles here
+                    torch.cuda.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=self.pool):
+                        self._piece(k, t, ctx)
+                    if self.pool is None:
+                        self.pool = graph.pool()
+                    self.graphs[(k, t)] = graph
+            torch.cuda.synchronize()
 
     def padded(self, num_tokens: int) -> int | None:
         return next((s for s in self.sizes if s >= num_tokens), None)

@@ -34,9 +34,12 @@ ROOM = dict(block_size=16, layers_per_block=10, num_gpu_blocks=64, num_host_bloc
 # 3 x (2 + 2 + 4 + 3) = 33 blocks wanted, 20 in the pool (one 96-token request needs 18).
 PRESSURE = {**ROOM, "num_gpu_blocks": 20}
 # Per policy, what it needs to show its own mechanism (eLLM: dropped, recomputed prefixes).
+# Under pressure eLLM drops prefixes on demand within its per-step recompute budget; the
+# default `auto` budget is 0 where decode steps replay CUDA graphs (the GPU), which would
+# preempt instead, so the budget is the ridge rule on every device.
 EXTRA = {
     ("ellm", "room"): dict(ellm_uncached_ratio=0.5),
-    ("ellm", "pressure"): dict(ellm_max_uncached_ratio=0.7),
+    ("ellm", "pressure"): dict(ellm_max_uncached_ratio=0.7, ellm_recompute_budget="ridge"),
 }
 RUNS = [(p, s) for p in policy_names() for s in ("room", "pressure")]
 
@@ -133,6 +136,18 @@ def test_greedy_is_hf_argmax_under_teacher_forcing(teacher, model_dir, policy, s
 @pytest.mark.parametrize("policy,setting", RUNS)
 def test_gpu_greedy_is_hf_argmax_under_teacher_forcing(teacher, model_dir, policy, setting):
     check_against_teacher(teacher, model_dir, policy, setting, device="cuda")
+
+
+def test_ellm_pressure_case_may_recompute_where_decode_steps_replay_graphs():
+    """The GPU run's budget, priced on the CPU: with decode graphs the pressure case still
+    lets a step of its four decodes recompute dropped prefixes."""
+    from kvtier.engine.args import EngineArgs
+    from kvtier.policies.ellm import with_step_budget
+
+    config = EngineArgs(model="llama-2-13b", load_format="dummy", kv_policy="ellm",
+                        max_model_len=2048, **EXTRA[("ellm", "pressure")]).create_engine_config()
+    budget = with_step_budget(config, decode_graphs=True).policy_options.step_budget
+    assert budget is not None and budget.tokens(len(TEXT_PROMPTS) + len(CHATS), 96) > 0
 
 
 def test_missing_package_fails_with_what_to_install(monkeypatch, tmp_path):

@@ -4,6 +4,12 @@ input is refused before anything is written."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -240,3 +246,30 @@ def test_kernel_backend_on_cpu_without_interpreter_runs_reference(monkeypatch):
     HostPageIO().store(gpu_kv, host_kv, [4, 0], [1, 3])
     sync()
     assert torch.equal(block_order(host_kv, HostPageLayout.HEAD_MAJOR)[[1, 3]], gpu_kv[[4, 0]])
+
+
+def _ptxas_available() -> bool:
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+        return Path(get_ptxas(90).path).exists()
+    except Exception:  # noqa: BLE001 - no NVIDIA backend in this Triton
+        return False
+
+
+@pytest.mark.skipif(not _ptxas_available(), reason="Triton's NVIDIA backend (ptxas) is absent")
+def test_kernel_compiles_for_sm90_with_valid_cache_hints():
+    """ptxas (Triton's own, no GPU needed) accepts the kernel for an H100/H200, and its data
+    loads and stores carry the intended hints: PTX takes a cache operator or an eviction
+    priority on a load, never both. A subprocess: the interpreter must be off to compile."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[2]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-m", "tests.kernels.sm90_compile"], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for elem, asm in json.loads(proc.stdout).items():
+        assert "error" not in asm, f"{elem}: {asm.get('error')}"
+        data_loads = [ln for ln in asm["loads"] if ".v4." in ln]  # the 16 B row loads
+        assert data_loads and all("L1::evict_first" in ln and ".cg" not in ln
+                                  for ln in data_loads), data_loads
+        assert asm["stores"] and all("st.global.cs." in ln for ln in asm["stores"]), asm["stores"]
