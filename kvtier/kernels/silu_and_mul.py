@@ -3,7 +3,7 @@
 Rounding follows the torch model (HF Llama: `act_fn(gate) * up` in the model dtype): SiLU in
 fp32, rounded to the dtype, then the product rounded again. One kernel reads gate_up once and
 writes the result, where torch's two kernels read and write the intermediate once more (a large
-share of the MLP's elementwise bytes, as the intermediate is twice the hidden width or more).
+share of the MLP's elementwise bytes, the intermediate is several times the hidden width).
 """
 
 from __future__ import annotations

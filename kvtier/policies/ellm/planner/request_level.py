@@ -54,7 +54,8 @@ class PlannerConfig:
     hbm_efficiency: float = 1.0
     recompute_overhead_s: float = 0.0
     # r > 0 must beat the best batch at r = 0 by this fraction of throughput: a dropped
-    # prefix is paid on every later step, and the fitted model is ~3 % off on decode steps.
+    # prefix is paid on every later step, and the fitted model is not exact on decode steps
+    # (results/planner/planner_fit.json).
     min_gain: float = 0.02
     # eLLM's layer-level overlap (--ellm-host-groups): a dropped prefix recomputes only the
     # lower groups and copies the top `host_groups` in over PCIe, beside the forward; its
