@@ -14,7 +14,7 @@ reaches the ridge point (bf16 FLOP/s over HBM bytes/s, a hardware profile's ceil
           prefix the decode step of b requests can recompute while its predicted time grows
           by at most `tolerance` (1 %). On the calibrated H200 that is nothing until b nears
           the ridge point.
-  fixed   a token count (`max`: the engine's max_recompute_tokens, the old default).
+  fixed   a token count (`max`: the engine's max_recompute_tokens).
 
 Every rule is capped by max_recompute_tokens, which sizes the runner's recompute scratch.
 The objects are tensor-free: the scheduler's policies call them in the real engine and in
