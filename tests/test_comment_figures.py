@@ -77,7 +77,8 @@ def test_figure_pattern_catches_measurements(text):
 @pytest.mark.parametrize("text", [
     "vLLM's rule, 4 % of max_model_len", "positions 0..s-1", "a 16 x 128 tile",
     "(shared/hw/h200_probe_2026-11-30.json)", "results/kernels/launch_overhead_h200.json",
-    "tpot_slo_s", "the interval [0, s)", "issue times of whole piecewise forwards", "256 seats, 8,192 tokens",
+    "tpot_slo_s", "the interval [0, s)", "issue times of whole piecewise forwards",
+    "256 seats, 8,192 tokens",
     "4 KiB for 16 x 128 bf16", "up to 1024 seats",
 ])
 def test_figure_pattern_spares_rules_and_citations(text):

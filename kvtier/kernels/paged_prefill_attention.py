@@ -152,7 +152,8 @@ def _prefill_kernel(
 def _default_tiles(G: int, dtype: torch.dtype, interpret: bool) -> tuple[int, int]:
     """(BLOCK_M rows, BLOCK_N keys), 4 warps. 64 x 64 is the tile that is level with torch's
     flash SDPA on both GQA and MHA models; taller tiles lose on MHA, which puts BLOCK_M
-    tokens of one head in a tile (results/kernels/kernels_h200.json, sweep). fp32 tiles are twice the bytes, so they shrink to stay inside shared memory."""
+    tokens of one head in a tile (results/kernels/kernels_h200.json, sweep). fp32 tiles are
+    twice the bytes, so they shrink to stay inside shared memory."""
     if interpret:
         return 16 * max(1, next_pow2(G) // 4), 32  # few programs, few tiles: fast on CPU
     if dtype == torch.float32:

@@ -1,12 +1,13 @@
 """Rotary on q and k, and the KV write, in one launch: what `rotary` then `kv_write` do.
 
-Apart, the rotary kernel writes the rotated k to a fresh tensor that `kv_write` reads back
-to store it into its paged slot: two launches a layer and a round trip of k, which at the
-tail of a batch (a few requests) is mostly launch latency (results/offline/
-profile_offline_decode_h200_skip850_5b122b0.json). Here one program a token reads the token's cos/sin row once, rotates
-its q heads into `q_out` and its k heads straight into the cache, and copies v there. Fused
-is shorter than apart at every token count of a llama-3.1-8b layer, from launch-bound tails
-to bandwidth-bound prefills (results/kernels/kernels_argmax_rotary_kv_write_h200_d41cae2.json,
+Apart, the rotary kernel writes the rotated k to a fresh tensor that `kv_write` reads back to
+store it into its paged slot: two launches a layer and a round trip of k, which at the tail of a
+batch (a few requests) is mostly launch latency
+(results/offline/profile_offline_decode_h200_skip850_5b122b0.json). Here one program a token
+reads the token's cos/sin row once, rotates its q heads into `q_out` and its k heads straight
+into the cache, and copies v there. Fused is shorter than apart at every token count of a
+llama-3.1-8b layer, from launch-bound tails to bandwidth-bound prefills
+(results/kernels/kernels_argmax_rotary_kv_write_h200_d41cae2.json,
 `python -m benchmarks.kernels.bench_kernels --parts rotary_kv_write`).
 
 Same math and rounding as `rotary` (fp32, one rounding), so the stored K and the rotated q

@@ -6,14 +6,14 @@
                 1 <= b <= B,   0 <= r <= r_max
 
 solved with SciPy's SLSQP, against a baseline found without it: the largest batch that keeps
-every token cached (r = 0), which an answer with r > 0 must beat by `min_gain` — so the
-planner never drops KV when its own model says recomputation does not pay, nor because SLSQP
-failed to find a feasible point (the baseline answers then). Unlike the paper's FLOPs-only
-T, ours is a roofline: each part of a step costs the larger of its FLOPs over the bf16 peak
-and its bytes over HBM bandwidth, so the planner knows the ridge point — while b plus the
-recomputed tokens stay under it the linear layers are bandwidth-bound and the recomputation
-rides along almost free; past it every recomputed token costs full price. `max` is smoothed (an 8-norm) so SLSQP sees
-a differentiable problem. M_o is the recompute scratch: one layer group's KV of the
+every token cached (r = 0), which an answer with r > 0 must beat by `min_gain` — so the planner
+never drops KV when its own model says recomputation does not pay, nor because SLSQP failed to
+find a feasible point (the baseline answers then). Unlike the paper's FLOPs-only T, ours is a
+roofline: each part of a step costs the larger of its FLOPs over the bf16 peak and its bytes
+over HBM bandwidth, so the planner knows the ridge point — while b plus the recomputed tokens
+stay under it the linear layers are bandwidth-bound and the recomputation rides along almost
+free; past it every recomputed token costs full price. `max` is smoothed (an 8-norm) so SLSQP
+sees a differentiable problem. M_o is the recompute scratch: one layer group's KV of the
 recomputed tokens (kvtier keeps only that much alive, `kvtier/runner/host_batch.py`).
 """
 
