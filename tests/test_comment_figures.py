@@ -2,8 +2,9 @@
 
 No comment or docstring in kvtier/ quotes a measured time, bandwidth or rate, a run's date or
 a session/issue number: where a design choice rests on a measurement, the comment cites the
-result file (`results/<subject>/<file>.json`) that holds the figure. Percentages are not
-checked (most in kvtier/ are rules or arithmetic: vLLM's 4 % chunk cap, a padding bound).
+result file (`results/<subject>/<file>.json`, which must exist) that holds the figure.
+Percentages are not checked (most in kvtier/ are rules or arithmetic: vLLM's 4 % chunk cap, a
+padding bound).
 """
 
 from __future__ import annotations
@@ -97,3 +98,15 @@ def test_no_measured_figures_in_kvtier_comments():
 def test_pending_entries_name_existing_files():
     assert all((ROOT / p).is_file() for p in PENDING), sorted(
         p for p in PENDING if not (ROOT / p).is_file())
+
+
+CITATION = re.compile(r"results/[\w./-]+\.(?:json|md|png|txt|csv)")
+
+
+def test_cited_result_files_exist():
+    missing = []
+    for path in sorted(KVTIER.rglob("*.py")):
+        for line, text in _texts(path):
+            missing += [f"{path.relative_to(ROOT).as_posix()}:{line}: {m}"
+                        for m in CITATION.findall(text) if not (ROOT / m).is_file()]
+    assert not missing, "cited result files that do not exist:\n" + "\n".join(missing)
