@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-# The eLLM paper's Azure LLM trace (DynamoLLM's): first 3000 gaps, mean 22.15 ms, std 37.49 ms.
+# The eLLM paper's Azure LLM trace (DynamoLLM's): mean and std of its first 3000 gaps.
 # The paper halves the gaps for ShareGPT (short prompts) and doubles them for L-Eval.
 PAPER_AZURE_MEAN_GAP_S = 0.02215
 PAPER_AZURE_STD_GAP_S = 0.03749

@@ -55,7 +55,7 @@ class AzureTrace:
 
 def _parse_timestamp(text: str) -> tuple[int, float]:
     """(whole epoch seconds, fraction). The trace has 7 fractional digits: more than
-    datetime parses, and finer than a float64 of epoch seconds resolves (~0.2 us)."""
+    datetime parses, and finer than a float64 of epoch seconds resolves."""
     base, _, frac = text.strip().partition(".")
     seconds = int(datetime.strptime(base, "%Y-%m-%d %H:%M:%S").timestamp())
     return seconds, float("0." + frac) if frac else 0.0

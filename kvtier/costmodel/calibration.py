@@ -32,9 +32,8 @@ class HostParams:
     # longest context runs past the mean. At graph batch sizes a request's context is one
     # program per KV head (one split from two waves of programs on, 14 requests of
     # llama-2-13b: `default_num_splits`), so the longest one finishes last, alone; the
-    # profile's grid has uniform contexts. On the H200 13B profile's serving steps (fitted
-    # under the earlier rule, 1 split past ~50 requests): 21 ns, and graph_s_per_req fell
-    # from 23 to 10 us, in line with the ~0.8 ms a graph step at ~80 requests takes to issue.
+    # profile's grid has uniform contexts. Fitting it lets graph_s_per_req fall to what a
+    # graph step takes to issue (results/calibration/calib_h200_llama-2-13b.json).
     graph_s_per_tail_token: float = 0.0
     # Eager steps (prefill chunks present): inputs and metadata, then the forward is issued
     # kernel by kernel while the GPU runs behind; see `overlap.py`.
@@ -45,7 +44,7 @@ class HostParams:
     # Piecewise CUDA graphs (steps with prefill rows, `EngineConfig.piecewise_graphs`): the
     # same input preparation (eager_s...), then per layer the eager attention's launches, the
     # copy of its output into the static buffer and one graph replay; see `CostModel`.
-    # Defaults: the wrappers' host cost measured on the H200 host (launch_overhead).
+    # Defaults: the wrappers' host cost (results/kernels/launch_overhead_h200.json).
     replay_s: float = 10e-6  # one piece's graph replay (CUDAGraph.replay)
     attn_write_s: float = 45e-6  # the attention call up to kv_write, kv_write included
     attn_decode_s: float = 96e-6  # the split-K decode wrapper (kernel + merge of the splits)
@@ -54,7 +53,7 @@ class HostParams:
     # Host time per layer of a piecewise forward beyond those launches (the layer loop, the
     # static buffers' slices, the attention call's Python around its kernels): fitted to the
     # profiler's measured issue times of whole piecewise forwards; the launches, each timed
-    # alone in a loop of its own, add up to ~2/3 of what a forward takes on the H200.
+    # alone in a loop of its own, add up to less than what a forward takes.
     piece_layer_s: float = 0.0
 
 

@@ -53,10 +53,9 @@ class HardwareProfile:
 
 
 def _h200() -> HardwareProfile:
-    # PCIe Gen5 x16, pinned: 55.35 GB/s H2D and 54.87 GB/s D2H for 2 GiB copies. One
-    # cudaMemcpyAsync per 32 KiB page reached only 4.11 GB/s: 7.97 us per page, of which
-    # 0.59 us is the bytes -> 7.4 us per call. A Triton kernel gathering the same pages
-    # through the UVA pointer reached 49.44 GB/s (one launch, ~5 us).
+    # PCIe Gen5 x16, pinned memory. Bulk copies' rates, the per-page call's cost (a 32 KiB
+    # page's time less its bytes: the driver's per-call cost dominates) and the UVA gather
+    # kernel's rate come from the hw probe (shared/hw/h200_probe_2026-11-30.json).
     h2d = {
         CopyMechanism.BULK: CopyCost(1 / 55.35e9, 10e-6),
         CopyMechanism.MEMCPY_PER_PAGE: CopyCost(1 / 55.35e9, 7.4e-6),
@@ -70,15 +69,15 @@ def _h200() -> HardwareProfile:
     return HardwareProfile(
         name="h200", memory_bytes=int(139.80072021484375 * GiB), hbm_bytes_per_s=4.24e12,
         bf16_flops=761e12, num_sms=132, h2d=h2d, d2h=d2h,
-        # NVLink 4 (H200 SXM): 450 GB/s each way by the datasheet; NCCL's ring bus bandwidth
-        # is typically ~80 % of it. Not measured here (no multi-GPU machine was lent).
+        # NVLink 4 (H200 SXM): the datasheet's rate each way times NCCL's typical ring
+        # efficiency. Not measured here (no multi-GPU machine was lent).
         allreduce_bytes_per_s=360e9, allreduce_latency_s=10e-6, measured=True,
     )
 
 
 def _a100_80gb_pcie() -> HardwareProfile:
-    # Datasheet: HBM2e 1.935 TB/s, dense bf16 312 TFLOP/s, 108 SMs, PCIe Gen4 x16 (~25 GB/s
-    # effective for pinned copies). Per-page cost as on the H200 (a driver cost, not a link one).
+    # Datasheet values (HBM2e, dense bf16, SMs); copies at PCIe Gen4 x16's effective rate for
+    # pinned memory. Per-page cost as on the H200 (a driver cost, not a link one).
     pcie = 25e9
     copies = {
         CopyMechanism.BULK: CopyCost(1 / pcie, 10e-6),

@@ -89,9 +89,9 @@ class OpTimer:
         """A memory-bound kernel the profiler does not time (a copy into a piece's static
         buffer) at `rows` tokens: per launch the floor of the layer's elementwise kernels (a
         tiny kernel's time inside a graph: their time at one token over their count), and its
-        bytes at the bandwidth those kernels reached at the same token count. On the H200 they
-        reach ~3.8 TB/s at 2,080 tokens (0.9 of the HBM ceiling), where the uncalibrated default
-        efficiency (0.6) over-priced the copies of a large piecewise step by ~2 % of its time."""
+        bytes at the bandwidth those kernels reached at the same token count: at large token
+        counts they come close to the HBM ceiling, which the uncalibrated default efficiency
+        would under-rate (results/calibration/calib_h200_llama-3.1-8b.json)."""
         assert self.calib is not None
         curve = self.calib.elementwise
         ew = layer_elementwise(self.s, rows)

@@ -14,7 +14,7 @@ from kvtier.policies.options import SystemArgs, arg_type
 from kvtier.policies.registry import policy_flag_defaults, system_args
 
 # The default cap on a prompt's chunk per step (--long-prefill-token-threshold): the largest
-# that kept the 8B's ITL p99 within a 100 ms TPOT SLO on L-Eval documents at 1 req/s, on the
+# that kept the 8B's ITL p99 within the TPOT SLO on L-Eval documents, on the
 # H200 (results/serving/long_prefill_itl_h200.json) as in the simulator
 # (long_prefill_itl_sim_h200_p1.json). The offline LLM sets 0.
 DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = 2048

@@ -5,7 +5,7 @@ vLLM (`EngineArgs.get_batch_defaults`) gives a GPU of at least 70 GiB that is no
 PR #17885); everywhere else kvtier's own defaults (256 seats, 8,192 tokens) stand. kvtier
 also captures decode graphs up to those 1024 seats where vLLM stops at 512: the graphs
 share one logits buffer, so the extra sizes cost capture time only (a few seconds at
-start-up), and the offline ShareGPT run gained 1.2 % from them
+start-up), and the offline ShareGPT run gains from them
 (`results/offline/offline_sharegpt_h200_async_1024_16k_graphs1024.json`).
 """
 

@@ -1,8 +1,8 @@
 """Greedy decoding's pick: the index of each row's largest logit, as `torch.argmax(x, -1)`.
 
 torch reduces a row of the 128k vocabulary in one block, so a few rows leave most of the GPU
-idle: 26 us for one row of bf16 logits, 32 us for 8 (the last decode steps of a run, and
-every step of a lightly loaded server). Here each row is cut into chunks that run in
+idle at small batches (the last decode steps of a run, and every step of a lightly loaded
+server). Here each row is cut into chunks that run in
 parallel (their maxima and first indices), then one small program a row merges them.
 
 Each value becomes an int32 key whose integer order is torch's order of the values, so a
@@ -10,10 +10,8 @@ chunk is one (max, first index) reduction over int32: the float's bits, the nega
 flipped so that more negative sorts lower, -0.0 taken as +0.0 (they compare equal), and NaN
 above everything (torch's argmax counts NaN as the largest value, the first NaN winning).
 The first version made three reductions a chunk with int64 indices (NaN, max, first index)
-and lost to torch past 64 rows (234 against 143 us at 992 rows,
-results/kernels/kernels_argmax_h200.json). This one is faster at every batch measured:
-1 row 3.1 us (torch 27.3), 8 rows 4.3 (32.0), 64 rows 12.0 (37.9), 256 rows 36.6 (46.0),
-992 rows 125.9 (142.0) (results/kernels/kernels_argmax_rotary_kv_write_h200_d41cae2.json,
+and lost to torch at large batches (results/kernels/kernels_argmax_h200.json). This one is
+faster at every batch measured (results/kernels/kernels_argmax_rotary_kv_write_h200_d41cae2.json,
 `python -m benchmarks.kernels.bench_kernels --parts argmax --out ...`).
 
 Exactly torch's answer: keys order values exactly (bf16/fp16 widen to fp32 exactly), the

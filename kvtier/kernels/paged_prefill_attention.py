@@ -150,11 +150,10 @@ def _prefill_kernel(
 
 
 def _default_tiles(G: int, dtype: torch.dtype, interpret: bool) -> tuple[int, int]:
-    """(BLOCK_M rows, BLOCK_N keys), 4 warps. Measured on the H200 at 8k tokens
-    (results/kernels/kernels_h200.json, sweep): 64 x 64 gave 329 TFLOP/s on
-    llama-3.1-8b and 326 on llama-2-13b, level with torch's flash SDPA (314, 320); 128 x 32
-    gave 330 and only 198 (MHA puts 128 tokens of one head in a tile), 128 x 64 309 and 278.
-    fp32 tiles are twice the bytes, so they shrink to stay inside shared memory."""
+    """(BLOCK_M rows, BLOCK_N keys), 4 warps. 64 x 64 is the tile that is level with torch's
+    flash SDPA on both GQA and MHA models; taller tiles lose on MHA, which puts BLOCK_M
+    tokens of one head in a tile (results/kernels/kernels_h200.json, sweep). fp32 tiles are
+    twice the bytes, so they shrink to stay inside shared memory."""
     if interpret:
         return 16 * max(1, next_pow2(G) // 4), 32  # few programs, few tiles: fast on CPU
     if dtype == torch.float32:

@@ -1,14 +1,14 @@
 """Programmatic dependent launch (PDL, Hopper and later) for the decode step's small kernels.
 
-A decode step is ~450 launches, most of them short: at the tail of a batch (a few requests)
-a layer's RMSNorm, rotary + KV write, attention and SiLU*mul each last 2-15 us, and the gap
-between the end of one kernel and the first loads of the next is a visible share of that. A
-kernel launched with PDL may be scheduled while the kernel before it in the stream is still
-draining; its programs then wait (`griddepcontrol.wait`) until that kernel has finished and
-its writes are visible, and only then read anything. So the launch and the programs' set-up
+A decode step is ~450 launches, most of them short: at the tail of a batch (a few requests) a
+layer's RMSNorm, rotary + KV write, attention and SiLU*mul are each a few microseconds long, and
+the gap between the end of one kernel and the first loads of the next is a visible share of
+that. A kernel launched with PDL may be scheduled while the kernel before it in the stream is
+still draining; its programs then wait (`griddepcontrol.wait`) until that kernel has finished
+and its writes are visible, and only then read anything. So the launch and the programs' set-up
 overlap the previous kernel's last wave, and nothing is read early. Each kernel here also
-signals at once that its own successor may be scheduled (`griddepcontrol.launch_dependents`:
-it takes effect when every program of the kernel has issued it), which matters only to a
+signals at once that its own successor may be scheduled (`griddepcontrol.launch_dependents`: it
+takes effect when every program of the kernel has issued it), which matters only to a
 successor launched with PDL, which waits all the same.
 
 CUDA graphs keep the launch attribute as a programmatic edge, so the captured decode steps

@@ -1,15 +1,14 @@
 """Rotary on q and k, and the KV write, in one launch: what `rotary` then `kv_write` do.
 
-Apart, the rotary kernel writes the rotated k to a fresh tensor that `kv_write` reads back
-to store it into its paged slot: two launches a layer and a round trip of k, which at the
-tail of a batch (a few requests) is mostly launch latency (results/offline/
-profile_offline_decode_h200_skip850_5b122b0.json: 2.2 us of rotary and 1.4 us of KV write a
-layer at 6 requests). Here one program a token reads the token's cos/sin row once, rotates
-its q heads into `q_out` and its k heads straight into the cache, and copies v there. One
-llama-3.1-8b layer, apart against fused (results/kernels/
-kernels_argmax_rotary_kv_write_h200_d41cae2.json,
-`python -m benchmarks.kernels.bench_kernels --parts rotary_kv_write`): 3.4-3.6 -> 2.6-2.7 us
-at 1-48 tokens, 10.1 -> 8.1 us at 992, 121 -> 103 us at 16,384 (92 % of HBM).
+Apart, the rotary kernel writes the rotated k to a fresh tensor that `kv_write` reads back to
+store it into its paged slot: two launches a layer and a round trip of k, which at the tail of a
+batch (a few requests) is mostly launch latency
+(results/offline/profile_offline_decode_h200_skip850_5b122b0.json). Here one program a token
+reads the token's cos/sin row once, rotates its q heads into `q_out` and its k heads straight
+into the cache, and copies v there. Fused is shorter than apart at every token count of a
+llama-3.1-8b layer, from launch-bound tails to bandwidth-bound prefills
+(results/kernels/kernels_argmax_rotary_kv_write_h200_d41cae2.json,
+`python -m benchmarks.kernels.bench_kernels --parts rotary_kv_write`).
 
 Same math and rounding as `rotary` (fp32, one rounding), so the stored K and the rotated q
 are bit for bit those of the two kernels. Rows at or past `num_kv_tokens`, or with a negative

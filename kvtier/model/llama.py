@@ -204,8 +204,8 @@ class LlamaForCausalLM(nn.Module):
                        ) -> torch.Tensor:
         """Logits in the model's dtype. Greedy argmax needs no fp32 copy (the cast is exact, so
         it picks the same token); the sampler casts the rows that need more (kvtier/runner/
-        sampler.py). At 1,000 requests a decode step's profile on the H200 had ~0.4 ms of copies
-        the size of that cast (results/offline/profile_offline_decode_h200_skip12.json)."""
+        sampler.py). At large batches the cast's copies are a visible share of a decode step
+        (results/offline/profile_offline_decode_h200_skip12.json)."""
         head = self.embed if self.lm_head is None else self.lm_head
         # F.linear's own mm; `out=` lets the decode graphs share one logits buffer.
         return torch.mm(hidden, head.t(), out=out)

@@ -4,7 +4,7 @@ calibration can be refitted from its own `raw` section:
     python -m kvtier.profiler.fit results/calibration/calib_h200_llama-2-13b.json
 
 Least squares minimise *relative* error (each row divided by its measured time): steps
-range from 5 ms to 500 ms and each should count alike.
+span two orders of magnitude and each should count alike.
 """
 
 from __future__ import annotations
@@ -68,9 +68,9 @@ def serving_loop_rows(serving: list[dict], bin_size: int = 16) -> list[list[floa
     trace's loop gaps (idle waits left out). Means, not medians: a simulated run's time is
     the sum of its gaps, collector pauses included.
 
-    On the H200 the real engine's gaps ran 2.3-2.9x what the same loop costs around the
-    simulated executor in a process of its own (fidelity traces of 2026-11-30, 0.2 ms at
-    under 32 requests to 3.4 ms at ~150), so the loop is priced from the real engine."""
+    On the H200 the real engine's gaps ran several times what the same loop costs around
+    the simulated executor in a process of its own, so the loop is priced from the real
+    engine (results/calibration/calib_h200_llama-2-13b.json, its serving trace)."""
     bins: dict[int, list[tuple[int, int, float]]] = {}
     for st in serving:
         gap = st.get("loop_s")

@@ -1,12 +1,12 @@
 """Compile every Triton variant an eager attention call can pick, before serving starts.
 
-A step with prefill rows runs attention eagerly (between graph pieces), and the split-K
-decode kernel's variant depends on the step: one split or several (`SINGLE_SPLIT`), and the
-merge kernel is specialized on the split count's power of two. Whichever variant a step
-meets first used to be compiled inside that step: the first mixed step of the H200 fidelity
-trace took 0.78 s instead of ~20 ms (results/fidelity/fidelity_real_h200.json), a TTFT
-spike for the first requests. Each call here reads one scratch block that no request owns and
-writes nothing to the pool (negative slots are skipped by kv_write and rotary_kv_write).
+A step with prefill rows runs attention eagerly (between graph pieces), and the split-K decode
+kernel's variant depends on the step: one split or several (`SINGLE_SPLIT`), and the merge
+kernel is specialized on the split count's power of two. Whichever variant a step meets first
+would otherwise be compiled inside that step, a TTFT spike for the first requests
+(results/fidelity/fidelity_real_h200.json). Each call here reads one scratch block that no
+request owns and writes nothing to the pool (negative slots are skipped by kv_write and
+rotary_kv_write).
 """
 
 from __future__ import annotations

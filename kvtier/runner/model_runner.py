@@ -327,7 +327,7 @@ class ModelRunner:
         Straight between the device pool and the pinned host pool, one copy per run of
         consecutive blocks (`copy_blocks`): a block is hundreds of KiB to a few MiB (F
         layers x block_size tokens), where a single cudaMemcpyAsync already runs near PCIe
-        speed (the H200 probe: 37.5 GB/s at 320 KiB, 51 GB/s at 2 MiB), so runs save the
+        speed (the hw probe, shared/hw/h200_probe_2026-11-30.json), so runs save the
         host's per-call cost, and no pageable staging copy is made on either side.
         """
         gpu, host = self.gpu_kv, self.host_kv

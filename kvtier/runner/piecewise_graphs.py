@@ -5,9 +5,9 @@ everything else in a layer can. Everything between two attentions — layer l-1 
 its attention (o GEMM, norm, MLP) and layer l before its own (norm, qkv GEMM, q/k norm;
 rotary too unless the attention backend fuses it into its KV write) — is one piece,
 captured at padded token counts and replayed around an eager attention call: per layer one graph launch and the attention kernels, instead of ~15
-launches each paying Python's launch cost (and cuBLAS's per-shape heuristics, ~80 µs a GEMM
-at a token count not seen before). On the H200 eager mixed steps of the offline ShareGPT
-run were host-bound (49.5 ms mean for ~17 ms of kernels, results/offline/
+launches each paying Python's launch cost (and cuBLAS's per-shape heuristics at a token
+count not seen before). Eager mixed steps of the offline ShareGPT run are host-bound, the
+host issuing slower than the kernels run (results/offline/
 offline_sharegpt_h200_eager_mixed.json and profile_offline_eager_h200.json); with the pieces
 they are GPU-bound (benchmarks/offline/profile_offline_steps.py). On by default; `--no-piecewise-
 graphs` runs such steps eagerly.

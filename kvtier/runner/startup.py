@@ -56,16 +56,14 @@ def profile_activation_peak(runner: ModelRunner) -> int:
 
 @torch.inference_mode()
 def warm_up_steps(runner: ModelRunner) -> bool:
-    """Before serving: a small mixed step (decodes beside a prefill and a prefix-cached
-    chunk), the largest mixed step the budget allows (max_num_seqs - 1 decodes at the
-    longest context beside prefill rows filling max_num_batched_tokens), and a decode-only
-    step. Whatever a first occurrence compiles or allocates is then not paid inside a
-    request's step: on the H200 fidelity trace the first mixed step took 0.92 s (a
-    compile), and mixed steps ran ~10 ms slow for the first ~600 steps while the caching
-    allocator grew, each new segment's cudaMalloc a sync in the middle of a piecewise
-    step that left the GPU waiting on the host's remaining launches
-    (results/fidelity/fidelity_h200.md). The largest step's memory was reserved for
-    activations when the pools were sized, so it stays cached.
+    """Before serving: a small mixed step (decodes beside a prefill and a prefix-cached chunk), the
+    largest mixed step the budget allows (max_num_seqs - 1 decodes at the longest context
+    beside prefill rows filling max_num_batched_tokens), and a decode-only step. Whatever a
+    first occurrence compiles or allocates is then not paid inside a request's step: a first
+    mixed step would compile, and while the caching allocator grows each new segment's
+    cudaMalloc is a sync in the middle of a piecewise step that leaves the GPU waiting on
+    the host's remaining launches (results/fidelity/fidelity_h200.md). The largest step's
+    memory was reserved for activations when the pools were sized, so it stays cached.
     Every row reads and writes the same first blocks of the pool: garbage KV in free
     blocks is harmless, a block is always written before it is read. The
     hidden-state store keeps per-request rows of its own, so it is left out. Returns

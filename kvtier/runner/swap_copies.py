@@ -3,7 +3,7 @@
 
 Why: a block holds F consecutive layers (one layer group), so a request swapped back in
 is G = L/F independent pieces of KV. Copied in one lump before the forward, the whole
-transfer sits on the critical path (13B, 1k tokens: ~0.8 GB, ~15 ms of PCIe per request);
+transfer sits on the critical path (a request's whole KV crosses PCIe before its first layer);
 but layer l's attention needs only group l // F. So the copies go on a dedicated copy
 stream, group 0's first, with one event per group, and the compute stream waits on group
 g's event just before the first attention of group g: layers of earlier groups compute
@@ -127,8 +127,9 @@ def copy_blocks(dst_pool: torch.Tensor, src_pool: torch.Tensor, dst: Sequence[in
                 src: Sequence[int]) -> None:
     """dst_pool[dst[i]] = src_pool[src[i]], non-blocking. A run of copies whose source and
     target blocks both advance by one goes as one slice copy: one cudaMemcpyAsync of k
-    blocks instead of k calls, each of which costs the host ~10 µs (a request's blocks are
-    mostly allocated in runs; offloaded prefixes' copies issue thousands a step)."""
+    blocks instead of k calls, each with a host cost that dwarfs a block's bytes (a request's
+    blocks are mostly allocated in runs; offloaded prefixes' copies issue thousands a step;
+    shared/hw/h200_probe_2026-11-30.json)."""
     i, n = 0, len(dst)
     while i < n:
         d, s, k = dst[i], src[i], 1

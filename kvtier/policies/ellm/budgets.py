@@ -16,8 +16,8 @@ def with_step_budget(config: EngineConfig, hw=None, cost_model=None,
     it runs on. `auto`: the cost model's price when it is calibrated; else the ridge rule if
     decode steps run eagerly (`decode_graphs` False: CPU, --enforce-eager); else nothing —
     recomputing anything turns a decode step's full CUDA-graph replay into a piecewise
-    step, a price the roofline cannot see (on the calibrated H200 it exceeds the 1 %
-    tolerance below ~170 decodes)."""
+    step, a price the roofline cannot see (on the calibrated H200 it exceeds the cost rule's
+    tolerance at all but the largest decode batches)."""
     from kvtier.costmodel.hardware import get_hardware
     from kvtier.policies.ellm.planner.step_budget import (
         CostBudget,

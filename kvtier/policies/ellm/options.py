@@ -142,7 +142,8 @@ def _host_groups(args: EllmArgs, mc: ModelConfig, cache: CacheConfig, active: bo
 def _recompute_cap(args: EllmArgs, sched: SchedulerConfig) -> int:
     """The default max_recompute_tokens (it sizes the recompute scratch): half the step's
     token budget for a fixed, planned or explicit budget; 256 for the priced budgets of
-    on-demand drops, which stay under the ridge point (H200 180 tokens a step, A100 161)."""
+    on-demand drops, which stay under the ridge point (below 256 tokens a step on every
+    hardware profile in costmodel/hardware.py)."""
     priced = budget_rule(args.recompute_budget) in ("auto", "ridge", "cost")
     if priced and args.uncached_ratio is None and not args.planner:
         return min(256, sched.max_num_batched_tokens // 2)

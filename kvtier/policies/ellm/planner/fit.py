@@ -7,7 +7,7 @@ its roofline form and takes four constants from the cost model: the fraction of 
 bandwidth ceilings its steps reach, a fixed per-step overhead, and the extra cost of a step
 that recomputes any prefix. With the probe ceilings alone, recomputation below the ridge
 point looks free and the planner drops KV to grow the batch; the calibrated model says a
-recomputed token costs 29-50 us on every step (results/sim/sim_paper/physics_h200.json).
+recomputed token costs time on every step (results/sim/sim_paper/physics_h200.json).
 """
 
 from __future__ import annotations

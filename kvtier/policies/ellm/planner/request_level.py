@@ -6,14 +6,14 @@
                 1 <= b <= B,   0 <= r <= r_max
 
 solved with SciPy's SLSQP, against a baseline found without it: the largest batch that keeps
-every token cached (r = 0), which an answer with r > 0 must beat by `min_gain` — so the
-planner never drops KV when its own model says recomputation does not pay, nor because SLSQP
-failed to find a feasible point (it used to answer r = r_max then). Unlike the paper's FLOPs-only T, ours is a roofline: each part of
-a step costs the larger of its FLOPs over the bf16 peak and its bytes over HBM bandwidth, so
-the planner knows the ridge point — while b plus the recomputed tokens stay under ~180 per
-step the linear layers are bandwidth-bound and the recomputation rides along almost free;
-past it every recomputed token costs full price. `max` is smoothed (an 8-norm) so SLSQP sees
-a differentiable problem. M_o is the recompute scratch: one layer group's KV of the
+every token cached (r = 0), which an answer with r > 0 must beat by `min_gain` — so the planner
+never drops KV when its own model says recomputation does not pay, nor because SLSQP failed to
+find a feasible point (the baseline answers then). Unlike the paper's FLOPs-only T, ours is a
+roofline: each part of a step costs the larger of its FLOPs over the bf16 peak and its bytes
+over HBM bandwidth, so the planner knows the ridge point — while b plus the recomputed tokens
+stay under it the linear layers are bandwidth-bound and the recomputation rides along almost
+free; past it every recomputed token costs full price. `max` is smoothed (an 8-norm) so SLSQP
+sees a differentiable problem. M_o is the recompute scratch: one layer group's KV of the
 recomputed tokens (kvtier keeps only that much alive, `kvtier/runner/host_batch.py`).
 """
 
@@ -54,7 +54,8 @@ class PlannerConfig:
     hbm_efficiency: float = 1.0
     recompute_overhead_s: float = 0.0
     # r > 0 must beat the best batch at r = 0 by this fraction of throughput: a dropped
-    # prefix is paid on every later step, and the fitted model is ~3 % off on decode steps.
+    # prefix is paid on every later step, and the fitted model is not exact on decode steps
+    # (results/planner/planner_fit.json).
     min_gain: float = 0.02
     # eLLM's layer-level overlap (--ellm-host-groups): a dropped prefix recomputes only the
     # lower groups and copies the top `host_groups` in over PCIe, beside the forward; its

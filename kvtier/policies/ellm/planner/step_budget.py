@@ -3,17 +3,18 @@
 A dropped prefix is recomputed on every step of its request's remaining life, so dropping
 pays only while the recomputation is (nearly) free. What is free is set by the step the
 prefix will be paid in, which is almost always a decode step of the running requests
-(88 % of the steps of the simulated ShareGPT run): b decodes put b tokens through the
+(most steps of the simulated ShareGPT run): b decodes put b tokens through the
 weights, and on a roofline the linear layers carry extra tokens for free until the step
-reaches the ridge point (bf16 FLOP/s over HBM bytes/s: ~180 tokens a step on the H200).
+reaches the ridge point (bf16 FLOP/s over HBM bytes/s, a hardware profile's ceilings).
 
   ridge   max(0, ridge - b), in whole blocks: the roofline alone. It does not see that a
           decode step which recomputes anything leaves the full-model CUDA graph for
-          piecewise graphs (+1-20 % on the H200, most at small b).
+          piecewise graphs, a cost that weighs most at small b.
   cost    priced by the (calibrated) cost model, which does: the most whole blocks of
           prefix the decode step of b requests can recompute while its predicted time grows
-          by at most `tolerance` (1 %). On the calibrated H200 that is 0 below ~170 decodes.
-  fixed   a token count (`max`: the engine's max_recompute_tokens, the old default).
+          by at most `tolerance` (1 %). On the calibrated H200 that is nothing until b nears
+          the ridge point.
+  fixed   a token count (`max`: the engine's max_recompute_tokens).
 
 Every rule is capped by max_recompute_tokens, which sizes the runner's recompute scratch.
 The objects are tensor-free: the scheduler's policies call them in the real engine and in
