@@ -33,12 +33,6 @@ FIGURE = re.compile(
 # lands, and the entry with them.
 PENDING = {
     "kvtier/kernels/paged_decode_attention.py",
-    "kvtier/kv/manager.py",
-    "kvtier/scheduler/scheduler.py",
-    "kvtier/kernels/host_page_io.py",
-    "kvtier/policies/hcache/runner_states.py",
-    "kvtier/costmodel/settings.py",
-    "kvtier/policies/ellm/assembly.py",
 }
 
 

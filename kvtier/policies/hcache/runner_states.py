@@ -7,9 +7,8 @@ every layer are one contiguous row. The host pool is laid out the same way per s
 [block, offset, layer, hidden]: a request's consecutive tokens inside one block are one
 contiguous range of it, and after the forward each such range goes to the pinned pool in
 one non-blocking device-to-host copy, in stream order. No host scatter and no sync per step:
-the first version staged per layer on the host, synchronized, and scattered rows with
-advanced indexing on the CPU (~1.2 GB/s): 13B decode steps took 29 ms instead of 16, mixed
-ones 283 instead of 39 (results/serving/bench_13b_4policies_h200_adaptive4096/).
+staging per layer on the host and scattering rows with advanced indexing on the CPU runs far
+below PCIe speed and stalls every step (results/serving/bench_13b_4policies_h200_adaptive4096/).
 Restore: per layer, the hidden rows go to the device and the layer's K/V projection (+
 k-norm, rotary) writes its KV blocks; it reads the host pool, so it first waits for the
 copies of the last store.
