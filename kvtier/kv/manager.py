@@ -17,6 +17,7 @@ from kvtier.kv.block_pool import BlockPool
 from kvtier.kv.hidden import HiddenStore
 from kvtier.kv.hooks import KVCacheHooks
 from kvtier.kv.map_table import MapTable, Placement
+from kvtier.kv.prefix_cache import PrefixCache, PrefixCacheConfig
 
 
 def cdiv(a: int, b: int) -> int:
@@ -33,10 +34,13 @@ class KVCacheManager:
         watermark: float = 0.01,
         num_hidden_blocks: int | None = None,
         prefix_host_groups: int = 0,
+        prefix_cache: PrefixCacheConfig | None = None,
     ):
         """`num_hidden_blocks`: a HiddenStore of that many blocks (HCache), or None.
         `prefix_host_groups`: eLLM's dropped prefixes keep the KV of this many top layer
-        groups in the host pool (copied back each step) instead of recomputing them."""
+        groups in the host pool (copied back each step) instead of recomputing them.
+        `prefix_cache`: automatic prefix caching of device blocks (kvtier/kv/prefix_cache.py),
+        or None."""
         if not 0 <= prefix_host_groups < num_groups:
             raise ValueError(f"prefix_host_groups must be in [0, {num_groups}), "
                              f"got {prefix_host_groups}")
@@ -60,6 +64,10 @@ class KVCacheManager:
         self.num_slots: dict[str, int] = {}
         self.no_new_blocks: tuple[tuple[int, ...], ...] = ((),) * num_groups
         self.hooks: list[KVCacheHooks] = []  # caches above the pools (kvtier/kv/hooks.py)
+        self.prefix_cache: PrefixCache | None = None
+        if prefix_cache is not None:
+            self.prefix_cache = PrefixCache(block_size, num_groups, prefix_cache)
+            self.add_hooks(self.prefix_cache)
 
     def add_hooks(self, hooks: KVCacheHooks) -> None:
         self.hooks.append(hooks)
@@ -81,6 +89,17 @@ class KVCacheManager:
                 break
             freed += h.evict(num_blocks - freed, self)
         return freed
+
+    def cache_full_blocks(self, req: Request, num_computed_tokens: int) -> None:
+        """Offer the request's blocks filled by its first `num_computed_tokens` tokens, all
+        planned, to the prefix cache (its module docstring has the contract)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.cache_full_blocks(req, num_computed_tokens, self)
+
+    def reset_prefix_cache(self) -> int:
+        """Token blocks dropped from the prefix cache (0 without one); raises
+        PrefixCacheBusyError, changing nothing, while a request holds KV blocks."""
+        return self.prefix_cache.reset(self) if self.prefix_cache is not None else 0
 
     # ---- device allocation -------------------------------------------------------------
     def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
@@ -280,6 +299,8 @@ class KVCacheManager:
             gpu_owned += h.owned_device_blocks()
         self.gpu.check_integrity(gpu_owned)
         self.host.check_integrity(host_owned)
+        if self.prefix_cache is not None:
+            self.prefix_cache.check_integrity(self)
         if self.hidden is not None:
             self.hidden.check_integrity()
             assert set(self.hidden.ids) <= set(self.tables), "hidden blocks of a freed request"
