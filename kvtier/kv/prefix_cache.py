@@ -80,10 +80,10 @@ class PrefixCacheBusyError(RuntimeError):
     pass
 
 
-@dataclass(eq=False)
-class CachedBlock:
-    block_hash: BlockHash
-    block_ids: tuple[int, ...]  # one device block per layer group
+# A cached token block: one device block per layer group. A plain tuple of ints, not an
+# object: the garbage collector stops tracking such tuples, so a cache of 10^5 blocks
+# adds nothing to a gen-2 collection's walk.
+CachedBlock = tuple[int, ...]
 
 
 @dataclass(eq=False)
@@ -143,20 +143,22 @@ class PrefixCache(KVCacheHooks):
         hashes, index = self._hashes(req, state, max_blocks), self.index
         hits: list[CachedBlock] = []
         for j in range(max_blocks):
-            entry = index.get(hashes[j])
-            if entry is None:
+            ids = index.get(hashes[j])
+            if ids is None:
                 break
-            hits.append(entry)
+            hits.append(ids)
         self._count_lookup(req, state, len(hits) * self.block_size)
         if not hits:
             return 0
+        evictable = self.evictable
+        for h in hashes[: len(hits)]:
+            evictable.pop(h, None)  # a table holds it now
         table = kv.tables[rid] = MapTable(self.num_groups)
-        evictable, gpu = self.evictable, Placement.GPU
-        for entry in hits:
-            evictable.pop(entry.block_hash, None)  # a table holds it now
-            for g, b in enumerate(entry.block_ids):
-                table.append(g, b, gpu)
-        kv.gpu.incref([b for entry in hits for b in entry.block_ids])
+        # Per layer group, the hit blocks in token order (one zip, not an append per block).
+        for g, group_ids in enumerate(zip(*hits)):
+            table.block_ids[g] = list(group_ids)
+            table.placements[g] = [Placement.GPU] * len(group_ids)
+        kv.gpu.incref([b for ids in hits for b in ids])
         num_cached = len(hits) * self.block_size
         kv.num_slots[rid] = num_cached
         state.num_registered = len(hits)
@@ -200,16 +202,17 @@ class PrefixCache(KVCacheHooks):
         assert n_full <= table.num_token_blocks, f"{rid}: computed tokens past its table"
         self._live[rid] = (req, state)
         hashes, index = self._hashes(req, state, n_full), self.index
-        ids_by_group, placements = table.block_ids, table.placements[0]
+        start, placements = state.num_registered, table.placements[0]
+        # The new token blocks' device blocks, one tuple per token block (layer groups).
+        columns = zip(*(group[start:n_full] for group in table.block_ids))
         new_refs: list[int] = []
-        for j in range(state.num_registered, n_full):
+        for j, ids in zip(range(start, n_full), columns):
             h = hashes[j]
             # Cached already (another request computed the same tokens) or not on the
             # device (eLLM's dropped prefix): this copy stays the request's own.
             if h in index or placements[j] is not Placement.GPU:
                 continue
-            ids = tuple(group[j] for group in ids_by_group)
-            index[h] = CachedBlock(h, ids)
+            index[h] = ids
             new_refs += ids
         kv.gpu.incref(new_refs)
         state.num_registered = n_full
@@ -226,27 +229,28 @@ class PrefixCache(KVCacheHooks):
         own, placements = table.block_ids[0], table.placements[0]
         index, evictable, ref_count = self.index, self.evictable, kv.gpu.ref_count
         for j in range(state.num_registered - 1, -1, -1):  # tail first: leaves go first
-            entry = index.get(state.hashes[j])
-            if entry is None or entry.block_hash in evictable:
+            h = state.hashes[j]
+            ids = index.get(h)
+            if ids is None or h in evictable:
                 continue
-            held = own[j] == entry.block_ids[0] and placements[j] is Placement.GPU
-            if ref_count(entry.block_ids[0]) == 1 + held:  # nobody else holds it
-                evictable[entry.block_hash] = entry
+            held = own[j] == ids[0] and placements[j] is Placement.GPU
+            if ref_count(ids[0]) == 1 + held:  # nobody else holds it
+                evictable[h] = ids
         state.num_registered = 0
 
     def evict(self, num_blocks: int, kv: KVCacheManager) -> int:
         freed = 0
         while freed < num_blocks and self.evictable:
-            h, entry = self.evictable.popitem(last=False)
+            h, ids = self.evictable.popitem(last=False)
             del self.index[h]
-            n = len(kv.gpu.decref(list(entry.block_ids)))
-            assert n == len(entry.block_ids), "an evictable block had another owner"
+            n = len(kv.gpu.decref(list(ids)))
+            assert n == len(ids), "an evictable block had another owner"
             freed += n
             self.stats.evicted_blocks += 1
         return freed
 
     def owned_device_blocks(self) -> Iterable[int]:
-        return [b for entry in self.index.values() for b in entry.block_ids]
+        return [b for ids in self.index.values() for b in ids]
 
     # ---- reset and integrity ---------------------------------------------------------------
     def reset(self, kv: KVCacheManager) -> int:
@@ -262,7 +266,7 @@ class PrefixCache(KVCacheHooks):
                 "let them finish or abort them first")
         assert not self._live, "a live request without a table"
         n = len(self.index)
-        kv.gpu.decref([b for entry in self.index.values() for b in entry.block_ids])
+        kv.gpu.decref([b for ids in self.index.values() for b in ids])
         self.index.clear()
         self.evictable.clear()
         return n
@@ -271,16 +275,16 @@ class PrefixCache(KVCacheHooks):
         """The index, the LRU and the live requests agree with each other and with the
         device pool's reference counts (the pool checks the counts themselves)."""
         ref_count, block_hash = kv.gpu.ref_count, {}
-        for h, entry in self.index.items():
-            assert entry.block_hash == h and len(entry.block_ids) == self.num_groups, h
-            refs = {ref_count(b) for b in entry.block_ids}
+        for h, ids in self.index.items():
+            assert len(ids) == self.num_groups, h
+            refs = {ref_count(b) for b in ids}
             assert len(refs) == 1 and min(refs) >= 1, f"cached block refs {refs}"
-            for b in entry.block_ids:
+            for b in ids:
                 assert b not in block_hash, f"block {b} cached twice"
                 block_hash[b] = h
-        for h, entry in self.evictable.items():
-            assert self.index.get(h) is entry, "an evictable block is not in the index"
-            assert ref_count(entry.block_ids[0]) == 1, "an evictable block is in use"
+        for h, ids in self.evictable.items():
+            assert self.index.get(h) == ids, "an evictable block is not in the index"
+            assert ref_count(ids[0]) == 1, "an evictable block is in use"
         claimed: set[BlockHash] = set()
         for rid, (req, state) in self._live.items():
             table = kv.tables.get(rid)
@@ -298,8 +302,8 @@ class PrefixCache(KVCacheHooks):
             if rid not in self._live:
                 assert not block_hash.keys() & set(table.block_ids[0]), (
                     f"{rid} holds cached blocks the cache does not know it holds")
-        for h, entry in self.index.items():
-            if ref_count(entry.block_ids[0]) == 1:
+        for h, ids in self.index.items():
+            if ref_count(ids[0]) == 1:
                 assert h in self.evictable or h in claimed, "a cache-only block is lost"
         s = self.stats
         assert 0 <= s.hits <= s.queries and 0 <= s.preempted_hits <= s.preempted_queries

@@ -70,7 +70,7 @@ def table(kv: KVCacheManager, r: Request) -> list[int]:
 
 def lru(kv: KVCacheManager) -> list[tuple[int, ...]]:
     assert kv.prefix_cache is not None
-    return [e.block_ids for e in kv.prefix_cache.evictable.values()]
+    return list(kv.prefix_cache.evictable.values())
 
 
 def refs(kv: KVCacheManager, ids) -> list[int]:
@@ -222,7 +222,7 @@ def test_every_layer_group_of_a_token_block_is_cached_together():
     a = req("a", range(8))
     prefill(kv, a)
     assert kv.block_table(a) == ((0, 1), (2, 3))
-    assert [e.block_ids for e in kv.prefix_cache.index.values()] == [(0, 2), (1, 3)]
+    assert list(kv.prefix_cache.index.values()) == [(0, 2), (1, 3)]
     b = req("b", range(9))
     assert prefill(kv, b) == 8 and kv.block_table(b) == ((0, 1, 4), (2, 3, 5))
     finish(kv, a)
