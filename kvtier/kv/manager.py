@@ -44,6 +44,9 @@ class KVCacheManager:
         if not 0 <= prefix_host_groups < num_groups:
             raise ValueError(f"prefix_host_groups must be in [0, {num_groups}), "
                              f"got {prefix_host_groups}")
+        if prefix_cache is not None and num_hidden_blocks:
+            raise ValueError("prefix caching does not work with HCache yet: the tokens of a "
+                             "cache hit have no hidden states to restore their KV from")
         self.prefix_host_groups = prefix_host_groups
         # Device -> host copies of prefixes offloaded since the last plan (the scheduler
         # moves them into the plan's swap-outs).
@@ -173,7 +176,24 @@ class KVCacheManager:
         table = self.tables.get(req.request_id)
         away = len(_movable(table, placement)) if table else 0
         need = away + self.blocks_needed(req, extra_tokens)
-        return self.gpu.num_free - need >= self.watermark_blocks
+        return self.gpu.num_free + self._num_evictable() - need >= self.watermark_blocks
+
+    def _device_blocks_left(self, req: Request) -> None:
+        """Device blocks left the request's table: cached ones may be evictable now."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.on_device_release(req, self)
+
+    def _num_evictable(self) -> int:
+        """Device blocks the prefix cache would give back on demand."""
+        cache = self.prefix_cache
+        return cache.num_evictable_blocks * self.num_groups if cache is not None else 0
+
+    def _allocate_evicting(self, n: int) -> list[int]:
+        """`n` device blocks, evicting cached ones first if the free list is short (the
+        caller checked `_can_bring_back`)."""
+        if self.gpu.num_free < n and self.hooks:
+            self.evict(n - self.gpu.num_free)
+        return self.gpu.allocate(n)
 
     def swap_out(self, req: Request) -> list[BlockCopy] | None:
         table = self.tables.get(req.request_id)
@@ -184,6 +204,7 @@ class KVCacheManager:
             return None
         moves = self._relocate(table, Placement.GPU, Placement.HOST, self.host.allocate(n))
         self.gpu.free([old for old, _, _ in moves])
+        self._device_blocks_left(req)
         return [BlockCopy(src=old, dst=new, group=g) for old, new, g in moves]
 
     def can_swap_in(self, req: Request, extra_tokens: int) -> bool:
@@ -194,7 +215,7 @@ class KVCacheManager:
         if table is None:
             return []
         n = len(_movable(table, Placement.HOST))
-        moves = self._relocate(table, Placement.HOST, Placement.GPU, self.gpu.allocate(n))
+        moves = self._relocate(table, Placement.HOST, Placement.GPU, self._allocate_evicting(n))
         self.host.free([old for old, _, _ in moves])
         return [BlockCopy(src=old, dst=new, group=g) for old, new, g in moves]
 
@@ -210,6 +231,7 @@ class KVCacheManager:
         n = len(_movable(table, Placement.GPU))
         moves = self._relocate(table, Placement.GPU, Placement.HIDDEN, [-1] * n)
         self.gpu.free([old for old, _, _ in moves])
+        self._device_blocks_left(req)
 
     def can_unhide(self, req: Request, extra_tokens: int) -> bool:
         return self._can_bring_back(req, Placement.HIDDEN, extra_tokens)
@@ -220,7 +242,7 @@ class KVCacheManager:
         if table is None:
             return
         n = len(_movable(table, Placement.HIDDEN))
-        self._relocate(table, Placement.HIDDEN, Placement.GPU, self.gpu.allocate(n))
+        self._relocate(table, Placement.HIDDEN, Placement.GPU, self._allocate_evicting(n))
 
     # ---- partial caching (eLLM): drop a prefix, recompute it every step -----------------
     def num_dropped_tokens(self, req: Request) -> int:
@@ -260,6 +282,7 @@ class KVCacheManager:
         table.num_dropped_blocks = max(start, end)
         self.num_dropped_token_blocks += table.num_dropped_blocks - start
         self.gpu.free(freed)
+        self._device_blocks_left(req)
         return len(freed)
 
     def prefix_host_blocks(self, req: Request) -> tuple[tuple[int, ...], ...]:

@@ -19,8 +19,9 @@ table holds the block holds one more. A block whose only owner is the cache is e
 The LRU is filled when a request ends (`on_finish`), its blocks tail first, so a chain is
 evicted leaf before parent (vLLM frees a request's blocks in reverse for the same reason);
 eviction happens only when the free list is short (`evict`, called by `allocate_slots`).
-A request whose device blocks leave its table without ending (swap-out, HCache's hide,
-eLLM's dropped prefix) leaves them cache-only outside the LRU until it ends.
+When a request's device blocks leave its table without it ending (swap-out, HCache's hide,
+eLLM's dropped prefix), the manager calls `on_device_release`: the cached ones only the
+cache still holds go to the LRU the same way.
 
 When a block is cached (`cache_full_blocks(req, num_computed_tokens, kv)`): the caller
 promises that the KV of `req`'s first `num_computed_tokens` tokens is written by steps
@@ -222,21 +223,33 @@ class PrefixCache(KVCacheHooks):
         live = self._live.pop(req.request_id, None)
         if req.status.finished:
             self._states.pop(req, None)
-        if live is None:
-            return
-        state = live[1]
-        table = kv.tables[req.request_id]
+        if live is not None:
+            # Called before the table's release: a block it holds is then cache-only.
+            self._to_lru(live[1], kv.tables[req.request_id], kv, table_releases=True)
+            live[1].num_registered = 0
+
+    def on_device_release(self, req: Request, kv: KVCacheManager) -> None:
+        """Some of `req`'s device blocks have just left its table (swap-out, HCache's hide,
+        eLLM's dropped prefix; the manager calls this after their release): the cached ones
+        nobody holds any more become evictable. The request stays live."""
+        live = self._live.get(req.request_id)
+        if live is not None:
+            self._to_lru(live[1], kv.tables[req.request_id], kv, table_releases=False)
+
+    def _to_lru(self, state: _RequestState, table: MapTable, kv: KVCacheManager,
+                table_releases: bool) -> None:
+        """Append the request's registered blocks that only the cache will hold to the
+        LRU, tail first (leaves are evicted before their parents)."""
         own, placements = table.block_ids[0], table.placements[0]
         index, evictable, ref_count = self.index, self.evictable, kv.gpu.ref_count
-        for j in range(state.num_registered - 1, -1, -1):  # tail first: leaves go first
+        for j in range(state.num_registered - 1, -1, -1):
             h = state.hashes[j]
             ids = index.get(h)
             if ids is None or h in evictable:
                 continue
-            held = own[j] == ids[0] and placements[j] is Placement.GPU
+            held = table_releases and own[j] == ids[0] and placements[j] is Placement.GPU
             if ref_count(ids[0]) == 1 + held:  # nobody else holds it
                 evictable[h] = ids
-        state.num_registered = 0
 
     def evict(self, num_blocks: int, kv: KVCacheManager) -> int:
         freed = 0
@@ -285,7 +298,6 @@ class PrefixCache(KVCacheHooks):
         for h, ids in self.evictable.items():
             assert self.index.get(h) == ids, "an evictable block is not in the index"
             assert ref_count(ids[0]) == 1, "an evictable block is in use"
-        claimed: set[BlockHash] = set()
         for rid, (req, state) in self._live.items():
             table = kv.tables.get(rid)
             assert table is not None, f"{rid} is live in the cache but holds no table"
@@ -293,7 +305,6 @@ class PrefixCache(KVCacheHooks):
             assert state.hashes == self.hasher.hash_tokens(
                 req.token_ids_slice(0, len(state.hashes) * self.block_size),
                 self.extra_key(req)), f"{rid}: stale block hashes"
-            claimed.update(state.hashes[: state.num_registered])
             for j, b in enumerate(table.block_ids[0]):  # a cached block sits at its hash
                 if table.placements[0][j] is Placement.GPU and b in block_hash:
                     assert j < state.num_registered and block_hash[b] == state.hashes[j], (
@@ -304,6 +315,6 @@ class PrefixCache(KVCacheHooks):
                     f"{rid} holds cached blocks the cache does not know it holds")
         for h, ids in self.index.items():
             if ref_count(ids[0]) == 1:
-                assert h in self.evictable or h in claimed, "a cache-only block is lost"
+                assert h in self.evictable, "a cache-only block is not evictable"
         s = self.stats
         assert 0 <= s.hits <= s.queries and 0 <= s.preempted_hits <= s.preempted_queries
