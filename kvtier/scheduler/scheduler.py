@@ -308,11 +308,16 @@ class Scheduler:
         self.counters.num_prefix_recompute_tokens += prefix_recompute
         if others:
             decodes += others
+        return self._plan(step, decodes)
+
+    def _plan(self, step: _StepBuilder, scheduled: list[ScheduledRequest]) -> StepPlan:
+        """The step's plan: its scheduled requests (decodes first), copies and items."""
+        kv = self.kv
         if kv.pending_swap_out:  # prefixes offloaded this step: out before any swap-in
             step.swap_out = kv.take_pending_swap_out() + step.swap_out
-        plan = StepPlan(scheduled=decodes, swap_out=step.swap_out, swap_in=step.swap_in,
+        plan = StepPlan(scheduled=scheduled, swap_out=step.swap_out, swap_in=step.swap_in,
                         finished_ids=self._finished_ids, preempted_ids=self._preempted_ids,
-                        items=items)
+                        items=step.items)
         self._finished_ids, self._preempted_ids = [], []
         return plan
 
