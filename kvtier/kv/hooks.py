@@ -12,6 +12,12 @@ Contract, per hook (the KV manager calls them, in the order its hooks were added
     KV) and its table is about to be released. The hook may keep blocks of it with
     `kv.gpu.incref` (they stay allocated after the request drops its own reference); it
     must not change the table.
+  * `on_device_release(req, kv)`: device blocks left the request's table without it ending
+    (swapped out, hidden, a dropped prefix); the table already shows their new placement.
+    Blocks the hook keeps that no table holds any more may become evictable. It must not
+    change the table.
+  * `num_evictable_device_blocks()`: device blocks `evict` would free now if asked (the
+    manager counts them as room when it decides whether a request can come back).
   * `evict(num_blocks, kv)`: `allocate_slots` is `num_blocks` device blocks short. Release
     (decref) up to that many blocks the hook keeps and no request's table holds; returns how
     many became free. It must not touch blocks a table holds.
@@ -38,6 +44,12 @@ class KVCacheHooks:
 
     def on_finish(self, req: Request, kv: KVCacheManager) -> None:
         return None
+
+    def on_device_release(self, req: Request, kv: KVCacheManager) -> None:
+        return None
+
+    def num_evictable_device_blocks(self) -> int:
+        return 0
 
     def evict(self, num_blocks: int, kv: KVCacheManager) -> int:
         return 0

@@ -17,6 +17,7 @@ from kvtier.core.request import Request
 from kvtier.kv.block_pool import BlockPool
 from kvtier.kv.hooks import KVCacheHooks
 from kvtier.kv.map_table import MapTable, Placement
+from kvtier.kv.prefix_cache import PrefixCache, PrefixCacheConfig
 
 
 def cdiv(a: int, b: int) -> int:
@@ -29,6 +30,9 @@ class HiddenStates(Protocol):
 
     ids: dict[str, list[int]]
     pool: BlockPool
+    # Whether it can stand in for blocks a request took from a prefix cache (KV it never
+    # computed itself); the manager refuses a prefix cache beside a store that cannot.
+    shares_blocks: bool
 
     def extend(self, request_id: str, num_tokens: int) -> tuple[int, ...]: ...
 
@@ -49,14 +53,21 @@ class KVCacheManager:
         watermark: float = 0.01,
         hidden_store: HiddenStates | None = None,
         prefix_host_groups: int = 0,
+        prefix_cache: PrefixCacheConfig | None = None,
     ):
         """`hidden_store`: what stands in for the KV of HIDDEN entries (hidden states kept
         per token), or None. `prefix_host_groups`: dropped prefixes keep the KV of this many
         top layer groups in the host pool (copied back each step) instead of recomputing
-        them."""
+        them. `prefix_cache`: automatic prefix caching of device blocks
+        (kvtier/kv/prefix_cache.py), or None."""
         if not 0 <= prefix_host_groups < num_groups:
             raise ValueError(f"prefix_host_groups must be in [0, {num_groups}), "
                              f"got {prefix_host_groups}")
+        if prefix_cache is not None and hidden_store is not None \
+                and not hidden_store.shares_blocks:
+            raise ValueError("prefix caching does not work with this memory system's hidden "
+                             "states: the tokens of a cache hit have none to restore their "
+                             "KV from")
         self.prefix_host_groups = prefix_host_groups
         # Device -> host copies of prefixes offloaded since the last plan (the scheduler
         # moves them into the plan's swap-outs).
@@ -77,6 +88,10 @@ class KVCacheManager:
         self.num_slots: dict[str, int] = {}
         self.no_new_blocks: tuple[tuple[int, ...], ...] = ((),) * num_groups
         self.hooks: list[KVCacheHooks] = []  # caches above the pools (kvtier/kv/hooks.py)
+        self.prefix_cache: PrefixCache | None = None
+        if prefix_cache is not None:
+            self.prefix_cache = PrefixCache(block_size, num_groups, prefix_cache)
+            self.add_hooks(self.prefix_cache)
 
     def add_hooks(self, hooks: KVCacheHooks) -> None:
         self.hooks.append(hooks)
@@ -98,6 +113,17 @@ class KVCacheManager:
                 break
             freed += h.evict(num_blocks - freed, self)
         return freed
+
+    def cache_full_blocks(self, req: Request, num_computed_tokens: int) -> None:
+        """Offer the request's blocks filled by its first `num_computed_tokens` tokens, all
+        planned, to the prefix cache (its module docstring has the contract)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.cache_full_blocks(req, num_computed_tokens, self)
+
+    def reset_prefix_cache(self) -> int:
+        """Token blocks dropped from the prefix cache (0 without one); raises
+        PrefixCacheBusyError, changing nothing, while a request holds KV blocks."""
+        return self.prefix_cache.reset(self) if self.prefix_cache is not None else 0
 
     # ---- device allocation -------------------------------------------------------------
     def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
@@ -171,7 +197,23 @@ class KVCacheManager:
         table = self.tables.get(req.request_id)
         away = len(_movable(table, placement)) if table else 0
         need = away + self.blocks_needed(req, extra_tokens)
-        return self.gpu.num_free - need >= self.watermark_blocks
+        return self.gpu.num_free + self._num_evictable() - need >= self.watermark_blocks
+
+    def _device_blocks_left(self, req: Request) -> None:
+        """Device blocks left the request's table: ones a hook keeps may be evictable now."""
+        for h in self.hooks:
+            h.on_device_release(req, self)
+
+    def _num_evictable(self) -> int:
+        """Device blocks the hooks would give back on demand."""
+        return sum(h.num_evictable_device_blocks() for h in self.hooks)
+
+    def _allocate_evicting(self, n: int) -> list[int]:
+        """`n` device blocks, evicting cached ones first if the free list is short (the
+        caller checked `_can_bring_back`)."""
+        if self.gpu.num_free < n and self.hooks:
+            self.evict(n - self.gpu.num_free)
+        return self.gpu.allocate(n)
 
     def swap_out(self, req: Request) -> list[BlockCopy] | None:
         table = self.tables.get(req.request_id)
@@ -182,6 +224,7 @@ class KVCacheManager:
             return None
         moves = self._relocate(table, Placement.GPU, Placement.HOST, self.host.allocate(n))
         self.gpu.free([old for old, _, _ in moves])
+        self._device_blocks_left(req)
         return [BlockCopy(src=old, dst=new, group=g) for old, new, g in moves]
 
     def can_swap_in(self, req: Request, extra_tokens: int) -> bool:
@@ -192,7 +235,7 @@ class KVCacheManager:
         if table is None:
             return []
         n = len(_movable(table, Placement.HOST))
-        moves = self._relocate(table, Placement.HOST, Placement.GPU, self.gpu.allocate(n))
+        moves = self._relocate(table, Placement.HOST, Placement.GPU, self._allocate_evicting(n))
         self.host.free([old for old, _, _ in moves])
         return [BlockCopy(src=old, dst=new, group=g) for old, new, g in moves]
 
@@ -208,6 +251,7 @@ class KVCacheManager:
         n = len(_movable(table, Placement.GPU))
         moves = self._relocate(table, Placement.GPU, Placement.HIDDEN, [-1] * n)
         self.gpu.free([old for old, _, _ in moves])
+        self._device_blocks_left(req)
 
     def can_unhide(self, req: Request, extra_tokens: int) -> bool:
         return self._can_bring_back(req, Placement.HIDDEN, extra_tokens)
@@ -218,7 +262,7 @@ class KVCacheManager:
         if table is None:
             return
         n = len(_movable(table, Placement.HIDDEN))
-        self._relocate(table, Placement.HIDDEN, Placement.GPU, self.gpu.allocate(n))
+        self._relocate(table, Placement.HIDDEN, Placement.GPU, self._allocate_evicting(n))
 
     # ---- partial caching: drop a prefix, recompute it every step ------------------------
     def num_dropped_tokens(self, req: Request) -> int:
@@ -258,6 +302,7 @@ class KVCacheManager:
         table.num_dropped_blocks = max(start, end)
         self.num_dropped_token_blocks += table.num_dropped_blocks - start
         self.gpu.free(freed)
+        self._device_blocks_left(req)
         return len(freed)
 
     def prefix_host_blocks(self, req: Request) -> tuple[tuple[int, ...], ...]:
@@ -297,6 +342,8 @@ class KVCacheManager:
             gpu_owned += h.owned_device_blocks()
         self.gpu.check_integrity(gpu_owned)
         self.host.check_integrity(host_owned)
+        if self.prefix_cache is not None:
+            self.prefix_cache.check_integrity(self)
         if self.hidden is not None:
             self.hidden.check_integrity()
             assert set(self.hidden.ids) <= set(self.tables), "hidden blocks of a freed request"

@@ -206,20 +206,35 @@ class Scheduler:
     def _schedule_waiting(self, step: _StepBuilder) -> None:
         while self.waiting and step.budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting.peek()
+            # A prefix cache may hold the KV of its first tokens: it starts after them, and
+            # only the rest costs budget.
+            cached = req.num_computed_tokens = self.kv.admit(req) if self.kv.hooks else 0
             remaining = req.num_tokens - req.num_computed_tokens
             if remaining > step.budget and not self.config.enable_chunked_prefill:
+                self._unadmit(req, cached)
                 break
             n = step.prefills.chunk(remaining, min(remaining, step.budget))
             if not n:
+                self._unadmit(req, cached)
                 break  # FCFS: it waits for a step with room for another partial prefill
             # The watermark protects running requests; with none running it only blocks.
             blocks = self.kv.allocate_slots(req, n, use_watermark=bool(self.running))
             if blocks is None:
+                self._unadmit(req, cached)
                 break
+            if cached:  # cached prompt tokens are not computed: not counted as prefill
+                req.num_prompt_tokens_seen = max(req.num_prompt_tokens_seen,
+                                                 min(cached, req.num_prompt_tokens))
             self.waiting.pop()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             step.add(req, n, self.kv.block_table(req), reset=True)
+
+    def _unadmit(self, req: Request, cached: int) -> None:
+        """It stays WAITING: give back the cached blocks its admission took."""
+        if cached:
+            self.kv.free(req)
+            req.num_computed_tokens = 0
 
     def _preempt(self, req: Request, step: _StepBuilder) -> None:
         result = self.policy.preempt(req, self.kv)
@@ -248,9 +263,14 @@ class Scheduler:
         others: list[ScheduledRequest] = []
         prefix_recompute = 0
         is_async = self._async
+        # Blocks this plan fills are cached now: a later plan reads them after this step
+        # wrote them (kvtier/kv/prefix_cache.py's contract).
+        block_size = kv.block_size if kv.prefix_cache is not None else 0
         for req, n, blocks, reset, _ in step.entries:
             start = req.num_computed_tokens
             end = req.num_computed_tokens = start + n
+            if block_size and end // block_size > start // block_size:
+                kv.cache_full_blocks(req, end)
             prompt, out = req.prompt_token_ids, req.output_token_ids
             num_prompt = len(prompt)
             pending = req.num_pending_tokens
@@ -288,11 +308,16 @@ class Scheduler:
         self.counters.num_prefix_recompute_tokens += prefix_recompute
         if others:
             decodes += others
+        return self._plan(step, decodes)
+
+    def _plan(self, step: _StepBuilder, scheduled: list[ScheduledRequest]) -> StepPlan:
+        """The step's plan: its scheduled requests (decodes first), copies and items."""
+        kv = self.kv
         if kv.pending_swap_out:  # prefixes offloaded this step: out before any swap-in
             step.swap_out = kv.take_pending_swap_out() + step.swap_out
-        plan = StepPlan(scheduled=decodes, swap_out=step.swap_out, swap_in=step.swap_in,
+        plan = StepPlan(scheduled=scheduled, swap_out=step.swap_out, swap_in=step.swap_in,
                         finished_ids=self._finished_ids, preempted_ids=self._preempted_ids,
-                        items=items)
+                        items=step.items)
         self._finished_ids, self._preempted_ids = [], []
         return plan
 

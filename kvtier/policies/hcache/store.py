@@ -15,6 +15,10 @@ from kvtier.kv.block_pool import BlockPool
 
 
 class HiddenStore:
+    # Hidden states are captured while a request computes its tokens: the tokens of a prefix
+    # cache hit were computed by another request, so none are kept to restore their KV from.
+    shares_blocks = False
+
     def __init__(self, num_blocks: int, block_size: int):
         self.pool = BlockPool(num_blocks, "hidden")
         self.block_size = block_size
