@@ -14,10 +14,12 @@ from kvtier.policies.ellm.options import (
     EllmArgs,
     EllmOptions,
     copied_groups_in_flight,
+    ellm_options,
     host_groups_rule,
     resolve_options,
 )
 from kvtier.policies.ellm.policy import EllmPolicy
+from kvtier.policies.registry import system_cost_config
 
 if TYPE_CHECKING:
     from kvtier.engine.assembly import AssemblyContext
@@ -53,7 +55,7 @@ class EllmSystem(MemorySystem):
         return recompute_scratch_blocks(config)
 
     def cost_model_options(self, config: EngineConfig) -> dict[str, Any]:
-        return {"prefix_copy_window": config.policy_options.prefix_copy_window}
+        return {"prefix_copy_window": ellm_options(config.policy_options).prefix_copy_window}
 
     def kv_manager_options(self, config: EngineConfig, pools: HostPools) -> dict[str, Any]:
         return {"prefix_host_groups": config.policy_options.prefix_host_groups}
@@ -122,12 +124,12 @@ def ellm_cost_model(config: EngineConfig, args, block_bytes: int, hw=None):
     or EngineArgs."""
     from kvtier.costmodel.calibration import Calibration
     from kvtier.costmodel.hardware import get_hardware
-    from kvtier.costmodel.model import CostModel, engine_cost_config
+    from kvtier.costmodel.model import CostModel
 
     calibration = _flag(args, "calibration")
     assert calibration
     return CostModel(config.model_config, hw or get_hardware("h200"),
-                     Calibration.load(calibration), engine_cost_config(config, block_bytes))
+                     Calibration.load(calibration), system_cost_config(config, block_bytes))
 
 
 def _flag(args, name: str):
