@@ -173,6 +173,18 @@ def decode_range(
         m, l_i, acc = online_softmax_update(q, k, v, m, l_i, acc, valid[None, :], qk_scale,
                                           PRECISION)
 
+    write_split(m, l_i, acc, b, heads, g_ok, d, d_ok, split, splits, num_kv_heads, num_splits,
+                out_ptr, stride_ob, stride_oh, part_ptr, lse_ptr, G, HEAD_DIM, SINGLE_SPLIT)
+
+
+@triton.jit
+def write_split(
+    m, l_i, acc, b, heads, g_ok, d, d_ok, split, splits, num_kv_heads, num_splits,
+    out_ptr, stride_ob, stride_oh, part_ptr, lse_ptr,
+    G: tl.constexpr, HEAD_DIM: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
+):
+    """A split's result: the output of a request it covers alone, else its partial output
+    and log-sum-exp for the reduce."""
     # A split of a request's own count that saw no tokens (possible where tile rounding
     # leaves the last range empty): l_i = 0, lse = -inf, weight 0 in the reduce.
     has = l_i > 0
@@ -312,6 +324,19 @@ def reduce_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor,
     )
 
 
+def launch_order(order: torch.Tensor | None, batch: int,
+                 num_splits: int) -> torch.Tensor | None:
+    """The request order a launch takes (None: the batch's own)."""
+    if order is None:
+        return None
+    check(order.dtype == torch.int32 and order.shape[0] >= batch,
+          lambda: f"order must be int32 with at least {batch} entries")
+    # Split launches already cut long contexts, and read through the index they ran
+    # 21-27 % slower on the H200 (16 x 2048 and 16 x 8192 tokens, 4 splits;
+    # kernels_grid_order_h200.json): the order serves single-split launches only.
+    return order if num_splits == 1 else None
+
+
 def paged_decode_attention(
     q: torch.Tensor,  # [B, Hq, D]
     kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D] (one layer's view)
@@ -351,14 +376,7 @@ def paged_decode_attention(
     pk = prefix.k if prefix is not None else q
     pv = prefix.v if prefix is not None else q
     ploc = prefix.start_loc if prefix is not None else seq_lens
-    if order is not None:
-        check(order.dtype == torch.int32 and order.shape[0] >= B,
-              lambda: f"order must be int32 with at least {B} entries")
-        if num_splits > 1:
-            # Split launches already cut long contexts, and read through the index they ran
-            # 21-27 % slower on the H200 (16 x 2048 and 16 x 8192 tokens, 4 splits;
-            # kernels_grid_order_h200.json): the order serves single-split launches only.
-            order = None
+    order = launch_order(order, B, num_splits)
     _decode_split_kernel[(Hkv, B, num_splits)](  # KV heads fastest
         order if order is not None else seq_lens,
         q, q.stride(0), q.stride(1),

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvtier.config import ConfigError, EngineConfig
+from kvtier.core.executor import Executor
 from kvtier.costmodel.calibration import Calibration
 from kvtier.costmodel.hardware import GiB, HardwareProfile
 from kvtier.costmodel.model import CostModel
@@ -122,7 +123,8 @@ class SimFactory:
                  reserved_blocks: int) -> None:
         return None
 
-    def decode_graphs(self, executor: SimulatedExecutor) -> bool:
+    def decode_graphs(self, executor: Executor) -> bool:
+        assert isinstance(executor, SimulatedExecutor)
         return bool(executor.cost_model.graph_sizes)
 
     def describe(self, config: EngineConfig, pools: PoolSizes, host: HostPools) -> str:
