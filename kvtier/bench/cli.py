@@ -84,7 +84,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     _add_goodput_args(p.add_argument_group("goodput"))
 
 
-def _add_workload_args(w) -> None:
+def _add_workload_args(w: argparse._ArgumentGroup) -> None:
     w.add_argument("--workload", choices=[d.value for d in Dataset], default="sharegpt")
     w.add_argument("--dataset-path", default=None,
                    help="data file: L-Eval JSONL, Azure trace CSV, prepared JSON; "
@@ -115,7 +115,7 @@ def _add_workload_args(w) -> None:
                    help="with --save-workload: write the workload and exit without running")
 
 
-def _add_arrival_args(a) -> None:
+def _add_arrival_args(a: argparse._ArgumentGroup) -> None:
     a.add_argument("--arrivals", choices=ARRIVALS, default="offline",
                    help="paper-gamma: the eLLM paper's Azure-trace gaps (mean 22.15 ms, CV 1.69), "
                    "halved for ShareGPT, doubled for L-Eval; trace: the gaps of --trace-path")
@@ -127,7 +127,7 @@ def _add_arrival_args(a) -> None:
                    help="Azure trace CSV for --arrivals trace (default: --dataset-path)")
 
 
-def _add_goodput_args(s) -> None:
+def _add_goodput_args(s: argparse._ArgumentGroup) -> None:
     s.add_argument("--goodput-sweep", action="store_true",
                    help="find each policy's goodput: highest rate with >= target inside both SLOs")
     s.add_argument("--sweep-rates", type=_floats, default=(), help="grid of rates, e.g. 1,2,4,8")
