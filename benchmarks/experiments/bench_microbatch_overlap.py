@@ -37,7 +37,8 @@ import torch.nn.functional as F
 
 from benchmarks.common import median_replay_s, monitored, write_result
 from benchmarks.kernels.bench_kernels import sharegpt_step_lens
-from kvtier.kernels.paged_decode_attention import choose_num_splits, paged_decode_attention
+from kvtier.kernels.paged_decode_attention import paged_decode_attention
+from kvtier.kernels.paged_decode_launch import choose_num_splits
 from kvtier.kernels.rms_norm import fused_add_rms_norm
 from kvtier.kernels.silu_and_mul import silu_and_mul
 

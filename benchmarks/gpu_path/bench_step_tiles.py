@@ -25,8 +25,8 @@ import torch
 from benchmarks.common import median_replay_s, monitored, write_result
 from benchmarks.gpu_path.bench_gpu_path import decode_bytes, decode_step_engine, release, roofline
 from kvtier.engine.llm_engine import LLMEngine
-from kvtier.kernels import paged_decode_attention as pda
-from kvtier.kernels.paged_decode_attention import DecodeTiles
+from kvtier.kernels import paged_decode_launch as launch
+from kvtier.kernels.paged_decode_launch import DecodeTiles
 
 # The first sweep (step_tiles_h200_a29859d.json): at 256 x 2048, 2 warps held a higher clock
 # than the default 4 at equal bandwidth, 2 stages a much higher one at lower bandwidth. So:
@@ -47,8 +47,8 @@ def capture_step(engine: LLMEngine, batch: int, tiles: DecodeTiles) -> torch.cud
     """The decode graph of `batch` rows with the attention launched at `tiles` (the
     runner's own capture path, into the graphs' shared pool)."""
     graphs = engine.executor.graphs
-    default = pda.default_tiles
-    pda.default_tiles = lambda *args: tiles  # what `tiles_for` asks, at capture time
+    default = launch.default_tiles
+    launch.default_tiles = lambda *args: tiles  # what `tiles_for` asks, at capture time
     try:
         with torch.inference_mode():
             graphs._forward(batch)  # compiles outside the capture
@@ -57,7 +57,7 @@ def capture_step(engine: LLMEngine, batch: int, tiles: DecodeTiles) -> torch.cud
             with torch.cuda.graph(graph, pool=graphs.pool):
                 graphs._forward(batch)
     finally:
-        pda.default_tiles = default
+        launch.default_tiles = default
     torch.cuda.synchronize()
     return graph
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -34,6 +33,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.common import write_result  # noqa: E402
+from kvtier.bench.environment import cpu_name  # noqa: E402
 from kvtier.kernels.cpu_attention import cpu_decode_attention  # noqa: E402
 from kvtier.kernels.cpu_attention_build import CFLAGS, cpu_attention_extension  # noqa: E402
 
@@ -62,16 +62,6 @@ def host_read_gbps(iters: int) -> float:
     """Memory read bandwidth: one pass of sum() over a 2 GiB fp32 tensor."""
     x = torch.ones(1 << 29, dtype=torch.float32)
     return x.numel() * 4 / median_s(lambda: x.sum(), iters) / 1e9
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def cpu_flags_of_interest() -> list[str]:
@@ -198,7 +188,7 @@ def main() -> None:
         print({k: row[k] for k in row if k.endswith(("gbps", "pct_of_host_read", "context", "batch"))})
         rows.append(row)
     write_result(args.out, {
-        "host": {"cpu_model": cpu_model(), "logical_cpus": os.cpu_count(),
+        "host": {"cpu_model": cpu_name(), "logical_cpus": os.cpu_count(),
                  "flags": cpu_flags_of_interest()},
         "threads": args.threads, "clock": args.clock, "kernel_isa": ext.isa,
         "kernel_cflags": list(CFLAGS), "pages_per_split": args.pages_per_split,

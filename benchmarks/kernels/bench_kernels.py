@@ -31,11 +31,8 @@ import torch
 import triton
 
 from benchmarks.common import median_replay_s
-from kvtier.kernels.paged_decode_attention import (
-    default_num_splits,
-    paged_decode_attention,
-    programs_per_sm,
-)
+from kvtier.kernels.paged_decode_attention import paged_decode_attention
+from kvtier.kernels.paged_decode_launch import default_num_splits, programs_per_sm
 from kvtier.kernels.paged_prefill_attention import paged_prefill_attention
 
 HBM_ROOFLINE_GBPS = 4240.0  # measured H200 device-to-device copy (DESIGN.md, hw/)
@@ -369,7 +366,7 @@ def stages_sweep(workload: str, variants: tuple = STAGES_VARIANTS) -> list[dict[
 def tiles_mha_sweep() -> list[dict[str, Any]]:
     """llama-2-13b (40 KV heads, one query head each) at 4,096+ programs: the default tiles
     against the large-batch ones that grouped-query models take there."""
-    from kvtier.kernels.paged_decode_attention import MANY_PROGRAMS_TILES as t
+    from kvtier.kernels.paged_decode_launch import MANY_PROGRAMS_TILES as t
 
     rows = []
     for b, c in ((104, 512), (128, 256), (128, 1024), (256, 512), (104, 2048)):

@@ -240,10 +240,11 @@ def make_cost_models(engine, args: argparse.Namespace) -> dict | None:
 
     from kvtier.costmodel.calibration import Calibration
     from kvtier.costmodel.hardware import get_hardware
-    from kvtier.costmodel.model import CostModel, engine_cost_config
+    from kvtier.costmodel.model import CostModel
+    from kvtier.policies import system_cost_config
 
     calib = Calibration.load(args.calibration)
-    base = engine_cost_config(engine.config, engine.block_bytes)
+    base = system_cost_config(engine.config, engine.block_bytes)
     hw = get_hardware(args.hardware)
     return {name: CostModel(engine.config.model_config, hw, calib,
                             replace(base, overlap_swap=on))

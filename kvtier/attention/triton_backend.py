@@ -14,7 +14,8 @@ import torch
 from kvtier.attention.base import Rope
 from kvtier.attention.metadata import AttentionMetadata
 from kvtier.kernels.kv_write import kv_write
-from kvtier.kernels.paged_decode_attention import choose_num_splits, paged_decode_attention
+from kvtier.kernels.paged_decode_attention import paged_decode_attention
+from kvtier.kernels.paged_decode_launch import choose_num_splits
 from kvtier.kernels.paged_prefill_attention import paged_prefill_attention
 from kvtier.kernels.rotary_kv_write import rotary_kv_write
 

@@ -79,7 +79,12 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
     g.add_argument("--gpu-monitor", action=argparse.BooleanOptionalAction, default=True,
                    help="sample GPU utilisation/power through NVML where a GPU is present")
-    w = p.add_argument_group("workload")
+    _add_workload_args(p.add_argument_group("workload"))
+    _add_arrival_args(p.add_argument_group("arrivals"))
+    _add_goodput_args(p.add_argument_group("goodput"))
+
+
+def _add_workload_args(w: argparse._ArgumentGroup) -> None:
     w.add_argument("--workload", choices=[d.value for d in Dataset], default="sharegpt")
     w.add_argument("--dataset-path", default=None,
                    help="data file: L-Eval JSONL, Azure trace CSV, prepared JSON; "
@@ -108,7 +113,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    help="write the workload's token ids here (replay: --workload prepared)")
     w.add_argument("--prepare-only", action="store_true",
                    help="with --save-workload: write the workload and exit without running")
-    a = p.add_argument_group("arrivals")
+
+
+def _add_arrival_args(a: argparse._ArgumentGroup) -> None:
     a.add_argument("--arrivals", choices=ARRIVALS, default="offline",
                    help="paper-gamma: the eLLM paper's Azure-trace gaps (mean 22.15 ms, CV 1.69), "
                    "halved for ShareGPT, doubled for L-Eval; trace: the gaps of --trace-path")
@@ -118,7 +125,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    help="send this many times faster, same draws (the paper sweeps 0.5-3)")
     a.add_argument("--trace-path", default=None,
                    help="Azure trace CSV for --arrivals trace (default: --dataset-path)")
-    s = p.add_argument_group("goodput")
+
+
+def _add_goodput_args(s: argparse._ArgumentGroup) -> None:
     s.add_argument("--goodput-sweep", action="store_true",
                    help="find each policy's goodput: highest rate with >= target inside both SLOs")
     s.add_argument("--sweep-rates", type=_floats, default=(), help="grid of rates, e.g. 1,2,4,8")

@@ -19,9 +19,11 @@ Contracts:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar, cast
+
+_Item = TypeVar("_Item", bound="PlanItem")
 
 
 class PlanItem:
@@ -74,6 +76,12 @@ def by_kind(items: Iterable[PlanItem]) -> dict[type[PlanItem], list[PlanItem]]:
     for item in items:
         groups.setdefault(type(item), []).append(item)
     return groups
+
+
+def group_of(groups: Mapping[type[PlanItem], Sequence[PlanItem]],
+             cls: type[_Item]) -> Sequence[_Item]:
+    """The items of class `cls` in `by_kind`'s groups (none: empty)."""
+    return cast("Sequence[_Item]", groups.get(cls, ()))
 
 
 def item_counts(items: Iterable[PlanItem]) -> tuple[tuple[str, int], ...]:

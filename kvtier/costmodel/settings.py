@@ -3,7 +3,9 @@ pieces, copy overlap, what the memory system says of its steps)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -28,12 +30,12 @@ class CostModelConfig:
     prefix_copy_window: int = 0
 
 
-def engine_cost_config(config, block_bytes: int, num_gpus: int = 1) -> CostModelConfig:
+def engine_cost_config(config, block_bytes: int, num_gpus: int = 1,
+                       system_options: Mapping[str, Any] | None = None) -> CostModelConfig:
     """The cost-model settings that mirror how the runner executes this EngineConfig:
-    graphs unless eager; pieces when enabled; swap copies overlapped per group; and what
-    the memory system says of its steps (`MemorySystem.cost_model_options`)."""
-    from kvtier.policies import get_system
-
+    graphs unless eager; pieces when enabled; swap copies overlapped per group; and
+    `system_options`, the CostModelConfig fields its memory system sets
+    (`MemorySystem.cost_model_options`; `kvtier.policies.system_cost_config` passes them)."""
     mc, sched = config.model_config, config.scheduler
     return replace(CostModelConfig(
         cuda_graphs=not config.enforce_eager,
@@ -43,4 +45,4 @@ def engine_cost_config(config, block_bytes: int, num_gpus: int = 1) -> CostModel
         max_num_batched_tokens=sched.max_num_batched_tokens,
         overlap_swap=config.overlap_swap,
         layers_per_block=config.cache.layers_in_block(mc.num_layers)),
-        **get_system(config.kv_policy).cost_model_options(config))
+        **(system_options or {}))

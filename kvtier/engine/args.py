@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any
+from typing import Any, Self
 
 from kvtier.config import CacheConfig, EngineConfig, SchedulerConfig
 from kvtier.model.loader import resolve_model_config
@@ -150,7 +150,7 @@ class EngineArgsFields:
             args_cls.add_cli_args(parser, taken)
 
     @classmethod
-    def from_cli_args(cls, ns: argparse.Namespace) -> EngineArgs:
+    def from_cli_args(cls, ns: argparse.Namespace) -> Self:
         kw: dict[str, Any] = {f.name: getattr(ns, f.name) for f in fields(cls)
                               if f.metadata.get("cli", True) and hasattr(ns, f.name)}
         flags = policy_flag_defaults()

@@ -64,7 +64,11 @@ class ExecutorFactory(Protocol):
     dtype_bytes: int
     hw: Any
     plan_for: Any
-    clock: Callable[[], float]
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The engine's clock (read-only here, so a factory may hold a callable subtype)."""
+        ...
 
     def check(self, config: EngineConfig) -> None: ...
 

@@ -10,14 +10,8 @@ merges them. A CUDA graph fixes `num_splits` for its batch size at capture (from
 max_model_len), so each request caps its own split count by its length: a request gets
 min(num_splits, seq_len // min_split_tokens) splits (at least one), a single-split request
 writes its output directly, and the programs past its count exit at once. Short requests
-in a graph captured for long ones then pay no partial outputs and no reduce.
-
-Launch shape (`default_tiles`): 64-token K/V tiles, 4 warps, 3 stages (2 programs resident
-an SM). Grouped-query launches of 1,024 to 4,095 programs take 2 warps and 4 stages (one
-resident an SM, as many bytes in flight): as fast alone, and at the H200's power cap they
-leave the step's GEMMs a higher clock. From 4,096 programs on they take 32-token tiles with
-2 warps (4 resident), where many short programs wait on their first loads. Few programs
-split finer (`default_min_split_tokens`).
+in a graph captured for long ones then pay no partial outputs and no reduce. The launch
+shape (tiles, split counts) is paged_decode_launch.py's.
 
 Launch order: KV heads vary fastest, and a single-split launch may take `order`, the
 requests in the order their programs start. Served batches mix a few long contexts among
@@ -36,8 +30,6 @@ position (the first pages are simply never read). Without a prefix, prefix_len_b
 
 from __future__ import annotations
 
-import functools
-import math
 from dataclasses import dataclass
 
 import torch
@@ -57,16 +49,15 @@ from kvtier.kernels.launch import (
     num_sms,
     upcast,
 )
+from kvtier.kernels.paged_decode_launch import (
+    choose_num_splits,
+    default_min_split_tokens,
+    programs_per_sm,
+    tiles_for,
+)
 from kvtier.kernels.pdl import pdl_launch, wait_for_previous_kernel
 
 LOG2E = 1.4426950408889634
-# Below this many tokens per split, the extra partial outputs and the reduce cost more than
-# the parallelism gains: the cap of a launch's split count, and of each request's own where
-# the batch's programs fill the GPU (`default_min_split_tokens`: shorter where they do not).
-MIN_TOKENS_PER_SPLIT = 256
-# From this many waves of (request, KV head) programs on, the decode does not split.
-SPLIT_FREE_WAVES = 3
-MAX_SPLITS = 64
 
 
 @dataclass
@@ -182,6 +173,18 @@ def decode_range(
         m, l_i, acc = online_softmax_update(q, k, v, m, l_i, acc, valid[None, :], qk_scale,
                                           PRECISION)
 
+    write_split(m, l_i, acc, b, heads, g_ok, d, d_ok, split, splits, num_kv_heads, num_splits,
+                out_ptr, stride_ob, stride_oh, part_ptr, lse_ptr, G, HEAD_DIM, SINGLE_SPLIT)
+
+
+@triton.jit
+def write_split(
+    m, l_i, acc, b, heads, g_ok, d, d_ok, split, splits, num_kv_heads, num_splits,
+    out_ptr, stride_ob, stride_oh, part_ptr, lse_ptr,
+    G: tl.constexpr, HEAD_DIM: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
+):
+    """A split's result: the output of a request it covers alone, else its partial output
+    and log-sum-exp for the reduce."""
     # A split of a request's own count that saw no tokens (possible where tile rounding
     # leaves the last range empty): l_i = 0, lse = -inf, weight 0 in the reduce.
     has = l_i > 0
@@ -267,138 +270,6 @@ def _reduce_splits_kernel(
              mask=(d < HEAD_DIM) & (splits > 1))
 
 
-def default_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, sms: int,
-                       programs_per_sm: int = 2) -> int:
-    """The split count whose (request, head, split) programs fill the GPU in whole waves.
-
-    Measured on the H200 (results/kernels/kernels_h200_run1.json, sweep): with 2 resident
-    programs per SM (96 KiB of pipelined K/V tiles each), 640 programs (2.4 waves) reached
-    78 % of HBM bandwidth where 512 (1.9 waves) reached 98 %: the partly filled last wave
-    idles SMs. A single wave also ramps poorly (88 %), and every split adds partial-output
-    traffic and a reduce (~0.3 % each). So: the fewest splits that keep 95 % of the slots
-    busy, else the best trade-off; never fewer than MIN_TOKENS_PER_SPLIT tokens a split.
-
-    That wave arithmetic holds for equal contexts. Served batches mix lengths, which smears
-    the last wave, and a decode graph fixes its split count from max_model_len, not from the
-    lengths it will meet: over contexts drawn from [16, 2 x mean) (means 150-1000), one split
-    beat the graph's 2-4 at every batch from 136 up (e.g. 184 requests of mean 400: 91 us vs
-    106 us a layer) and at 72 for means up to 400, lost 4 % at 72 x 1000 and lost at 40
-    (kernels_mixed_context_h200.json). So from SPLIT_FREE_WAVES waves of programs on: one.
-    Three, not two: at two, llama-2-13b's 16 x 40 programs (2.4 waves) ran unsplit at 77-80
-    % of HBM where two splits reach 93-95 % (kernels_h200_456b8b1.json vs
-    kernels_h200_waves3.json), and the offline ShareGPT run did not move (19,385 / 19,381 vs
-    19,366 / 19,438 output tok/s in one call, offline_waves{2,3}_{1,2}.json).
-    """
-    programs = batch * num_kv_heads
-    slots = sms * programs_per_sm
-    if programs >= SPLIT_FREE_WAVES * slots:
-        return 1
-    useful = max(1, min(MAX_SPLITS, triton.cdiv(max_seq_len, MIN_TOKENS_PER_SPLIT)))
-    best, best_score = 1, -1.0
-    for splits in range(1, useful + 1):
-        waves = programs * splits / slots
-        busy = waves / math.ceil(waves) * min(1.0, 0.9 + 0.05 * waves)
-        if busy >= 0.95:
-            return splits
-        score = busy * (1 - 0.003 * splits)
-        if score > best_score:
-            best, best_score = splits, score
-    return best
-
-
-def default_min_split_tokens(batch: int, num_kv_heads: int, sms: int,
-                             programs_per_sm: int = 2) -> int:
-    """The shortest range a request is split into, by how few (request, KV head) programs
-    the batch has. MIN_TOKENS_PER_SPLIT where they fill the resident slots; where they do
-    not, the kernel runs one short wave whose time is the programs' latency more than their
-    bytes, and shorter ranges start more of them at once. On the offline ShareGPT run's last
-    steps (contexts 900-1700; kernels_sharegpt_tail_h200_{5b122b0,dff8709}.json): 1 request of 927 tokens
-    13.4 us a layer at 256, 8.8 at 64; 6 requests 18.3 us at 256, 15.0 at 128 (15.6 at 64);
-    10 requests 21.1 at 256, 18.8 at 128 (22.4 at 64); from 48 requests on (2+ waves),
-    no gain, and 128 lost 5 % at 68."""
-    programs = batch * num_kv_heads
-    if programs <= 16:
-        return 64
-    if programs < sms * programs_per_sm:
-        return 128
-    return MIN_TOKENS_PER_SPLIT
-
-
-@dataclass(frozen=True)
-class DecodeTiles:
-    """Launch shape of the decode kernel: tokens per K/V tile, warps, pipeline stages."""
-
-    block_n: int
-    num_warps: int
-    num_stages: int
-
-
-# From this many (request, KV head) programs on (~15 waves at 2 resident a SM on the H200),
-# a grouped-query decode launches 32-token tiles with 2 warps (4 resident a SM) instead of
-# 64-token tiles with 4. On the offline ShareGPT run's contexts in the engine's order
-# (kernels_tiles_h200.json): 988 requests of ~104 tokens 137 -> 113 us a layer, 833 of ~193
-# 171 -> 164, 669 of ~294 198 -> 195, 281 of ~516 even; uniform 512 x 1024 0.3 % shorter,
-# 256 x 2048 and 128 x 4096 (2,048 and 1,024 programs) 0.6-0.8 % longer; 113 requests of
-# ~738 (904 programs) 20 % longer. Many short programs gain from more of them resident: one
-# of ~100 tokens is mostly the latency of its first loads.
-MANY_PROGRAMS = 4096
-MANY_PROGRAMS_TILES = DecodeTiles(block_n=32, num_warps=2, num_stages=3)
-
-# From this many programs on (~8 waves at one resident an SM: always a single split), 2 warps
-# and 4 stages. The step's attention streams the KV at HBM speed with either shape, but under
-# the H200's 700 W cap the attention's SM work takes power from the compute-bound GEMMs of the
-# same step: at 256 x 2048 (2,048 programs) the board held 1,804 MHz instead of 1,717 and
-# the step took 21.82 ms instead of 22.02 (step_tiles_h200_1f8b93b.json; 64 x 2048, 512
-# programs: even). Fewer programs keep the default: there one resident an SM leaves too few
-# in flight (16 x 8192 at 4 stages: 9.54 against 8.51 ms).
-LARGE_PROGRAMS = 1024
-LARGE_PROGRAMS_TILES = DecodeTiles(block_n=64, num_warps=2, num_stages=4)
-
-
-@functools.cache  # asked once per layer on the eager path: one answer per problem shape
-def default_tiles(batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                  dtype: torch.dtype) -> DecodeTiles:
-    """The launch shape of a decode over `batch` requests (measured for grouped-query bf16
-    at head dim 128; other problems keep the default tiles)."""
-    programs = batch * num_kv_heads
-    if num_heads > num_kv_heads and head_dim == 128 and dtype in (torch.bfloat16, torch.float16):
-        if programs >= MANY_PROGRAMS:
-            return MANY_PROGRAMS_TILES
-        if programs >= LARGE_PROGRAMS:
-            return LARGE_PROGRAMS_TILES
-    return DecodeTiles(_default_block_n(head_dim, dtype), num_warps=4, num_stages=3)
-
-
-def tiles_for(q: torch.Tensor, kv_cache: torch.Tensor) -> DecodeTiles:
-    """`default_tiles` of a decode problem: q [B, Hq, D] over a layer's pool view."""
-    B, Hq, D = q.shape
-    return default_tiles(B, Hq, kv_cache.shape[3], D, q.dtype)
-
-
-def choose_num_splits(q: torch.Tensor, kv_cache: torch.Tensor, max_seq_len: int,
-                      block_n: int | None = None, num_stages: int | None = None) -> int:
-    """The split count `paged_decode_attention` picks for this problem when given none (a
-    caller launching the same problem for every layer computes it once)."""
-    B, _, D = q.shape
-    if block_n is None or num_stages is None:
-        tiles = tiles_for(q, kv_cache)
-        block_n, num_stages = block_n or tiles.block_n, num_stages or tiles.num_stages
-    per_sm = programs_per_sm(block_n, D, q.element_size(), num_stages)
-    return default_num_splits(B, kv_cache.shape[3], max_seq_len, num_sms(q.device), per_sm)
-
-
-def programs_per_sm(block_n: int, head_dim: int, elem_bytes: int, num_stages: int) -> int:
-    """Resident decode programs per SM, bounded by shared memory (K and V tiles per stage)."""
-    smem = num_stages * 2 * block_n * triton.next_power_of_2(head_dim) * elem_bytes
-    return max(1, min(8, (227 * 1024) // smem))
-
-
-def _default_block_n(head_dim: int, dtype: torch.dtype) -> int:
-    # 64 tokens x 128 dims x 2 B = 16 KiB per K tile: several tiles in flight per SM with
-    # num_stages=3, and 4 pages of 16 per iteration. fp32 (tests) halves it for shared memory.
-    n = 64 if head_dim > 64 else 128
-    return n // 2 if dtype == torch.float32 else n
-
 
 def check_decode_args(
     q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -453,6 +324,19 @@ def reduce_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor,
     )
 
 
+def launch_order(order: torch.Tensor | None, batch: int,
+                 num_splits: int) -> torch.Tensor | None:
+    """The request order a launch takes (None: the batch's own)."""
+    if order is None:
+        return None
+    check(order.dtype == torch.int32 and order.shape[0] >= batch,
+          lambda: f"order must be int32 with at least {batch} entries")
+    # Split launches already cut long contexts, and read through the index they ran
+    # 21-27 % slower on the H200 (16 x 2048 and 16 x 8192 tokens, 4 splits;
+    # kernels_grid_order_h200.json): the order serves single-split launches only.
+    return order if num_splits == 1 else None
+
+
 def paged_decode_attention(
     q: torch.Tensor,  # [B, Hq, D]
     kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D] (one layer's view)
@@ -492,14 +376,7 @@ def paged_decode_attention(
     pk = prefix.k if prefix is not None else q
     pv = prefix.v if prefix is not None else q
     ploc = prefix.start_loc if prefix is not None else seq_lens
-    if order is not None:
-        check(order.dtype == torch.int32 and order.shape[0] >= B,
-              lambda: f"order must be int32 with at least {B} entries")
-        if num_splits > 1:
-            # Split launches already cut long contexts, and read through the index they ran
-            # 21-27 % slower on the H200 (16 x 2048 and 16 x 8192 tokens, 4 splits;
-            # kernels_grid_order_h200.json): the order serves single-split launches only.
-            order = None
+    order = launch_order(order, B, num_splits)
     _decode_split_kernel[(Hkv, B, num_splits)](  # KV heads fastest
         order if order is not None else seq_lens,
         q, q.stride(0), q.stride(1),

@@ -51,6 +51,43 @@ def _find_request(query_start_loc_ptr, tile, num_reqs, q_base, BLOCK_Q: tl.const
 
 
 @triton.jit
+def causal_tile_output(
+    q, q_pos, first_q_pos, seq_len, kv_head,  # q [BLOCK_M, D_PAD], q_pos [BLOCK_M]
+    kv_ptr, stride_kv_block, stride_kv_kv, stride_kv_tok, stride_kv_head, bt_row, d, d_ok,
+    qk_scale,
+    BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
+    D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """A query tile's attention output over its request's paged keys, causally masked."""
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    n = tl.arange(0, BLOCK_N)
+    # Phase 1: whole tiles of keys before the tile's first query position: no mask needed.
+    unmasked_end = (first_q_pos // BLOCK_N) * BLOCK_N
+    all_rows = tl.full([1, BLOCK_N], 1, tl.int1)
+    for start in range(0, unmasked_end, BLOCK_N):
+        pos = start + n
+        k, v = load_paged_kv_tile(kv_ptr, bt_row, pos, pos < unmasked_end, d, d_ok, kv_head,
+                                  stride_kv_block, stride_kv_kv, stride_kv_tok,
+                                  stride_kv_head, BLOCK_SIZE, UPCAST)
+        m, l_i, acc = online_softmax_update(q, k, v, m, l_i, acc, all_rows, qk_scale,
+                                            PRECISION)
+    # Phase 2: the diagonal, up to the tile's last query position.
+    kv_end = tl.minimum(seq_len, first_q_pos + BLOCK_Q)
+    for start in range(unmasked_end, kv_end, BLOCK_N):
+        pos = start + n
+        valid = pos < kv_end
+        k, v = load_paged_kv_tile(kv_ptr, bt_row, pos, valid, d, d_ok, kv_head,
+                                  stride_kv_block, stride_kv_kv, stride_kv_tok,
+                                  stride_kv_head, BLOCK_SIZE, UPCAST)
+        causal = valid[None, :] & (pos[None, :] <= q_pos[:, None])
+        m, l_i, acc = online_softmax_update(q, k, v, m, l_i, acc, causal, qk_scale,
+                                            PRECISION)
+    return acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+
+
+@triton.jit
 def prefill_tile(
     tile, kv_head,  # which query tile (see the module docstring) and which KV head
     q_ptr, stride_qt, stride_qh,  # [T, Hq, D]
@@ -89,35 +126,11 @@ def prefill_tile(
             q = q.to(tl.float32)
         q_pos = ctx + t  # [BLOCK_M] absolute positions (padding rows past q_len see everything)
 
-        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-        n = tl.arange(0, BLOCK_N)
         bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
-        first_q_pos = ctx + local * BLOCK_Q
-        # Phase 1: whole tiles of keys before the tile's first query position: no mask needed.
-        unmasked_end = (first_q_pos // BLOCK_N) * BLOCK_N
-        all_rows = tl.full([1, BLOCK_N], 1, tl.int1)
-        for start in range(0, unmasked_end, BLOCK_N):
-            pos = start + n
-            k, v = load_paged_kv_tile(kv_ptr, bt_row, pos, pos < unmasked_end, d, d_ok, kv_head,
-                                      stride_kv_block, stride_kv_kv, stride_kv_tok,
-                                      stride_kv_head, BLOCK_SIZE, UPCAST)
-            m, l_i, acc = online_softmax_update(q, k, v, m, l_i, acc, all_rows, qk_scale,
-                                                PRECISION)
-        # Phase 2: the diagonal, up to the tile's last query position.
-        kv_end = tl.minimum(seq_len, first_q_pos + BLOCK_Q)
-        for start in range(unmasked_end, kv_end, BLOCK_N):
-            pos = start + n
-            valid = pos < kv_end
-            k, v = load_paged_kv_tile(kv_ptr, bt_row, pos, valid, d, d_ok, kv_head,
-                                      stride_kv_block, stride_kv_kv, stride_kv_tok,
-                                      stride_kv_head, BLOCK_SIZE, UPCAST)
-            causal = valid[None, :] & (pos[None, :] <= q_pos[:, None])
-            m, l_i, acc = online_softmax_update(q, k, v, m, l_i, acc, causal, qk_scale,
-                                                PRECISION)
-
-        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        o = causal_tile_output(q, q_pos, ctx + local * BLOCK_Q, seq_len, kv_head,
+                               kv_ptr, stride_kv_block, stride_kv_kv, stride_kv_tok,
+                               stride_kv_head, bt_row, d, d_ok, qk_scale,
+                               BLOCK_SIZE, BLOCK_Q, BLOCK_M, D_PAD, BLOCK_N, UPCAST, PRECISION)
         o_off = (q_start + t).to(tl.int64) * stride_ot + (kv_head * G + g) * stride_oh
         tl.store(out_ptr + o_off[:, None] + d[None, :], o.to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & d_ok[None, :])

@@ -11,8 +11,9 @@ from kvtier.policies.registry import (
     get_system,
     policy_names,
     register_system,
+    system_cost_config,
     unregister_system,
 )
 
 __all__ = ["KVPolicy", "MemorySystem", "Preemption", "get_policy", "get_system",
-           "policy_names", "register_system", "unregister_system"]
+           "policy_names", "register_system", "system_cost_config", "unregister_system"]

@@ -4,7 +4,8 @@ built-in ones."""
 
 from __future__ import annotations
 
-from kvtier.config import ConfigError, SystemOptions
+from kvtier.config import ConfigError, EngineConfig, SystemOptions
+from kvtier.costmodel.settings import CostModelConfig, engine_cost_config
 from kvtier.policies.base import KVPolicy, MemorySystem
 from kvtier.policies.options import SystemArgs
 
@@ -32,6 +33,13 @@ def get_system(name: str) -> MemorySystem:
 
 def get_policy(name: str, options: SystemOptions | None = None) -> KVPolicy:
     return get_system(name).make_policy(options if options is not None else SystemOptions())
+
+
+def system_cost_config(config: EngineConfig, block_bytes: int,
+                       num_gpus: int = 1) -> CostModelConfig:
+    """`engine_cost_config` with what this config's memory system says of its steps."""
+    options = get_system(config.kv_policy).cost_model_options(config)
+    return engine_cost_config(config, block_bytes, num_gpus, system_options=options)
 
 
 def policy_names() -> list[str]:

@@ -50,6 +50,7 @@ from kvtier.profiler.step_sweeps import StepSweeper, step_cases
 from kvtier.profiler.sweeps import Log, OpSweeper
 from kvtier.profiler.timing import DeviceTimer
 from kvtier.profiler.warmup import warm_decode_splits
+from kvtier.runner.model_runner import ModelRunner
 
 GEMM_ROWS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224,
              240, 256, 288, 320, 384, 448, 512, 640, 768, 1024, 1536, 2048, 3072, 4096, 6144,
@@ -91,8 +92,15 @@ def hf_config(model: str) -> dict:
     return json.loads((Path(model).expanduser() / "config.json").read_text())
 
 
+def model_runner(engine: LLMEngine) -> ModelRunner:
+    """The engine's model runner: the profiler times its kernels and graphs."""
+    if not isinstance(engine.executor, ModelRunner):
+        raise TypeError(f"profiling needs a ModelRunner, not {type(engine.executor).__name__}")
+    return engine.executor
+
+
 def profile_meta(engine: LLMEngine, hardware: str) -> dict:
-    c, runner = engine.config, engine.executor
+    c, runner = engine.config, model_runner(engine)
     return {
         "hardware": hardware, "model": c.model, "hf_config": hf_config(c.model),
         "model_dims": model_dims(engine.model_config),
@@ -131,9 +139,10 @@ def profile_engine(engine: LLMEngine, hardware: str, quick: bool = False, log: L
                    serve_requests: int = 0) -> dict:
     """Every sweep on a freshly built engine's runner; returns the raw measurements
     (`checkpoint` sees them after each sweep, so a run cut short keeps what it measured)."""
-    runner, sched = engine.executor, engine.config.scheduler
+    runner, sched = model_runner(engine), engine.config.scheduler
     timer = DeviceTimer(runner.device, reps=2 if quick else 5)
     if runner.device.type == "cuda":
+        assert runner.gpu_kv is not None  # the engine allocated its pool
         runner.gpu_kv.normal_()  # never time on zeros
     ops = OpSweeper(runner, timer, log)
     q = QUICK if quick else {}

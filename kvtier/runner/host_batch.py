@@ -6,6 +6,7 @@ fancy-index into the block tables, so the cost per step grows with tokens, not P
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
 
@@ -58,7 +59,7 @@ _first = itemgetter(0)
 
 def build_host_batch(
     scheduled: list[ScheduledRequest], tables: BlockTables, block_size: int,
-    scratch: range = range(0), copy_window: int = 0, prefixes: list[RecomputePrefix] = (),
+    scratch: range = range(0), copy_window: int = 0, prefixes: Sequence[RecomputePrefix] = (),
 ) -> HostBatch:
     """`prefixes`: the step's dropped prefixes to recompute (the plan's RecomputePrefix
     items); `scratch`: device blocks lent to their recomputation this step. `copy_window`:

@@ -14,12 +14,12 @@ from __future__ import annotations
 import torch
 
 from kvtier.kernels.kv_write import kv_write
-from kvtier.kernels.paged_decode_attention import (
+from kvtier.kernels.paged_decode_attention import paged_decode_attention
+from kvtier.kernels.paged_decode_launch import (
     LARGE_PROGRAMS,
     MANY_PROGRAMS,
     MAX_SPLITS,
     default_tiles,
-    paged_decode_attention,
 )
 from kvtier.kernels.paged_prefill_attention import paged_prefill_attention
 from kvtier.kernels.rotary_kv_write import rotary_kv_write

@@ -22,7 +22,7 @@ import torch
 from kvtier.attention.metadata import AttentionMetadata
 from kvtier.config import EngineConfig
 from kvtier.core.graph_sizes import graph_batch_sizes
-from kvtier.core.items import by_kind
+from kvtier.core.items import by_kind, group_of
 from kvtier.core.plan import (
     BlockCopy,
     HiddenBlocks,
@@ -203,17 +203,17 @@ class ModelRunner:
         if not plan.scheduled:
             self.copy_blocks(plan.swap_out, plan.swap_in)
             return PendingStep(ready=StepResult(sampled={}))
-        batch = self.prepare_batch(plan.scheduled, items.get(RecomputePrefix, ()))
+        batch = self.prepare_batch(plan.scheduled, group_of(items, RecomputePrefix))
         # After the batch: it lends offloaded prefixes scratch blocks to copy into.
         now, later = window_prefix_copies(self, batch.prefix_copies)
         self.copy_blocks(plan.swap_out, [*plan.swap_in, *now], later)
         self._placeholders = self.async_tokens.placeholder_sources(plan.scheduled,
                                                                    batch.input_ids)
         if self.hidden is not None:
-            self.hidden.apply(items.get(HiddenBlocks, ()))
+            self.hidden.apply(group_of(items, HiddenBlocks))
             assert self.gpu_kv is not None
             self.copies.wait_all()  # restores write the KV pool outside the layers
-            self.hidden.restore(items.get(HiddenRestore, ()), self.block_tables, self.gpu_kv,
+            self.hidden.restore(group_of(items, HiddenRestore), self.block_tables, self.gpu_kv,
                                 self.ops, self.cos_sin, self.layers_per_block)
         logits = self.forward_logits(batch)
         if self.hidden is not None:

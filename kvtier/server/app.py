@@ -75,13 +75,8 @@ def build_app(
     if request_timeout_s is not None and not request_timeout_s > 0:
         raise ValueError(f"request_timeout_s must be > 0, got {request_timeout_s}")
     sched = engine.config.scheduler
-    if max_waiting_requests is None:
-        max_waiting_requests = getattr(sched, "max_waiting_requests", None) or DEFAULT_MAX_WAITING_REQUESTS
-    if max_seqs_per_request is None:
-        max_seqs_per_request = max_waiting_requests
-    if not 1 <= max_seqs_per_request <= max_waiting_requests:
-        raise ValueError(f"max_seqs_per_request must be in [1, max_waiting_requests={max_waiting_requests}]"
-                         f" (a larger request could never be admitted), got {max_seqs_per_request}")
+    max_waiting_requests, max_seqs_per_request = _queue_limits(sched, max_waiting_requests,
+                                                               max_seqs_per_request)
     metrics = ServerMetrics()
     async_engine = AsyncEngine(engine, max_waiting_requests=max_waiting_requests, on_update=metrics.observe)
     metrics.attach(async_engine)
@@ -103,24 +98,49 @@ def build_app(
         request_timeout_s=request_timeout_s,
     )
 
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        async_engine.start()
-        yield
-        await async_engine.shutdown(shutdown_timeout_s)
-        state.tokenize_pool.shutdown(wait=False, cancel_futures=True)
-
-    app = FastAPI(title="kvtier", summary="OpenAI-compatible LLM server", lifespan=lifespan)
+    app = FastAPI(title="kvtier", summary="OpenAI-compatible LLM server",
+                  lifespan=_lifespan(state, shutdown_timeout_s))
     app.state.server = state
     install_error_handlers(app)
     _add_routes(app, state)
     app.openapi = openapi_without_422(app)  # type: ignore[method-assign]
+    _add_middleware(app, state, max_request_body_bytes, api_key, metrics_need_key)
+    return app
+
+
+def _lifespan(state: ServerState, shutdown_timeout_s: float):
+    """The app's lifespan: the engine's step loop runs while the app serves."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state.async_engine.start()
+        yield
+        await state.async_engine.shutdown(shutdown_timeout_s)
+        state.tokenize_pool.shutdown(wait=False, cancel_futures=True)
+
+    return lifespan
+
+
+def _queue_limits(sched: Any, max_waiting_requests: int | None,
+                  max_seqs_per_request: int | None) -> tuple[int, int]:
+    """(max_waiting_requests, max_seqs_per_request) with build_app's defaults, checked."""
+    if max_waiting_requests is None:
+        max_waiting_requests = getattr(sched, "max_waiting_requests", None) or DEFAULT_MAX_WAITING_REQUESTS
+    if max_seqs_per_request is None:
+        max_seqs_per_request = max_waiting_requests
+    if not 1 <= max_seqs_per_request <= max_waiting_requests:
+        raise ValueError(f"max_seqs_per_request must be in [1, max_waiting_requests={max_waiting_requests}]"
+                         f" (a larger request could never be admitted), got {max_seqs_per_request}")
+    return max_waiting_requests, max_seqs_per_request
+
+
+def _add_middleware(app: FastAPI, state: ServerState, max_request_body_bytes: int,
+                    api_key: str | None, metrics_need_key: bool) -> None:
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_body_bytes)
     app.add_middleware(AdmissionMiddleware, refusal=state.refusal)  # before the body is read
     if api_key:
         protected = ("/v1", "/metrics") if metrics_need_key else ("/v1",)
         app.add_middleware(APIKeyMiddleware, api_key=api_key, protected=protected)  # outermost: first
-    return app
 
 
 def _add_routes(app: FastAPI, state: ServerState) -> None:

@@ -14,12 +14,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvtier.config import ConfigError, EngineConfig
+from kvtier.core.executor import Executor
 from kvtier.costmodel.calibration import Calibration
 from kvtier.costmodel.hardware import GiB, HardwareProfile
-from kvtier.costmodel.model import CostModel, engine_cost_config
+from kvtier.costmodel.model import CostModel
 from kvtier.engine.memory import PoolSizes, complete_pools, explicit_gpu_blocks
 from kvtier.kv.manager import cdiv
-from kvtier.policies import get_system
+from kvtier.policies import get_system, system_cost_config
 from kvtier.policies.base import HostPools
 from kvtier.sim.clock import VirtualClock
 from kvtier.sim.executor import SimulatedExecutor
@@ -105,7 +106,7 @@ class SimFactory:
 
     def pricing_model(self, config: EngineConfig, block_bytes: int) -> CostModel:
         self._cost = CostModel(config.model_config, self.hw, self.calib,
-                               engine_cost_config(config, block_bytes, self.num_gpus))
+                               system_cost_config(config, block_bytes, self.num_gpus))
         return self._cost
 
     def size_pools(self, config: EngineConfig, reserved_blocks: int) -> PoolSizes:
@@ -122,7 +123,8 @@ class SimFactory:
                  reserved_blocks: int) -> None:
         return None
 
-    def decode_graphs(self, executor: SimulatedExecutor) -> bool:
+    def decode_graphs(self, executor: Executor) -> bool:
+        assert isinstance(executor, SimulatedExecutor)
         return bool(executor.cost_model.graph_sizes)
 
     def describe(self, config: EngineConfig, pools: PoolSizes, host: HostPools) -> str:

@@ -15,8 +15,7 @@ from pathlib import Path
 from kvtier.config import EngineConfig
 from kvtier.core.plan import ScheduledRequest, StepPlan
 from kvtier.costmodel import Calibration, CostModel, CostModelConfig, StepShape, get_hardware
-from kvtier.costmodel.model import engine_cost_config
-from kvtier.policies import policy_names
+from kvtier.policies import policy_names, system_cost_config
 from kvtier.sampling_params import SamplingParams
 from tests.costmodel.synthetic import MODEL, calibration, model_config
 
@@ -70,7 +69,7 @@ def price() -> dict:
     row = ScheduledRequest(request_id="r", token_ids=[1] * 100, start_pos=0,
                            new_block_ids=(tuple(range(7)),) * 10, reset_blocks=True, sample=True,
                            sampling_params=SamplingParams(), num_output_tokens=0)
-    configs = {name: engine_cost_config(EngineConfig(model=MODEL, model_config=mc,
+    configs = {name: system_cost_config(EngineConfig(model=MODEL, model_config=mc,
                                                      kv_policy=name), BLOCK)
                for name in policy_names()}
     return {

@@ -6,15 +6,17 @@ import pytest
 import torch
 
 from kvtier.kernels.paged_decode_attention import (
+    DenseSegment,
+    paged_decode_attention,
+    paged_decode_attention_ref,
+)
+from kvtier.kernels.paged_decode_launch import (
     LARGE_PROGRAMS_TILES,
     MANY_PROGRAMS_TILES,
     DecodeTiles,
-    DenseSegment,
     default_min_split_tokens,
     default_num_splits,
     default_tiles,
-    paged_decode_attention,
-    paged_decode_attention_ref,
 )
 from tests.kernels.kernel_testing import DEVICE, assert_close, gpu, make_paged_kv, start_loc
 

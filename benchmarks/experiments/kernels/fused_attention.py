@@ -40,16 +40,18 @@ import triton.language as tl
 from kvtier.kernels.launch import check, dot_precision, next_pow2, num_sms, upcast
 from kvtier.kernels.paged_decode_attention import (
     LOG2E,
-    MIN_TOKENS_PER_SPLIT,
     DenseSegment,
-    _default_block_n,
     check_decode_args,
     decode_split,
-    default_num_splits,
     paged_decode_attention_ref,
-    programs_per_sm,
     reduce_splits,
     split_partials,
+)
+from kvtier.kernels.paged_decode_launch import (
+    MIN_TOKENS_PER_SPLIT,
+    _default_block_n,
+    default_num_splits,
+    programs_per_sm,
 )
 from kvtier.kernels.paged_prefill_attention import (
     check_prefill_args,

@@ -14,10 +14,13 @@ from kvtier.policies.ellm.options import (
     EllmArgs,
     EllmOptions,
     copied_groups_in_flight,
+    ellm_options,
     host_groups_rule,
     resolve_options,
 )
 from kvtier.policies.ellm.policy import EllmPolicy
+from kvtier.policies.options import SystemArgs
+from kvtier.policies.registry import system_cost_config
 
 if TYPE_CHECKING:
     from kvtier.engine.assembly import AssemblyContext
@@ -32,7 +35,8 @@ class EllmSystem(MemorySystem):
         return resolve_options(args, config.model_config, config.cache, config.scheduler,
                                active=True)
 
-    def check_unused_flags(self, args: EllmArgs) -> None:
+    def check_unused_flags(self, args: SystemArgs) -> None:
+        assert isinstance(args, EllmArgs)
         if str(args.host_groups) != "auto" and host_groups_rule(args.host_groups):
             raise ConfigError("--ellm-host-groups needs --kv-policy ellm")
         if args.planner:
@@ -42,7 +46,8 @@ class EllmSystem(MemorySystem):
         check_host_groups(config)
 
     def priced(self, config: EngineConfig, ctx: AssemblyContext) -> EngineConfig:
-        args: EllmArgs = ctx.system_args
+        args = ctx.system_args
+        assert isinstance(args, EllmArgs)
         if ctx.cost_model is None and args.calibration:  # the real engine's own pricing
             ctx.cost_model = ellm_cost_model(config, args, ctx.block_bytes, ctx.hw)
         if ctx.cost_model is None:
@@ -53,10 +58,10 @@ class EllmSystem(MemorySystem):
         return recompute_scratch_blocks(config)
 
     def cost_model_options(self, config: EngineConfig) -> dict[str, Any]:
-        return {"prefix_copy_window": config.policy_options.prefix_copy_window}
+        return {"prefix_copy_window": ellm_options(config.policy_options).prefix_copy_window}
 
     def kv_manager_options(self, config: EngineConfig, pools: HostPools) -> dict[str, Any]:
-        return {"prefix_host_groups": config.policy_options.prefix_host_groups}
+        return {"prefix_host_groups": ellm_options(config.policy_options).prefix_host_groups}
 
     def prepare_executor(self, executor: Any, ctx: AssemblyContext, pools: HostPools) -> None:
         """The runner's share of offloaded prefixes (the simulator prices them from the
@@ -67,7 +72,8 @@ class EllmSystem(MemorySystem):
             executor.prefix_copy_window = opts.prefix_copy_window
 
     def after_pools(self, config: EngineConfig, ctx: AssemblyContext) -> EngineConfig:
-        args: EllmArgs = ctx.system_args
+        args = ctx.system_args
+        assert isinstance(args, EllmArgs)
         cm = ctx.cost_model
         if args.planner:  # fitted to a calibrated cost model
             config = with_planner(config, args, ctx.num_gpu_blocks * ctx.block_bytes, ctx.hw,
@@ -77,7 +83,7 @@ class EllmSystem(MemorySystem):
 
 
 def check_host_groups(config: EngineConfig) -> None:
-    host_groups = config.policy_options.prefix_host_groups
+    host_groups = ellm_options(config.policy_options).prefix_host_groups
     if not host_groups:
         return
     groups = config.cache.num_layer_groups(config.model_config.num_layers)
@@ -96,7 +102,7 @@ def recompute_scratch_blocks(config: EngineConfig) -> int:
     prefix tokens the policy lets the running requests drop."""
     if config.kv_policy != "ellm":
         return 0
-    opts = config.policy_options
+    opts = ellm_options(config.policy_options)
     sets = 1 + copied_groups_in_flight(opts.prefix_host_groups, opts.prefix_copy_window)
     return sets * -(-opts.max_recompute_tokens // config.cache.block_size)
 
@@ -112,7 +118,8 @@ def with_priced_host_groups(config: EngineConfig, rule: str, cost_model) -> Engi
     mc, cache = config.model_config, config.cache
     h = choose_host_groups_priced(cost_model, cache.num_layer_groups(mc.num_layers),
                                   block_size=cache.block_size)
-    return config.with_(policy_options=replace(config.policy_options, prefix_host_groups=h))
+    opts = ellm_options(config.policy_options)
+    return config.with_(policy_options=replace(opts, prefix_host_groups=h))
 
 
 def ellm_cost_model(config: EngineConfig, args, block_bytes: int, hw=None):
@@ -122,12 +129,12 @@ def ellm_cost_model(config: EngineConfig, args, block_bytes: int, hw=None):
     or EngineArgs."""
     from kvtier.costmodel.calibration import Calibration
     from kvtier.costmodel.hardware import get_hardware
-    from kvtier.costmodel.model import CostModel, engine_cost_config
+    from kvtier.costmodel.model import CostModel
 
     calibration = _flag(args, "calibration")
     assert calibration
     return CostModel(config.model_config, hw or get_hardware("h200"),
-                     Calibration.load(calibration), engine_cost_config(config, block_bytes))
+                     Calibration.load(calibration), system_cost_config(config, block_bytes))
 
 
 def _flag(args, name: str):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kvtier.config import ConfigError, EngineConfig
+from kvtier.policies.ellm.options import ellm_options
 
 
 def with_step_budget(config: EngineConfig, hw=None, cost_model=None,
@@ -29,7 +30,7 @@ def with_step_budget(config: EngineConfig, hw=None, cost_model=None,
 
     if config.kv_policy != "ellm":
         return config
-    opts = config.policy_options
+    opts = ellm_options(config.policy_options)
     rule, cap, bs = opts.recompute_budget, opts.max_recompute_tokens, config.cache.block_size
     if rule == "auto":
         if cost_model is not None and cost_model.calib is not None:
@@ -66,7 +67,7 @@ def with_planner(config: EngineConfig, args, kv_bytes: int, hw=None, cost_model=
         raise ConfigError("--ellm-planner needs --kv-policy ellm")
     slo_ms = args.tpot_slo_ms if isinstance(args, EllmArgs) else args.ellm_tpot_slo_ms
     hw = hw or get_hardware("h200")
-    opts = config.policy_options
+    opts = ellm_options(config.policy_options)
     cfg = PlannerConfig(
         hbm_bytes_per_s=hw.hbm_bytes_per_s, bf16_flops=hw.bf16_flops, kv_budget_bytes=kv_bytes,
         tpot_slo_s=slo_ms / 1e3, max_batch=config.scheduler.max_num_seqs,

@@ -107,6 +107,12 @@ class EllmOptions(SystemOptions):
         return self.uncached_ratio is None and self.planner is None
 
 
+def ellm_options(options: SystemOptions) -> EllmOptions:
+    """eLLM's options, or their defaults for a config built without them (its
+    policy_options is the base SystemOptions)."""
+    return options if isinstance(options, EllmOptions) else EllmOptions()
+
+
 def copied_groups_in_flight(host_groups: int, copy_window: int) -> int:
     """Offloaded prefixes: copied-in layer groups whose scratch exists at once (they share
     `copy_window` sets; 0: one set each). The recompute scratch (M_o) is 1 + this many sets

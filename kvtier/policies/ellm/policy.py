@@ -29,7 +29,7 @@ from kvtier.config import SystemOptions
 from kvtier.core.request import Request
 from kvtier.kv.manager import KVCacheManager
 from kvtier.policies.base import KVPolicy, Preemption, drop_kv
-from kvtier.policies.ellm.options import EllmOptions
+from kvtier.policies.ellm.options import EllmOptions, ellm_options
 
 
 def _in_decode(req: Request) -> bool:
@@ -40,7 +40,7 @@ class EllmPolicy(KVPolicy):
     options: EllmOptions
 
     def __init__(self, options: SystemOptions):
-        super().__init__(options if isinstance(options, EllmOptions) else EllmOptions())
+        super().__init__(ellm_options(options))
         self._steps = 0
         self._planned_ratio: float | None = None
 

@@ -38,7 +38,9 @@ class HCacheSystem(MemorySystem):
     def host_pools(self, config: EngineConfig, ctx: AssemblyContext,
                    num_host_blocks: int) -> HostPools:
         """The swap space holds hidden states, not KV."""
-        n = ctx.system_args.num_hidden_blocks or hidden_blocks_for(config, ctx.dtype_bytes)
+        args = ctx.system_args
+        assert isinstance(args, HCacheArgs)
+        n = args.num_hidden_blocks or hidden_blocks_for(config, ctx.dtype_bytes)
         return HostPools(num_host_blocks=0, num_state_blocks=n)
 
     def kv_manager_options(self, config: EngineConfig, pools: HostPools) -> dict[str, Any]:
@@ -53,6 +55,7 @@ class HCacheSystem(MemorySystem):
         from kvtier.policies.hcache.runner_states import HiddenStates
 
         sched = executor.config.scheduler
+        assert pools.num_state_blocks is not None
         executor.attach_layer_inputs(HiddenStates(
             executor.model, pools.num_state_blocks, executor.block_size, sched.max_num_seqs,
             executor.block_tables.table.shape[2], sched.max_num_batched_tokens,
