@@ -66,6 +66,23 @@ def _late_request(port: int) -> tuple[socket.socket, bytes]:
     return s, body[5:]
 
 
+def _read_response(s: socket.socket) -> bytes:
+    """One whole HTTP response: its head and Content-Length bytes of body (they may come in
+    separate segments)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += s.recv(65536) or b"\r\n\r\n"
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
 def test_drain_ends_running_requests_with_errors(tiny_model_dir):
     """The issue's case, in process: 4 running slots, 8 long requests, SIGTERM while they run."""
     srv = start_server(build_app(make_engine(tiny_model_dir, max_num_seqs=4), shutdown_timeout_s=0.5))
@@ -80,7 +97,7 @@ def test_drain_ends_running_requests_with_errors(tiny_model_dir):
             srv.server.handle_exit(signal.SIGTERM, None)
             await asyncio.sleep(0.2)  # the drain has begun
             late.sendall(rest)
-            reply = await asyncio.to_thread(late.recv, 65536)
+            reply = await asyncio.to_thread(_read_response, late)
             late.close()
             return await asyncio.gather(*tasks), reply
 
@@ -102,7 +119,8 @@ def _free_port() -> int:
 
 def test_sigterm_past_the_timeout_exits_0(tiny_model_dir, tmp_path):
     """`kvtier serve --shutdown-timeout 1 --max-num-seqs 4`, 8 long requests, SIGTERM: every
-    client gets a finished answer or an OpenAI-style 503, and the process exits 0."""
+    client gets a finished answer or an OpenAI-style 503, and the process exits 0 (16 requests
+    here, so that some are still running when the timeout ends)."""
     port = _free_port()
     cmd = [sys.executable, "-m", "kvtier", "serve", tiny_model_dir, "--load-format", "dummy",
            "--device", "cpu", "--attention-backend", "torch", "--max-model-len", "256",
@@ -126,7 +144,10 @@ def test_sigterm_past_the_timeout_exits_0(tiny_model_dir, tmp_path):
         async def scenario() -> list[dict]:
             started = asyncio.Event()
             async with httpx.AsyncClient(base_url=base, timeout=60) as client:
-                tasks = [asyncio.create_task(_one(client, i, i % 2 == 0, started)) for i in range(8)]
+                # 16 requests, 4 waves on 4 seats: on a fast CPU two waves of 250 tokens can
+                # end inside the 1 s timeout, and then no request is left to cut.
+                tasks = [asyncio.create_task(_one(client, i, i % 2 == 0, started))
+                         for i in range(16)]
                 await asyncio.wait_for(started.wait(), 30)
                 proc.send_signal(signal.SIGTERM)
                 return await asyncio.gather(*tasks)
