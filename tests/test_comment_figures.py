@@ -29,13 +29,6 @@ FIGURE = re.compile(
     r"|(?<![\w/.-])20\d\d-\d\d-\d\d(?![\w.])"
 )
 
-# Files other helpers were changing while kvtier/ was swept; their figures go when that work
-# lands, and the entry with them.
-PENDING = {
-    "kvtier/kernels/paged_decode_attention.py",
-}
-
-
 def _texts(path: Path) -> list[tuple[int, str]]:
     """(line, text) of every comment and docstring of a source file."""
     src = path.read_text()
@@ -83,15 +76,9 @@ def test_figure_pattern_spares_rules_and_citations(text):
 def test_no_measured_figures_in_kvtier_comments():
     hits = []
     for path in sorted(KVTIER.rglob("*.py")):
-        if path.relative_to(ROOT).as_posix() not in PENDING:
-            hits += figures(path)
+        hits += figures(path)
     assert not hits, ("comments/docstrings quote measured figures; cite the result file "
                       "instead:\n" + "\n".join(hits))
-
-
-def test_pending_entries_name_existing_files():
-    assert all((ROOT / p).is_file() for p in PENDING), sorted(
-        p for p in PENDING if not (ROOT / p).is_file())
 
 
 CITATION = re.compile(r"results/[\w./-]+\.(?:json|md|png|txt|csv)")

@@ -16,8 +16,8 @@ shape (tiles, split counts) is paged_decode_launch.py's.
 Launch order: KV heads vary fastest, and a single-split launch may take `order`, the
 requests in the order their programs start. Served batches mix a few long contexts among
 many short ones; started longest first, the long ones no longer trail the last wave (with
-the head-fastest grid, 6-17 % off the kernel on the offline ShareGPT run's contexts,
-kernels_sharegpt_context_h200_{base,order}_{1,2}.json).
+the head-fastest grid, a shorter kernel on the offline ShareGPT run's contexts,
+results/kernels/kernels_sharegpt_context_h200_{base,order}_{1,2}.json).
 
 Context of request b (absolute token positions):
 
@@ -332,8 +332,8 @@ def launch_order(order: torch.Tensor | None, batch: int,
     check(order.dtype == torch.int32 and order.shape[0] >= batch,
           lambda: f"order must be int32 with at least {batch} entries")
     # Split launches already cut long contexts, and read through the index they ran
-    # 21-27 % slower on the H200 (16 x 2048 and 16 x 8192 tokens, 4 splits;
-    # kernels_grid_order_h200.json): the order serves single-split launches only.
+    # slower on the H200 (results/kernels/kernels_grid_order_h200.json): the order serves
+    # single-split launches only.
     return order if num_splits == 1 else None
 
 

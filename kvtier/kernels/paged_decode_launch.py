@@ -33,23 +33,20 @@ def default_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, sms: int
                        programs_per_sm: int = 2) -> int:
     """The split count whose (request, head, split) programs fill the GPU in whole waves.
 
-    Measured on the H200 (results/kernels/kernels_h200_run1.json, sweep): with 2 resident
-    programs per SM (96 KiB of pipelined K/V tiles each), 640 programs (2.4 waves) reached
-    78 % of HBM bandwidth where 512 (1.9 waves) reached 98 %: the partly filled last wave
-    idles SMs. A single wave also ramps poorly (88 %), and every split adds partial-output
-    traffic and a reduce (~0.3 % each). So: the fewest splits that keep 95 % of the slots
-    busy, else the best trade-off; never fewer than MIN_TOKENS_PER_SPLIT tokens a split.
+    On the H200 (results/kernels/kernels_h200_run1.json, sweep), with 2 resident programs
+    per SM, a partly filled last wave idles SMs and costs far more bandwidth than a whole
+    one; a single wave ramps poorly; and every split adds partial-output traffic and a
+    reduce. So: the fewest splits that keep most of the slots busy, else the best trade-off;
+    never fewer than MIN_TOKENS_PER_SPLIT tokens a split.
 
     That wave arithmetic holds for equal contexts. Served batches mix lengths, which smears
     the last wave, and a decode graph fixes its split count from max_model_len, not from the
-    lengths it will meet: over contexts drawn from [16, 2 x mean) (means 150-1000), one split
-    beat the graph's 2-4 at every batch from 136 up (e.g. 184 requests of mean 400: 91 us vs
-    106 us a layer) and at 72 for means up to 400, lost 4 % at 72 x 1000 and lost at 40
+    lengths it will meet: over mixed contexts one split beat the graph's few from about a
+    hundred requests up and lost only at small batches of long contexts
     (kernels_mixed_context_h200.json). So from SPLIT_FREE_WAVES waves of programs on: one.
-    Three, not two: at two, llama-2-13b's 16 x 40 programs (2.4 waves) ran unsplit at 77-80
-    % of HBM where two splits reach 93-95 % (kernels_h200_456b8b1.json vs
-    kernels_h200_waves3.json), and the offline ShareGPT run did not move (19,385 / 19,381 vs
-    19,366 / 19,438 output tok/s in one call, offline_waves{2,3}_{1,2}.json).
+    Three, not two: at two, llama-2-13b's 16 x 40 programs ran unsplit well below the
+    bandwidth two splits reach (kernels_h200_456b8b1.json vs kernels_h200_waves3.json), and
+    the offline ShareGPT run did not move (offline_waves{2,3}_{1,2}.json).
     """
     programs = batch * num_kv_heads
     slots = sms * programs_per_sm
@@ -73,11 +70,9 @@ def default_min_split_tokens(batch: int, num_kv_heads: int, sms: int,
     """The shortest range a request is split into, by how few (request, KV head) programs
     the batch has. MIN_TOKENS_PER_SPLIT where they fill the resident slots; where they do
     not, the kernel runs one short wave whose time is the programs' latency more than their
-    bytes, and shorter ranges start more of them at once. On the offline ShareGPT run's last
-    steps (contexts 900-1700; kernels_sharegpt_tail_h200_{5b122b0,dff8709}.json): 1 request of 927 tokens
-    13.4 us a layer at 256, 8.8 at 64; 6 requests 18.3 us at 256, 15.0 at 128 (15.6 at 64);
-    10 requests 21.1 at 256, 18.8 at 128 (22.4 at 64); from 48 requests on (2+ waves),
-    no gain, and 128 lost 5 % at 68."""
+    bytes, and shorter ranges start more of them at once: on the offline ShareGPT run's last
+    steps a handful of requests ran fastest at 64-128-token ranges, and from two waves of
+    programs on shorter ranges gained nothing (kernels_sharegpt_tail_h200_{5b122b0,dff8709}.json)."""
     programs = batch * num_kv_heads
     if programs <= 16:
         return 64
@@ -97,22 +92,18 @@ class DecodeTiles:
 
 # From this many (request, KV head) programs on (~15 waves at 2 resident a SM on the H200),
 # a grouped-query decode launches 32-token tiles with 2 warps (4 resident a SM) instead of
-# 64-token tiles with 4. On the offline ShareGPT run's contexts in the engine's order
-# (kernels_tiles_h200.json): 988 requests of ~104 tokens 137 -> 113 us a layer, 833 of ~193
-# 171 -> 164, 669 of ~294 198 -> 195, 281 of ~516 even; uniform 512 x 1024 0.3 % shorter,
-# 256 x 2048 and 128 x 4096 (2,048 and 1,024 programs) 0.6-0.8 % longer; 113 requests of
-# ~738 (904 programs) 20 % longer. Many short programs gain from more of them resident: one
-# of ~100 tokens is mostly the latency of its first loads.
+# 64-token tiles with 4: on the offline ShareGPT run's contexts many short requests gained
+# and fewer, longer ones lost (kernels_tiles_h200.json). Many short programs gain from more
+# of them resident: one of ~100 tokens is mostly the latency of its first loads.
 MANY_PROGRAMS = 4096
 MANY_PROGRAMS_TILES = DecodeTiles(block_n=32, num_warps=2, num_stages=3)
 
 # From this many programs on (~8 waves at one resident an SM: always a single split), 2 warps
 # and 4 stages. The step's attention streams the KV at HBM speed with either shape, but under
 # the H200's 700 W cap the attention's SM work takes power from the compute-bound GEMMs of the
-# same step: at 256 x 2048 (2,048 programs) the board held 1,804 MHz instead of 1,717 and
-# the step took 21.82 ms instead of 22.02 (step_tiles_h200_1f8b93b.json; 64 x 2048, 512
-# programs: even). Fewer programs keep the default: there one resident an SM leaves too few
-# in flight (16 x 8192 at 4 stages: 9.54 against 8.51 ms).
+# same step: at 256 x 2048 the board held a higher clock and the step was shorter
+# (step_tiles_h200_1f8b93b.json; at 64 x 2048 even). Fewer programs keep the default: there
+# one resident an SM leaves too few bytes in flight (step_tiles_h200_stages_d881543.json).
 LARGE_PROGRAMS = 1024
 LARGE_PROGRAMS_TILES = DecodeTiles(block_n=64, num_warps=2, num_stages=4)
 
