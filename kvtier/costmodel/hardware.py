@@ -19,7 +19,7 @@ class CopyMechanism(str, enum.Enum):
 
     BULK = "bulk"  # one large cudaMemcpyAsync over contiguous pinned memory
     MEMCPY_PER_PAGE = "memcpy_per_page"  # one cudaMemcpyAsync per page
-    KERNEL_GATHER = "kernel_gather"  # a kernel reads pinned host pages through UVA (Strata)
+    KERNEL_GATHER = "kernel_gather"  # a kernel reads pinned host pages through UVA
 
 
 @dataclass(frozen=True)

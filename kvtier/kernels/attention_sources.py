@@ -5,7 +5,7 @@ absolute token positions whose K/V live somewhere different:
 
     positions  [0, prefix_len)        dense segment  (a dropped prefix: KV recomputed this step)
                [prefix_len, seq_len)  paged segment  (the block table into the KV pool)
-               ... later: a host segment read through a UVA pointer (DirectKV)
+               ... later: a host segment read through a UVA pointer (zero-copy)
 
 For each segment the kernel loads [BLOCK_N, D] K/V tiles with that source's loader and feeds
 them to `online_softmax_update`, which owns the running (m, l, acc) state. Adding a source is

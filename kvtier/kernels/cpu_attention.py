@@ -1,4 +1,4 @@
-"""Decode attention on the CPU over host KV pages (NEO's CPU attention): one query token per
+"""Decode attention on the CPU over host KV pages (CPU attention beside the GPU): one query token per
 request, for requests whose KV lives in host memory.
 
 Host layout, per layer, for K and V alike (the issue's `[L][block][kv_head][block_size][D]`

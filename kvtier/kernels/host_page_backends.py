@@ -1,5 +1,5 @@
-"""The two io-backends of the host tier behind one interface (SGLang's
-`--hicache-io-backend kernel|direct`):
+"""The two io-backends of the host tier behind one interface (SGLang's io-backend choice,
+kernel or direct):
 
   * KERNEL: one Triton launch moves every listed block through the host pages' UVA
     address, converting the layout (kvtier/kernels/host_page_io.py);

@@ -1,18 +1,18 @@
 """Move KV blocks between the device pool and pages of a pinned host pool with a Triton
-kernel that reads or writes the host pages through their UVA pointer (Strata / SGLang
-HiCache's GPU-assisted I/O), converting the layout on the way.
+kernel that reads or writes the host pages through their UVA pointer (GPU-assisted I/O,
+as in SGLang's host-memory cache), converting the layout on the way.
 
 Device pool (the engine's): [num_blocks, F, 2, block_size, Hkv, D].
 Host pool, one page per device block, page-first (a page is one contiguous span, so a
 whole block moves as one run of host addresses), in one of two layouts:
   * HEAD_MAJOR [num_pages, F, 2, Hkv, block_size, D] (the default): each (layer, K/V, head)
     of a page is one contiguous [block_size, D] tile, what a reader on the host wants
-    (NEO-style CPU attention, DirectKV's per-head rows) and what a later load reads back
+    (CPU attention, or a zero-copy GPU read, per KV head) and what a later load reads back
     whole.
   * BLOCK [num_pages, F, 2, block_size, Hkv, D]: byte for byte the device block, the only
     layout the copy engine can move (one cudaMemcpyAsync per block or run of blocks,
     kvtier/kernels/host_page_backends.py).
-Against SGLang's `--hicache-mem-layout`: both are page-first; within a page BLOCK has the
+Against SGLang's host-cache memory layouts: both are page-first; within a page BLOCK has the
 order of its `page_first_direct` (layers, tokens, heads; K/V kept inside the page here, so a
 page is one span), HEAD_MAJOR puts heads outside tokens.
 
@@ -41,7 +41,7 @@ import triton.language as tl
 
 from kvtier.kernels.launch import check, check_last_dim_contiguous, next_pow2, upcast
 
-NUM_WARPS = 32  # 1024 threads a program, Strata's shape
+NUM_WARPS = 32  # 1024 threads a program, the shape the published I/O kernels use
 DEFAULT_NUM_PROGRAMS = 4
 DEFAULT_TILE_BYTES = 64 * 1024  # bytes one program moves per loop iteration
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)

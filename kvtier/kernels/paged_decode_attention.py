@@ -1,5 +1,5 @@
 """Split-K (flash-decoding) attention for decode rows: one query token per request, over the
-layer-granular paged KV layout, plus an optional dense prefix segment (eLLM's recomputed KV).
+layer-granular paged KV layout, plus an optional dense prefix segment (a dropped prefix's KV, recomputed).
 
 Work split: one program per (request, KV head, split). A program loads each K/V tile once and
 uses it for all G = Hq/Hkv query heads of its group (q heads padded to 16 rows so `tl.dot`
@@ -62,7 +62,7 @@ LOG2E = 1.4426950408889634
 
 @dataclass
 class DenseSegment:
-    """KV rows that are not in the paged pool, e.g. a prefix recomputed this step (eLLM).
+    """KV rows that are not in the paged pool, e.g. a prefix recomputed this step.
 
     Request b owns rows start_loc[b] .. start_loc[b+1] of k and v, at positions 0.. of its
     context."""

@@ -100,7 +100,7 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily(f"{P}num_scheduled_requests", "Requests computed in the last step.",
                                 value=s.num_scheduled_requests)
         yield GaugeMetricFamily(f"{P}num_dropped_tokens",
-                                "Tokens of running requests whose KV prefix is dropped (eLLM).",
+                                "Tokens of running requests whose KV prefix is dropped (recomputed each step).",
                                 value=s.num_dropped_tokens)
         yield GaugeMetricFamily(f"{P}step_time_seconds", "Wall time of the last step.", value=s.step_time_s)
         yield GaugeMetricFamily(f"{P}kv_block_bytes", "Bytes of one KV block.", value=s.block_bytes)
@@ -113,9 +113,9 @@ class _EngineCollector(Collector):
             "swap_in_blocks": ("Blocks swapped in from host.", s.num_swap_in_blocks_total),
             "prompt_tokens": ("Prompt tokens processed.", s.num_prompt_tokens_total),
             "generation_tokens": ("Generated tokens.", s.num_generation_tokens_total),
-            "prefix_recompute_tokens": ("Dropped-prefix tokens recomputed (eLLM).",
+            "prefix_recompute_tokens": ("Dropped-prefix tokens recomputed.",
                                         s.num_prefix_recompute_tokens_total),
-            "restored_tokens": ("Tokens whose KV was re-projected from hidden states (HCache).",
+            "restored_tokens": ("Tokens whose KV was re-projected from hidden states.",
                                 s.num_restored_tokens_total),
         }
         for name, (doc, value) in counters.items():
