@@ -61,14 +61,13 @@ def size_pools(
     config: EngineConfig, device: torch.device, dtype: torch.dtype, activation_peak: int,
     reserved_blocks: int = 0,
 ) -> PoolSizes:
-    """`reserved_blocks`: device blocks taken from the same memory for other uses (a memory system's, e.g. the
-    recompute scratch); an explicit block count is the KV pool alone."""
+    """`reserved_blocks`: device blocks taken from the same memory for other uses (a memory
+    system's, e.g. the recompute scratch); an explicit block count is the KV pool alone."""
     cache, mc = config.cache, config.model_config
     block_bytes = cache.block_bytes(mc, dtype_bytes(dtype))
-    if cache.num_gpu_blocks is not None:
-        num_gpu = cache.num_gpu_blocks
-    elif cache.kv_cache_gb is not None:
-        num_gpu = int(cache.kv_cache_gb * GiB // block_bytes)
+    explicit = explicit_gpu_blocks(config, block_bytes)
+    if explicit is not None:
+        num_gpu = explicit
     elif device.type == "cuda":
         # vLLM's rule: the pool gets util x total, minus everything in use now (weights, CUDA
         # context, library workspaces: total - free) and the profiled activation peak.
