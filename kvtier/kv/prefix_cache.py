@@ -314,8 +314,10 @@ class PrefixCache(KVCacheHooks):
                     assert j < state.num_registered and block_hash[b] == state.hashes[j], (
                         f"{rid}: token block {j} holds another prefix's cached block")
         for rid, table in kv.tables.items():
-            if rid not in self._live:
-                assert not block_hash.keys() & set(table.block_ids[0]), (
+            if rid not in self._live:  # host block ids are another pool's numbers
+                on_gpu = {b for b, p in zip(table.block_ids[0], table.placements[0])
+                          if p is Placement.GPU}
+                assert not block_hash.keys() & on_gpu, (
                     f"{rid} holds cached blocks the cache does not know it holds")
         for h, ids in self.index.items():
             if ref_count(ids[0]) == 1:
