@@ -306,7 +306,8 @@ class LLMEngine:
         s, kv, c = self.scheduler, self.scheduler.kv, self.scheduler.counters
         return EngineStats(
             num_running=len(s.running), num_waiting=len(s.waiting), num_swapped=len(s.swapped),
-            gpu_blocks_used=kv.gpu.num_used, gpu_blocks_total=kv.gpu.num_blocks,
+            gpu_blocks_used=kv.gpu.num_used - kv.num_gpu_blocks_cached(),
+            gpu_blocks_total=kv.gpu.num_blocks, gpu_blocks_cached=kv.num_gpu_blocks_cached(),
             host_blocks_used=kv.host.num_used, host_blocks_total=kv.host.num_blocks,
             num_preemptions_total=c.num_preemptions,
             num_swap_out_blocks_total=c.num_swap_out_blocks,

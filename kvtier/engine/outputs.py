@@ -64,3 +64,4 @@ class EngineStats:
     num_prefix_recompute_tokens_total: int = 0  # dropped-prefix tokens recomputed
     num_dropped_tokens: int = 0  # tokens of running requests whose KV is dropped now
     num_restored_tokens_total: int = 0  # tokens whose KV was re-projected from hidden states
+    gpu_blocks_cached: int = 0  # device blocks only the prefix cache holds (not in use)

@@ -373,6 +373,11 @@ class KVCacheManager:
                         filled += max(0, min(size, n - j * size))
         return allocated, filled
 
+    def num_gpu_blocks_cached(self) -> int:
+        """Device blocks only a cache holds: free on demand, so not "used" (vLLM's KV usage
+        counts them free too)."""
+        return self._num_evictable()
+
     def all_free(self) -> bool:
         """No request holds memory: every device block is free or held by a cache alone
         (evictable, i.e. free on demand); the host and hidden-state pools are empty."""
