@@ -5,7 +5,10 @@ kernel or direct):
     address, converting the layout (kvtier/kernels/host_page_io.py);
   * DIRECT: the copy engine, one cudaMemcpyAsync per block, or per run of blocks whose
     source and target ids both advance by one (`coalesce_runs`). It copies bytes, so the host
-    pages must have the device block's own layout (HostPageLayout.BLOCK).
+    pages must have the device block's own layout (HostPageLayout.BLOCK). The copies are
+    issued through torch (`Tensor.copy_` per piece), through the CUDA runtime directly (one
+    call per piece, no dispatcher) or as one cudaMemcpyBatchAsync
+    (kvtier/kernels/cuda_memcpy.py): `DirectVia`.
 
 Both take the block lists as host-side ids (the scheduler's plan lives on the host) and
 check them there, where it costs no sync: equal lengths, in range, distinct targets (two
@@ -21,6 +24,7 @@ from enum import Enum
 
 import torch
 
+from kvtier.kernels import cuda_memcpy as cm
 from kvtier.kernels import host_page_io as hp
 from kvtier.kernels.launch import check, interpreting
 
@@ -32,6 +36,14 @@ class IOBackend(str, Enum):
     DIRECT = "direct"
 
 
+class DirectVia(str, Enum):
+    """How the DIRECT backend issues its copies."""
+
+    TORCH = "torch"  # Tensor.copy_ per piece
+    RUNTIME = "runtime"  # cudaMemcpyAsync per piece, called directly
+    BATCH = "batch"  # one cudaMemcpyBatchAsync (CUDA 12.8+; else RUNTIME)
+
+
 @dataclass(frozen=True)
 class PageIOConfig:
     backend: IOBackend = IOBackend.KERNEL
@@ -39,6 +51,7 @@ class PageIOConfig:
     num_programs: int = hp.DEFAULT_NUM_PROGRAMS  # KERNEL: programs of 1024 threads
     tile_bytes: int = hp.DEFAULT_TILE_BYTES  # KERNEL: bytes a program moves per iteration
     coalesce_runs: bool = True  # DIRECT: one copy per run of consecutive blocks
+    direct_via: DirectVia = DirectVia.TORCH  # DIRECT: how the copies are issued
 
     def __post_init__(self) -> None:
         if self.backend is IOBackend.DIRECT and self.layout is not hp.HostPageLayout.BLOCK:
@@ -63,12 +76,28 @@ def runs(dst: Sequence[int], src: Sequence[int]) -> list[tuple[int, int, int]]:
 
 
 def copy_pages_direct(dst_pool: torch.Tensor, src_pool: torch.Tensor, dst: Sequence[int],
-                      src: Sequence[int], coalesce_runs: bool) -> None:
+                      src: Sequence[int], coalesce_runs: bool,
+                      via: DirectVia = DirectVia.TORCH) -> None:
     """dst_pool[dst[i]] = src_pool[src[i]] with non-blocking copies of contiguous slices:
-    each one cudaMemcpyAsync between pinned host and device memory."""
+    each one cudaMemcpyAsync between pinned host and device memory, on the current stream."""
     pieces = runs(dst, src) if coalesce_runs else [(d, s, 1) for d, s in zip(dst, src)]
-    for d, s, k in pieces:
-        dst_pool[d : d + k].copy_(src_pool[s : s + k], non_blocking=True)
+    gpu = dst_pool if dst_pool.device.type == "cuda" else src_pool
+    if via is DirectVia.TORCH or gpu.device.type != "cuda" or not cm.available():
+        for d, s, k in pieces:
+            dst_pool[d : d + k].copy_(src_pool[s : s + k], non_blocking=True)
+        return
+    check(dst_pool.is_contiguous() and src_pool.is_contiguous()
+          and dst_pool.shape[1:] == src_pool.shape[1:] and dst_pool.dtype == src_pool.dtype,
+          "direct copies need contiguous pools of one block shape and dtype")
+    stride = dst_pool[0].numel() * dst_pool.element_size()
+    dsts, srcs, sizes = cm.pieces(dst_pool.data_ptr(), src_pool.data_ptr(), stride, pieces)
+    stream = torch.cuda.current_stream(gpu.device).cuda_stream
+    # The batch call refuses the legacy default stream: there, one call per piece.
+    if via is DirectVia.BATCH and cm.has_batch() and stream != 0:
+        cm.memcpy_batch(dsts, srcs, sizes, stream, to_host=dst_pool.device.type == "cpu",
+                        device_index=gpu.device.index or 0)
+    else:
+        cm.memcpy_each(dsts, srcs, sizes, stream)
 
 
 def _as_list(ids: Ids) -> list[int]:
@@ -121,7 +150,7 @@ class HostPageIO:
             check(gpu_kv.is_contiguous() and host_kv.is_contiguous(),
                   "io backend 'direct': both pools must be contiguous (one copy per slice)")
             a, b = (host_kv, gpu_kv) if to_host else (gpu_kv, host_kv)
-            copy_pages_direct(a, b, dst, src, c.coalesce_runs)
+            copy_pages_direct(a, b, dst, src, c.coalesce_runs, c.direct_via)
             return
         if gpu_kv.device.type == "cpu" and not interpreting():
             ref = hp.gather_to_host_ref if to_host else hp.scatter_to_gpu_ref

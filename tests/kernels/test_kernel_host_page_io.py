@@ -8,12 +8,15 @@ import json
 import os
 import subprocess
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
 import torch
 
+from kvtier.kernels.cuda_memcpy import pieces
 from kvtier.kernels.host_page_backends import (
+    DirectVia,
     HostPageIO,
     IOBackend,
     PageIOConfig,
@@ -131,15 +134,28 @@ def test_runs_groups_consecutive_pairs():
     assert runs([], []) == []
 
 
+def test_pieces_point_at_each_run():
+    assert pieces(1000, 50, 8, [(2, 0, 3), (7, 5, 1)]) == ([1016, 1056], [50, 90], [24, 8])
+    assert pieces(0, 0, 8, []) == ([], [], [])
+
+
+@pytest.mark.parametrize("via", list(DirectVia))
 @pytest.mark.parametrize("coalesce", [True, False])
-def test_direct_copies_equal_reference(coalesce):
+def test_direct_copies_equal_reference(coalesce, via):
+    """Each way of issuing the copies (on a GPU: torch, the runtime per piece, one batch
+    on a side stream) stores and loads the listed blocks exactly."""
     gpu_kv, host_kv = pools(9, 9, HostPageLayout.BLOCK, torch.float32)
     src, dst = id_lists(6, 9, 9, seed=3)
     expected = host_kv.clone()
     gather_to_host_ref(gpu_kv, expected, src, dst, HostPageLayout.BLOCK)
-    copy_pages_direct(host_kv, gpu_kv, dst.tolist(), src.tolist(), coalesce)
+    side = torch.cuda.Stream() if DEVICE.type == "cuda" else None
+    with torch.cuda.stream(side) if side is not None else nullcontext():
+        copy_pages_direct(host_kv, gpu_kv, dst.tolist(), src.tolist(), coalesce, via)
+        back = torch.zeros_like(gpu_kv)
+        copy_pages_direct(back, host_kv, src.tolist(), dst.tolist(), coalesce, via)
     sync()
     assert torch.equal(host_kv, expected)
+    assert torch.equal(back[src], gpu_kv[src])
 
 
 @pytest.mark.parametrize("backend,layout", [(IOBackend.KERNEL, HostPageLayout.HEAD_MAJOR),
