@@ -51,7 +51,9 @@ class PageIOConfig:
     num_programs: int = hp.DEFAULT_NUM_PROGRAMS  # KERNEL: programs of 1024 threads
     tile_bytes: int = hp.DEFAULT_TILE_BYTES  # KERNEL: bytes a program moves per iteration
     coalesce_runs: bool = True  # DIRECT: one copy per run of consecutive blocks
-    direct_via: DirectVia = DirectVia.TORCH  # DIRECT: how the copies are issued
+    # DIRECT: how the copies are issued; one batch keeps the copy engine busy on small
+    # pages (results/kernels/host_page_io_h200_runtime.json)
+    direct_via: DirectVia = DirectVia.BATCH
 
     def __post_init__(self) -> None:
         if self.backend is IOBackend.DIRECT and self.layout is not hp.HostPageLayout.BLOCK:

@@ -158,6 +158,13 @@ def test_direct_copies_equal_reference(coalesce, via):
     assert torch.equal(back[src], gpu_kv[src])
 
 
+@gpu
+@pytest.mark.parametrize("via", list(DirectVia))
+def test_direct_copies_on_the_gpu(via):
+    for coalesce in (True, False):
+        test_direct_copies_equal_reference(coalesce, via)
+
+
 @pytest.mark.parametrize("backend,layout", [(IOBackend.KERNEL, HostPageLayout.HEAD_MAJOR),
                                             (IOBackend.KERNEL, HostPageLayout.BLOCK),
                                             (IOBackend.DIRECT, HostPageLayout.BLOCK)])
