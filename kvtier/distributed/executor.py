@@ -109,8 +109,9 @@ class TPExecutor:
     """The engine's executor under tensor parallelism: each plan to the workers, then rank
     0's step (the forward's collectives keep the ranks in step); its result is the step's."""
 
-    def __init__(self, runner: Any, workers: Workers, group: Any):
-        self.runner, self.workers, self.group = runner, workers, group
+    def __init__(self, runner: Any, workers: Workers, factory: Any):
+        """`factory`: rank 0's TPRunnerFactory (the group it joined, closed last)."""
+        self.runner, self.workers, self._factory = runner, workers, factory
         self._closed = False
         # An engine dropped without close() still stops its workers.
         self._stop_workers = weakref.finalize(self, workers.stop)
@@ -142,4 +143,4 @@ class TPExecutor:
         self._closed = True
         self._stop_workers()
         self.runner.close()
-        self.group.destroy()
+        self._factory.close()

@@ -5,6 +5,7 @@ ids to all of them)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -25,7 +26,15 @@ class TPRunnerFactory(RunnerFactory):
         if self.device.type == "cuda":  # rank r drives GPU r
             self.device = torch.device("cuda", rank)
             torch.cuda.set_device(self.device)
+        self._threads = torch.get_num_threads()
+        if self.device.type == "cpu":  # the ranks share the cores: N whole OpenMP pools spin
+            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // size))  # on each other
         self.group = TPGroup(rank, size, port, self.device)
+
+    def close(self) -> None:
+        """Leave the group; this process's thread count back to what it was."""
+        self.group.destroy()
+        torch.set_num_threads(self._threads)
 
     def _per_rank(self, config: EngineConfig) -> EngineConfig:
         shard = TPShard(config.model_config, self.group.rank, self.group.size)

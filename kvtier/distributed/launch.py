@@ -29,9 +29,9 @@ def assemble_tp(args: EngineArgs) -> EngineParts:
     except BaseException as e:
         failed = None if isinstance(e, ConfigError) else workers.failure()
         if factory is not None:  # first: a worker waiting in a collective then fails too
-            factory.group.destroy()
+            factory.close()
         workers.stop()
         if failed is not None:
             raise failed from e
         raise
-    return replace(parts, executor=TPExecutor(parts.executor, workers, factory.group))
+    return replace(parts, executor=TPExecutor(parts.executor, workers, factory))

@@ -134,7 +134,7 @@ def load_sharded_safetensors(model: VocabParallelLlama, ckpt: Path) -> None:
     files = sorted(ckpt.glob("*.safetensors"))
     if not files:
         raise ConfigError(f"no *.safetensors files in {str(ckpt)!r}")
-    loaded: set[int] = set()
+    filled: dict[int, int] = {}  # rows written, per parameter (q, k, v fill one in parts)
     for f in files:
         with safe_open(str(f), framework="pt", device="cpu") as st:
             for name in st.keys():
@@ -148,7 +148,9 @@ def load_sharded_safetensors(model: VocabParallelLlama, ckpt: Path) -> None:
                     raise ConfigError(f"{name}: rank {model.shard.rank}'s part has shape "
                                       f"{tuple(part.shape)}, expected {tuple(dst.shape)}")
                 dst.copy_(part)
-                loaded.add(id(param))
-    missing = [n for n, p in model.named_parameters() if id(p) not in loaded]
+                filled[id(param)] = filled.get(id(param), 0) + dst.shape[0]
+    vocab_rows = {id(model.embed), id(model.lm_head)}
+    missing = [n for n, p in model.named_parameters() if filled.get(id(p), 0)
+               < (model.vocab_len if id(p) in vocab_rows else p.shape[0])]
     if missing:
         raise ConfigError(f"checkpoint {str(ckpt)!r} lacks weights for: {', '.join(missing[:5])}")

@@ -13,7 +13,7 @@ from kvtier.distributed.layers import AllReduceOps, VocabParallelLlama
 from kvtier.distributed.loading import build_sharded_model
 from kvtier.distributed.parallel_state import TPGroup
 from kvtier.distributed.sharding import TPShard
-from kvtier.runner.sampler import SampleRow, Sampled, sample
+from kvtier.runner.sampler import Sampled, SampleRow, sample
 
 
 class TPRank:

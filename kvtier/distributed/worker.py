@@ -35,7 +35,7 @@ def run_worker(rank: int, size: int, port: int, args: Any, conn: Connection) -> 
         if runner is not None:
             runner.close()
         if factory is not None:
-            factory.group.destroy()
+            factory.close()
 
 
 def serve_plans(runner: Any, conn: Connection) -> None:
