@@ -12,7 +12,9 @@ workers; a pipe is the simple version for the GPUs of one host.
 from __future__ import annotations
 
 import pickle
+import threading
 import weakref
+from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -29,6 +31,18 @@ class Workers:
 
     def __init__(self, procs: list[Any], conns: list[Connection]):
         self.procs, self.conns = procs, conns
+        self._stopping = threading.Event()
+
+    def watch(self, on_death: Callable[[], None]) -> None:
+        """Call `on_death` (from a daemon thread) as soon as a worker exits before `stop`:
+        the driver may be waiting in a collective that, on NCCL, would otherwise wait out
+        its timeout."""
+        def run() -> None:
+            wait([p.sentinel for p in self.procs])
+            if not self._stopping.is_set():
+                on_death()
+
+        threading.Thread(target=run, name="kvtier-tp-watch", daemon=True).start()
 
     @classmethod
     def spawn(cls, args: Any, size: int, port: int) -> Workers:
@@ -54,9 +68,13 @@ class Workers:
         for rank, (p, conn) in enumerate(zip(self.procs, self.conns), start=1):
             if not wait([conn, p.sentinel], timeout):
                 raise TPWorkerError(f"tensor-parallel rank {rank} did not start in {timeout} s")
-            msg = self._read(conn)
-            if not isinstance(msg, WorkerReady):
-                raise self.failure() or TPWorkerError(f"rank {rank} failed to start")
+            if not isinstance(self._read(conn), WorkerReady):
+                p.join(EXIT_WAIT_S)
+                raise TPWorkerError(
+                    f"tensor-parallel rank {rank} exited before it started (exit code "
+                    f"{p.exitcode}; its stderr says why). Workers are spawned: they import "
+                    "the main script again, so a script that starts the engine must do so "
+                    "under `if __name__ == \"__main__\":`")
 
     def send(self, plan: StepPlan) -> None:
         data = pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL)
@@ -87,6 +105,7 @@ class Workers:
 
     def stop(self) -> None:
         """Ask every worker to exit, then make sure it has (terminate, kill)."""
+        self._stopping.set()
         stop = pickle.dumps(Stop())
         for conn in self.conns:
             try:

@@ -25,6 +25,7 @@ def assemble_tp(args: EngineArgs) -> EngineParts:
     try:
         workers.wait_ready()
         factory = TPRunnerFactory(args.device, args.dtype, 0, size, port)
+        workers.watch(factory.group.abort)
         parts = assemble(args, factory)
     except BaseException as e:
         failed = None if isinstance(e, ConfigError) else workers.failure()

@@ -65,6 +65,12 @@ class TPGroup:
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
         return [int(v) for v in t.tolist()]
 
+    def abort(self) -> None:
+        """Make this process's pending and later collectives fail now (a rank died). Gloo
+        notices a closed connection by itself; NCCL would wait for the timeout."""
+        if self.backend == "nccl" and dist.is_initialized():
+            dist.distributed_c10d._abort_process_group()
+
     def destroy(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -35,7 +35,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
 
 def _engine(tp: int, **kw) -> LLMEngine:
-    # The async-scheduling tests' pool: 10 device blocks for 12 requests, so every policy
+    # The async-scheduling tests' pool: 10 device blocks for 8 requests, so every policy
     # preempts (recompute, swap-out, dropped prefixes, hidden states).
     opts = dict(model="tiny-llama", load_format="dummy", device="cpu", dtype="float32",
                 max_model_len=80, num_gpu_blocks=10, num_host_blocks=40, max_num_seqs=6,
@@ -72,7 +72,7 @@ def _serve(eng: LLMEngine, prompts, params=GREEDY) -> tuple[dict, int]:
     ("recompute", {"async_scheduling": True}),
 ])
 def test_tp2_greedy_equals_one_process(policy, extra):
-    prompts = _prompts(12)
+    prompts = _prompts(8)
     one, _ = _serve(_engine(1, kv_policy=policy, **extra), prompts)
     two, preemptions = _serve(_engine(2, kv_policy=policy, **extra), prompts)
     assert two == one
@@ -122,3 +122,33 @@ def test_worker_death_is_an_error_not_a_hang():
     finally:
         eng.close()
     assert not any(p.is_alive() for p in eng.executor.workers.procs)
+
+
+def test_a_script_without_a_main_guard_gets_a_clear_error(tmp_path):
+    """Spawned workers import the main script again; one that starts the engine at import
+    time makes them fail before they start: the driver says so (and hangs nowhere)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "no_guard.py"
+    script.write_text("from kvtier.engine.args import EngineArgs\n"
+                      "from kvtier.engine.llm_engine import LLMEngine\n"
+                      "LLMEngine.from_engine_args(EngineArgs(model='tiny-llama', "
+                      "load_format='dummy', device='cpu', num_gpu_blocks=40, "
+                      "max_model_len=80, tensor_parallel_size=2))\n")
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=100, env={**os.environ, "PYTHONPATH": str(root)})
+    assert run.returncode != 0
+    assert "exited before it started" in run.stderr and "__main__" in run.stderr
+
+
+def test_tp_flag_on_the_command_line():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    EngineArgs.add_cli_args(parser)
+    for argv in (["m", "-tp", "4"], ["m", "--tensor-parallel-size", "4"]):
+        assert EngineArgs.from_cli_args(parser.parse_args(argv)).tensor_parallel_size == 4
+    assert EngineArgs.from_cli_args(parser.parse_args(["m"])).tensor_parallel_size == 1
