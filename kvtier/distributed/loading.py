@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -15,11 +16,11 @@ from kvtier.config import ConfigError
 from kvtier.distributed.layers import VocabParallelLlama
 from kvtier.distributed.parallel_state import TPGroup
 from kvtier.distributed.sharding import TPShard
-from kvtier.model.llama import LlamaForCausalLM
+from kvtier.model.llama import DecoderLayer, LlamaForCausalLM
 from kvtier.model.loader import _DIRECT
 
 # A source tensor (or safetensors slice) -> this rank's part of it.
-Take = Callable[[object], torch.Tensor]
+Take = Callable[[Any], torch.Tensor]
 
 
 def build_sharded_model(shard: TPShard, ckpt: Path | None, dtype: torch.dtype,
@@ -44,8 +45,8 @@ def _cols(r: range) -> Take:
     return lambda t: t[:, r.start:r.stop]
 
 
-def whole(t: object) -> torch.Tensor:
-    return t[:]  # type: ignore[index]
+def whole(t: Any) -> torch.Tensor:
+    return t[:]
 
 
 def fused_part(shard: TPShard, name: str, full: torch.Tensor) -> torch.Tensor:
@@ -106,6 +107,7 @@ def _hf_target(model: VocabParallelLlama, hf_name: str
     if m is None or "rotary_emb" in hf_name:
         return None
     layer = model.layers[int(m.group(1))]
+    assert isinstance(layer, DecoderLayer)
     rest = m.group(2)
     if rest in _DIRECT:
         param = layer.get_parameter(_DIRECT[rest])
