@@ -73,6 +73,11 @@ gpu_path() {  # NAME PARTS TIMEOUT: bench_gpu_path's parts
     | grep -E "fraction_of_roofline|host_overhead|Error" | cut -c1-400 | tail -4
 }
 
+tp_bench() {  # NAME TIMEOUT [flags...]: benchmarks/gpu_path/bench_tp.py
+  local f; f=$(out gpu_path "$1"); local limit=$2; shift 2
+  timeout "$limit" python3 -m benchmarks.gpu_path.bench_tp "$@" --out "$f" 2>&1 | tail -20
+}
+
 before_after() {  # BEFORE: the old tree's figures and this tree's, alternating
   local b=$1 t0=$SECONDS i
   # The old tree's module names: flat benchmarks/, before the subject folders.
@@ -193,6 +198,16 @@ part() {
       | tail -12 ;;
   real-model)  # SmolLM2-135M-Instruct: the GPU teacher-forcing test and the bf16 benchmark rows (the GGUF's 5 parts carried over warm calls first)
     OUT="$(dirname "$(out offline x)")" bash benchmarks/h200_real_model.sh ;;
+  tp-tests)  # tensor parallelism on 2 GPUs (nvidia-h200-x2 or larger): fp32 TP=2 equals TP=1, graphs and eager, four policies
+    pytest_gpu "gpu_tests_tp_$KVTIER_GIT_COMMIT" 500 tests/distributed ;;
+  tp-decode)  # llama-3.1-8b at TP 1/2/4: start-up, decode steps vs the N-GPU HBM roofline, the collectives alone
+    tp_bench tp_decode_llama31.json 560 --model llama-3.1-8b --tp 1,2,4 --parts decode,collectives ;;
+  tp-offline)  # llama-3.1-8b offline ShareGPT throughput at TP 1/2/4 (start-up with it)
+    tp_bench tp_offline_llama31.json 560 --model llama-3.1-8b --tp 1,2,4 --parts offline \
+      --workload $W8 --num-prompts 500 ;;
+  tp-70b)  # llama-2-70b at TP 2/4 (4 GPUs): start-up, decode steps and collectives
+    tp_bench tp_decode_llama2-70b.json 560 --model llama-2-70b --tp 2,4 --parts decode,collectives \
+      --batches 1,64 --kv-cache-gb 20 ;;
   policies-13b-long-swap-hcache)  # swap and HCache over the same window
     bench_13b bench_13b_long_swap_hcache_h200 560 3000 150 swap,hcache ;;
   policies-13b-long-ridge)  # eLLM dropping (ridge budget, offloaded groups, overlap)

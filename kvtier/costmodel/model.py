@@ -52,6 +52,7 @@ from kvtier.costmodel.operators import (
     gemm,
     head_ops,
     layer_elementwise,
+    logits_gather,
     piece_copies,
 )
 from kvtier.costmodel.optimes import OpTimer
@@ -356,6 +357,10 @@ class CostModel:
         out = [tm.head_elementwise(tokens, ops[:2])]
         if logit_rows:
             out.append(tm.keyed(ops[2], logit_rows))
+        if s.tp > 1:  # vocab-parallel: the embedding's all-reduce, the logits' gather
+            out[0] += tm.allreduce(allreduce(s, tokens))
+            if logit_rows:
+                out[1] += tm.allgather(logits_gather(s, logit_rows))
         return out
 
     def copy_seconds(self, shape: StepShape) -> float:

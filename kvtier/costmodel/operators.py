@@ -20,8 +20,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from kvtier.config import ModelConfig
+from kvtier.config import ConfigError, ModelConfig
 from kvtier.costmodel.shape import StepShape
+from kvtier.distributed.sharding import TPShard
 
 
 class OpKind(str, enum.Enum):
@@ -61,13 +62,15 @@ class Shapes:
 
     @classmethod
     def of(cls, mc: ModelConfig, tp: int = 1, elem: int = 2) -> Shapes:
-        if mc.num_heads % tp or mc.intermediate_size % tp:
-            raise ValueError(f"{mc.name}: {mc.num_heads} heads / {mc.intermediate_size} MLP "
-                             f"columns do not split over {tp} GPUs")
-        heads = mc.num_heads // tp
-        kv_heads = max(1, mc.num_kv_heads // tp)
+        """The shard of rank 0 by the runner's rule (kvtier/distributed/sharding.py; every
+        rank's shapes are the same)."""
+        try:
+            shard = TPShard(mc, 0, tp)
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+        heads, kv_heads = shard.num_heads, shard.num_kv_heads
         return cls(mc.hidden_size, heads * mc.head_dim, kv_heads * mc.head_dim,
-                   mc.intermediate_size // tp, -(-mc.vocab_size // tp), heads, kv_heads,
+                   shard.intermediate, shard.vocab_per_rank, heads, kv_heads,
                    mc.head_dim, mc.num_layers, tp, elem)
 
     def gemm_dims(self) -> dict[str, tuple[int, int]]:
@@ -152,7 +155,15 @@ def attn_out_copy(s: Shapes, n: int) -> Op:
 
 
 def allreduce(s: Shapes, t: int) -> Op:
+    """A sum of t rows of hidden states over the GPUs: after o and down, and the
+    vocab-parallel embedding's."""
     return Op("allreduce", OpKind.ALLREDUCE, 0.0, float(t * s.hidden * s.elem))
+
+
+def logits_gather(s: Shapes, rows: int) -> Op:
+    """The vocab-parallel LM head's logits gathered on every GPU: `bytes` is the gathered
+    [rows, vocab] output."""
+    return Op("logits_gather", OpKind.ALLREDUCE, 0.0, float(rows * s.vocab * s.tp * s.elem))
 
 
 def head_ops(s: Shapes, num_tokens: int, logit_rows: int) -> list[Op]:

@@ -59,6 +59,14 @@ class OpTimer:
         hw = self.hw
         return 2 * (n - 1) / n * op.bytes / hw.allreduce_bytes_per_s + hw.allreduce_latency_s
 
+    def allgather(self, op: Op) -> float:
+        """A ring all-gather of `op.bytes` of output: half an all-reduce's traffic."""
+        n = self.s.tp
+        if n <= 1:
+            return 0.0
+        hw = self.hw
+        return (n - 1) / n * op.bytes / hw.allreduce_bytes_per_s + hw.allreduce_latency_s
+
     # ---- per operator class ----------------------------------------------------------------
     def keyed(self, op: Op, key: int) -> float:
         """GEMMs, elementwise and sampling: a curve over rows (cached: keys repeat)."""

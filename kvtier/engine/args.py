@@ -78,6 +78,10 @@ class EngineArgsFields:
                                         "prefill, 0 in the offline LLM)"})
     max_num_partial_prefills: int = field(
         default=1, metadata={"help": "prefills that may stop part-way in one step"})
+    tensor_parallel_size: int = field(
+        default=1, metadata={"help": "GPUs (CPU processes) the model is split over, one "
+                                     "process each (docs/TENSOR_PARALLEL.md)",
+                             "aliases": ("-tp",)})
     # The memory systems' own flags (each system's SystemArgs), by keyword;
     # EngineArgs(<prefix>_<flag>=...) and args.<prefix>_<flag> read and write them here.
     policy_args: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
@@ -150,7 +154,8 @@ class EngineArgsFields:
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction,
                                     default=default, help=f.metadata["help"])
             else:
-                parser.add_argument(flag, type=arg_type(f.type), default=default,
+                parser.add_argument(flag, *f.metadata.get("aliases", ()),
+                                    type=arg_type(f.type), default=default,
                                     help=f.metadata["help"])
         parser.add_argument("--num-gpu-blocks-override", dest="num_gpu_blocks", type=int,
                             help="vLLM's name for --num-gpu-blocks")

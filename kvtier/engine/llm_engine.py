@@ -102,7 +102,12 @@ class LLMEngine:
         """The real engine: the one assembly over the model runner."""
         from kvtier.engine.runner_factory import RunnerFactory
 
-        engine = cls.from_parts(assemble(args, RunnerFactory(args.device, args.dtype)))
+        if args.tensor_parallel_size > 1:  # one process per rank (kvtier/distributed/)
+            from kvtier.distributed.launch import assemble_tp
+
+            engine = cls.from_parts(assemble_tp(args))
+        else:
+            engine = cls.from_parts(assemble(args, RunnerFactory(args.device, args.dtype)))
         freeze_startup_objects()
         return engine
 

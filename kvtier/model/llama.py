@@ -191,7 +191,7 @@ class LlamaForCausalLM(nn.Module):
         last layer's O projection, MLP and the final norm run over `keep` alone: in a step
         of prompt chunks that is most of a layer's GEMMs over all but one row a prompt
         (2.8 % of llama-3.1-8b's linear FLOPs)."""
-        x = F.embedding(input_ids, self.embed)
+        x = self.embed_tokens(input_ids)
         residual: torch.Tensor | None = None
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
@@ -199,6 +199,10 @@ class LlamaForCausalLM(nn.Module):
         assert residual is not None
         x, _ = ctx.ops.fused_add_rms_norm(x, residual, self.final_norm, self.cfg.rms_norm_eps)
         return x
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T] -> [T, hidden] (a vocab-parallel model overrides it: kvtier/distributed/)."""
+        return F.embedding(input_ids, self.embed)
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None
                        ) -> torch.Tensor:

@@ -15,6 +15,7 @@ import functools
 from collections.abc import Sequence
 from itertools import compress
 from operator import attrgetter
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -51,6 +52,9 @@ from kvtier.runner.staging import PinnedStaging
 from kvtier.runner.startup import profile_activation_peak, warm_up_steps
 from kvtier.runner.swap_copies import SwapCopies, make_streams
 
+if TYPE_CHECKING:
+    from kvtier.distributed.rank import TPRank
+
 _sample_flag, _request_id = attrgetter("sample"), attrgetter("request_id")
 
 
@@ -62,12 +66,20 @@ def pad_rows(idx: np.ndarray, sizes: list[int]) -> np.ndarray:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, ckpt, device: torch.device, dtype: torch.dtype):
+    def __init__(self, config: EngineConfig, ckpt, device: torch.device, dtype: torch.dtype,
+                 tp: TPRank | None = None):
+        """`tp`: this runner is one tensor-parallel rank (kvtier/distributed/): its model
+        config and model are its shard's, its pools hold its KV heads."""
         self.config, self.device, self.dtype = config, device, dtype
+        self.tp = tp
         mc = config.model_config
-        self.model_config = mc
-        self.model = build_model(mc, ckpt, dtype, device, config.seed)
-        self.ops = make_ops(config.attention_backend, device)
+        if tp is None:
+            self.model_config = mc
+            self.model = build_model(mc, ckpt, dtype, device, config.seed)
+            self.ops = make_ops(config.attention_backend, device)
+        else:
+            self.model_config, self.model = tp.build_model(mc, ckpt, dtype, device, config.seed)
+            self.ops = tp.wrap_ops(make_ops(config.attention_backend, device))
         self.attention = make_attention_backend(config.attention_backend, device)
         self.cos_sin = cos_sin_cache(mc, config.scheduler.max_model_len, device)
         cache = config.cache
@@ -229,7 +241,7 @@ class ModelRunner:
             sampled = self.ops.argmax_rows(logits)
             tokens.keep(ids, sampled)
             return tokens.copy_to_host(ids, sampled)
-        out = sample(logits, rows)
+        out = sample(logits, rows) if self.tp is None else self.tp.sample(logits, rows)
         tokens.keep(ids, torch.tensor(out.token_ids, dtype=torch.int64, device=self.device))
         logprobs = ({i: lp for i, lp in zip(ids, out.logprobs) if lp is not None}
                     if out.logprobs.count(None) != len(ids) else {})

@@ -26,7 +26,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from kvtier.attention.metadata import AttentionMetadata
 from kvtier.core.graph_sizes import piecewise_sizes
@@ -146,7 +145,7 @@ class PiecewiseGraphs:
         r = self.runner
         model = r.model
         ctx = self._ctx()
-        self.hidden[:n] = F.embedding(input_ids, model.embed)
+        self.hidden[:n] = model.embed_tokens(input_ids)
         self.positions[:n].copy_(positions)
         self.positions[n:t].zero_()
         self._run(0, t, ctx)

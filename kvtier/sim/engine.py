@@ -8,6 +8,7 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
+from kvtier.config import ConfigError
 from kvtier.costmodel.calibration import Calibration
 from kvtier.costmodel.hardware import HardwareProfile, get_hardware
 from kvtier.engine.args import EngineArgs
@@ -25,7 +26,7 @@ def build_sim_engine(
     engine_args: EngineArgs,
     hardware: str = "h200",
     calibration: str | Path | Calibration | None = None,
-    num_gpus: int = 1,
+    num_gpus: int | None = None,
     output_lens: Mapping[str, int] | None = None,
     record_steps: bool = False,
     clock: VirtualClock | None = None,
@@ -34,7 +35,9 @@ def build_sim_engine(
     """An LLMEngine whose executor is simulated on `hardware` (see `kvtier.sim`). Engines
     built one after another may share one `clock` (the bench runner's). A planner plans for
     `planner_hardware` (default: the simulated GPU; a perturbed profile shows how much a
-    wrong cost model costs)."""
+    wrong cost model costs). `num_gpus`: the tensor-parallel degree priced (default: the
+    args' tensor_parallel_size; the sharding is the runner's, kvtier/distributed/sharding.py)."""
+    num_gpus = _num_gpus(engine_args, num_gpus)
     calib = Calibration.load(calibration) if isinstance(calibration, (str, Path)) else calibration
     factory = SimFactory(get_hardware(hardware), calib, num_gpus,
                          clock if clock is not None else VirtualClock(), output_lens,
@@ -45,3 +48,12 @@ def build_sim_engine(
                     "a time, host work included, as the synchronous engine runs them")
     freeze_startup_objects()
     return engine
+
+
+def _num_gpus(args: EngineArgs, num_gpus: int | None) -> int:
+    tp = args.tensor_parallel_size
+    if num_gpus in (None, 1):  # 1: the bench's --num-gpus left at its default
+        return tp
+    if tp not in (1, num_gpus):
+        raise ConfigError(f"--num-gpus {num_gpus} and --tensor-parallel-size {tp} disagree")
+    return num_gpus
