@@ -179,6 +179,10 @@ part() {
     pytest_gpu "gpu_tests_host_page_io_$KVTIER_GIT_COMMIT" 200 tests/kernels/test_kernel_host_page_io.py
     timeout 300 python3 -m benchmarks.kernels.bench_host_page_io \
       --out "$(out kernels host_page_io_h200.json)" 2>&1 | tail -6 ;;
+  host-decode-attention)  # DirectKV's zero-copy decode attention over pinned host pages vs PCIe H2D; its GPU tests
+    pytest_gpu "gpu_tests_host_decode_attention_$KVTIER_GIT_COMMIT" 200 tests/kernels/test_host_decode_attention.py
+    timeout 380 python3 -m benchmarks.kernels.bench_host_decode_attention \
+      --out "$(out kernels host_decode_attention_h200.json)" 2>&1 | tail -16 ;;
   cpu-attention)  # NEO's CPU decode attention on the host's cores: 16 threads, then 15 (one left to the engine)
     for t in 16 15; do
       TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 100 python3 -m benchmarks.kernels.bench_cpu_attention \

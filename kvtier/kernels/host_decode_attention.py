@@ -228,7 +228,8 @@ def _check_inputs(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
     for name, t in (("q", q), ("k_pages", k_pages), ("v_pages", v_pages)):
         check_last_dim_contiguous(name, t)
     for name, t in (("k_pages", k_pages), ("v_pages", v_pages)):
-        check(t.device.type == "cpu", lambda: f"{name} must be in host memory, is on {t.device}")
+        if t.device.type != "cpu":
+            raise ValueError(f"{name} must be in host memory, is on {t.device}")
         if need_pinned and q.device.type == "cuda":
             check(t.is_pinned(), f"{name} must be pinned (pin_memory=True): the kernel reads "
                                  "it through its UVA address")
@@ -352,13 +353,14 @@ def host_decode_attention_ref(
     res = torch.zeros(batch, num_heads, head_dim)
     res_lse = torch.full((batch, num_heads), -math.inf)
     for b, length in enumerate(context_lens.tolist()):
-        check(0 <= length <= tables.shape[1] * page_size,
-              lambda: f"context_lens[{b}] = {length} outside [0, {tables.shape[1] * page_size}]")
+        if not 0 <= length <= tables.shape[1] * page_size:
+            raise ValueError(f"context_lens[{b}] = {length} outside "
+                             f"[0, {tables.shape[1] * page_size}]")
         if length == 0:
             continue
         ids = tables[b, : -(-length // page_size)].long()
-        check(bool(((ids >= 0) & (ids < num_pages)).all()),
-              lambda: f"block_tables[{b}] has ids outside [0, {num_pages}): {ids.tolist()}")
+        if not bool(((ids >= 0) & (ids < num_pages)).all()):
+            raise ValueError(f"block_tables[{b}] has ids outside [0, {num_pages}): {ids.tolist()}")
         group = num_heads // num_kv_heads
         k = _gather(k_pages, ids, length).repeat_interleave(group, 0)  # [Hq, length, D]
         v = _gather(v_pages, ids, length).repeat_interleave(group, 0)
