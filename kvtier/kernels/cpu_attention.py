@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from enum import IntEnum
 
 import torch
 
@@ -38,6 +40,32 @@ from kvtier.kernels.launch import check
 KV_DTYPES = (torch.bfloat16, torch.float32)
 OUT_DTYPES = (torch.bfloat16, torch.float32)
 HEAD_DIM_MULTIPLE = 16  # one AVX-512 vector of fp32
+
+
+class Prefetch(IntEnum):
+    """Software prefetch hint of the kernel's tile reads (csrc/cpu_attention.cpp)."""
+
+    NONE = 0
+    NTA = 1  # non-temporal: into L1, past the outer levels
+    T0 = 2  # into every cache level
+    T2 = 3  # into the outer levels only
+
+
+@dataclass(frozen=True)
+class CpuAttentionTuning:
+    """How the kernel cuts and reads the work. `heads_per_item`: KV heads one work item owns
+    (None: all of them where the problem gives every thread several such items, else one);
+    `prefetch_tiles`: how many (page, head) tiles ahead the software prefetch reads."""
+
+    heads_per_item: int | None = None
+    prefetch_tiles: int = 2
+    prefetch: Prefetch = Prefetch.T0
+
+    def __post_init__(self) -> None:
+        if self.heads_per_item is not None and self.heads_per_item < 1:
+            raise ValueError(f"heads_per_item must be >= 1, got {self.heads_per_item}")
+        if self.prefetch_tiles < 0:
+            raise ValueError(f"prefetch_tiles must be >= 0, got {self.prefetch_tiles}")
 
 
 def _check_inputs(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
@@ -90,6 +118,7 @@ def cpu_decode_attention(
     out_dtype: torch.dtype | None = None,
     num_threads: int | None = None,
     pages_per_split: int | None = None,
+    tuning: CpuAttentionTuning = CpuAttentionTuning(),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(output [B, Hq, D], lse [B, Hq] fp32) of decode attention over host KV pages.
 
@@ -103,6 +132,8 @@ def cpu_decode_attention(
     check(threads >= 1, lambda: f"num_threads must be >= 1, got {threads}")
     check(pages_per_split is None or pages_per_split >= 1,
           lambda: f"pages_per_split must be >= 1, got {pages_per_split}")
+    check(tuning.heads_per_item is None or k_pages.shape[1] % tuning.heads_per_item == 0,
+          lambda: f"heads_per_item {tuning.heads_per_item} does not divide {k_pages.shape[1]}")
     if out is None:
         out = torch.empty(q.shape, dtype=out_dtype or q.dtype)
     _check_out(out, q)
@@ -126,7 +157,8 @@ def cpu_decode_attention(
         batch=q.shape[0], num_heads=q.shape[1], num_kv_heads=k_pages.shape[1],
         head_dim=q.shape[2], page_size=k_pages.shape[2], num_pages=k_pages.shape[0],
         max_pages=bt.shape[1], scale=scale, num_threads=threads,
-        pages_per_split=pages_per_split or 0,
+        pages_per_split=pages_per_split or 0, heads_per_item=tuning.heads_per_item or 0,
+        prefetch_tiles=tuning.prefetch_tiles, prefetch_hint=int(tuning.prefetch),
     )
     return out, lse
 
