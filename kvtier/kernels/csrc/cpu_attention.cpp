@@ -67,22 +67,55 @@ struct Item {
 
 constexpr int kRowBlock = 16;  // K rows whose scores one pass computes (one vector of them)
 
+// A view of n elements of per-thread storage that lives across calls: it grows, never
+// shrinks and is never re-initialised (every element is written before it is read), so a call
+// neither allocates nor page-faults fresh memory once the thread has seen a problem that size.
+template <typename T>
+struct Span {
+  T* p;
+  size_t n;
+  T* data() const { return p; }
+  T* begin() const { return p; }
+  T* end() const { return p + n; }
+  T& operator[](size_t i) const { return p[i]; }
+};
+
+template <typename T>
+Span<T> carve(std::vector<T>& store, size_t& used, size_t n) {
+  Span<T> out{store.data() + used, n};
+  used += n;
+  return out;
+}
+
+template <typename T>
+void reserve_for(std::vector<T>& store, size_t n) {
+  if (store.size() < n) store.resize(n);
+}
+
 // Per-thread scratch, sized for one item (its query heads are "local" heads 0..item_heads).
 struct Scratch {
   int stride;  // of scores: page_size rounded up to whole vectors and row blocks
   int dpad;    // head_dim rounded up to 32 (one vector of bf16 pairs)
   int qparts = 1;  // bf16 terms whose sum is q exactly (1 when q is bf16 already)
-  std::vector<float> q, acc, scores, m, l;
-  std::vector<uint16_t> qbf;  // [3][item_heads][dpad]: q as a sum of bf16 terms, unscaled
+  Span<float> q, acc, scores, m, l;
+  Span<uint16_t> qbf;  // [3][item_heads][dpad]: q as a sum of bf16 terms, unscaled
   explicit Scratch(const Problem& pb)
       : stride((pb.page_size + kRowBlock - 1) / kRowBlock * kRowBlock),
-        dpad((pb.head_dim + 31) / 32 * 32),
-        q(pb.item_heads() * pb.head_dim),
-        acc(pb.item_heads() * pb.head_dim),
-        scores(pb.item_heads() * stride),
-        m(pb.item_heads()),
-        l(pb.item_heads()),
-        qbf(3 * pb.item_heads() * dpad, 0) {}
+        dpad((pb.head_dim + 31) / 32 * 32) {
+    static thread_local std::vector<float> floats;
+    static thread_local std::vector<uint16_t> halves;
+    const size_t QH = pb.item_heads(), D = pb.head_dim;
+    reserve_for(floats, QH * (2 * D + stride + 2));
+    reserve_for(halves, 3 * QH * dpad);
+    size_t used = 0;
+    q = carve(floats, used, QH * D);
+    acc = carve(floats, used, QH * D);
+    scores = carve(floats, used, QH * stride);
+    m = carve(floats, used, QH);
+    l = carve(floats, used, QH);
+    used = 0;
+    qbf = carve(halves, used, 3 * QH * dpad);
+  }
 };
 
 // Tiles are 4 KiB and scattered, so the hardware prefetchers stop at each one; software
@@ -103,25 +136,35 @@ inline void prefetch_tile(const char* p, int64_t bytes, int hint) {
 #endif
 }
 
-// Online-softmax step for head g: fold the tile's n scores into (m, l), rescale acc, and turn
-// the scores into weights 2^(s - m).
+// Online-softmax step for head g: fold the tile's n scores into (m, l), turn them into weights
+// 2^(s - m), and rescale acc only when the running max grows past a finite one (rarely after
+// the first tiles: no scalar exp2 and no pass over acc a tile otherwise).
 inline void tile_softmax(const Problem& pb, int g, int n, Scratch& s) {
   const int D = pb.head_dim, stride = s.stride;
   float* sc = s.scores.data() + g * stride;
-  float tile_max = kNegInf;
-  for (int t = 0; t < n; ++t) tile_max = std::max(tile_max, sc[t]);
-  const float m_new = std::max(s.m[g], tile_max);
-  const float alpha = s.m[g] == kNegInf ? 0.0f : std::exp2(s.m[g] - m_new);
-  for (int t = n; t < stride; ++t) sc[t] = kNegInf;  // padding lanes weigh ~0 and are not summed
-  for (int t = 0; t < stride; t += kWidth) vstore(sc + t, vexp2(vadd(vload(sc + t), vset(-m_new))));
-  float sum = 0.0f;
-  for (int t = 0; t < n; ++t) sum += sc[t];
-  s.l[g] = s.l[g] * alpha + sum;
-  s.m[g] = m_new;
-  if (alpha != 1.0f) {
-    float* acc = s.acc.data() + g * D;
-    for (int j = 0; j < D; j += kWidth) vstore(acc + j, vmul(vload(acc + j), vset(alpha)));
+  for (int t = n; t < stride; ++t) sc[t] = kNegInf;  // padding lanes: weight 0 below
+  vec mx = vset(kNegInf);
+  for (int t = 0; t < stride; t += kWidth) mx = vmax(mx, vload(sc + t));
+  const float tile_max = vhmax(mx), m_old = s.m[g];
+  if (tile_max > m_old) {
+    if (m_old != kNegInf) {  // before the first tile acc and l are zero: nothing to rescale
+      const float alpha = std::exp2(m_old - tile_max);
+      s.l[g] *= alpha;
+      float* acc = s.acc.data() + g * D;
+      for (int j = 0; j < D; j += kWidth) vstore(acc + j, vmul(vload(acc + j), vset(alpha)));
+    }
+    s.m[g] = tile_max;
   }
+  const vec neg_m = vset(-s.m[g]);
+  vec sum = vzero();
+  for (int t = 0; t < stride; t += kWidth) {
+    const vec p = vexp2(vadd(vload(sc + t), neg_m));
+    vstore(sc + t, p);
+    sum = vadd(sum, p);
+  }
+  float total = vsum(sum);
+  for (int t = n; t < stride; ++t) total -= sc[t];  // vexp2 floors at 2^-126, not 0
+  s.l[g] += total;
 }
 
 // Query heads are processed in blocks of up to kHeadBlock: a K or V row chunk is widened once
@@ -338,7 +381,15 @@ void write_output(const Problem& pb, int b, int head, const float* acc, float in
 inline float natural_lse(float m, float l) { return l > 0.0f ? (m + std::log2(l)) * kLn2 : kNegInf; }
 
 struct Partials {
-  std::vector<float> acc, m, l;  // [slots, item_heads, D], [slots, item_heads] (twice)
+  Span<float> acc, m, l;  // [slots, item_heads, D], [slots, item_heads] (twice)
+  Partials(size_t slots, size_t QH, size_t D) {
+    static thread_local std::vector<float> store;  // the calling thread's
+    reserve_for(store, slots * QH * (D + 2));
+    size_t used = 0;
+    acc = carve(store, used, slots * QH * D);
+    m = carve(store, used, slots * QH);
+    l = carve(store, used, slots * QH);
+  }
 };
 
 void finish_item(const Problem& pb, const Item& it, const Scratch& s, Partials& parts) {
@@ -358,7 +409,7 @@ void finish_item(const Problem& pb, const Item& it, const Scratch& s, Partials& 
 
 // Log-sum-exp merge of splits [first, first + count) of one (request, head group).
 void merge_splits(const Problem& pb, const Item& it, int first, int count, const Partials& parts,
-                  std::vector<float>& acc) {
+                  Span<float> acc) {
   const int QH = pb.item_heads(), D = pb.head_dim;
   for (int lh = 0; lh < QH; ++lh) {
     float m = kNegInf;
@@ -447,9 +498,7 @@ void run(const Problem& pb, int threads, int pages_per_split) {
   const int QH = pb.item_heads(), D = pb.head_dim;
   int slots = 0;
   for (const Item& it : items) slots += it.partial >= 0;
-  Partials parts{std::vector<float>(static_cast<size_t>(slots) * QH * D),
-                 std::vector<float>(static_cast<size_t>(slots) * QH),
-                 std::vector<float>(static_cast<size_t>(slots) * QH)};
+  Partials parts(slots, QH, D);
   const int num_items = static_cast<int>(items.size());
   const int num_pairs = static_cast<int>(first.size()) - 1;
 #pragma omp parallel num_threads(threads)

@@ -31,6 +31,7 @@ inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
 inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
 inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
+inline float vhmax(vec v) { return _mm512_reduce_max_ps(v); }
 inline vec vround(vec x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
 inline vec vscale2(vec p, vec n) { return _mm512_scalef_ps(p, n); }  // p * 2^n
@@ -53,6 +54,11 @@ inline float vsum(vec v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_hadd_ps(s, s);
   return _mm_cvtss_f32(_mm_hadd_ps(s, s));
+}
+inline float vhmax(vec v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
 }
 inline vec vround(vec x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
@@ -78,6 +84,7 @@ inline vec vfma(vec a, vec b, vec c) { return a * b + c; }
 inline vec vmul(vec a, vec b) { return a * b; }
 inline vec vadd(vec a, vec b) { return a + b; }
 inline float vsum(vec v) { return v; }
+inline float vhmax(vec v) { return v; }
 inline vec vround(vec x) { return std::nearbyint(x); }
 inline vec vmax(vec a, vec b) { return std::max(a, b); }
 inline vec vscale2(vec p, vec n) { return std::ldexp(p, static_cast<int>(n)); }
