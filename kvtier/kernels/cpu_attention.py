@@ -6,17 +6,18 @@ indexed at one layer):
 
     pages[num_pages, num_kv_heads, page_size, head_dim]   bf16 or fp32
 
-Each (page, KV head) tile of page_size x head_dim is contiguous (4 KiB for 16 x 128 bf16):
-a thread that owns one KV head of a request streams whole tiles, which the hardware and the
-kernel's software prefetch read at full speed, and never touches the other heads' bytes. The
+Each (page, KV head) tile of page_size x head_dim is contiguous (4 KiB for 16 x 128 bf16),
+and in the host tier's page-first pool a page's tiles of all KV heads follow each other. The
 page and head strides are free, so K and V may be views of one buffer. Token t of request b
 is row t % page_size of page block_tables[b, t // page_size]; positions >= context_lens[b]
 are never read. Query head i belongs to KV head i // (Hq // Hkv).
 
 The C++ kernel (csrc/cpu_attention.cpp, built once per source, compiler flags and CPU by
-torch.utils.cpp_extension) splits the work into (request, KV head, page range) items over
-OpenMP threads, reads each K/V row once for the whole query-head group, accumulates in fp32
-and merges the splits by log-sum-exp. Without a compiler, the pure-torch reference below is
+torch.utils.cpp_extension) splits the work into (request, KV-head group, page range) items
+over OpenMP threads (by default an item owns every KV head, so it streams whole page spans of
+a page-first pool), reads each K/V row once for the whole query-head group, accumulates in
+fp32 and merges the splits by log-sum-exp. `CpuAttentionTuning` exposes the split and the
+software prefetch for benchmarks/kernels/bench_cpu_attention.py's sweep. Without a compiler, the pure-torch reference below is
 used (one warning). Both return the output and the natural-log LSE per (request, head), so a
 caller can merge this partial attention with attention over GPU-resident KV:
 

@@ -5,11 +5,20 @@
 // strides are free, so K and V may be views of one buffer. Request b's token t lives in page
 // block_table[b][t / page_size], row t % page_size.
 //
-// Work: items of (request, kv_head, page range) so that all threads are busy even for one
-// request; each item reads its K and V rows once for all G = Hq / Hkv query heads of the group,
-// accumulates in fp32 and writes an unnormalized partial (acc, running max, running sum);
-// a second pass merges the splits of each (request, kv_head) by log-sum-exp. Scores are kept in
-// base 2 (q is pre-multiplied by scale * log2(e)) so the exponentials are exp2.
+// Work: items of (request, KV-head group, page range) so that all threads are busy even for one
+// request. By default an item owns every KV head and walks its pages head-inner: in a
+// page-first pool a page's tiles of all heads are one contiguous span, which the hardware
+// prefetchers stream, where one head's tiles alone are 4 KiB islands. Each item reads its K and
+// V rows once for all G = Hq / Hkv query heads of each group, accumulates in fp32 and writes an
+// unnormalized partial (acc, running max, running sum); a second pass merges the splits of
+// each (request, head group) by log-sum-exp. Scores are kept in base 2 (scaled by
+// scale * log2(e)) so the exponentials are exp2.
+//
+// Per row the costs are the dot products, the softmax and the weighted V sum. The dot products
+// run 16 rows against one query head per pass and sum the 16 results with one transpose tree
+// instead of a horizontal reduction a row and head; with AVX512-BF16, bf16 K rows go straight
+// into vdpbf16ps (exact bf16 products, fp32 sums) against q written as exact bf16 terms. The
+// softmax rescales the accumulators only when a tile raises the running max.
 //
 // The Python wrapper (kvtier/kernels/cpu_attention.py) checks shapes, dtypes and strides and
 // passes data pointers; this file validates what only it reads: block ids and context lengths.
