@@ -416,27 +416,26 @@ void finish_item(const Problem& pb, const Item& it, const Scratch& s, Partials& 
   std::copy(s.l.begin(), s.l.end(), parts.l.begin() + static_cast<int64_t>(it.partial) * QH);
 }
 
-// Log-sum-exp merge of splits [first, first + count) of one (request, head group).
-void merge_splits(const Problem& pb, const Item& it, int first, int count, const Partials& parts,
-                  Span<float> acc) {
+// Log-sum-exp merge of splits [first, first + count) of one (request, head group), for its
+// local query head lh.
+void merge_splits(const Problem& pb, const Item& it, int lh, int first, int count,
+                  const Partials& parts, Span<float> acc) {
   const int QH = pb.item_heads(), D = pb.head_dim;
-  for (int lh = 0; lh < QH; ++lh) {
-    float m = kNegInf;
-    for (int i = 0; i < count; ++i) m = std::max(m, parts.m[(first + i) * QH + lh]);
-    float l = 0.0f;
-    std::fill(acc.begin(), acc.begin() + D, 0.0f);
-    for (int i = 0; i < count; ++i) {
-      const int slot = first + i;
-      const float mi = parts.m[slot * QH + lh];
-      if (mi == kNegInf) continue;  // an empty split
-      const float w = std::exp2(mi - m);
-      l += parts.l[slot * QH + lh] * w;
-      const float* a = parts.acc.data() + (static_cast<int64_t>(slot) * QH + lh) * D;
-      for (int j = 0; j < D; j += kWidth) vstore(acc.data() + j, vfma(vset(w), vload(a + j), vload(acc.data() + j)));
-    }
-    write_output(pb, it.b, it.head_group * QH + lh, acc.data(), l > 0.0f ? 1.0f / l : 0.0f,
-                 natural_lse(m, l));
+  float m = kNegInf;
+  for (int i = 0; i < count; ++i) m = std::max(m, parts.m[(first + i) * QH + lh]);
+  float l = 0.0f;
+  std::fill(acc.begin(), acc.begin() + D, 0.0f);
+  for (int i = 0; i < count; ++i) {
+    const int slot = first + i;
+    const float mi = parts.m[slot * QH + lh];
+    if (mi == kNegInf) continue;  // an empty split
+    const float w = std::exp2(mi - m);
+    l += parts.l[slot * QH + lh] * w;
+    const float* a = parts.acc.data() + (static_cast<int64_t>(slot) * QH + lh) * D;
+    for (int j = 0; j < D; j += kWidth) vstore(acc.data() + j, vfma(vset(w), vload(a + j), vload(acc.data() + j)));
   }
+  write_output(pb, it.b, it.head_group * QH + lh, acc.data(), l > 0.0f ? 1.0f / l : 0.0f,
+               natural_lse(m, l));
 }
 
 void validate(const Problem& pb) {
@@ -518,10 +517,13 @@ void run(const Problem& pb, int threads, int pages_per_split) {
       attend<T>(pb, items[i], s);
       finish_item(pb, items[i], s, parts);
     }
+    // One merge per (request, head group, query head): a single long request's merge is
+    // spread over the threads too.
 #pragma omp for schedule(static)
-    for (int pair = 0; pair < num_pairs; ++pair) {
+    for (int64_t job = 0; job < static_cast<int64_t>(num_pairs) * QH; ++job) {
+      const int pair = static_cast<int>(job / QH), lh = static_cast<int>(job % QH);
       const int lo = first[pair], count = first[pair + 1] - lo;
-      if (count > 1) merge_splits(pb, items[lo], items[lo].partial, count, parts, s.acc);
+      if (count > 1) merge_splits(pb, items[lo], lh, items[lo].partial, count, parts, s.acc);
     }
   }
 }
