@@ -184,11 +184,20 @@ part() {
     pytest_gpu "gpu_tests_host_page_io_$KVTIER_GIT_COMMIT" 200 tests/kernels/test_kernel_host_page_io.py
     timeout 300 python3 -m benchmarks.kernels.bench_host_page_io \
       --out "$(out kernels host_page_io_h200.json)" 2>&1 | tail -6 ;;
-  cpu-attention)  # NEO's CPU decode attention on the host's cores: 16 threads, then 15 (one left to the engine)
-    for t in 16 15; do
-      TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 100 python3 -m benchmarks.kernels.bench_cpu_attention \
-        --threads $t --out "$(out kernels "cpu_attention_h200_t$t.json")" 2>&1 | tail -6
-    done ;;
+  host-decode-attention)  # DirectKV's zero-copy decode attention over pinned host pages vs PCIe H2D; its GPU tests
+    pytest_gpu "gpu_tests_host_decode_attention_$KVTIER_GIT_COMMIT" 200 tests/kernels/test_host_decode_attention.py
+    timeout 380 python3 -m benchmarks.kernels.bench_host_decode_attention \
+      --out "$(out kernels host_decode_attention_h200.json)" 2>&1 | tail -16 ;;
+  cpu-attention)  # NEO's CPU decode attention on the host's cores: 16 threads with the thread / work-split / prefetch sweeps and the compute-only rate; 15 threads; 16 with huge pages; 16 bound to CPUs
+    local c=$KVTIER_GIT_COMMIT b="python3 -m benchmarks.kernels.bench_cpu_attention"
+    export TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext
+    timeout 240 $b --threads 16 --out "$(out kernels "cpu_attention_h200_t16_$c.json")" 2>&1 | tail -8
+    timeout 100 $b --threads 15 --thread-sweep '' --tunings '' \
+      --out "$(out kernels "cpu_attention_h200_t15_$c.json")" 2>&1 | tail -5
+    THP_MEM_ALLOC_ENABLE=1 timeout 100 $b --threads 16 --no-sdpa --sweep-shapes 0 \
+      --out "$(out kernels "cpu_attention_h200_t16_thp_$c.json")" 2>&1 | tail -5
+    OMP_PROC_BIND=close OMP_PLACES=threads timeout 100 $b --threads 16 --no-sdpa --sweep-shapes 0 \
+      --out "$(out kernels "cpu_attention_h200_t16_bound_$c.json")" 2>&1 | tail -5 ;;
   before-after)  # the 256 x 2048 engine step and offline throughput of the tree in $BEFORE (default .carry/before, an older commit's kvtier + benchmarks, flat layout) and of this one, alternating in one call
     before_after "${BEFORE:-.carry/before}" ;;
   long-prefill-itl)  # long L-Eval documents at 1 request/s: ITL and TTFT by --long-prefill-token-threshold

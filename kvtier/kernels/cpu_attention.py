@@ -6,17 +6,18 @@ indexed at one layer):
 
     pages[num_pages, num_kv_heads, page_size, head_dim]   bf16 or fp32
 
-Each (page, KV head) tile of page_size x head_dim is contiguous (4 KiB for 16 x 128 bf16):
-a thread that owns one KV head of a request streams whole tiles, which the hardware and the
-kernel's software prefetch read at full speed, and never touches the other heads' bytes. The
+Each (page, KV head) tile of page_size x head_dim is contiguous (4 KiB for 16 x 128 bf16),
+and in the host tier's page-first pool a page's tiles of all KV heads follow each other. The
 page and head strides are free, so K and V may be views of one buffer. Token t of request b
 is row t % page_size of page block_tables[b, t // page_size]; positions >= context_lens[b]
 are never read. Query head i belongs to KV head i // (Hq // Hkv).
 
 The C++ kernel (csrc/cpu_attention.cpp, built once per source, compiler flags and CPU by
-torch.utils.cpp_extension) splits the work into (request, KV head, page range) items over
-OpenMP threads, reads each K/V row once for the whole query-head group, accumulates in fp32
-and merges the splits by log-sum-exp. Without a compiler, the pure-torch reference below is
+torch.utils.cpp_extension) splits the work into (request, KV-head group, page range) items
+over OpenMP threads (by default an item owns every KV head, so it streams whole page spans of
+a page-first pool), reads each K/V row once for the whole query-head group, accumulates in
+fp32 and merges the splits by log-sum-exp. `CpuAttentionTuning` exposes the split and the
+software prefetch for benchmarks/kernels/bench_cpu_attention.py's sweep. Without a compiler, the pure-torch reference below is
 used (one warning). Both return the output and the natural-log LSE per (request, head), so a
 caller can merge this partial attention with attention over GPU-resident KV:
 
@@ -29,6 +30,8 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from enum import IntEnum
 
 import torch
 
@@ -38,6 +41,32 @@ from kvtier.kernels.launch import check
 KV_DTYPES = (torch.bfloat16, torch.float32)
 OUT_DTYPES = (torch.bfloat16, torch.float32)
 HEAD_DIM_MULTIPLE = 16  # one AVX-512 vector of fp32
+
+
+class Prefetch(IntEnum):
+    """Software prefetch hint of the kernel's tile reads (csrc/cpu_attention.cpp)."""
+
+    NONE = 0
+    NTA = 1  # non-temporal: into L1, past the outer levels
+    T0 = 2  # into every cache level
+    T2 = 3  # into the outer levels only
+
+
+@dataclass(frozen=True)
+class CpuAttentionTuning:
+    """How the kernel cuts and reads the work. `heads_per_item`: KV heads one work item owns
+    (None: all of them where the problem gives every thread several such items, else one);
+    `prefetch_tiles`: how many (page, head) tiles ahead the software prefetch reads."""
+
+    heads_per_item: int | None = None
+    prefetch_tiles: int = 2
+    prefetch: Prefetch = Prefetch.T0
+
+    def __post_init__(self) -> None:
+        if self.heads_per_item is not None and self.heads_per_item < 1:
+            raise ValueError(f"heads_per_item must be >= 1, got {self.heads_per_item}")
+        if self.prefetch_tiles < 0:
+            raise ValueError(f"prefetch_tiles must be >= 0, got {self.prefetch_tiles}")
 
 
 def _check_inputs(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
@@ -90,6 +119,7 @@ def cpu_decode_attention(
     out_dtype: torch.dtype | None = None,
     num_threads: int | None = None,
     pages_per_split: int | None = None,
+    tuning: CpuAttentionTuning = CpuAttentionTuning(),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(output [B, Hq, D], lse [B, Hq] fp32) of decode attention over host KV pages.
 
@@ -103,6 +133,8 @@ def cpu_decode_attention(
     check(threads >= 1, lambda: f"num_threads must be >= 1, got {threads}")
     check(pages_per_split is None or pages_per_split >= 1,
           lambda: f"pages_per_split must be >= 1, got {pages_per_split}")
+    check(tuning.heads_per_item is None or k_pages.shape[1] % tuning.heads_per_item == 0,
+          lambda: f"heads_per_item {tuning.heads_per_item} does not divide {k_pages.shape[1]}")
     if out is None:
         out = torch.empty(q.shape, dtype=out_dtype or q.dtype)
     _check_out(out, q)
@@ -126,7 +158,8 @@ def cpu_decode_attention(
         batch=q.shape[0], num_heads=q.shape[1], num_kv_heads=k_pages.shape[1],
         head_dim=q.shape[2], page_size=k_pages.shape[2], num_pages=k_pages.shape[0],
         max_pages=bt.shape[1], scale=scale, num_threads=threads,
-        pages_per_split=pages_per_split or 0,
+        pages_per_split=pages_per_split or 0, heads_per_item=tuning.heads_per_item or 0,
+        prefetch_tiles=tuning.prefetch_tiles, prefetch_hint=int(tuning.prefetch),
     )
     return out, lse
 

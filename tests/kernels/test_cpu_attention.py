@@ -13,7 +13,9 @@ import torch
 
 import kvtier.kernels.cpu_attention as cpu_attention
 from kvtier.kernels.cpu_attention import (
+    CpuAttentionTuning,
     CpuAttentionWorker,
+    Prefetch,
     cpu_decode_attention,
     cpu_decode_attention_reference,
 )
@@ -113,6 +115,58 @@ def test_many_requests_many_splits_and_threads(compiled):
                                         pages_per_split=1)
         assert_close(out, ref)
         assert (lse - ref_lse).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("heads_per_item", [None, 1, 2, 4])
+@pytest.mark.parametrize("prefetch,distance", [(Prefetch.NONE, 0), (Prefetch.NTA, 1),
+                                               (Prefetch.T0, 2), (Prefetch.T2, 9)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_work_split_and_prefetch_keep_the_result(compiled, heads_per_item, prefetch, distance,
+                                                 dtype):
+    """Items of one, some or all KV heads, any prefetch: the same attention. 32-token pages
+    hold two 16-row blocks; lengths leave partial blocks and empty contexts."""
+    kv = make_host_kv([1, 31, 32, 33, 500, 0, 64], 16, 4, 128, dtype, page_size=32, seed=4)
+    ref, ref_lse = cpu_decode_attention_reference(*kv.args())
+    tuning = CpuAttentionTuning(heads_per_item=heads_per_item, prefetch=prefetch,
+                                prefetch_tiles=distance)
+    for split in (None, 1):
+        out, lse = cpu_decode_attention(*kv.args(), out_dtype=torch.float32, num_threads=3,
+                                        pages_per_split=split, tuning=tuning)
+        assert_close(out, ref, torch.float32)
+        finite = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+        assert (lse[finite] - ref_lse[finite]).abs().max() <= 1e-5
+
+
+def test_bf16_query_and_head_dim_64_take_the_row_block_path(compiled):
+    """A bf16 q (one bf16 term) and head_dim 64 (the other compiled row-block width)."""
+    kv = make_host_kv([16, 48, 7, 130], 8, 2, 64, torch.bfloat16, seed=5)
+    q16 = kv.q.to(torch.bfloat16)
+    ref, _ = cpu_decode_attention_reference(q16, *kv.args()[1:])
+    out, _ = cpu_decode_attention(q16, *kv.args()[1:], out_dtype=torch.float32)
+    assert_close(out, ref, torch.float32)
+
+
+def test_scratch_reused_across_calls_of_other_sizes(compiled):
+    """Per-thread buffers outlive a call: a large problem, a small one, the large one again
+    (and a different geometry) each equal their references."""
+    big = make_host_kv([700, 300, 900], 32, 8, 128, torch.bfloat16, seed=6)
+    small = make_host_kv([20, 3], 4, 1, 64, torch.float32, page_size=5, seed=7)
+    for kv in (big, small, big, small):
+        out, lse = cpu_decode_attention(*kv.args(), out_dtype=torch.float32, num_threads=2)
+        ref, ref_lse = cpu_decode_attention_reference(*kv.args())
+        assert_close(out, ref, torch.float32)
+        assert (lse - ref_lse).abs().max() <= 1e-5
+
+
+def test_bad_tuning_is_refused(compiled):
+    kv = make_host_kv([40], 8, 4, 64, torch.float32)
+    with pytest.raises(ValueError, match="does not divide"):
+        cpu_decode_attention(*kv.args(), tuning=CpuAttentionTuning(heads_per_item=3))
+    with pytest.raises(ValueError, match="heads_per_item must be >= 1"):
+        CpuAttentionTuning(heads_per_item=0)
+    with pytest.raises(ValueError, match="prefetch_tiles"):
+        CpuAttentionTuning(prefetch_tiles=-1)
 
 
 def merge(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]):
