@@ -32,6 +32,7 @@ class RequestRecord:
     num_preemptions: int = 0
     error: str | None = None
     sent: bool = True  # False: still due when the run's time limit came (never submitted)
+    num_cached_tokens: int | None = None  # prompt tokens the prefix cache supplied; None: unknown
 
     @property
     def output_len(self) -> int:

@@ -130,6 +130,7 @@ class EngineBackend:
             finish_reason=reason or completion.finish_reason,
             num_preemptions=m.num_preemptions,
             error=error,
+            num_cached_tokens=out.num_cached_tokens,
         )
 
     def _failed(self, request_id: str, error: str | None, reason: str | None = None) -> RequestRecord:
