@@ -108,6 +108,12 @@ class Backend(Protocol):
         """The engine's state now, or None where the backend cannot see it."""
         ...
 
+    def reset_prefix_cache(self) -> bool:
+        """Drop the engine's cached KV blocks, with no request running (after the warm-up,
+        whose prompts are the workload's first: left cached, they would hit); False where
+        the backend cannot."""
+        ...
+
     def close(self) -> None:
         """Release what serves the requests (an engine's memory, connections)."""
         ...

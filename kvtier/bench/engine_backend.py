@@ -102,6 +102,10 @@ class EngineBackend:
     def stats(self) -> EngineStats | None:
         return self.engine.get_stats()
 
+    def reset_prefix_cache(self) -> bool:
+        reset = getattr(self.engine, "reset_prefix_cache", None)  # not in every EngineLike
+        return bool(reset()) if reset is not None else False
+
     def close(self) -> None:
         self._requests.clear()
         self._latest.clear()

@@ -128,6 +128,14 @@ class HTTPBackend:
             self._stats, self._last_scrape, self._rescrape = self._scrape(), now, False
         return self._stats
 
+    def reset_prefix_cache(self) -> bool:
+        """POST /reset_prefix_cache (kvtier's and vLLM's admin endpoint): True on a 200."""
+        try:
+            resp = self._scrape_client.post("/reset_prefix_cache", headers=self._headers)
+        except httpx.HTTPError:
+            return False
+        return resp.status_code == 200
+
     def close(self) -> None:
         if not self._thread.is_alive():
             return
