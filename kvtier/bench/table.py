@@ -79,7 +79,7 @@ def comparison_table(results: list[PolicyResult], title: str = "kvtier bench") -
     with_slo = any(r.summary.slo_attainment is not None for r in results)
     caption = CAPTION + (CAPTION_ALL if LIMIT_COLUMNS[0] in columns else "")
     table = Table(title=title, caption=caption if with_slo else None)
-    table.add_column("policy", style="bold")
+    table.add_column("policy", style="bold", no_wrap=True)
     for header, _, _ in columns:
         table.add_column(header, justify="right")
     first = results[0]
@@ -95,5 +95,5 @@ def print_table(results: list[PolicyResult], title: str = "kvtier bench", consol
     if console is None:
         console = Console()
         if not console.is_terminal:  # piped (CI, logs): wide, not rich's 80-column default
-            console = Console(width=180)
+            console = Console(width=240)
     console.print(comparison_table(results, title))
