@@ -32,6 +32,7 @@ class RequestRecord:
     num_preemptions: int = 0
     error: str | None = None
     sent: bool = True  # False: still due when the run's time limit came (never submitted)
+    num_cached_tokens: int | None = None  # prompt tokens the prefix cache supplied; None: unknown
 
     @property
     def output_len(self) -> int:
@@ -105,6 +106,12 @@ class Backend(Protocol):
 
     def stats(self) -> EngineStats | None:
         """The engine's state now, or None where the backend cannot see it."""
+        ...
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop the engine's cached KV blocks, with no request running (after the warm-up,
+        whose prompts are the workload's first: left cached, they would hit); False where
+        the backend cannot."""
         ...
 
     def close(self) -> None:

@@ -102,6 +102,10 @@ class EngineBackend:
     def stats(self) -> EngineStats | None:
         return self.engine.get_stats()
 
+    def reset_prefix_cache(self) -> bool:
+        reset = getattr(self.engine, "reset_prefix_cache", None)  # not in every EngineLike
+        return bool(reset()) if reset is not None else False
+
     def close(self) -> None:
         self._requests.clear()
         self._latest.clear()
@@ -130,6 +134,7 @@ class EngineBackend:
             finish_reason=reason or completion.finish_reason,
             num_preemptions=m.num_preemptions,
             error=error,
+            num_cached_tokens=out.num_cached_tokens,
         )
 
     def _failed(self, request_id: str, error: str | None, reason: str | None = None) -> RequestRecord:

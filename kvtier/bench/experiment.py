@@ -75,11 +75,13 @@ def _free_memory() -> None:
 
 def warm_up(backend: Backend, requests: tuple[BenchRequest, ...], num: int) -> None:
     """Run a few short requests to completion first: kernel compilation and allocator
-    growth would otherwise land in the first measured requests' TTFT."""
+    growth would otherwise land in the first measured requests' TTFT. Their prompts are
+    the workload's first, so the prefix cache is emptied after them (they would hit)."""
     if num <= 0 or not requests:
         return
     warm = [replace(r, output_len=min(r.output_len, 8), arrival_s=0.0) for r in requests[:num]]
     run_workload(backend, warm, RunOptions(progress=False, id_prefix="warmup"))
+    backend.reset_prefix_cache()
 
 
 def run_once(factory: BackendFactory, policy: str, workload: Workload, config: BenchConfig,

@@ -1,7 +1,9 @@
 """A bench `Backend` that drives `kvtier serve` (or another OpenAI-compatible server) over HTTP.
 
 Each request is one streaming `POST /v1/completions` with the workload's exact prompt token
-ids, greedy, `ignore_eos`, `max_tokens` = the output length. `return_token_ids` (vLLM's
+ids, greedy, `ignore_eos`, `max_tokens` = the output length, and `include_usage`: its last
+chunk's usage.prompt_tokens_details.cached_tokens is the request's prefix-cache hit (None
+for servers that do not send it). `return_token_ids` (vLLM's
 extension, which kvtier serve implements) makes every chunk say how many tokens it carries,
 so each token gets the arrival time of its chunk on this process's monotonic clock; servers
 without it are counted one token per chunk, as vLLM's benchmark does. `stats()` scrapes the
@@ -42,6 +44,7 @@ class _Progress:
     finish_reason: str | None = None
     error: str | None = None
     finish_time: float | None = None
+    num_cached_tokens: int | None = None  # from the usage chunk, where the server sends one
 
     def record(self) -> RequestRecord:
         times = tuple(self.token_times)
@@ -55,6 +58,7 @@ class _Progress:
             finish_s=self.finish_time if self.finish_reason is not None else None,
             finish_reason=self.finish_reason,
             error=self.error,
+            num_cached_tokens=self.num_cached_tokens,
         )
 
 
@@ -124,6 +128,14 @@ class HTTPBackend:
             self._stats, self._last_scrape, self._rescrape = self._scrape(), now, False
         return self._stats
 
+    def reset_prefix_cache(self) -> bool:
+        """POST /reset_prefix_cache (kvtier's and vLLM's admin endpoint): True on a 200."""
+        try:
+            resp = self._scrape_client.post("/reset_prefix_cache", headers=self._headers)
+        except httpx.HTTPError:
+            return False
+        return resp.status_code == 200
+
     def close(self) -> None:
         if not self._thread.is_alive():
             return
@@ -171,6 +183,8 @@ class HTTPBackend:
             "ignore_eos": self._ignore_eos,
             "stream": True,
             "return_token_ids": True,
+            # The final chunk then carries usage.prompt_tokens_details.cached_tokens.
+            "stream_options": {"include_usage": True},
         }
         async with self._client.stream("POST", "/v1/completions", json=body) as resp:
             if resp.status_code != 200:
@@ -188,6 +202,9 @@ class HTTPBackend:
         if "error" in chunk:
             p.error = str(chunk["error"].get("message", chunk["error"]))
             return
+        details = (chunk.get("usage") or {}).get("prompt_tokens_details") or {}
+        if details.get("cached_tokens") is not None:
+            p.num_cached_tokens = int(details["cached_tokens"])
         for choice in chunk.get("choices", []):
             ids = choice.get("token_ids")
             num_tokens = len(ids) if ids is not None else 1

@@ -112,6 +112,11 @@ class Summary:
     num_failed: int  # sent, ended with an error
     num_not_sent: int  # still due when --max-duration came
     slo_attainment_all: float | None  # both SLOs, of all requests: unsent ones miss
+    # Prefix cache, per request as the backend reports it (RequestOutput.num_cached_tokens,
+    # or the server's usage.prompt_tokens_details.cached_tokens), over completed requests;
+    # None where the backend reports none.
+    num_cached_tokens: int | None
+    prefix_cache_hit_rate: float | None  # cached / prompt tokens of those requests
     attainment_basis: str = ATTAINMENT_BASIS
 
     def to_dict(self) -> dict:
@@ -149,7 +154,18 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo: Slo | No
         num_failed=len(sent) - len(done) - aborted,
         num_not_sent=len(records) - len(sent),
         slo_attainment_all=None if slo is None else slo_attainment_all(records, slo),
+        **_cached_tokens(done),
     )
+
+
+def _cached_tokens(done: Sequence[RequestRecord]) -> dict:
+    """Summary's prefix-cache fields, over the requests whose backend reported a count."""
+    reported = [r for r in done if r.num_cached_tokens is not None]
+    if not reported:
+        return {"num_cached_tokens": None, "prefix_cache_hit_rate": None}
+    cached = sum(r.num_cached_tokens or 0 for r in reported)
+    prompt = sum(r.prompt_len for r in reported)
+    return {"num_cached_tokens": cached, "prefix_cache_hit_rate": cached / prompt}
 
 
 def summarize_run(result: RunResult, slo: Slo | None = None) -> Summary:
@@ -165,6 +181,11 @@ _COUNTERS = (
     "num_generation_tokens_total",
     "num_prefix_recompute_tokens_total",
     "num_restored_tokens_total",
+    "num_prefix_cache_queries_total",
+    "num_prefix_cache_hits_total",
+    "num_prefix_cache_preempted_queries_total",
+    "num_prefix_cache_preempted_hits_total",
+    "num_prefix_cache_evicted_blocks_total",
 )
 
 
@@ -175,6 +196,8 @@ def engine_summary(result: RunResult) -> dict:
     out: dict = {name.removesuffix("_total"): result.counter_delta(name) for name in _COUNTERS}
     last = result.steps[-1].stats
     out["swapped_bytes"] = (out["num_swap_out_blocks"] + out["num_swap_in_blocks"]) * last.block_bytes
+    queries = out["num_prefix_cache_queries"]  # the engine's count: new requests' lookups
+    out["prefix_cache_hit_rate"] = out["num_prefix_cache_hits"] / queries if queries else None
     gpu = np.array([s.stats.gpu_blocks_used for s in result.steps], dtype=float)
     host = np.array([s.stats.host_blocks_used for s in result.steps], dtype=float)
     running = np.array([s.stats.num_running for s in result.steps], dtype=float)

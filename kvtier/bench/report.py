@@ -23,6 +23,7 @@ from kvtier.engine.outputs import EngineStats
 _REQUEST_COLUMNS = (
     "request_id", "prompt_len", "expected_output_len", "output_len", "arrival_s", "first_token_s",
     "finish_s", "ttft_s", "tpot_s", "e2e_s", "finish_reason", "num_preemptions", "error",
+    "num_cached_tokens",
 )
 
 
@@ -62,7 +63,8 @@ def write_requests_csv(run: RunResult, path: Path) -> None:
         for r in run.records:
             w.writerow([r.request_id, r.prompt_len, r.expected_output_len, r.output_len, r.arrival_s,
                         r.first_token_s, r.finish_s, r.ttft_s, r.tpot_s, r.e2e_s, r.finish_reason,
-                        r.num_preemptions, r.error or ""])
+                        r.num_preemptions, r.error or "",
+                        "" if r.num_cached_tokens is None else r.num_cached_tokens])
 
 
 def write_steps_csv(run: RunResult, path: Path) -> None:

@@ -40,6 +40,12 @@ COLUMNS: tuple[tuple[str, Getter, str], ...] = (
 )
 
 
+# Shown when the backend reports each request's prefix-cache hit (kvtier's do).
+CACHE_COLUMNS: tuple[tuple[str, Getter, str], ...] = (
+    ("hit %", lambda r: _pct(r.summary.prefix_cache_hit_rate), "{:.1f}"),
+    ("cached tok", lambda r: r.summary.num_cached_tokens, "{:.0f}"),
+)
+
 # Shown when a time limit cut a run: what became of the requests, the strict attainment.
 LIMIT_COLUMNS: tuple[tuple[str, Getter, str], ...] = (
     ("sent", lambda r: r.summary.num_sent, "{:.0f}"),
@@ -60,16 +66,20 @@ def _ratio(value: float | None, base: float | None) -> str:
 
 
 def _columns(results: list[PolicyResult]) -> tuple[tuple[str, Getter, str], ...]:
-    cut = any(r.summary.num_not_sent or r.summary.num_aborted_at_limit for r in results)
-    return COLUMNS + LIMIT_COLUMNS if cut else COLUMNS
+    columns = COLUMNS
+    if any(r.summary.num_cached_tokens is not None for r in results):
+        columns += CACHE_COLUMNS
+    if any(r.summary.num_not_sent or r.summary.num_aborted_at_limit for r in results):
+        columns += LIMIT_COLUMNS
+    return columns
 
 
 def comparison_table(results: list[PolicyResult], title: str = "kvtier bench") -> Table:
     columns = _columns(results)
     with_slo = any(r.summary.slo_attainment is not None for r in results)
-    caption = CAPTION + (CAPTION_ALL if columns != COLUMNS else "")
+    caption = CAPTION + (CAPTION_ALL if LIMIT_COLUMNS[0] in columns else "")
     table = Table(title=title, caption=caption if with_slo else None)
-    table.add_column("policy", style="bold")
+    table.add_column("policy", style="bold", no_wrap=True)
     for header, _, _ in columns:
         table.add_column(header, justify="right")
     first = results[0]
@@ -85,5 +95,5 @@ def print_table(results: list[PolicyResult], title: str = "kvtier bench", consol
     if console is None:
         console = Console()
         if not console.is_terminal:  # piped (CI, logs): wide, not rich's 80-column default
-            console = Console(width=180)
+            console = Console(width=240)
     console.print(comparison_table(results, title))

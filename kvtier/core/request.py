@@ -41,6 +41,9 @@ class Request:
     stop_reason: int | str | None = None
     num_preemptions: int = 0
     num_prompt_tokens_seen: int = 0  # prompt tokens computed at least once (not recomputes)
+    # Prompt tokens whose KV came from the prefix cache at its first admission (vLLM's
+    # num_cached_tokens); None until it is admitted.
+    num_cached_tokens: int | None = None
     # Async scheduling: tokens sampled by a step still in flight, not yet appended (0 or 1).
     num_pending_tokens: int = 0
 

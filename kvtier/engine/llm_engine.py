@@ -10,6 +10,7 @@ and hand out its outputs, so the host work of each step runs while the GPU compu
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -23,10 +24,13 @@ from kvtier.engine.assembly import EngineParts, assemble, freeze_startup_objects
 from kvtier.engine.detokenizer import IncrementalDetokenizer
 from kvtier.engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from kvtier.kv.manager import KVCacheManager
+from kvtier.kv.prefix_cache import PrefixCacheBusyError, PrefixCacheStats
 from kvtier.policies import get_policy
 from kvtier.sampling_params import InvalidRequestError, SamplingParams
 from kvtier.scheduler.scheduler import Scheduler
 from kvtier.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -304,15 +308,18 @@ class LLMEngine:
 
     def _make_output(self, parent: _Parent, finished: bool) -> RequestOutput:
         return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids,
-                             list(map(_completion, parent.children)), finished, parent.metrics)
+                             list(map(_completion, parent.children)), finished, parent.metrics,
+                             parent.children[0].request.num_cached_tokens)
 
     # ---- introspection ---------------------------------------------------------------
     def get_stats(self) -> EngineStats:
         s, kv, c = self.scheduler, self.scheduler.kv, self.scheduler.counters
+        cache = kv.prefix_cache
+        pc = cache.stats if cache is not None else PrefixCacheStats()
+        gpu_cached = kv.num_gpu_blocks_cached()  # every cache above the pool (its hooks)
         return EngineStats(
             num_running=len(s.running), num_waiting=len(s.waiting), num_swapped=len(s.swapped),
-            gpu_blocks_used=kv.gpu.num_used - kv.num_gpu_blocks_cached(),
-            gpu_blocks_total=kv.gpu.num_blocks, gpu_blocks_cached=kv.num_gpu_blocks_cached(),
+            gpu_blocks_used=kv.gpu.num_used - gpu_cached, gpu_blocks_total=kv.gpu.num_blocks,
             host_blocks_used=kv.host.num_used, host_blocks_total=kv.host.num_blocks,
             num_preemptions_total=c.num_preemptions,
             num_swap_out_blocks_total=c.num_swap_out_blocks,
@@ -327,7 +334,26 @@ class LLMEngine:
             num_restored_tokens_total=c.num_restored_tokens,
             block_bytes=self.block_bytes,
             step_time_s=self._last_step_time,
+            gpu_blocks_cached=gpu_cached,
+            num_prefix_cache_queries_total=pc.queries,
+            num_prefix_cache_hits_total=pc.hits,
+            num_prefix_cache_preempted_queries_total=pc.preempted_queries,
+            num_prefix_cache_preempted_hits_total=pc.preempted_hits,
+            num_prefix_cache_evicted_blocks_total=pc.evicted_blocks,
         )
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached KV block (vLLM's `reset_prefix_cache`, e.g. before a weight
+        update); True when done (also without a cache). False, with a warning logged and
+        nothing changed, while a request holds KV blocks: kvtier/kv/prefix_cache.py says
+        why a reset under running requests is refused rather than partial."""
+        try:
+            num_blocks = self.kv_manager.reset_prefix_cache()
+        except PrefixCacheBusyError as exc:
+            logger.warning("prefix cache not reset: %s", exc)
+            return False
+        logger.info("prefix cache reset: %d cached token blocks dropped", num_blocks)
+        return True
 
     def close(self) -> None:
         """Abort what is left and release the executor's memory now (a benchmark building

@@ -38,6 +38,9 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics | None = None
+    # vLLM's: prompt tokens whose KV came from the prefix cache when the request was first
+    # admitted (its first sequence's, for n > 1); None before its first admission.
+    num_cached_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ class EngineStats:
     num_running: int
     num_waiting: int
     num_swapped: int
-    gpu_blocks_used: int
+    gpu_blocks_used: int  # held by requests; cached blocks nobody holds count as free
     gpu_blocks_total: int
     host_blocks_used: int
     host_blocks_total: int
@@ -64,4 +67,12 @@ class EngineStats:
     num_prefix_recompute_tokens_total: int = 0  # dropped-prefix tokens recomputed
     num_dropped_tokens: int = 0  # tokens of running requests whose KV is dropped now
     num_restored_tokens_total: int = 0  # tokens whose KV was re-projected from hidden states
-    gpu_blocks_cached: int = 0  # device blocks only the prefix cache holds (not in use)
+    # Prefix cache (kvtier/kv/prefix_cache.py, PrefixCacheStats): device blocks only the
+    # cache holds (evictable, free on demand), and lookups in tokens as vLLM counts them:
+    # one per admission of a new request; re-admissions after preemption apart.
+    gpu_blocks_cached: int = 0
+    num_prefix_cache_queries_total: int = 0
+    num_prefix_cache_hits_total: int = 0
+    num_prefix_cache_preempted_queries_total: int = 0
+    num_prefix_cache_preempted_hits_total: int = 0
+    num_prefix_cache_evicted_blocks_total: int = 0  # token blocks (a device block per group)

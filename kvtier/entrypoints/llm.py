@@ -34,6 +34,11 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached KV block (vLLM's); between `generate` calls no request holds
+        blocks, so it returns True unless another caller left requests in the engine."""
+        return self.engine.reset_prefix_cache()
+
     def generate(
         self,
         prompts: PromptLike | Sequence[PromptLike],

@@ -222,6 +222,8 @@ class Scheduler:
             if blocks is None:
                 self._unadmit(req, cached)
                 break
+            if req.num_cached_tokens is None:  # its first admission (vLLM's rule)
+                req.num_cached_tokens = cached
             if cached:  # cached prompt tokens are not computed: not counted as prefill
                 req.num_prompt_tokens_seen = max(req.num_prompt_tokens_seen,
                                                  min(cached, req.num_prompt_tokens))

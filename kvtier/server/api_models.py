@@ -45,10 +45,16 @@ class StreamOptions(_Request):
     continuous_usage_stats: bool = False  # vLLM's: usage in every chunk
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    # OpenAI's, always present (vLLM sends it only with --enable-prompt-tokens-details).
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
 
 class ErrorInfo(BaseModel):

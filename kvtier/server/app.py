@@ -25,6 +25,11 @@ from kvtier.server.metrics import ServerMetrics
 from kvtier.server.middleware import AdmissionMiddleware, APIKeyMiddleware, BodyLimitMiddleware
 from kvtier.server.openapi import openapi_without_422
 from kvtier.server.params import ServingLimits, max_token_chars
+from kvtier.server.reset import (
+    RESET_PREFIX_CACHE_PATH,
+    ResetPrefixCacheResponse,
+    reset_prefix_cache_response,
+)
 from kvtier.server.serving_chat import create_chat_completion
 from kvtier.server.serving_completions import create_completion
 from kvtier.server.state import DEFAULT_MAX_TOKENIZE_QUEUE_CHARS, ServerState
@@ -39,6 +44,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (401, "Missing or wrong API key."),
         (408, "The request outlived the server's --request-timeout."),
         (404, "Unknown model."),
+        (409, "The prefix cache was not reset: requests hold KV blocks; retry when they finished."),
         (413, "Request body too large."),
         (503, "Waiting queue full, shutting down, or engine down; see Retry-After."),
     ]
@@ -67,7 +73,7 @@ def build_app(
     `app.state.server.async_engine.call(fn)` runs `fn(engine)` safely between steps.
     `max_waiting_requests` (sequences) defaults to the engine's `--max-waiting-requests`,
     else 256; `max_seqs_per_request` (prompts x n of one call) to `max_waiting_requests`.
-    `api_key` guards /v1/* (and /metrics too with `metrics_need_key`).
+    `api_key` guards /v1/* and POST /reset_prefix_cache (and /metrics with `metrics_need_key`).
     `request_timeout_s`: a request unfinished that long after submission ends with 408.
     """
     if api_key is not None and not api_key.strip():
@@ -139,7 +145,7 @@ def _add_middleware(app: FastAPI, state: ServerState, max_request_body_bytes: in
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_body_bytes)
     app.add_middleware(AdmissionMiddleware, refusal=state.refusal)  # before the body is read
     if api_key:
-        protected = ("/v1", "/metrics") if metrics_need_key else ("/v1",)
+        protected = ("/v1", RESET_PREFIX_CACHE_PATH) + (("/metrics",) if metrics_need_key else ())
         app.add_middleware(APIKeyMiddleware, api_key=api_key, protected=protected)  # outermost: first
 
 
@@ -166,6 +172,11 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         if state.async_engine.is_healthy:
             return JSONResponse({"status": "ok"})
         return error_response(503, "the engine is not running", code="unavailable")
+
+    @app.post(RESET_PREFIX_CACHE_PATH, response_model=ResetPrefixCacheResponse,
+              responses={401: _ERRORS[401], 409: _ERRORS[409], 503: _ERRORS[503]})
+    async def reset_prefix_cache() -> Any:
+        return await reset_prefix_cache_response(state.async_engine)
 
     # HEAD too (unlisted): load generators probe /metrics and /health with it.
     @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})

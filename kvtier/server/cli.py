@@ -23,7 +23,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "serve",
         help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve MODEL over HTTP: /v1/completions, /v1/chat/completions, "
-        "/v1/models, /health, /metrics.",
+        "/v1/models, /health, /metrics, POST /reset_prefix_cache.",
     )
     EngineArgs.add_cli_args(parser)  # positional MODEL, --max-model-len, --kv-policy, ...
     http = parser.add_argument_group("HTTP server")
@@ -39,7 +39,8 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def _add_auth_args(http: argparse._ArgumentGroup) -> None:
     http.add_argument("--api-key", default=None,
-                      help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV}; "
+                      help="require 'Authorization: Bearer KEY' on /v1/* and POST "
+                      f"/reset_prefix_cache (default: ${API_KEY_ENV}; "
                       "prefer --api-key-file or the variable: argv is visible to every user)")
     http.add_argument("--api-key-file", type=Path, default=None,
                       help="read the API key from this file (surrounding whitespace dropped)")

@@ -105,7 +105,13 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily(f"{P}step_time_seconds", "Wall time of the last step.", value=s.step_time_s)
         yield GaugeMetricFamily(f"{P}kv_block_bytes", "Bytes of one KV block.", value=s.block_bytes)
         usage = s.gpu_blocks_used / s.gpu_blocks_total if s.gpu_blocks_total else 0.0
-        yield GaugeMetricFamily(f"{P}gpu_cache_usage_perc", "Fraction of GPU KV blocks used.", value=usage)
+        yield GaugeMetricFamily(f"{P}gpu_cache_usage_perc",
+                                "Fraction of GPU KV blocks held by requests (cached blocks "
+                                "nobody holds count as free, as vLLM's).", value=usage)
+        yield GaugeMetricFamily(f"{P}kv_blocks_cached",
+                                "GPU KV blocks only the prefix cache holds (evictable).",
+                                value=s.gpu_blocks_cached)
+        yield from _prefix_cache_metrics(s)
         counters = {
             "num_preemptions": ("Preemptions.", s.num_preemptions_total),
             "recomputed_tokens": ("Tokens prefilled again after preemption.", s.num_recomputed_tokens_total),
@@ -120,6 +126,31 @@ class _EngineCollector(Collector):
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(f"{P}{name}", doc, value=value)
+
+
+# vLLM's prefix-cache counters, in tokens, of new requests (hit rate = rate(hits) /
+# rate(queries)); re-admissions after preemption apart, so recompute does not inflate it.
+_PREFIX_CACHE_COUNTERS = {
+    "prefix_cache_queries": ("Prompt tokens looked up in the prefix cache (new requests).",
+                             "num_prefix_cache_queries_total"),
+    "prefix_cache_hits": ("Of them, tokens whose KV the prefix cache supplied.",
+                          "num_prefix_cache_hits_total"),
+    "prefix_cache_preempted_queries": ("Tokens looked up on re-admission after preemption.",
+                                       "num_prefix_cache_preempted_queries_total"),
+    "prefix_cache_preempted_hits": ("Of them, tokens the prefix cache supplied.",
+                                    "num_prefix_cache_preempted_hits_total"),
+    "prefix_cache_evicted_blocks": ("Cached token blocks evicted to make room.",
+                                    "num_prefix_cache_evicted_blocks_total"),
+}
+
+
+def _prefix_cache_metrics(s: EngineStats) -> Iterator[Metric]:
+    for name, (doc, field_name) in _PREFIX_CACHE_COUNTERS.items():
+        yield CounterMetricFamily(f"{P}{name}", doc, value=getattr(s, field_name))
+    queries, hits = s.num_prefix_cache_queries_total, s.num_prefix_cache_hits_total
+    yield GaugeMetricFamily(f"{P}prefix_cache_hit_rate",
+                            "prefix_cache_hits / prefix_cache_queries since the start.",
+                            value=hits / queries if queries else 0.0)
 
 
 def stats_from_metrics(text: str) -> EngineStats | None:
@@ -156,6 +187,8 @@ def stats_from_metrics(text: str) -> EngineStats | None:
         num_prefix_recompute_tokens_total=v("prefix_recompute_tokens_total"),
         num_dropped_tokens=v("num_dropped_tokens"),
         num_restored_tokens_total=v("restored_tokens_total"),
+        gpu_blocks_cached=v("kv_blocks_cached"),
+        **{field_name: v(f"{name}_total") for name, (_, field_name) in _PREFIX_CACHE_COUNTERS.items()},
     )
 
 

@@ -9,16 +9,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kvtier.server.async_engine import RequestStream
-from kvtier.server.results import ChoiceResult, collect
+from kvtier.server.results import Collected, collect
 from kvtier.server.state import ServerState
 from kvtier.server.streaming import ClientDisconnected, EventStreamResponse, until_disconnected
 
 
 async def respond(
     state: ServerState, raw: Request, stream: RequestStream, streaming: bool, n: int,
-    events: Callable[[], AsyncIterator[str]], build: Callable[[list[ChoiceResult]], Any],
+    events: Callable[[], AsyncIterator[str]], build: Callable[[Collected], Any],
 ) -> Any:
-    """An event stream of `events()`, or `build(choices)` once all `n` choices finished.
+    """An event stream of `events()`, or `build(collected)` once all `n` choices finished.
     Either way a client that goes away aborts the request at once (its KV blocks freed)."""
 
     def close() -> None:

@@ -10,11 +10,12 @@ from kvtier.server.api_models import (
     ChatLogprobs,
     ChatTokenLogprob,
     CompletionLogprobs,
+    PromptTokensDetails,
     TopLogprob,
     UsageInfo,
 )
 from kvtier.server.async_engine import RequestStream
-from kvtier.server.updates import SeqDelta
+from kvtier.server.updates import RequestUpdate, SeqDelta
 
 # JSON has no -inf; vLLM clamps the same way.
 _MIN_LOGPROB = -9999.0
@@ -40,22 +41,47 @@ class ChoiceResult:
                 self.text = delta.final_text  # the engine's last word on the text
 
 
-async def collect(stream: RequestStream, n: int) -> list[ChoiceResult]:
-    """All choices of a finished stream, indexed prompt_index * n + seq index."""
+@dataclass
+class CachedTokens:
+    """Prompt tokens the prefix cache supplied, per engine request (one per prompt) of a
+    call; every update carries its request's count (fixed at its first admission)."""
+
+    by_request: dict[str, int] = field(default_factory=dict)
+
+    def add(self, update: RequestUpdate) -> None:
+        self.by_request[update.request_id] = update.num_cached_tokens
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_request.values())
+
+
+@dataclass
+class Collected:
+    choices: list[ChoiceResult]  # indexed prompt_index * n + seq index
+    num_cached_tokens: int  # over all prompts
+
+
+async def collect(stream: RequestStream, n: int) -> Collected:
+    """All choices of a finished stream, and its prompts' cached tokens."""
     prompt_index = {rid: i for i, rid in enumerate(stream.request_ids)}
     choices = [ChoiceResult() for _ in range(len(stream.request_ids) * n)]
+    cached = CachedTokens()
     async for update in stream:
+        cached.add(update)
         base = prompt_index[update.request_id] * n
         for delta in update.seqs:
             choices[base + delta.index].add(delta)
-    return choices
+    return Collected(choices, cached.total)
 
 
-def usage(num_prompt_tokens: int, num_completion_tokens: int) -> UsageInfo:
+def usage(num_prompt_tokens: int, num_completion_tokens: int,
+          num_cached_tokens: int = 0) -> UsageInfo:
     return UsageInfo(
         prompt_tokens=num_prompt_tokens,
         completion_tokens=num_completion_tokens,
         total_tokens=num_prompt_tokens + num_completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=num_cached_tokens),
     )
 
 

@@ -19,7 +19,7 @@ from kvtier.server.api_models import (
 from kvtier.server.async_engine import RequestStream
 from kvtier.server.params import chat_prompt, check_lengths, prompt_chars, sampling_params
 from kvtier.server.respond import respond
-from kvtier.server.results import ChoiceResult, chat_logprobs, usage
+from kvtier.server.results import CachedTokens, Collected, chat_logprobs, usage
 from kvtier.server.state import ServerState
 from kvtier.server.streaming import DONE, STREAM_FAILURES, failure_event, sse
 
@@ -39,8 +39,8 @@ async def create_chat_completion(
         request_id = state.new_request_id("chatcmpl")
         stream = await state.submit(request_id, [prompt], params, arrival_time, seats)
 
-    def build(results: list[ChoiceResult]) -> ChatCompletionResponse:
-        choices = []
+    def build(collected: Collected) -> ChatCompletionResponse:
+        results, choices = collected.choices, []
         for i, res in enumerate(results):
             logprobs = None
             if top_k_logprobs is not None:
@@ -58,7 +58,7 @@ async def create_chat_completion(
         num_completion_tokens = sum(len(r.token_ids) for r in results)
         return ChatCompletionResponse(
             id=request_id, model=model, choices=choices,
-            usage=usage(len(prompt), num_completion_tokens),
+            usage=usage(len(prompt), num_completion_tokens, collected.num_cached_tokens),
         )
 
     return await respond(
@@ -80,10 +80,12 @@ async def _events(
     options = req.stream_options
     continuous = options is not None and options.continuous_usage_stats
     num_completion_tokens = 0
+    cached = CachedTokens()
 
     def chunk(choice: ChatStreamChoice) -> str:
         # vLLM's continuous_usage_stats: every chunk carries the usage so far.
-        so_far = usage(num_prompt_tokens, num_completion_tokens) if continuous else None
+        so_far = (usage(num_prompt_tokens, num_completion_tokens, cached.total)
+                  if continuous else None)
         return sse(ChatCompletionStreamResponse(id=request_id, model=model, choices=[choice], usage=so_far))
 
     # OpenAI opens every choice with the role; content follows in later chunks.
@@ -91,6 +93,7 @@ async def _events(
         yield chunk(ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")))
     try:
         async for update in stream:
+            cached.add(update)
             for delta in update.seqs:
                 logprobs = None
                 if top_k_logprobs is not None and delta.logprobs is not None:
@@ -109,7 +112,7 @@ async def _events(
                     )
                 )
         if options is not None and options.include_usage:
-            final = usage(num_prompt_tokens, num_completion_tokens)
+            final = usage(num_prompt_tokens, num_completion_tokens, cached.total)
             yield sse(ChatCompletionStreamResponse(id=request_id, model=model, choices=[], usage=final))
     except STREAM_FAILURES as exc:
         yield failure_event(exc)

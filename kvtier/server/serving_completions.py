@@ -11,7 +11,7 @@ from kvtier.server.api_models import CompletionChoice, CompletionRequest, Comple
 from kvtier.server.async_engine import RequestStream
 from kvtier.server.params import check_lengths, completion_prompts, prompt_chars, sampling_params
 from kvtier.server.respond import respond
-from kvtier.server.results import ChoiceResult, completion_logprobs, usage
+from kvtier.server.results import CachedTokens, Collected, completion_logprobs, usage
 from kvtier.server.state import ServerState
 from kvtier.server.streaming import DONE, STREAM_FAILURES, failure_event, sse
 
@@ -30,8 +30,8 @@ async def create_completion(
         stream = await state.submit(request_id, prompts, params, arrival_time, seats)
     num_prompt_tokens = sum(len(p) for p in prompts)
 
-    def build(results: list[ChoiceResult]) -> CompletionResponse:
-        choices = []
+    def build(collected: Collected) -> CompletionResponse:
+        results, choices = collected.choices, []
         for i, res in enumerate(results):
             logprobs = None
             if req.logprobs is not None:
@@ -50,7 +50,7 @@ async def create_completion(
         num_completion_tokens = sum(len(r.token_ids) for r in results)
         return CompletionResponse(
             id=request_id, model=model, choices=choices,
-            usage=usage(num_prompt_tokens, num_completion_tokens),
+            usage=usage(num_prompt_tokens, num_completion_tokens, collected.num_cached_tokens),
         )
 
     return await respond(
@@ -71,10 +71,12 @@ async def _events(
     prompt_index = state.prompt_index(stream)
     offsets: dict[int, int] = {}  # choice index -> text length sent (logprobs text_offset)
     num_completion_tokens = 0
+    cached = CachedTokens()
     options = req.stream_options
     continuous = options is not None and options.continuous_usage_stats
     try:
         async for update in stream:
+            cached.add(update)
             base = prompt_index[update.request_id] * req.n
             for delta in update.seqs:
                 index = base + delta.index
@@ -94,10 +96,11 @@ async def _events(
                     stop_reason=delta.stop_reason,
                     token_ids=list(delta.token_ids) if req.return_token_ids else None,
                 )
-                so_far = usage(num_prompt_tokens, num_completion_tokens) if continuous else None
+                so_far = (usage(num_prompt_tokens, num_completion_tokens, cached.total)
+                          if continuous else None)
                 yield sse(CompletionResponse(id=request_id, model=model, choices=[choice], usage=so_far))
         if options is not None and options.include_usage:
-            final = usage(num_prompt_tokens, num_completion_tokens)
+            final = usage(num_prompt_tokens, num_completion_tokens, cached.total)
             yield sse(CompletionResponse(id=request_id, model=model, choices=[], usage=final))
     except STREAM_FAILURES as exc:
         yield failure_event(exc)

@@ -38,6 +38,7 @@ class RequestUpdate:
     seqs: tuple[SeqDelta, ...]
     finished: bool
     metrics: RequestMetrics | None = None  # a copy, only in the finishing update
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache supplied (RequestOutput's)
 
 
 @dataclass
@@ -103,6 +104,7 @@ class DeltaTracker:
             seqs=tuple(seqs),
             finished=out.finished,
             metrics=metrics,
+            num_cached_tokens=out.num_cached_tokens or 0,
         )
 
 
