@@ -198,7 +198,7 @@ part() {
     timeout 540 python3 -m benchmarks.engine.bench_prefix_cache --part leval \
       --leval-path .carry/leval_paper_assistant.jsonl --max-duration 150 \
       --out "$(out engine prefix_cache_leval_h200.json)" 2>&1 | tail -14 ;;
-  prefix-cache-multiturn)  # prefix caching on vs off: ShareGPT conversations, 2 conversations/s, 1 s think time
+  prefix-cache-multiturn)  # prefix caching on vs off: ShareGPT conversations, 4 conversations/s, 1 s think time
     timeout 540 python3 -m benchmarks.engine.bench_prefix_cache --part multiturn \
       --workload $WMT --max-duration 150 \
       --out "$(out engine prefix_cache_multiturn_h200.json)" 2>&1 | tail -14 ;;

@@ -16,7 +16,7 @@ Parts (issue 25's targets), one per call:
       --workload .carry/sharegpt_multiturn_llama31_600.json --out results/engine/prefix_cache_multiturn_h200.json
   python -m benchmarks.engine.bench_prefix_cache --part offline \
       --workload .carry/sharegpt_llama31_1000.json --out results/engine/prefix_cache_offline_h200.json
-  python -m benchmarks.engine.bench_prefix_cache --plot results/engine/prefix_cache_leval_h200.json
+  python -m benchmarks.engine.plot_prefix_cache results/engine/prefix_cache_leval_h200.json
 
 The multi-turn file: `kvtier bench --model llama-3.1-8b --load-format dummy --workload
 sharegpt-multiturn --num-prompts 600 --max-model-len 8192 --save-workload FILE --prepare-only`.
@@ -32,11 +32,12 @@ import gc
 import json
 import statistics
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import write_result
+from benchmarks.engine.plot_prefix_cache import plot
 from kvtier.bench.arrivals import ArrivalKind, ArrivalSpec
 from kvtier.bench.experiment import BenchConfig, engine_backends, run_experiment
 from kvtier.bench.metrics import Distribution
@@ -55,9 +56,8 @@ HIT_FRACTION = 0.5  # a request "hits" when at least this much of its prompt was
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--part", choices=("leval", "multiturn", "offline"))
-    p.add_argument("--plot", default=None, help="plot a result JSON of this script and exit")
-    p.add_argument("--out", default=None)
+    p.add_argument("--part", choices=("leval", "multiturn", "offline"), required=True)
+    p.add_argument("--out", required=True)
     p.add_argument("--model", default="llama-3.1-8b")
     p.add_argument("--device", default=None, help="default: the engine's (cuda where present)")
     p.add_argument("--leval-path", default=None)
@@ -66,19 +66,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="default: every L-Eval instruction; 600 turns; 1,000 offline")
     p.add_argument("--rate", type=float, default=None,
                    help="Poisson arrivals: requests/s (leval, default 1), conversations/s "
-                        "(multiturn, default 2)")
+                        "(multiturn, default 4)")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="default 32768 (leval), 8192 (multiturn), 4096 (offline)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--leval-max-document-tokens", type=int, default=None)
     p.add_argument("--max-duration", type=float, default=None, help="per arm, seconds")
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    if (args.part is None) == (args.plot is None):
-        p.error("give --part (and --out) to measure, or --plot RESULT.json")
-    if args.part is not None and args.out is None:
-        p.error("--part needs --out")
-    return args
+    p.add_argument("--simulate", action="store_true",
+                   help="leval, multiturn: the simulator (virtual time) instead of the GPU")
+    p.add_argument("--calibration", default=None, help="simulator: cost-model calibration JSON")
+    return p.parse_args(argv)
 
 
 # ---- the engine of each arm, and what it cached ------------------------------------------
@@ -105,18 +103,31 @@ class PlanTap:
         return getattr(self.inner, name)
 
 
+@dataclass(frozen=True)
+class SimSetting:
+    calibration: str | None
+    clock: Any  # the VirtualClock the engines and the runner share
+
+
 class Arms:
     """Builds each arm's engine (warmed up on prompts of its own, its cache then emptied)
     and keeps what it cached per request and its cache's counters."""
 
-    def __init__(self, engine_args: EngineArgs, vocab_size: int):
-        self.engine_args, self.vocab_size = engine_args, vocab_size
+    def __init__(self, engine_args: EngineArgs, vocab_size: int,
+                 simulate: SimSetting | None = None):
+        self.engine_args, self.vocab_size, self.simulate = engine_args, vocab_size, simulate
         self.cached: dict[str, dict[str, int]] = {arm: {} for arm in ARMS}
         self.cache_stats: dict[str, Any] = {}  # arm -> (its PrefixCache, counters after warm-up)
 
     def engine(self, arm: str) -> LLMEngine:
-        engine = LLMEngine.from_engine_args(replace(self.engine_args,
-                                                    enable_prefix_caching=arm == "on"))
+        engine_args = replace(self.engine_args, enable_prefix_caching=arm == "on")
+        if self.simulate is not None:
+            from kvtier.sim import build_sim_engine
+
+            engine = build_sim_engine(engine_args, "h200", self.simulate.calibration,
+                                      clock=self.simulate.clock)
+        else:
+            engine = LLMEngine.from_engine_args(engine_args)
         long = min(2048, engine.config.scheduler.max_model_len - 16)
         warm = requests_with_lengths([(long, 8), (100, 8)], self.vocab_size, seed=12345)
         params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, detokenize=False)
@@ -153,7 +164,8 @@ def _ms(d: Distribution | None, key: str) -> float | None:
 def run_arms(arms: Arms, workload: Workload, max_duration: float | None) -> dict[str, Any]:
     config = BenchConfig(policies=ARMS, warmup_requests=0, monitor_gpu=False,
                          run=RunOptions(progress=False, max_duration_s=max_duration))
-    results = run_experiment(workload, engine_backends(arms.engine), config,
+    clock = arms.simulate.clock if arms.simulate is not None else None
+    results = run_experiment(workload, engine_backends(arms.engine, clock=clock), config,
                              log=lambda line: print(line, flush=True))
     n, prompts = len(workload.requests), [r.prompt_len for r in workload.requests]
     out: dict[str, Any] = {}
@@ -231,7 +243,7 @@ def part_serving(args: argparse.Namespace) -> dict[str, Any]:
     max_len = args.max_model_len or (32768 if leval else 8192)
     engine_args = _engine_args(args, max_len)
     tok, vocab = _tokenizer_and_vocab(engine_args)
-    rate = args.rate or (1.0 if leval else 2.0)
+    rate = args.rate or (1.0 if leval else 4.0)
     limits = LengthLimits(max_prompt_len=max_len - 1, max_total_len=max_len)
     spec = WorkloadSpec(
         dataset=Dataset.LEVAL if leval else Dataset.PREPARED,
@@ -245,8 +257,14 @@ def part_serving(args: argparse.Namespace) -> dict[str, Any]:
     workload = build_workload(spec, tok, vocab)
     sharing = prefix_sharing(workload.requests, engine_args.block_size)
     print(f"workload: {workload.summary()}\nsharing: {sharing.to_dict()}", flush=True)
-    arms = run_arms(Arms(engine_args, vocab), workload, args.max_duration)
-    return {"part": args.part, "rate": rate, "rate_unit": "requests/s" if leval else
+    sim = None
+    if args.simulate:
+        from kvtier.sim import VirtualClock
+
+        sim = SimSetting(args.calibration, VirtualClock())
+    arms = run_arms(Arms(engine_args, vocab, sim), workload, args.max_duration)
+    return {"part": args.part, "rate": rate,
+            "mode": f"simulated h200 ({args.calibration or 'roofline'})" if sim else "gpu", "rate_unit": "requests/s" if leval else
             "conversations/s", "engine": _engine_record(engine_args),
             "workload": {**workload.spec.to_dict(), **workload.summary()},
             "sharing": sharing.to_dict(), **arms}
@@ -332,66 +350,18 @@ def part_offline(args: argparse.Namespace) -> dict[str, Any]:
             "target": "on within 1 % of off"}
 
 
-# ---- plots -------------------------------------------------------------------------------
-def plot(result_path: str) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    res = json.loads(Path(result_path).read_text())
-    base = Path(result_path).with_suffix("")
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    if res["part"] == "offline":
-        runs = res["runs"]
-        axes[0].bar(range(len(runs)), [r["output_tokens_per_s"] for r in runs],
-                    color=["tab:green" if r["prefix_caching"] else "tab:gray" for r in runs])
-        axes[0].set_xticks(range(len(runs)), ["on" if r["prefix_caching"] else "off"
-                                              for r in runs])
-        axes[0].set_ylabel("output tokens/s")
-        axes[0].set_title(f"offline ShareGPT {res['num_requests']}: on/off "
-                          f"{res['on_over_off']:.3f}")
-        axes[1].axis("off")
-    else:
-        for arm in ARMS:
-            ttft = sorted(t for t in res[arm]["per_request"]["ttft_ms"] if t is not None)
-            axes[0].step(ttft, [(i + 1) / len(ttft) for i in range(len(ttft))], where="post",
-                         label=f"caching {arm}")
-        axes[0].set_xscale("log")
-        axes[0].set_xlabel("TTFT (ms)")
-        axes[0].set_ylabel("fraction of requests")
-        axes[0].legend()
-        axes[0].set_title(f"{res['part']}: TTFT p50 off/on {res['comparison']['ttft_p50_ratio']:.1f}x")
-        on = res["on"]["per_request"]
-        frac = [c / p for c, p in zip(on["cached_tokens"], on["prompt_len"])]
-        ratio = [a / b if a and b else None for a, b in zip(res["off"]["per_request"]["ttft_ms"],
-                                                            on["ttft_ms"])]
-        pts = [(f, r) for f, r in zip(frac, ratio) if r is not None]
-        axes[1].scatter([f for f, _ in pts], [r for _, r in pts], s=12)
-        axes[1].set_yscale("log")
-        axes[1].axhline(10, color="tab:red", lw=0.8, ls="--")
-        axes[1].set_xlabel("cached fraction of the prompt (caching on)")
-        axes[1].set_ylabel("TTFT off / on, same request")
-    fig.tight_layout()
-    path = base.with_name(base.name + ".png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.plot:
-        print(plot(args.plot))
-        return
+    if args.simulate and args.part == "offline":
+        raise SystemExit("bench_prefix_cache: the offline part runs on the GPU only")
     result = part_offline(args) if args.part == "offline" else part_serving(args)
     if "comparison" in result:
         print(json.dumps(result["comparison"], indent=1))
     write_result(args.out, result)
     try:
         print(plot(args.out))
-    except ImportError:  # no matplotlib on the device: plot later with --plot
-        print("matplotlib absent: run --plot on the result")
+    except ImportError:  # no matplotlib on the device: plot here later
+        print("matplotlib absent: python -m benchmarks.engine.plot_prefix_cache RESULT.json")
 
 
 if __name__ == "__main__":
