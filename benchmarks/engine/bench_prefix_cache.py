@@ -11,12 +11,17 @@ Parts (issue 25's targets), one per call:
   offline    offline ShareGPT (no sharing): throughput on, off, on, off.
 
   python -m benchmarks.engine.bench_prefix_cache --part leval \
-      --leval-path .carry/leval_paper_assistant.jsonl --out results/engine/prefix_cache_leval_h200.json
+      --leval-path .carry/leval_paper_assistant.jsonl --out $OUT/engine/prefix_cache_leval_h200.json
   python -m benchmarks.engine.bench_prefix_cache --part multiturn \
-      --workload .carry/sharegpt_multiturn_llama31_600.json --out results/engine/prefix_cache_multiturn_h200.json
+      --workload .carry/sharegpt_multiturn_llama31_600.json --out $OUT/engine/prefix_cache_multiturn_h200.json
   python -m benchmarks.engine.bench_prefix_cache --part offline \
-      --workload .carry/sharegpt_llama31_1000.json --out results/engine/prefix_cache_offline_h200.json
-  python -m benchmarks.engine.plot_prefix_cache results/engine/prefix_cache_leval_h200.json
+      --workload .carry/sharegpt_llama31_1000.json --out $OUT/engine/prefix_cache_offline_h200.json
+  # the simulator's prediction of a serving part (CPU, virtual time):
+  python -m benchmarks.engine.bench_prefix_cache --part leval --simulate \
+      --calibration results/calibration/calib_h200_llama-3.1-8b.json \
+      --leval-path ../shared/data/leval_paper_assistant.jsonl \
+      --out results/engine/prefix_cache_leval_sim_h200.json
+  python -m benchmarks.engine.plot_prefix_cache results/engine/prefix_cache_leval_sim_h200.json
 
 The multi-turn file: `kvtier bench --model llama-3.1-8b --load-format dummy --workload
 sharegpt-multiturn --num-prompts 600 --max-model-len 8192 --save-workload FILE --prepare-only`.

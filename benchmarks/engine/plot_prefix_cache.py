@@ -2,7 +2,7 @@
 the TTFT ratio (off / on) against the cached fraction of its prompt; the offline part's
 throughput per run.
 
-  python -m benchmarks.engine.plot_prefix_cache results/engine/prefix_cache_leval_h200.json
+  python -m benchmarks.engine.plot_prefix_cache results/engine/prefix_cache_leval_sim_h200.json
 """
 
 from __future__ import annotations
