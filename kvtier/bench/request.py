@@ -19,11 +19,17 @@ class BenchRequest:
 
     `arrival_s` is the offset from the start of the run at which the request is sent; the
     runner turns it into an absolute arrival time, so queueing delay counts in TTFT.
+
+    A follow-up (`follows` = the workload index of an earlier request, e.g. the previous
+    turn of a conversation) is closed-loop: it is sent `think_s` after that request ended,
+    and not before `arrival_s` (its conversation's start).
     """
 
     prompt_token_ids: tuple[int, ...]
     output_len: int
     arrival_s: float = 0.0
+    follows: int | None = None
+    think_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt_token_ids, tuple):
@@ -34,6 +40,10 @@ class BenchRequest:
             raise ValueError(f"output_len must be >= 1, got {self.output_len}")
         if self.arrival_s < 0:
             raise ValueError(f"arrival_s must be >= 0, got {self.arrival_s}")
+        if self.follows is not None and self.follows < 0:
+            raise ValueError(f"follows must be a request index >= 0, got {self.follows}")
+        if self.think_s < 0:
+            raise ValueError(f"think_s must be >= 0, got {self.think_s}")
 
     @property
     def prompt_len(self) -> int:

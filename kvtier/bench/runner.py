@@ -2,13 +2,14 @@
 
 Open loop: each request is submitted at its arrival offset whatever the backend is doing
 (its arrival time is the due time, so a late submission still counts as queueing), and the
-engine's state is sampled after every step.
+engine's state is sampled after every step. Closed loop for follow-ups (a conversation's
+next turn): due a think time after the request they follow ended, however it ended.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections import deque
 from dataclasses import dataclass, field
 
 from tqdm import tqdm
@@ -49,6 +50,48 @@ class RunOptions:
     id_prefix: str = "bench"
 
 
+class _Sends:
+    """Which requests are due when, as offsets from the run's start: the open-loop ones at
+    their arrival, a follow-up `think_s` after the request it follows ended."""
+
+    def __init__(self, requests: tuple[BenchRequest, ...] | list[BenchRequest]):
+        self.requests = requests
+        self.followers: dict[int, list[int]] = {}
+        self.due: list[tuple[float, int]] = []  # a heap of (offset, index)
+        for i, r in enumerate(requests):
+            if r.follows is None:
+                self.due.append((r.arrival_s, i))
+            elif not 0 <= r.follows < i:
+                raise ValueError(f"request {i} follows {r.follows}: a follow-up must follow "
+                                 "an earlier request of the workload")
+            else:
+                self.followers.setdefault(r.follows, []).append(i)
+        heapq.heapify(self.due)
+        self.num_unsent = len(requests)
+
+    def __bool__(self) -> bool:
+        return self.num_unsent > 0
+
+    def next_due(self) -> float | None:
+        return self.due[0][0] if self.due else None
+
+    def pop(self) -> int:
+        self.num_unsent -= 1
+        return heapq.heappop(self.due)[1]
+
+    def ended(self, index: int, end_s: float) -> None:
+        """Request `index` ended at offset `end_s`: its follow-ups fall due."""
+        for j in self.followers.pop(index, ()):
+            r = self.requests[j]
+            heapq.heappush(self.due, (max(r.arrival_s, end_s + r.think_s), j))
+
+    def drain(self) -> list[int]:
+        """Every request not sent yet (due, or waiting on one that has not ended)."""
+        left = [i for _, i in self.due] + [j for js in self.followers.values() for j in js]
+        self.due, self.followers, self.num_unsent = [], {}, 0
+        return sorted(left)
+
+
 def run_workload(
     backend: Backend,
     requests: tuple[BenchRequest, ...] | list[BenchRequest],
@@ -59,9 +102,9 @@ def run_workload(
     """`clock`: the one the backend stamps tokens with; default the backend's own `clock`
     attribute, else time.monotonic."""
     clock = clock or getattr(backend, "clock", None) or MonotonicClock()
-    order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
-    pending = deque(order)
+    sends = _Sends(requests)
     ids = [f"{options.id_prefix}-{i}" for i in range(len(requests))]
+    index = {rid: i for i, rid in enumerate(ids)}
     ended: dict[str, RequestRecord] = {}
     steps: list[StepSample] = []
     baseline = backend.stats()
@@ -74,27 +117,28 @@ def run_workload(
     deadline = math.inf if options.max_duration_s is None else t0 + options.max_duration_s
     max_lag, aborted = 0.0, False
     try:
-        while pending or backend.num_unfinished():
+        while sends or backend.num_unfinished():
             now = clock.now()
             # Only what fell due before the limit is sent, however late the runner is.
-            while pending and t0 + requests[pending[0]].arrival_s <= min(now, deadline):
-                i = pending.popleft()
-                due = t0 + requests[i].arrival_s
-                max_lag = max(max_lag, now - due)
-                backend.submit(ids[i], requests[i], due)
+            while (due := sends.next_due()) is not None and t0 + due <= min(now, deadline):
+                i = sends.pop()
+                max_lag = max(max_lag, now - (t0 + due))
+                backend.submit(ids[i], requests[i], t0 + due)
             if now >= deadline and not aborted:
                 aborted = True
-                for i in pending:  # never sent: kept apart from the sent ones' figures
+                for i in sends.drain():  # never sent: kept apart from the sent ones' figures
                     ended[ids[i]] = _unsent(ids[i], requests[i])
-                pending.clear()
                 backend.abort(ids)
             # Wake for the next arrival or the limit, whichever comes first.
-            wait = min(t0 + requests[pending[0]].arrival_s, deadline) - now if pending else 0.05
+            due = sends.next_due()
+            wait = min(t0 + due, deadline) - now if due is not None else 0.05
             if not backend.num_unfinished():
                 clock.sleep(wait)
                 continue
             for record in backend.poll(timeout_s=wait):
-                ended[record.request_id] = record.rebased(t0)
+                ended[record.request_id] = rebased = record.rebased(t0)
+                end_s = rebased.finish_s if rebased.finish_s is not None else clock.now() - t0
+                sends.ended(index[record.request_id], end_s)
                 bar.update(1)
             stats = backend.stats()
             if stats is not None:

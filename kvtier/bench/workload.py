@@ -10,10 +10,12 @@ import numpy as np
 
 from kvtier.bench.arrivals import ArrivalSpec, arrival_offsets
 from kvtier.bench.azure_trace import load_azure_trace
-from kvtier.bench.leval import LEVAL_LIMITS, load_leval, sample_leval
+from kvtier.bench.leval import LEVAL_LIMITS, LEvalOrder, load_leval, sample_leval
+from kvtier.bench.multiturn import MultiTurnSpec, load_conversations, sample_multiturn
 from kvtier.bench.prepared import load_prepared_reported
 from kvtier.bench.request import AS_GIVEN, BenchRequest, LengthLimits, LengthReport, Tokenizer
-from kvtier.bench.sharegpt import load_sharegpt_pairs, sample_sharegpt
+from kvtier.bench.shared_prefix import SharedPrefixSpec, generated_shared_prefix
+from kvtier.bench.sharegpt import load_sharegpt_pairs, load_sharegpt_records, sample_sharegpt
 from kvtier.bench.synthetic import requests_with_lengths, synthetic_lengths
 
 
@@ -23,6 +25,13 @@ class Dataset(str, enum.Enum):
     AZURE = "azure"  # the trace's lengths, random prompt tokens
     SYNTHETIC = "synthetic"
     PREPARED = "prepared"  # token ids saved by --save-workload or benchmarks/prepare_workload.py
+    # Workloads whose prompts share prefixes (kvtier/bench/sharing.py measures how much):
+    SHAREGPT_MULTITURN = "sharegpt-multiturn"  # every turn a request, closed loop per conversation
+    GENERATED_SHARED_PREFIX = "generated-shared-prefix"  # SGLang's: groups sharing a system prompt
+
+
+# Conversations and L-Eval documents are long: no maximum but the model's by default.
+MULTITURN_LIMITS = LEVAL_LIMITS
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,9 @@ class WorkloadSpec:
     range_ratio: float = 0.0  # synthetic
     max_document_tokens: int | None = None  # L-Eval
     trace_start: int = 0  # Azure: first request of the window
+    leval_order: LEvalOrder = LEvalOrder.GROUPED
+    multiturn: MultiTurnSpec = MultiTurnSpec()
+    shared_prefix: SharedPrefixSpec = SharedPrefixSpec()
 
     @property
     def effective_limits(self) -> LengthLimits:
@@ -47,11 +59,14 @@ class WorkloadSpec:
             return self.limits
         if self.dataset is Dataset.SHAREGPT:
             return LengthLimits()
+        if self.dataset is Dataset.SHAREGPT_MULTITURN:
+            return MULTITURN_LIMITS
         return LEVAL_LIMITS if self.dataset is Dataset.LEVAL else AS_GIVEN
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["dataset"] = self.dataset.value
+        d["leval_order"] = self.leval_order.value
         d["arrivals"]["kind"] = self.arrivals.kind.value
         d["arrivals"].pop("trace_gaps_s")  # thousands of numbers; the path says where they came from
         d["arrivals"]["mean_rate"] = self.arrivals.mean_rate
@@ -69,15 +84,18 @@ class Workload:
     def summary(self) -> dict:
         prompts = [r.prompt_len for r in self.requests]
         outputs = [r.output_len for r in self.requests]
-        span = self.requests[-1].arrival_s if self.requests else 0.0
+        # The arrival process sends the open-loop requests; follow-ups wait on others.
+        opened = [r.arrival_s for r in self.requests if r.follows is None]
+        span = max(opened, default=0.0)
         return {
             "num_requests": len(self.requests),
+            "num_follow_ups": len(self.requests) - len(opened),
             "mean_prompt_len": float(np.mean(prompts)),
             "mean_output_len": float(np.mean(outputs)),
             "total_prompt_tokens": int(np.sum(prompts)),
             "total_output_tokens": int(np.sum(outputs)),
             "arrival_span_s": span,
-            "offered_rate": (len(self.requests) - 1) / span if span > 0 else None,
+            "offered_rate": (len(opened) - 1) / span if span > 0 else None,
             "outside_length_limits": self.length_report.num_outside if self.length_report else None,
             "outside_length_action": self.length_report.action.value if self.length_report else None,
         }
@@ -96,12 +114,19 @@ def sample_requests(spec: WorkloadSpec, tokenizer: Tokenizer, vocab_size: int,
     if spec.dataset is Dataset.SHAREGPT:
         pairs = load_sharegpt_pairs(spec.path)
         return sample_sharegpt(pairs, tokenizer, n, _stream_seed(spec.seed, 0), limits), None
+    if spec.dataset is Dataset.SHAREGPT_MULTITURN:
+        convs = load_conversations(load_sharegpt_records(spec.path), spec.multiturn.min_turns)
+        seed = _stream_seed(spec.seed, 0)
+        return sample_multiturn(convs, tokenizer, n, seed, limits, spec.multiturn), None
+    if spec.dataset is Dataset.GENERATED_SHARED_PREFIX:
+        return _generated_shared_prefix(spec, vocab_size), None
     if spec.dataset is Dataset.LEVAL:
         if spec.path is None:
             raise ValueError("the L-Eval workload needs the JSONL path (--dataset-path)")
         records = load_leval(spec.path)
         seed = _stream_seed(spec.seed, 0)
-        return sample_leval(records, tokenizer, n, seed, limits, spec.max_document_tokens), None
+        return sample_leval(records, tokenizer, n, seed, limits, spec.max_document_tokens,
+                            spec.leval_order), None
     if spec.dataset is Dataset.PREPARED:
         if spec.path is None:
             raise ValueError("the prepared workload needs its JSON path (--dataset-path)")
@@ -116,9 +141,31 @@ def sample_requests(spec: WorkloadSpec, tokenizer: Tokenizer, vocab_size: int,
     return requests_with_lengths(lengths, vocab_size, _stream_seed(spec.seed, 1)), None
 
 
+def _generated_shared_prefix(spec: WorkloadSpec, vocab_size: int) -> list[BenchRequest]:
+    gsp, limits = spec.shared_prefix, spec.effective_limits
+    if spec.num_requests != gsp.num_requests:
+        raise ValueError(f"generated-shared-prefix has groups x prompts per group = "
+                         f"{gsp.num_groups} x {gsp.prompts_per_group} = {gsp.num_requests} "
+                         f"requests; asked for {spec.num_requests}")
+    prompt_len = gsp.system_prompt_len + gsp.question_len
+    if not limits.accepts(prompt_len, gsp.output_len):
+        raise ValueError(f"generated-shared-prefix prompts of {prompt_len} tokens with "
+                         f"{gsp.output_len} output tokens do not fit {limits}")
+    return generated_shared_prefix(gsp, vocab_size, _stream_seed(spec.seed, 1))
+
+
 def with_arrivals(requests: list[BenchRequest], arrivals: ArrivalSpec, seed: int) -> tuple[BenchRequest, ...]:
-    offsets = arrival_offsets(arrivals, len(requests), _stream_seed(seed, 2))
-    return tuple(replace(r, arrival_s=float(t)) for r, t in zip(requests, offsets))
+    """The open-loop requests get the process's offsets in order; a follow-up gets the
+    offset of the request it follows (its conversation's start: it is not sent before)."""
+    opened = [i for i, r in enumerate(requests) if r.follows is None]
+    offsets = dict(zip(opened, arrival_offsets(arrivals, len(opened), _stream_seed(seed, 2))))
+    out: list[BenchRequest] = []
+    for i, r in enumerate(requests):
+        if r.follows is not None and not 0 <= r.follows < i:
+            raise ValueError(f"request {i} follows {r.follows}: not an earlier request")
+        t = float(offsets[i]) if r.follows is None else out[r.follows].arrival_s
+        out.append(replace(r, arrival_s=t))
+    return tuple(out)
 
 
 def build_workload(spec: WorkloadSpec, tokenizer: Tokenizer, vocab_size: int) -> Workload:
