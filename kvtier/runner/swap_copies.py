@@ -66,6 +66,22 @@ class Streams(Protocol):
         """The compute stream waits for everything issued on the copy stream so far."""
 
 
+class TierCopies(Protocol):
+    """A cache tier's copies of this step (the host tier's stores and loads, staged by its
+    plan items' hook), issued by `SwapCopies.issue` in its stream order: stores after the
+    swap-outs, each layer group's loads before that group's swap-ins."""
+
+    def has_work(self) -> bool: ...
+
+    def has_loads(self) -> bool: ...
+
+    def issue_stores(self, gpu: torch.Tensor) -> bool:
+        """Issue the step's stores on the current stream; whether there were any."""
+
+    def issue_loads(self, gpu: torch.Tensor, group: int) -> bool:
+        """Issue layer group `group`'s loads on the current stream; whether any."""
+
+
 class InOrderStreams:
     """Everything on the current stream, in plan order (the CPU, and overlap off)."""
 
@@ -162,6 +178,7 @@ class SwapCopies:
         # land in scratch that group still reads): {group: [(target group, copies)]}.
         self.deferred: dict[int, list[tuple[int, list[BlockCopy]]]] = {}
         self._pools: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.tier: TierCopies | None = None  # the host tier's copies, when it has one
 
     @property
     def pending(self) -> bool:
@@ -183,8 +200,10 @@ class SwapCopies:
         # The pools are kept only while deferred copies still need them (after_layer).
         self.deferred = dict(deferred or {})
         self._pools = (gpu, host) if self.deferred else None
-        self.has_swap_in = bool(swap_in) or bool(self.deferred)
-        if not swap_out and not swap_in:
+        tier = self.tier if self.tier is not None and self.tier.has_work() else None
+        self.has_swap_in = bool(swap_in) or bool(self.deferred) or (
+            tier is not None and tier.has_loads())
+        if not swap_out and not swap_in and tier is None:
             return
         s.begin()
         by_group: list[list[BlockCopy]] = [[] for _ in range(self.num_groups)]
@@ -193,12 +212,14 @@ class SwapCopies:
         current = -1
         with s.copying():
             copy_blocks(host, gpu, [c.dst for c in swap_out], [c.src for c in swap_out])
-            if swap_out and not by_group[0]:
-                self.events.append(s.record())
-                current = 0
+            out = bool(swap_out)
+            if tier is not None:  # reads device blocks a load or swap-in below may reuse
+                out = tier.issue_stores(gpu) or out
             for g, copies in enumerate(by_group):
+                loads = tier is not None and tier.issue_loads(gpu, g)
                 if copies:
                     _swap_in(gpu, host, copies)
+                if copies or loads or (out and current < 0):
                     self.events.append(s.record())
                     current = len(self.events) - 1
                 self.ready[g] = current

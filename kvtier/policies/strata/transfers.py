@@ -1,0 +1,101 @@
+"""The runner's side of the host tier: its pinned page pool and the step's stores and loads,
+moved by the configured io-backend (kvtier/kernels/host_page_backends.py: a Triton kernel
+through the pages' UVA address, or the copy engine per block / run of blocks; the torch
+reference on the CPU).
+
+The plan items' hooks only stage a step's copies here (`stage`); `SwapCopies.issue`
+(kvtier/runner/swap_copies.py) issues them on its copy stream, in its order: swap-outs,
+the host stores, then per layer group that group's host loads and swap-ins, one event per
+group, and the forward's layers of group g wait for group g's event only (layer-wise
+loading: a hit's upper layers cross PCIe while its lower layers compute). On the CPU, and
+with overlap off, everything runs in plan order on the current stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kvtier.kernels.host_page_backends import HostPageIO, PageIOConfig
+from kvtier.kernels.host_page_io import host_page_shape
+from kvtier.kv.host_tier import HostLoad, HostStore
+
+
+class HostTierMemoryError(RuntimeError):
+    pass
+
+
+def allocate_pages(num_pages: int, block_shape: tuple[int, ...], dtype: torch.dtype,
+                   io: PageIOConfig, pin: bool, option: str) -> torch.Tensor:
+    """The host tier's pool, [num_pages, *page shape]: pinned beside a GPU. A pin that fails
+    names the option that sized it."""
+    shape = (num_pages, *host_page_shape(block_shape, io.layout))
+    try:
+        return torch.empty(shape, dtype=dtype, pin_memory=pin)
+    except RuntimeError as e:  # cudaHostAlloc's failure (too much to lock), or no memory
+        gib = num_pages * torch.Size(shape[1:]).numel() * dtype.itemsize / 2**30
+        raise HostTierMemoryError(
+            f"could not allocate the host tier's {'pinned ' if pin else ''}pool of "
+            f"{gib:.1f} GiB ({num_pages} pages): lower {option}") from e
+
+
+@dataclass
+class TransferCounters:
+    stored_pages: int = 0
+    loaded_pages: int = 0
+    store_calls: int = 0
+    load_calls: int = 0
+
+
+class HostTierCopies:
+    """Implements `TierCopies` (kvtier/runner/swap_copies.py) for the host tier."""
+
+    def __init__(self, pages: torch.Tensor, io: PageIOConfig, num_groups: int):
+        self.pages, self.io, self.num_groups = pages, HostPageIO(io), num_groups
+        self.page_bytes = pages[0].numel() * pages.element_size() if len(pages) else 0
+        self._stores: tuple[list[int], list[int]] = ([], [])  # (device blocks, pages)
+        self._loads: list[tuple[list[int], list[int]]] = []  # per group: (pages, blocks)
+        self.counters = TransferCounters()
+
+    def stage(self, stores: Sequence[HostStore], loads: Sequence[HostLoad]) -> None:
+        """The step's copies, from its plan items (the items' run hooks)."""
+        for s in stores:
+            self._stores[0].extend(s.gpu_blocks)
+            self._stores[1].extend(s.host_pages)
+        if loads and not self._loads:
+            self._loads = [([], []) for _ in range(self.num_groups)]
+        for ld in loads:
+            for p, b, g in zip(ld.host_pages, ld.gpu_blocks, ld.groups):
+                self._loads[g][0].append(p)
+                self._loads[g][1].append(b)
+
+    def has_work(self) -> bool:
+        return bool(self._stores[0]) or bool(self._loads)
+
+    def has_loads(self) -> bool:
+        return bool(self._loads)
+
+    def issue_stores(self, gpu: torch.Tensor) -> bool:
+        blocks, pages = self._stores
+        if not blocks:
+            return False
+        self.io.store(gpu, self.pages, blocks, pages)
+        self.counters.stored_pages += len(blocks)
+        self.counters.store_calls += 1
+        self._stores = ([], [])
+        return True
+
+    def issue_loads(self, gpu: torch.Tensor, group: int) -> bool:
+        if not self._loads:
+            return False
+        pages, blocks = self._loads[group]
+        if group == self.num_groups - 1:
+            self._loads = []
+        if not blocks:
+            return False
+        self.io.load(self.pages, gpu, pages, blocks)
+        self.counters.loaded_pages += len(blocks)
+        self.counters.load_calls += 1
+        return True
