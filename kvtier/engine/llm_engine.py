@@ -24,6 +24,7 @@ from kvtier.engine.detokenizer import IncrementalDetokenizer
 from kvtier.engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from kvtier.kv.manager import KVCacheManager
 from kvtier.policies import get_policy
+from kvtier.policies.strata.metrics import host_tier_metrics
 from kvtier.sampling_params import InvalidRequestError, SamplingParams
 from kvtier.scheduler.scheduler import Scheduler
 from kvtier.tokenizer import Tokenizer
@@ -321,6 +322,8 @@ class LLMEngine:
             num_restored_tokens_total=c.num_restored_tokens,
             block_bytes=self.block_bytes,
             step_time_s=self._last_step_time,
+            host_tier=host_tier_metrics(kv, self.executor, s.admission_gate,
+                                        self.block_bytes) if kv.prefix_cache else None,
         )
 
     def close(self) -> None:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvtier.policies.strata.metrics import HostTierMetrics
 
 
 @dataclass
@@ -64,3 +68,4 @@ class EngineStats:
     num_prefix_recompute_tokens_total: int = 0  # dropped-prefix tokens recomputed
     num_dropped_tokens: int = 0  # tokens of running requests whose KV is dropped now
     num_restored_tokens_total: int = 0  # tokens whose KV was re-projected from hidden states
+    host_tier: HostTierMetrics | None = None  # the prefix cache's host tier, when it has one

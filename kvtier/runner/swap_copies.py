@@ -36,8 +36,9 @@ stream object (tests/runner/test_swap_copies.py) checks it on the CPU.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from typing import Any, Protocol
 
 import torch
@@ -80,6 +81,9 @@ class TierCopies(Protocol):
 
     def issue_loads(self, gpu: torch.Tensor, group: int) -> bool:
         """Issue layer group `group`'s loads on the current stream; whether any."""
+
+    def wait(self, streams: Streams, event: Any) -> None:
+        """`streams.wait(event)` for a step with its loads (the tier times the stall)."""
 
 
 class InOrderStreams:
@@ -179,6 +183,7 @@ class SwapCopies:
         self.deferred: dict[int, list[tuple[int, list[BlockCopy]]]] = {}
         self._pools: tuple[torch.Tensor, torch.Tensor] | None = None
         self.tier: TierCopies | None = None  # the host tier's copies, when it has one
+        self._wait: Callable[[Any], None] = self.streams.wait  # the tier's, with its loads
 
     @property
     def pending(self) -> bool:
@@ -201,8 +206,11 @@ class SwapCopies:
         self.deferred = dict(deferred or {})
         self._pools = (gpu, host) if self.deferred else None
         tier = self.tier if self.tier is not None and self.tier.has_work() else None
-        self.has_swap_in = bool(swap_in) or bool(self.deferred) or (
-            tier is not None and tier.has_loads())
+        loads = tier is not None and tier.has_loads()
+        self.has_swap_in = bool(swap_in) or bool(self.deferred) or loads
+        self._wait = self.streams.wait
+        if loads and tier is not None:
+            self._wait = partial(tier.wait, s)
         if not swap_out and not swap_in and tier is None:
             return
         s.begin()
@@ -259,7 +267,7 @@ class SwapCopies:
         """Before layer `layer_idx`'s attention (its kv_write and reads)."""
         i = self.ready[layer_idx // self.layers_per_block]
         if i > self.waited:
-            self.streams.wait(self.events[i])
+            self._wait(self.events[i])
             self.waited = i
 
     def wait_all(self) -> None:
@@ -267,7 +275,7 @@ class SwapCopies:
         anything else that touches the KV pool outside the layers."""
         if self.pending:
             self.waited = len(self.events) - 1
-            self.streams.wait(self.events[-1])
+            self._wait(self.events[-1])
 
     def close(self) -> None:
         """Let the copies in flight end, then drop what a step left (deferred copies of a

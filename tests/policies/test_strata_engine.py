@@ -9,6 +9,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.registry import Collector
 
 from kvtier import SamplingParams
 from kvtier.config import ConfigError
@@ -17,6 +19,7 @@ from kvtier.engine.llm_engine import LLMEngine
 from kvtier.kv.prefix_cache import PrefixCache, PrefixCacheConfig
 from kvtier.policies.strata.args import HostTierArgs
 from kvtier.policies.strata.install import enable_host_tier
+from kvtier.policies.strata.metrics import host_tier_families
 from kvtier.policies.strata.transfers import HostTierMemoryError
 
 
@@ -77,6 +80,23 @@ def test_greedy_outputs_equal_caching_off_with_host_hits(reference, backend, pol
     copies = eng.executor.copies.tier
     assert copies.counters.loaded_pages == tier.stats.loaded_pages > 0
     assert copies.counters.stored_pages == tier.stats.stored_pages > 0
+    m = eng.get_stats().host_tier
+    assert m is not None and m.host_hit_tokens == tier.stats.hit_blocks * kv.block_size
+    assert m.loaded_bytes == tier.stats.loaded_pages * eng.block_bytes
+    assert m.load_seconds > 0 and m.load_stall_seconds == m.load_seconds  # CPU: synchronous
+    assert 0 < m.host_hit_rate < 1 and m.gpu_hit_rate + m.host_hit_rate <= 1
+    text = _render(m)
+    assert f'kvtier:prefix_cache_tier_hits_total{{tier="host"}} {m.host_hit_tokens:.1f}' in text
+    assert 'kvtier:host_tier_bytes_total{direction="load"}' in text
+
+
+def _render(m) -> str:
+    class One(Collector):
+        def collect(self):
+            yield from host_tier_families(m)
+    registry = CollectorRegistry()
+    registry.register(One())
+    return generate_latest(registry).decode()
 
 
 def test_flags_that_cannot_work_are_refused_with_the_option_named():

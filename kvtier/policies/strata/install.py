@@ -30,7 +30,7 @@ def attach_runner(runner: Any, options: HostTierOptions) -> HostTierCopies:
     pages = allocate_pages(options.tier.num_pages, runner.block_shape(), runner.dtype,
                            options.io, pin=runner.device.type == "cuda",
                            option=options.size_option)
-    copies = HostTierCopies(pages, options.io, runner.num_groups)
+    copies = HostTierCopies(pages, options.io, runner.num_groups, runner.device)
     runner.copies.tier = copies
     return copies
 

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from kvtier.kernels.host_page_backends import HostPageIO, PageIOConfig
 from kvtier.kernels.host_page_io import host_page_shape
 from kvtier.kv.host_tier import HostLoad, HostStore
+from kvtier.policies.strata.timing import CopyTimer
 
 
 class HostTierMemoryError(RuntimeError):
@@ -52,8 +54,10 @@ class TransferCounters:
 class HostTierCopies:
     """Implements `TierCopies` (kvtier/runner/swap_copies.py) for the host tier."""
 
-    def __init__(self, pages: torch.Tensor, io: PageIOConfig, num_groups: int):
+    def __init__(self, pages: torch.Tensor, io: PageIOConfig, num_groups: int,
+                 device: torch.device):
         self.pages, self.io, self.num_groups = pages, HostPageIO(io), num_groups
+        self.timer = CopyTimer(device)
         self.page_bytes = pages[0].numel() * pages.element_size() if len(pages) else 0
         self._stores: tuple[list[int], list[int]] = ([], [])  # (device blocks, pages)
         self._loads: list[tuple[list[int], list[int]]] = []  # per group: (pages, blocks)
@@ -72,6 +76,7 @@ class HostTierCopies:
                 self._loads[g][1].append(b)
 
     def has_work(self) -> bool:
+        self.timer.poll()  # once a step: the intervals that have ended since
         return bool(self._stores[0]) or bool(self._loads)
 
     def has_loads(self) -> bool:
@@ -81,11 +86,15 @@ class HostTierCopies:
         blocks, pages = self._stores
         if not blocks:
             return False
-        self.io.store(gpu, self.pages, blocks, pages)
+        self.timer.timed("store_s", lambda: self.io.store(gpu, self.pages, blocks, pages))
         self.counters.stored_pages += len(blocks)
         self.counters.store_calls += 1
         self._stores = ([], [])
         return True
+
+    def wait(self, streams: Any, event: Any) -> None:
+        """The forward's wait for a layer group's loads, timed as a stall."""
+        self.timer.timed_wait(lambda: streams.wait(event))
 
     def issue_loads(self, gpu: torch.Tensor, group: int) -> bool:
         if not self._loads:
@@ -95,7 +104,7 @@ class HostTierCopies:
             self._loads = []
         if not blocks:
             return False
-        self.io.load(self.pages, gpu, pages, blocks)
+        self.timer.timed("load_s", lambda: self.io.load(self.pages, gpu, pages, blocks))
         self.counters.loaded_pages += len(blocks)
         self.counters.load_calls += 1
         return True
