@@ -127,8 +127,15 @@ class CacheConfig:
     swap_space_gb: float = 4.0  # pinned host pool
     num_gpu_blocks: int | None = None  # explicit block counts (tests, simulator)
     num_host_blocks: int | None = None
+    # Automatic prefix caching of device blocks (kvtier/kv/prefix_cache.py); None: on unless
+    # the memory system cannot share blocks.
+    enable_prefix_caching: bool | None = None
+    prefix_caching_hash_algo: str = "sha256"
 
     def __post_init__(self) -> None:
+        if self.prefix_caching_hash_algo not in ("sha256", "builtin"):
+            raise ConfigError("prefix_caching_hash_algo must be sha256 or builtin, got "
+                              f"{self.prefix_caching_hash_algo!r}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
         if self.layers_per_block < 1:

@@ -47,6 +47,13 @@ class EngineArgsFields:
     num_host_blocks: int | None = field(
         default=None, metadata={"help": "override the host pool's block count"})
     kv_policy: str = field(default="recompute", metadata={"help": "KV-memory policy"})
+    enable_prefix_caching: bool | None = field(
+        default=None, metadata={"help": "reuse the KV of prompt prefixes that earlier requests "
+                                        "computed (default: on, unless the memory system "
+                                        "cannot share blocks)"})
+    prefix_caching_hash_algo: str = field(
+        default="sha256", metadata={"help": "sha256|builtin: the block hash of the prefix "
+                                            "cache (builtin: faster, for trusted prompts)"})
     attention_backend: str = field(default="auto", metadata={"help": "auto|torch|triton"})
     enforce_eager: bool = field(default=False, metadata={"help": "disable CUDA graphs"})
     max_graph_batch_size: int = field(
@@ -101,6 +108,8 @@ class EngineArgsFields:
             swap_space_gb=self.swap_space,
             num_gpu_blocks=self.num_gpu_blocks,
             num_host_blocks=self.num_host_blocks,
+            enable_prefix_caching=self.enable_prefix_caching,
+            prefix_caching_hash_algo=self.prefix_caching_hash_algo,
         )
         config = EngineConfig(
             model=self.model, model_config=model_config, cache=cache, scheduler=sched,

@@ -26,13 +26,15 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from kvtier.config import ConfigError, EngineConfig
 from kvtier.core.executor import Executor
 from kvtier.engine.args import EngineArgs
 from kvtier.engine.memory import PoolSizes
+from kvtier.kv.block_hash import HashAlgo
 from kvtier.kv.manager import KVCacheManager
+from kvtier.kv.prefix_cache import PrefixCacheConfig
 from kvtier.model.loader import resolve_model_config
 from kvtier.policies import get_system
 from kvtier.policies.base import HostPools
@@ -121,12 +123,38 @@ def assemble(args: EngineArgs, factory: ExecutorFactory) -> EngineParts:
     factory.allocate(executor, pools.num_gpu_blocks, host.num_host_blocks, reserved)
     ctx.num_gpu_blocks, ctx.decode_graphs = pools.num_gpu_blocks, factory.decode_graphs(executor)
     config = system.after_pools(config, ctx)
+    kv_options = system.kv_manager_options(config, host)
+    config, prefix_cache = prefix_cache_config(config, kv_options)
     kv = KVCacheManager(
         num_groups=config.cache.num_layer_groups(mc.num_layers),
         block_size=config.cache.block_size, num_gpu_blocks=pools.num_gpu_blocks,
-        num_host_blocks=host.num_host_blocks, **system.kv_manager_options(config, host))
+        num_host_blocks=host.num_host_blocks, prefix_cache=prefix_cache, **kv_options)
     log.info(factory.describe(config, pools, host))
     return EngineParts(config, executor, tokenizer, kv, pools.block_bytes, factory.clock)
+
+
+def prefix_cache_config(config: EngineConfig, kv_options: dict[str, Any]
+                        ) -> tuple[EngineConfig, PrefixCacheConfig | None]:
+    """The prefix cache the KV manager gets, and the config with the choice made: on by
+    default (as vLLM's V1), off by default for a memory system whose hidden states cannot
+    stand in for shared blocks; asked for explicitly with such a system, a ConfigError."""
+    cache = config.cache
+    store = kv_options.get("hidden_store")
+    shares = store is None or getattr(store, "shares_blocks", True)
+    enabled = cache.enable_prefix_caching
+    if enabled is None:
+        enabled = shares
+        if not shares:
+            log.info("prefix caching is off: kv policy %s cannot share KV blocks",
+                     config.kv_policy)
+    elif enabled and not shares:
+        raise ConfigError(f"--enable-prefix-caching does not work with --kv-policy "
+                          f"{config.kv_policy}: the tokens of a cache hit have no hidden "
+                          "states to restore their KV from (use --no-enable-prefix-caching)")
+    config = config.with_(cache=replace(cache, enable_prefix_caching=enabled))
+    if not enabled:
+        return config, None
+    return config, PrefixCacheConfig(hash_algo=cast(HashAlgo, cache.prefix_caching_hash_algo))
 
 
 def check_config(config: EngineConfig) -> None:

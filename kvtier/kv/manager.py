@@ -381,9 +381,11 @@ class KVCacheManager:
         return allocated, filled
 
     def all_free(self) -> bool:
+        """No request holds memory: every device block is free or held by a cache alone
+        (evictable, i.e. free on demand); the host and hidden-state pools are empty."""
         hidden_used = self.hidden.pool.num_used if self.hidden is not None else 0
-        return (not self.tables and self.gpu.num_used == 0 and self.host.num_used == 0
-                and hidden_used == 0)
+        return (not self.tables and self.gpu.num_used == self._num_evictable()
+                and self.host.num_used == 0 and hidden_used == 0)
 
 
 def _movable(table: MapTable, placement: Placement) -> list[tuple[int, int, int]]:

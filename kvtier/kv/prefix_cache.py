@@ -345,7 +345,7 @@ class PrefixCache(KVCacheHooks):
                     assert j < state.num_registered and block_hash[b] == state.hashes[j], (
                         f"{rid}: token block {j} holds another prefix's cached block")
         for rid, table in kv.tables.items():
-            if rid not in self._live:  # (device entries only: a swapped one's are host ids)
+            if rid not in self._live:  # host block ids are another pool's numbers
                 on_gpu = {b for b, p in zip(table.block_ids[0], table.placements[0])
                           if p is Placement.GPU}
                 assert not block_hash.keys() & on_gpu, (

@@ -13,7 +13,6 @@ import pytest
 from kvtier import SamplingParams
 from kvtier.engine.args import EngineArgs
 from kvtier.engine.llm_engine import LLMEngine
-from kvtier.kv.prefix_cache import PrefixCache, PrefixCacheConfig
 
 
 def _engine(cache: bool, **kw) -> LLMEngine:
@@ -21,11 +20,8 @@ def _engine(cache: bool, **kw) -> LLMEngine:
                 block_size=4, layers_per_block=1, num_gpu_blocks=120, num_host_blocks=0,
                 max_num_seqs=6, max_num_batched_tokens=48, kv_policy="recompute")
     opts.update(kw)
-    eng = LLMEngine.from_engine_args(EngineArgs(**opts))
-    if cache:  # the engine option is wired by the lead; the manager's hook is what counts
-        kv = eng.kv_manager
-        kv.prefix_cache = PrefixCache(kv.block_size, kv.num_groups, PrefixCacheConfig())
-        kv.add_hooks(kv.prefix_cache)
+    eng = LLMEngine.from_engine_args(EngineArgs(enable_prefix_caching=cache, **opts))
+    assert (eng.kv_manager.prefix_cache is not None) == cache
     return eng
 
 
