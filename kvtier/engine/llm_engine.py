@@ -24,6 +24,7 @@ from kvtier.engine.detokenizer import IncrementalDetokenizer
 from kvtier.engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from kvtier.kv.manager import KVCacheManager
 from kvtier.policies import get_policy
+from kvtier.policies.strata.install import enable_host_tier
 from kvtier.policies.strata.metrics import host_tier_metrics
 from kvtier.sampling_params import InvalidRequestError, SamplingParams
 from kvtier.scheduler.scheduler import Scheduler
@@ -104,6 +105,8 @@ class LLMEngine:
         from kvtier.engine.runner_factory import RunnerFactory
 
         engine = cls.from_parts(assemble(args, RunnerFactory(args.device, args.dtype)))
+        if args.host_tier.enabled:
+            enable_host_tier(engine, args.host_tier)
         freeze_startup_objects()
         return engine
 

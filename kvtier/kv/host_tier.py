@@ -18,12 +18,16 @@ Under write_through a block evicted before its copy (or whose copy the host tier
 is copied at eviction the same way, so the host tier holds what the device tier lost.
 
 Ordering (why the plan's block ids are safe): the runner issues, on one copy stream in
-this order, the plan's swap-outs, its host stores, then per layer group its host loads and
-swap-ins (kvtier/runner/swap_copies.py), and the forward waits per group. So a store reads a
-device block before any reuse of it in the plan writes it, and host pages written and read
-by different plans are ordered by the stream. Within a plan, pages a load reads are pinned
-(never evicted for a store of the same plan: the store would land first), and a page
-evicted after a store into it in the same plan takes that store back.
+this order, the plan's swap-outs, its urgent stores (`HostStore`: blocks the device tier
+evicts in this plan), then per layer group its host loads and swap-ins, one event per
+group the forward waits for, and last the backups (`HostBackup`: write-through copies of
+blocks that stay cached, which the forward need not wait for; the next step's copies join
+them first) (kvtier/runner/swap_copies.py). So a store reads a device block before any
+reuse of it in the plan writes it, and host pages written and read by different plans are
+ordered by the stream. Within a plan: pages a load reads are pinned (never evicted for a
+store of the same plan: the store would land first); a page evicted after a store into it
+takes that store back; a backup's block evicted later in the plan becomes urgent; and a
+load stops before a block whose backup is still to be written.
 
         host LRU (oldest first)      pinned this plan      stores/loads this plan
         index: hash -> pages   --load-->  (skipped by eviction)  --take_items--> plan
@@ -83,6 +87,20 @@ class HostStore(PlanItem):
 
 
 @dataclass(frozen=True, slots=True)
+class HostBackup(PlanItem):
+    """Copy device blocks that stay cached into host pages (D2H), behind the step's loads:
+    nothing in the step writes those blocks, so the forward does not wait for it."""
+
+    kind: ClassVar[str] = "host_backup"
+    gpu_blocks: tuple[int, ...]
+    host_pages: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.gpu_blocks)
+
+
+@dataclass(frozen=True, slots=True)
 class HostLoad(PlanItem):
     """Load a request's host hit (H2D) into its new device blocks, before the layers of
     each block's group read it: gpu_blocks[i] = host_pages[i], of layer group groups[i]."""
@@ -121,7 +139,10 @@ class HostTier(PrefixTier):
         self.device_hits: dict[BlockHash, int] = {}  # write_through_selective's counts
         self._fresh: dict[BlockHash, Blocks] = {}  # registered this plan: copied next plan
         self._ready: dict[BlockHash, Blocks] = {}  # registered last plan: copied this plan
-        self._stores: dict[BlockHash, tuple[Blocks, Blocks]] = {}  # (device, pages)
+        # This plan's copies: (device blocks, pages); urgent ones (of blocks the device tier
+        # evicts in this plan) go before any reuse, the others behind the loads.
+        self._stores: dict[BlockHash, tuple[Blocks, Blocks]] = {}
+        self._urgent: set[BlockHash] = set()
         self._loads: dict[str, tuple[int, HostLoad]] = {}  # rid -> (first token block, load)
         self.stats = HostTierStats()
 
@@ -154,21 +175,25 @@ class HostTier(PrefixTier):
 
     def on_evict(self, h: BlockHash, ids: Blocks, kv: KVCacheManager) -> None:
         self.device_hits.pop(h, None)
+        if h in self._stores:  # its blocks may be reused in this plan: copy them first
+            self._urgent.add(h)
         waiting = self._fresh.pop(h, None) or self._ready.pop(h, None)
         if h in self.index:
             self.index.move_to_end(h)  # its only copy now: the last to go
         elif (waiting is not None
               or self.config.write_policy is not WritePolicy.WRITE_THROUGH_SELECTIVE):
-            self._store(h, ids)  # write_through keeps every evicted block too
+            self._store(h, ids, urgent=True)  # write_through keeps every evicted block too
 
     # ---- stores ------------------------------------------------------------------------
-    def _store(self, h: BlockHash, ids: Blocks) -> None:
+    def _store(self, h: BlockHash, ids: Blocks, urgent: bool = False) -> None:
         pages = self._allocate(len(ids))
         if pages is None:
             self.stats.skipped_stores += 1
             return
         self.index[h] = pages
         self._stores[h] = (ids, pages)
+        if urgent:
+            self._urgent.add(h)
 
     def _allocate(self, n: int) -> Blocks | None:
         """`n` free pages, evicting the least recently used unpinned blocks; None when even
@@ -190,15 +215,17 @@ class HostTier(PrefixTier):
     def _evict(self, h: BlockHash) -> None:
         pages = self.index.pop(h)
         self._stores.pop(h, None)  # stored this plan: the page's next writer takes it
+        self._urgent.discard(h)
         self.pool.free(list(pages))
         self.stats.evicted_blocks += 1
 
     # ---- loads -------------------------------------------------------------------------
     def extend(self, req: Request, first: int, hashes: Sequence[BlockHash],
                kv: KVCacheManager) -> list[Blocks]:
-        index = self.index
+        index, stores, urgent = self.index, self._stores, self._urgent
         n = 0
-        while n < len(hashes) and hashes[n] in index:
+        while n < len(hashes) and hashes[n] in index and (
+                hashes[n] not in stores or hashes[n] in urgent):  # a backup lands last
             n += 1
         if not n:
             return []
@@ -243,20 +270,22 @@ class HostTier(PrefixTier):
 
     # ---- the plan ----------------------------------------------------------------------
     def take_items(self, kv: KVCacheManager) -> list[PlanItem]:
-        """This plan's copies: stores first (the runner issues them before any load), then
-        one load per admission that loads. Write-through copies of the blocks the previous
-        plan registered join this plan's stores."""
+        """This plan's copies: the urgent stores (the runner issues them before any load),
+        the backups of blocks that stay cached (behind the loads), one load per admission
+        that loads. Write-through copies of the blocks the previous plan registered join
+        the backups."""
         for h, ids in self._ready.items():
             if h not in self.index:
                 self._store(h, ids)
         self._ready, self._fresh = self._fresh, {}
         items: list[PlanItem] = []
-        if self._stores:
-            pairs = list(self._stores.values())
-            items.append(HostStore(tuple(b for ids, _ in pairs for b in ids),
-                                   tuple(p for _, pages in pairs for p in pages)))
-            self.stats.stored_pages += items[0].count
-            self._stores = {}
+        for urgent, cls in ((True, HostStore), (False, HostBackup)):
+            pairs = [v for h, v in self._stores.items() if (h in self._urgent) is urgent]
+            if pairs:
+                items.append(cls(tuple(b for ids, _ in pairs for b in ids),
+                                 tuple(p for _, pages in pairs for p in pages)))
+                self.stats.stored_pages += items[-1].count
+        self._stores, self._urgent = {}, set()
         for _, load in self._loads.values():
             items.append(load)
             self.stats.loaded_pages += load.count
@@ -271,7 +300,7 @@ class HostTier(PrefixTier):
         self.index.clear()
         self.pinned.clear()
         self.device_hits.clear()
-        self._fresh, self._ready, self._stores = {}, {}, {}
+        self._fresh, self._ready, self._stores, self._urgent = {}, {}, {}, set()
 
     def check_integrity(self, kv: KVCacheManager) -> None:
         """Pages against the pool's counts, the plan's pending copies against the index and
@@ -280,6 +309,7 @@ class HostTier(PrefixTier):
         assert all(len(pages) == self.num_groups for pages in self.index.values())
         self.pool.check_integrity(owned)
         assert self.pinned <= self.index.keys(), "a pinned block left the host tier"
+        assert self._urgent <= self._stores.keys()
         for h, (_, pages) in self._stores.items():
             assert self.index.get(h) == pages, "a pending store's pages are not its block's"
         device = kv.prefix_cache.index if kv.prefix_cache is not None else {}

@@ -76,8 +76,9 @@ class TierCopies(Protocol):
 
     def has_loads(self) -> bool: ...
 
-    def issue_stores(self, gpu: torch.Tensor) -> bool:
-        """Issue the step's stores on the current stream; whether there were any."""
+    def issue_stores(self, gpu: torch.Tensor, backups: bool = False) -> bool:
+        """Issue the step's stores on the current stream, or (`backups`) its copies of
+        blocks nothing in the step writes (last, waited for by no event); whether any."""
 
     def issue_loads(self, gpu: torch.Tensor, group: int) -> bool:
         """Issue layer group `group`'s loads on the current stream; whether any."""
@@ -231,6 +232,8 @@ class SwapCopies:
                     self.events.append(s.record())
                     current = len(self.events) - 1
                 self.ready[g] = current
+            if tier is not None:  # the next issue's join orders them before any reuse
+                tier.issue_stores(gpu, backups=True)
         self.unjoined = True
 
     def join_previous(self) -> None:

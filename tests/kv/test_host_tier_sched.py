@@ -14,7 +14,7 @@ from kvtier.config import SchedulerConfig
 from kvtier.core.plan import StepPlan, StepResult, items_of
 from kvtier.core.request import Request, RequestStatus
 from kvtier.kernels.host_page_backends import PageIOConfig
-from kvtier.kv.host_tier import HostLoad, HostStore, HostTierConfig, WritePolicy
+from kvtier.kv.host_tier import HostBackup, HostLoad, HostStore, HostTierConfig, WritePolicy
 from kvtier.kv.manager import KVCacheManager, cdiv
 from kvtier.kv.prefix_cache import PrefixCacheConfig
 from kvtier.policies import get_policy
@@ -57,6 +57,16 @@ class ContentExecutor:
                 self.loaded += 1
         for c in plan.swap_in:
             self.device[c.dst] = self.swap[c.src]
+        backups = [(b, p, self.device[b]) for s in items_of(plan, HostBackup)
+                   for b, p in zip(s.gpu_blocks, s.host_pages)]
+        sampled = self._compute(plan)
+        for b, p, tag in backups:  # they run beside the step: nothing in it may write them
+            assert self.device[b] == tag and len(tag[1]) % B == 0, "a backup's block changed"
+            self.pages[p] = tag
+            self.stored += 1
+        return StepResult(sampled=sampled)
+
+    def _compute(self, plan: StepPlan) -> dict[str, int]:
         sampled = {}
         for sr in plan.scheduled:
             row = self.tables.apply(sr)
@@ -73,7 +83,7 @@ class ContentExecutor:
                     self.device[block] = (g, tuple(tokens[: min((j + 1) * B, sr.seq_len)]))
             if sr.sample:
                 sampled[sr.request_id] = 10 + (sum(tokens) * 31 + len(tokens)) % 900
-        return StepResult(sampled=sampled)
+        return sampled
 
 
 def make(policy: WritePolicy, gpu_blocks=24, host_pages=64, num_groups=2, budget=32,

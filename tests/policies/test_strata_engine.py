@@ -16,7 +16,6 @@ from kvtier import SamplingParams
 from kvtier.config import ConfigError
 from kvtier.engine.args import EngineArgs
 from kvtier.engine.llm_engine import LLMEngine
-from kvtier.kv.prefix_cache import PrefixCache, PrefixCacheConfig
 from kvtier.policies.strata.args import HostTierArgs
 from kvtier.policies.strata.install import enable_host_tier
 from kvtier.policies.strata.metrics import host_tier_families
@@ -28,12 +27,7 @@ def _engine(cache: bool, **kw) -> LLMEngine:
                 block_size=4, layers_per_block=2, num_gpu_blocks=48, num_host_blocks=0,
                 max_num_seqs=4, max_num_batched_tokens=48, kv_policy="recompute")
     opts.update(kw)
-    eng = LLMEngine.from_engine_args(EngineArgs(**opts))
-    if cache:  # the engine option is wired by the lead; the manager's hook is what counts
-        kv = eng.kv_manager
-        kv.prefix_cache = PrefixCache(kv.block_size, kv.num_groups, PrefixCacheConfig())
-        kv.add_hooks(kv.prefix_cache)
-    return eng
+    return LLMEngine.from_engine_args(EngineArgs(enable_prefix_caching=cache, **opts))
 
 
 def _prompts(seed: int = 0, n: int = 16) -> list[list[int]]:

@@ -5,8 +5,9 @@ wiring onto an engine (install.py). Not a memory system: it works beside any of 
 docs/HOST_TIER.md."""
 
 from kvtier.core.items import register_item
-from kvtier.kv.host_tier import HostLoad, HostStore
+from kvtier.kv.host_tier import HostBackup, HostLoad, HostStore
 from kvtier.policies.strata.items import (
+    price_host_backups,
     price_host_loads,
     price_host_stores,
     run_host_loads,
@@ -14,4 +15,5 @@ from kvtier.policies.strata.items import (
 )
 
 register_item(HostStore, run=run_host_stores, price=price_host_stores)
+register_item(HostBackup, run=run_host_stores, price=price_host_backups)
 register_item(HostLoad, run=run_host_loads, price=price_host_loads)

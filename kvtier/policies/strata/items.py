@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvtier.costmodel.hardware import CopyMechanism
-from kvtier.kv.host_tier import HostLoad, HostStore
+from kvtier.kv.host_tier import HostBackup, HostLoad, HostStore
 
 
 def _tier(runner: Any):
@@ -17,7 +17,7 @@ def _tier(runner: Any):
     return tier
 
 
-def run_host_stores(runner: Any, items: list[HostStore]) -> None:
+def run_host_stores(runner: Any, items: list[HostStore] | list[HostBackup]) -> None:
     _tier(runner).stage(items, ())
 
 
@@ -35,6 +35,13 @@ def _price(cost_model: Any, count: int, to_device: bool) -> float:
 
 def price_host_stores(cost_model: Any, count: int) -> float:
     return _price(cost_model, count, to_device=False)
+
+
+def price_host_backups(cost_model: Any, count: int) -> float:
+    """None of the step's time: the runner issues backups after the step's loads, and the
+    forward waits for no event of theirs (D2H runs beside H2D on a full-duplex link); the
+    next step's copies wait for them, which the cost model does not price."""
+    return 0.0
 
 
 def price_host_loads(cost_model: Any, count: int) -> float:

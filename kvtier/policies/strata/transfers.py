@@ -21,7 +21,7 @@ import torch
 
 from kvtier.kernels.host_page_backends import HostPageIO, PageIOConfig
 from kvtier.kernels.host_page_io import host_page_shape
-from kvtier.kv.host_tier import HostLoad, HostStore
+from kvtier.kv.host_tier import HostBackup, HostLoad, HostStore
 from kvtier.policies.strata.timing import CopyTimer
 
 
@@ -60,14 +60,17 @@ class HostTierCopies:
         self.timer = CopyTimer(device)
         self.page_bytes = pages[0].numel() * pages.element_size() if len(pages) else 0
         self._stores: tuple[list[int], list[int]] = ([], [])  # (device blocks, pages)
+        self._backups: tuple[list[int], list[int]] = ([], [])
         self._loads: list[tuple[list[int], list[int]]] = []  # per group: (pages, blocks)
         self.counters = TransferCounters()
 
-    def stage(self, stores: Sequence[HostStore], loads: Sequence[HostLoad]) -> None:
+    def stage(self, stores: Sequence[HostStore | HostBackup],
+              loads: Sequence[HostLoad]) -> None:
         """The step's copies, from its plan items (the items' run hooks)."""
         for s in stores:
-            self._stores[0].extend(s.gpu_blocks)
-            self._stores[1].extend(s.host_pages)
+            to = self._stores if isinstance(s, HostStore) else self._backups
+            to[0].extend(s.gpu_blocks)
+            to[1].extend(s.host_pages)
         if loads and not self._loads:
             self._loads = [([], []) for _ in range(self.num_groups)]
         for ld in loads:
@@ -77,19 +80,23 @@ class HostTierCopies:
 
     def has_work(self) -> bool:
         self.timer.poll()  # once a step: the intervals that have ended since
-        return bool(self._stores[0]) or bool(self._loads)
+        return bool(self._stores[0]) or bool(self._loads) or bool(self._backups[0])
 
     def has_loads(self) -> bool:
         return bool(self._loads)
 
-    def issue_stores(self, gpu: torch.Tensor) -> bool:
-        blocks, pages = self._stores
+    def issue_stores(self, gpu: torch.Tensor, backups: bool = False) -> bool:
+        """The urgent stores, or (`backups`) the backups."""
+        blocks, pages = self._backups if backups else self._stores
         if not blocks:
             return False
         self.timer.timed("store_s", lambda: self.io.store(gpu, self.pages, blocks, pages))
         self.counters.stored_pages += len(blocks)
         self.counters.store_calls += 1
-        self._stores = ([], [])
+        if backups:
+            self._backups = ([], [])
+        else:
+            self._stores = ([], [])
         return True
 
     def wait(self, streams: Any, event: Any) -> None:
