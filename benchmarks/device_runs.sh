@@ -54,6 +54,13 @@ bench_13b() {  # NAME TIMEOUT PROMPTS DURATION POLICIES [flags...]: 13B policies
   tar -C "$OUT/serving" -czf "$dir.tar.gz" "$name" && rm -rf "$dir"  # few files come back
 }
 
+strata() {  # WORKLOAD NAME [flags...]: bench_strata's four variants, llama-3.1-8b, one call
+  local w=$1 f; f=$(out policies "$2"); shift 2
+  timeout 580 python3 -m benchmarks.policies.bench_strata --model llama-3.1-8b \
+    --load-format dummy --workload "$w" --kv-cache-gb 6 --host-gib 64 --max-model-len 32768 \
+    --max-duration 60 --slo-ttft 2000 --no-progress "$@" --out "$f" 2>&1 | tail -6
+}
+
 offline() {  # NAME [flags...]: offline ShareGPT throughput, llama-3.1-8b
   local f; f=$(out offline "$1"); shift
   timeout 140 python3 -m benchmarks.offline.bench_offline_throughput --workload $W8 "$@" \
@@ -193,6 +200,12 @@ part() {
       | tail -12 ;;
   real-model)  # SmolLM2-135M-Instruct: the GPU teacher-forcing test and the bf16 benchmark rows (the GGUF's 5 parts carried over warm calls first)
     OUT="$(dirname "$(out offline x)")" bash benchmarks/h200_real_model.sh ;;
+  strata-leval)  # the host tier on L-Eval paper-assistant, 6 GiB GPU pool, 64 GiB host: GPU tier only, direct, kernel, kernel + cache-aware admission
+    strata leval strata_leval_h200.json --dataset-path .carry/leval_paper_assistant.jsonl \
+      --num-prompts 69 --arrivals poisson --rate 1 ;;
+  strata-multiturn)  # the same four variants on multi-turn ShareGPT ($STRATA_MULTITURN: the workload's kvtier bench name)
+    strata "${STRATA_MULTITURN:-sharegpt-multiturn}" strata_multiturn_h200.json \
+      --num-prompts 400 --arrivals poisson --rate 4 ;;
   policies-13b-long-swap-hcache)  # swap and HCache over the same window
     bench_13b bench_13b_long_swap_hcache_h200 560 3000 150 swap,hcache ;;
   policies-13b-long-ridge)  # eLLM dropping (ridge budget, offloaded groups, overlap)
