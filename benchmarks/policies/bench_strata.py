@@ -5,7 +5,8 @@ host tier's counters, for each variant, one engine after another on the same req
   a  gpu        the device prefix cache only (evicted prefixes are recomputed)
   b  direct     + host tier, io-backend direct (copy engine, one copy per run of blocks)
   c  kernel     + host tier, io-backend kernel (Triton, through the pages' UVA address)
-  d  kernel+cas (c) + cache-aware admission (delayed hits, --hicache-loading-bound)
+  d  kernel+cas (c) + cache-aware admission (delayed hits, --hicache-loading-bound,
+                bubble filling by prefetch)
 Ratios are to (a). Every `kvtier bench` option works (workload, arrivals, engine flags), so
 the workload is named like `kvtier bench --workload` names it.
 
@@ -53,6 +54,7 @@ def variant_args(name: str, base: HostTierArgs, host_gib: float) -> HostTierArgs
     on = replace(base, kv_offloading_size=host_gib, hicache_ratio=None,
                  hicache_io_backend="direct" if name == "b" else "kernel",
                  hicache_mem_layout=None, hicache_delayed_hits=name == "d",
+                 hicache_prefetch=name == "d",
                  hicache_loading_bound=base.hicache_loading_bound if name == "d" else 0.0)
     return on
 

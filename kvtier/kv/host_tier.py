@@ -101,6 +101,20 @@ class HostBackup(PlanItem):
 
 
 @dataclass(frozen=True, slots=True)
+class HostPrefetch(PlanItem):
+    """Load host blocks into device blocks of the device tier's own (for a request that
+    waits a step), behind the step's loads: no layer of the step waits for it."""
+
+    kind: ClassVar[str] = "host_prefetch"
+    host_pages: tuple[int, ...]
+    gpu_blocks: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.gpu_blocks)
+
+
+@dataclass(frozen=True, slots=True)
 class HostLoad(PlanItem):
     """Load a request's host hit (H2D) into its new device blocks, before the layers of
     each block's group read it: gpu_blocks[i] = host_pages[i], of layer group groups[i]."""
@@ -128,6 +142,7 @@ class HostTierStats:
     evicted_blocks: int = 0  # dropped from the host tier for room
     skipped_stores: int = 0  # no page could be freed (every one pinned, or no pages)
     short_hits_computed: int = 0  # host hits under min_load_blocks, computed instead
+    prefetched_blocks: int = 0  # loaded in the background for a request that waits
 
 
 class HostTier(PrefixTier):
@@ -144,6 +159,9 @@ class HostTier(PrefixTier):
         self._stores: dict[BlockHash, tuple[Blocks, Blocks]] = {}
         self._urgent: set[BlockHash] = set()
         self._loads: dict[str, tuple[int, HostLoad]] = {}  # rid -> (first token block, load)
+        # Prefetched this plan: indexed by the device tier once the plan is complete (a hit
+        # in this plan would read them before they land).
+        self._prefetched: list[tuple[BlockHash, Blocks, Blocks]] = []  # (hash, device, pages)
         self.stats = HostTierStats()
 
     @property
@@ -222,10 +240,9 @@ class HostTier(PrefixTier):
     # ---- loads -------------------------------------------------------------------------
     def extend(self, req: Request, first: int, hashes: Sequence[BlockHash],
                kv: KVCacheManager) -> list[Blocks]:
-        index, stores, urgent = self.index, self._stores, self._urgent
+        index = self.index
         n = 0
-        while n < len(hashes) and hashes[n] in index and (
-                hashes[n] not in stores or hashes[n] in urgent):  # a backup lands last
+        while n < len(hashes) and self._loadable(hashes[n]):
             n += 1
         if not n:
             return []
@@ -251,6 +268,32 @@ class HostTier(PrefixTier):
         self.stats.hit_blocks += n
         self.stats.loads += 1
         return blocks
+
+    def prefetch(self, hashes: Sequence[BlockHash], kv: KVCacheManager) -> int:
+        """Load the leading run of `hashes` this tier holds into new device blocks, in the
+        background of this plan's step, for a request that waits a step (bubble filling:
+        the step's forward does not wait for these copies). Returns the token blocks."""
+        n = 0
+        while n < len(hashes) and self._loadable(hashes[n]):
+            n += 1
+        need = n * self.num_groups
+        if not n or kv.gpu.num_free + self._device_evictable(kv) < need:
+            return 0
+        hit = hashes[:n]
+        self.pinned.update(hit)
+        if kv.gpu.num_free < need:
+            kv.evict(need - kv.gpu.num_free)
+        ids = kv.gpu.allocate(need)  # the tier's reference until the device tier adopts them
+        g = self.num_groups
+        for j, h in enumerate(hit):
+            self.index.move_to_end(h)
+            self._prefetched.append((h, tuple(ids[j * g:(j + 1) * g]), self.index[h]))
+        self.stats.prefetched_blocks += n
+        return n
+
+    def _loadable(self, h: BlockHash) -> bool:
+        """In this tier and not waiting for its backup (which lands after the loads)."""
+        return h in self.index and (h not in self._stores or h in self._urgent)
 
     @staticmethod
     def _device_evictable(kv: KVCacheManager) -> int:
@@ -290,12 +333,29 @@ class HostTier(PrefixTier):
             items.append(load)
             self.stats.loaded_pages += load.count
         self._loads = {}
+        if self._prefetched:
+            items.append(self._adopt_prefetched(kv))
         self.pinned.clear()
         return items
 
+    def _adopt_prefetched(self, kv: KVCacheManager) -> HostPrefetch:
+        """The device tier indexes this plan's prefetched blocks (a block it got meanwhile
+        from a computing request is freed again: the next step joins the copy first)."""
+        pc = kv.prefix_cache
+        assert pc is not None
+        pages, blocks = [], []
+        for h, ids, pp in self._prefetched:
+            pages += pp
+            blocks += ids
+            if not pc.adopt(h, ids):
+                kv.gpu.free(list(ids))
+        self._prefetched = []
+        self.stats.loaded_pages += len(blocks)
+        return HostPrefetch(tuple(pages), tuple(blocks))
+
     def reset(self, kv: KVCacheManager) -> None:
         """Drop every host copy (the device tier's reset; no request holds blocks)."""
-        assert not self._loads, "a reset while an admission's load is being planned"
+        assert not self._loads and not self._prefetched, "a reset while a plan is made"
         self.pool.free([p for pages in self.index.values() for p in pages])
         self.index.clear()
         self.pinned.clear()

@@ -295,6 +295,15 @@ class PrefixCache(KVCacheHooks):
             self.stats.evicted_blocks += 1
         return freed
 
+    def adopt(self, h: BlockHash, ids: CachedBlock) -> bool:
+        """Index device blocks a lower tier filled (a prefetch), taking over its reference
+        to each, as the most recently used evictable blocks; False (nothing taken) when the
+        hash is cached already."""
+        if h in self.index:
+            return False
+        self.index[h] = self.evictable[h] = ids
+        return True
+
     def owned_device_blocks(self) -> Iterable[int]:
         return [b for ids in self.index.values() for b in ids]
 

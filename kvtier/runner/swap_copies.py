@@ -76,12 +76,15 @@ class TierCopies(Protocol):
 
     def has_loads(self) -> bool: ...
 
-    def issue_stores(self, gpu: torch.Tensor, backups: bool = False) -> bool:
-        """Issue the step's stores on the current stream, or (`backups`) its copies of
-        blocks nothing in the step writes (last, waited for by no event); whether any."""
+    def issue_stores(self, gpu: torch.Tensor) -> bool:
+        """Issue the step's stores on the current stream; whether there were any."""
 
     def issue_loads(self, gpu: torch.Tensor, group: int) -> bool:
         """Issue layer group `group`'s loads on the current stream; whether any."""
+
+    def issue_background(self, gpu: torch.Tensor) -> None:
+        """Issue the copies no layer of the step waits for (last: blocks the step's
+        forward neither reads nor writes), on the current stream."""
 
     def wait(self, streams: Streams, event: Any) -> None:
         """`streams.wait(event)` for a step with its loads (the tier times the stall)."""
@@ -233,7 +236,7 @@ class SwapCopies:
                     current = len(self.events) - 1
                 self.ready[g] = current
             if tier is not None:  # the next issue's join orders them before any reuse
-                tier.issue_stores(gpu, backups=True)
+                tier.issue_background(gpu)
         self.unjoined = True
 
     def join_previous(self) -> None:

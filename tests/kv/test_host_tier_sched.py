@@ -14,7 +14,14 @@ from kvtier.config import SchedulerConfig
 from kvtier.core.plan import StepPlan, StepResult, items_of
 from kvtier.core.request import Request, RequestStatus
 from kvtier.kernels.host_page_backends import PageIOConfig
-from kvtier.kv.host_tier import HostBackup, HostLoad, HostStore, HostTierConfig, WritePolicy
+from kvtier.kv.host_tier import (
+    HostBackup,
+    HostLoad,
+    HostPrefetch,
+    HostStore,
+    HostTierConfig,
+    WritePolicy,
+)
 from kvtier.kv.manager import KVCacheManager, cdiv
 from kvtier.kv.prefix_cache import PrefixCacheConfig
 from kvtier.policies import get_policy
@@ -59,15 +66,21 @@ class ContentExecutor:
             self.device[c.dst] = self.swap[c.src]
         backups = [(b, p, self.device[b]) for s in items_of(plan, HostBackup)
                    for b, p in zip(s.gpu_blocks, s.host_pages)]
+        self.written: set[int] = set()
         sampled = self._compute(plan)
         for b, p, tag in backups:  # they run beside the step: nothing in it may write them
             assert self.device[b] == tag and len(tag[1]) % B == 0, "a backup's block changed"
             self.pages[p] = tag
             self.stored += 1
+        for pf in items_of(plan, HostPrefetch):  # beside the step too: nothing reads them
+            for p, b in zip(pf.host_pages, pf.gpu_blocks):
+                assert b not in self.read and b not in self.written, "a prefetch raced"
+                self.device[b] = self.pages[p]
+                self.loaded += 1
         return StepResult(sampled=sampled)
 
     def _compute(self, plan: StepPlan) -> dict[str, int]:
-        sampled = {}
+        sampled, self.read = {}, set()
         for sr in plan.scheduled:
             row = self.tables.apply(sr)
             req = self.seen[sr.request_id]
@@ -80,7 +93,9 @@ class ContentExecutor:
                         tag = self.device.get(block)
                         assert tag is not None and tag[0] == g and \
                             tag[1][: len(want)] == want, (sr.request_id, g, j, tag, want)
+                        self.read.add(block)
                     self.device[block] = (g, tuple(tokens[: min((j + 1) * B, sr.seq_len)]))
+                    self.written.add(block)
             if sr.sample:
                 sampled[sr.request_id] = 10 + (sum(tokens) * 31 + len(tokens)) % 900
         return sampled
@@ -88,17 +103,18 @@ class ContentExecutor:
 
 def make(policy: WritePolicy, gpu_blocks=24, host_pages=64, num_groups=2, budget=32,
          max_len=64, gate: bool = False, loading_bound: float = 0.0, kv_policy="recompute",
+         prefetch: bool = False,
          **sched_kw):
     kv = KVCacheManager(num_groups, B, gpu_blocks, 32, watermark=0.0,
                         prefix_cache=PrefixCacheConfig())
     opts = HostTierOptions(HostTierConfig(host_pages, policy), PageIOConfig(), loading_bound,
-                           True, "--kv-offloading-size")
+                           True, prefetch, "--kv-offloading-size")
     tier = attach_index(kv, opts)
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=8,
                                       max_model_len=max_len, **sched_kw), kv,
                       get_policy(kv_policy))
     if gate:
-        sched.admission_gate = CacheAwareAdmission(kv, tier, loading_bound, True)
+        sched.admission_gate = CacheAwareAdmission(kv, tier, loading_bound, True, prefetch)
     return sched, tier, ContentExecutor(sched, num_groups, max_len)
 
 
@@ -265,3 +281,31 @@ def test_swap_preemption_under_the_host_tier_stays_exact():
     arrivals = docs_workload(seed=3, n=30)
     assert run(sched, ex, arrivals) == base
     assert tier.stats.hit_blocks > 0
+
+
+def test_bubble_filling_prefetches_a_waiting_requests_hit_beside_the_running_decodes():
+    """A host hit while another request decodes: the step loads it in the background (no
+    HostLoad for the forward to wait on), the request is admitted the step after and hits
+    its prefix on the device; outputs as without the host tier."""
+    doc = list(range(100, 124))
+    def arrivals():
+        return {0: [req("a", doc, max_tokens=1)],  # then two fillers push it to the host
+                4: [req("x", list(range(300, 328)), max_tokens=1)],
+                8: [req("y", list(range(400, 428)), max_tokens=1)],
+                12: [req("long", list(range(600, 606)), max_tokens=10)],
+                14: [req("b", doc + [7, 8], max_tokens=3)]}
+    base_sched, _, base_ex = make(WritePolicy.WRITE_THROUGH, gpu_blocks=24, host_pages=0)
+    base = run(base_sched, base_ex, arrivals())
+    sched, tier, ex = make(WritePolicy.WRITE_THROUGH, gpu_blocks=24, gate=True, prefetch=True)
+    kinds = []
+    orig = ex.execute
+
+    def logging(plan):
+        kinds.append(sorted({type(i).__name__ for i in plan.items}))
+        return orig(plan)
+    ex.execute = logging
+    assert run(sched, ex, arrivals()) == base
+    assert sched.admission_gate.stats.prefetches == 1
+    assert tier.stats.prefetched_blocks == 6 and tier.stats.hit_blocks == 0  # all of doc
+    assert not any("HostLoad" in k for k in kinds)
+    assert sched.kv.prefix_cache.stats.hits >= 6 * B  # b found its prefix on the device

@@ -114,3 +114,31 @@ def test_a_pool_that_cannot_be_allocated_names_the_option_to_lower():
     with pytest.raises(HostTierMemoryError, match="lower --kv-offloading-size"):
         enable_host_tier(eng, HostTierArgs(kv_offloading_size=2.0**20))  # a PiB
     assert eng.kv_manager.prefix_cache.lower is None
+
+
+def test_concurrent_requests_with_cache_aware_admission_and_prefetch_stay_exact():
+    """Requests arrive while others run: delayed hits, prefetches in a step's background
+    and ordinary loads all happen, through the real runner's copy path."""
+    prompts = _prompts(seed=1, n=24)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+    def serve(eng):
+        finals, pending = {}, list(enumerate(prompts))
+        while pending or eng.has_unfinished_requests():
+            for _ in range(2):
+                if pending:
+                    i, p = pending.pop(0)
+                    eng.add_request(str(i), p, params)
+            for out in eng.step():
+                if out.finished:
+                    finals[out.request_id] = out.outputs[0].token_ids
+            eng.check_integrity()
+        return finals
+
+    base = serve(_engine(cache=False, num_gpu_blocks=64))
+    eng = _engine(cache=True, num_gpu_blocks=64)
+    tier = enable_host_tier(eng, HostTierArgs(kv_offloading_size=0.01))
+    assert serve(eng) == base
+    gate = eng.scheduler.admission_gate.stats
+    assert tier.stats.prefetched_blocks > 0 and gate.prefetches > 0
+    assert eng.get_stats().host_tier.prefetched_tokens == tier.stats.prefetched_blocks * 4

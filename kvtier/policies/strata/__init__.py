@@ -5,15 +5,16 @@ wiring onto an engine (install.py). Not a memory system: it works beside any of 
 docs/HOST_TIER.md."""
 
 from kvtier.core.items import register_item
-from kvtier.kv.host_tier import HostBackup, HostLoad, HostStore
+from kvtier.kv.host_tier import HostBackup, HostLoad, HostPrefetch, HostStore
 from kvtier.policies.strata.items import (
-    price_host_backups,
     price_host_loads,
     price_host_stores,
+    price_in_background,
     run_host_loads,
     run_host_stores,
 )
 
 register_item(HostStore, run=run_host_stores, price=price_host_stores)
-register_item(HostBackup, run=run_host_stores, price=price_host_backups)
+register_item(HostBackup, run=run_host_stores, price=price_in_background)
+register_item(HostPrefetch, run=run_host_loads, price=price_in_background)
 register_item(HostLoad, run=run_host_loads, price=price_host_loads)

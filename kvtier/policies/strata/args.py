@@ -51,6 +51,7 @@ class HostTierArgs:
     hicache_min_load_blocks: int = 1
     hicache_loading_bound: float = DEFAULT_LOADING_BOUND  # 0: no bound
     hicache_delayed_hits: bool = True  # wait for a prefix another request is computing
+    hicache_prefetch: bool = True  # bubble filling: load a waiting request's hit meanwhile
 
     @property
     def enabled(self) -> bool:
@@ -82,6 +83,9 @@ class HostTierArgs:
         a("--hicache-delayed-hits", action=argparse.BooleanOptionalAction,
           default=cls.hicache_delayed_hits,
           help="a request whose prefix another request is computing waits to hit it")
+        a("--hicache-prefetch", action=argparse.BooleanOptionalAction,
+          default=cls.hicache_prefetch,
+          help="bubble filling: a host hit loads in a step's background while it waits")
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> Self:
@@ -133,7 +137,7 @@ class HostTierArgs:
             raise ConfigError(f"--hicache-loading-bound must be >= 0, got "
                               f"{self.hicache_loading_bound}")
         return HostTierOptions(tier, io, self.hicache_loading_bound, self.hicache_delayed_hits,
-                               option)
+                               self.hicache_prefetch, option)
 
 
 @dataclass(frozen=True)
@@ -142,9 +146,11 @@ class HostTierOptions:
     io: PageIOConfig
     loading_bound: float
     delayed_hits: bool
+    prefetch: bool
     size_option: str  # the flag that sized it (named when the pool cannot be allocated)
 
     def describe(self) -> dict[str, Any]:
         return {"host_pages": self.tier.num_pages, "write_policy": self.tier.write_policy.value,
                 "io_backend": self.io.backend.value, "layout": self.io.layout.value,
-                "loading_bound": self.loading_bound, "delayed_hits": self.delayed_hits}
+                "loading_bound": self.loading_bound, "delayed_hits": self.delayed_hits,
+                "prefetch": self.prefetch}

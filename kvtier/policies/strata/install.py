@@ -47,6 +47,6 @@ def enable_host_tier(engine: Any, args: HostTierArgs) -> HostTier:
     if hasattr(executor, "copies"):  # the model runner (the simulator has no pools)
         attach_runner(executor, options)
     tier = attach_index(kv, options)
-    engine.scheduler.admission_gate = CacheAwareAdmission(kv, tier, options.loading_bound,
-                                                          options.delayed_hits)
+    engine.scheduler.admission_gate = CacheAwareAdmission(
+        kv, tier, options.loading_bound, options.delayed_hits, options.prefetch)
     return tier

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvtier.costmodel.hardware import CopyMechanism
-from kvtier.kv.host_tier import HostBackup, HostLoad, HostStore
+from kvtier.kv.host_tier import HostBackup, HostLoad, HostPrefetch, HostStore
 
 
 def _tier(runner: Any):
@@ -21,7 +21,7 @@ def run_host_stores(runner: Any, items: list[HostStore] | list[HostBackup]) -> N
     _tier(runner).stage(items, ())
 
 
-def run_host_loads(runner: Any, items: list[HostLoad]) -> None:
+def run_host_loads(runner: Any, items: list[HostLoad] | list[HostPrefetch]) -> None:
     _tier(runner).stage((), items)
 
 
@@ -37,10 +37,11 @@ def price_host_stores(cost_model: Any, count: int) -> float:
     return _price(cost_model, count, to_device=False)
 
 
-def price_host_backups(cost_model: Any, count: int) -> float:
-    """None of the step's time: the runner issues backups after the step's loads, and the
-    forward waits for no event of theirs (D2H runs beside H2D on a full-duplex link); the
-    next step's copies wait for them, which the cost model does not price."""
+def price_in_background(cost_model: Any, count: int) -> float:
+    """Backups and prefetches: none of the step's time. The runner issues them after the
+    step's loads and the forward waits for no event of theirs; the next step's copies
+    wait for them first, which the cost model does not price (it assumes they end
+    within a step: a step of a long forward, as bubble filling wants)."""
     return 0.0
 
 

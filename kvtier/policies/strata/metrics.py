@@ -19,7 +19,8 @@ P = "kvtier:"
 class HostTierMetrics:
     queried_tokens: int  # of new requests' admissions (the device tier's count)
     gpu_hit_tokens: int
-    host_hit_tokens: int  # loaded from the host tier instead of computed
+    host_hit_tokens: int  # loaded from the host tier on admission instead of computed
+    prefetched_tokens: int  # loaded while their request waited (then gpu hits)
     stored_bytes: int
     loaded_bytes: int
     store_seconds: float  # copy-stream time of the stores (GPU: events; CPU: wall)
@@ -68,6 +69,7 @@ def host_tier_metrics(kv: KVCacheManager, executor: Any, gate: Any,
     return HostTierMetrics(
         queried_tokens=pc.stats.queries, gpu_hit_tokens=pc.stats.hits,
         host_hit_tokens=ts.hit_blocks * kv.block_size,
+        prefetched_tokens=ts.prefetched_blocks * kv.block_size,
         stored_bytes=ts.stored_pages * page_bytes, loaded_bytes=ts.loaded_pages * page_bytes,
         store_seconds=times.store_s if times else 0.0,
         load_seconds=times.load_s if times else 0.0,

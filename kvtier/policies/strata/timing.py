@@ -38,14 +38,15 @@ class CopyTimer:
         e.record(torch.cuda.current_stream(self.device))
         return e
 
-    def timed(self, field: str, work: Callable[[], None]) -> None:
-        """Run `work` (it issues copies on the current stream) and time it."""
+    def timed(self, field: str, work: Callable[[], None], stall: bool = False) -> None:
+        """Run `work` (it issues copies on the current stream) and time it; `stall`: the
+        step's forward waits for it (on the CPU, where copies are synchronous, all of it)."""
         if not self.cuda:
             t0 = time.perf_counter()
             work()
             dt = time.perf_counter() - t0
             setattr(self.times, field, getattr(self.times, field) + dt)
-            if field == "load_s":  # synchronous: the step waits for all of it
+            if stall:
                 self.times.stall_s += dt
             return
         start = self._event()

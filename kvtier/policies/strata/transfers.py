@@ -21,7 +21,7 @@ import torch
 
 from kvtier.kernels.host_page_backends import HostPageIO, PageIOConfig
 from kvtier.kernels.host_page_io import host_page_shape
-from kvtier.kv.host_tier import HostBackup, HostLoad, HostStore
+from kvtier.kv.host_tier import HostBackup, HostLoad, HostPrefetch, HostStore
 from kvtier.policies.strata.timing import CopyTimer
 
 
@@ -52,7 +52,8 @@ class TransferCounters:
 
 
 class HostTierCopies:
-    """Implements `TierCopies` (kvtier/runner/swap_copies.py) for the host tier."""
+    """Implements `TierCopies` (kvtier/runner/swap_copies.py) for the host tier: urgent
+    stores, per-group loads, and in the background the backups and prefetches."""
 
     def __init__(self, pages: torch.Tensor, io: PageIOConfig, num_groups: int,
                  device: torch.device):
@@ -61,43 +62,63 @@ class HostTierCopies:
         self.page_bytes = pages[0].numel() * pages.element_size() if len(pages) else 0
         self._stores: tuple[list[int], list[int]] = ([], [])  # (device blocks, pages)
         self._backups: tuple[list[int], list[int]] = ([], [])
+        self._prefetch: tuple[list[int], list[int]] = ([], [])  # (pages, device blocks)
         self._loads: list[tuple[list[int], list[int]]] = []  # per group: (pages, blocks)
         self.counters = TransferCounters()
 
     def stage(self, stores: Sequence[HostStore | HostBackup],
-              loads: Sequence[HostLoad]) -> None:
+              loads: Sequence[HostLoad | HostPrefetch]) -> None:
         """The step's copies, from its plan items (the items' run hooks)."""
         for s in stores:
             to = self._stores if isinstance(s, HostStore) else self._backups
             to[0].extend(s.gpu_blocks)
             to[1].extend(s.host_pages)
-        if loads and not self._loads:
-            self._loads = [([], []) for _ in range(self.num_groups)]
         for ld in loads:
+            if isinstance(ld, HostPrefetch):
+                self._prefetch[0].extend(ld.host_pages)
+                self._prefetch[1].extend(ld.gpu_blocks)
+                continue
+            if not self._loads:
+                self._loads = [([], []) for _ in range(self.num_groups)]
             for p, b, g in zip(ld.host_pages, ld.gpu_blocks, ld.groups):
                 self._loads[g][0].append(p)
                 self._loads[g][1].append(b)
 
     def has_work(self) -> bool:
         self.timer.poll()  # once a step: the intervals that have ended since
-        return bool(self._stores[0]) or bool(self._loads) or bool(self._backups[0])
+        return (bool(self._stores[0]) or bool(self._loads) or bool(self._backups[0])
+                or bool(self._prefetch[0]))
 
     def has_loads(self) -> bool:
         return bool(self._loads)
 
-    def issue_stores(self, gpu: torch.Tensor, backups: bool = False) -> bool:
-        """The urgent stores, or (`backups`) the backups."""
-        blocks, pages = self._backups if backups else self._stores
+    def issue_stores(self, gpu: torch.Tensor) -> bool:
+        blocks, pages = self._stores
+        self._stores = ([], [])
+        return self._store(gpu, blocks, pages)
+
+    def _store(self, gpu: torch.Tensor, blocks: list[int], pages: list[int]) -> bool:
         if not blocks:
             return False
         self.timer.timed("store_s", lambda: self.io.store(gpu, self.pages, blocks, pages))
         self.counters.stored_pages += len(blocks)
         self.counters.store_calls += 1
-        if backups:
-            self._backups = ([], [])
-        else:
-            self._stores = ([], [])
         return True
+
+    def _load(self, gpu: torch.Tensor, pages: list[int], blocks: list[int],
+              stall: bool) -> bool:
+        if not blocks:
+            return False
+        self.timer.timed("load_s", lambda: self.io.load(self.pages, gpu, pages, blocks), stall)
+        self.counters.loaded_pages += len(blocks)
+        self.counters.load_calls += 1
+        return True
+
+    def issue_background(self, gpu: torch.Tensor) -> None:
+        (blocks, pages), self._backups = self._backups, ([], [])
+        self._store(gpu, blocks, pages)
+        (pages, blocks), self._prefetch = self._prefetch, ([], [])
+        self._load(gpu, pages, blocks, stall=False)
 
     def wait(self, streams: Any, event: Any) -> None:
         """The forward's wait for a layer group's loads, timed as a stall."""
@@ -109,9 +130,4 @@ class HostTierCopies:
         pages, blocks = self._loads[group]
         if group == self.num_groups - 1:
             self._loads = []
-        if not blocks:
-            return False
-        self.timer.timed("load_s", lambda: self.io.load(self.pages, gpu, pages, blocks))
-        self.counters.loaded_pages += len(blocks)
-        self.counters.load_calls += 1
-        return True
+        return self._load(gpu, pages, blocks, stall=True)
