@@ -11,7 +11,7 @@ import random
 import pytest
 
 from kvtier.config import SchedulerConfig
-from kvtier.core.plan import StepPlan, StepResult, items_of
+from kvtier.core.plan import RecomputePrefix, StepPlan, StepResult, items_of
 from kvtier.core.request import Request, RequestStatus
 from kvtier.kernels.host_page_backends import PageIOConfig
 from kvtier.kv.host_tier import (
@@ -25,6 +25,7 @@ from kvtier.kv.host_tier import (
 from kvtier.kv.manager import KVCacheManager, cdiv
 from kvtier.kv.prefix_cache import PrefixCacheConfig
 from kvtier.policies import get_policy
+from kvtier.policies.ellm import EllmOptions
 from kvtier.policies.strata.args import HostTierOptions
 from kvtier.policies.strata.install import attach_index
 from kvtier.policies.strata.scheduling import CacheAwareAdmission
@@ -81,13 +82,14 @@ class ContentExecutor:
 
     def _compute(self, plan: StepPlan) -> dict[str, int]:
         sampled, self.read = {}, set()
+        dropped = {p.request_id: len(p.token_ids) for p in items_of(plan, RecomputePrefix)}
         for sr in plan.scheduled:
             row = self.tables.apply(sr)
             req = self.seen[sr.request_id]
             tokens = (req.prompt_token_ids + req.output_token_ids)[: sr.seq_len]
             for g in range(self.num_groups):
-                for j in range(cdiv(sr.seq_len, B)):
-                    block = int(self.tables.table[g, row, j])
+                for j in range(dropped.get(sr.request_id, 0) // B, cdiv(sr.seq_len, B)):
+                    block = int(self.tables.table[g, row, j])  # (eLLM: past its dropped prefix)
                     if j * B < sr.start_pos:  # read: must hold this prefix
                         want = tuple(tokens[: min((j + 1) * B, sr.start_pos)])
                         tag = self.device.get(block)
@@ -110,9 +112,10 @@ def make(policy: WritePolicy, gpu_blocks=24, host_pages=64, num_groups=2, budget
     opts = HostTierOptions(HostTierConfig(host_pages, policy), PageIOConfig(), loading_bound,
                            True, prefetch, "--kv-offloading-size")
     tier = attach_index(kv, opts)
+    options = EllmOptions(max_uncached_ratio=0.6, max_recompute_tokens=budget // 2)
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=8,
                                       max_model_len=max_len, **sched_kw), kv,
-                      get_policy(kv_policy))
+                      get_policy(kv_policy, options if kv_policy == "ellm" else None))
     if gate:
         sched.admission_gate = CacheAwareAdmission(kv, tier, loading_bound, True, prefetch)
     return sched, tier, ContentExecutor(sched, num_groups, max_len)
@@ -274,10 +277,11 @@ def test_the_loading_bound_spreads_loads_over_steps():
     assert sched.admission_gate.stats.load_bound_steps > 0
 
 
-def test_swap_preemption_under_the_host_tier_stays_exact():
-    base_sched, _, base_ex = make(WritePolicy.WRITE_BACK, host_pages=0, kv_policy="swap")
+@pytest.mark.parametrize("kv_policy", ["swap", "ellm"])
+def test_other_memory_systems_under_the_host_tier_stay_exact(kv_policy):
+    base_sched, _, base_ex = make(WritePolicy.WRITE_BACK, host_pages=0, kv_policy=kv_policy)
     base = run(base_sched, base_ex, docs_workload(seed=3, n=30))
-    sched, tier, ex = make(WritePolicy.WRITE_BACK, kv_policy="swap")
+    sched, tier, ex = make(WritePolicy.WRITE_BACK, kv_policy=kv_policy)
     arrivals = docs_workload(seed=3, n=30)
     assert run(sched, ex, arrivals) == base
     assert tier.stats.hit_blocks > 0
