@@ -290,3 +290,4 @@ class SwapCopies:
         self.streams.join()
         self.unjoined = False
         self.events, self.deferred, self._pools = [], {}, None
+        self.tier = None  # the host tier's pinned pages go with the runner's pools
