@@ -40,13 +40,14 @@ import enum
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from kvtier.core.items import PlanItem
 from kvtier.core.request import Request
 from kvtier.kv.block_hash import BlockHash
 from kvtier.kv.block_pool import BlockPool
 from kvtier.kv.hooks import PrefixTier
+from kvtier.kv.host_tier_items import DIRECT, HostBackup, HostLoad, HostPrefetch, HostStore
 
 if TYPE_CHECKING:
     from kvtier.kv.manager import KVCacheManager
@@ -66,68 +67,12 @@ class HostTierConfig:
     write_policy: WritePolicy = WritePolicy.WRITE_THROUGH
     selective_hits: int = 2  # write_through_selective: copied at this many device hits
     min_load_blocks: int = 1  # a host hit of fewer token blocks is computed, not loaded
+    direct: bool = False  # the copy engine makes the copies: items of its own kinds
 
     def __post_init__(self) -> None:
         if self.num_pages < 0 or self.selective_hits < 1 or self.min_load_blocks < 1:
             raise ValueError(f"host tier: num_pages >= 0, selective_hits >= 1, "
                              f"min_load_blocks >= 1, got {self}")
-
-
-@dataclass(frozen=True, slots=True)
-class HostStore(PlanItem):
-    """Copy device blocks into host pages (D2H): page host_pages[i] = gpu_blocks[i]."""
-
-    kind: ClassVar[str] = "host_store"
-    gpu_blocks: tuple[int, ...]
-    host_pages: tuple[int, ...]
-
-    @property
-    def count(self) -> int:
-        return len(self.gpu_blocks)
-
-
-@dataclass(frozen=True, slots=True)
-class HostBackup(PlanItem):
-    """Copy device blocks that stay cached into host pages (D2H), behind the step's loads:
-    nothing in the step writes those blocks, so the forward does not wait for it."""
-
-    kind: ClassVar[str] = "host_backup"
-    gpu_blocks: tuple[int, ...]
-    host_pages: tuple[int, ...]
-
-    @property
-    def count(self) -> int:
-        return len(self.gpu_blocks)
-
-
-@dataclass(frozen=True, slots=True)
-class HostPrefetch(PlanItem):
-    """Load host blocks into device blocks of the device tier's own (for a request that
-    waits a step), behind the step's loads: no layer of the step waits for it."""
-
-    kind: ClassVar[str] = "host_prefetch"
-    host_pages: tuple[int, ...]
-    gpu_blocks: tuple[int, ...]
-
-    @property
-    def count(self) -> int:
-        return len(self.gpu_blocks)
-
-
-@dataclass(frozen=True, slots=True)
-class HostLoad(PlanItem):
-    """Load a request's host hit (H2D) into its new device blocks, before the layers of
-    each block's group read it: gpu_blocks[i] = host_pages[i], of layer group groups[i]."""
-
-    kind: ClassVar[str] = "host_load"
-    request_id: str
-    host_pages: tuple[int, ...]
-    gpu_blocks: tuple[int, ...]
-    groups: tuple[int, ...]
-
-    @property
-    def count(self) -> int:
-        return len(self.gpu_blocks)
 
 
 @dataclass
@@ -262,7 +207,8 @@ class HostTier(PrefixTier):
         ids = kv.gpu.allocate(need)  # group-major, as allocate_slots lays them out
         blocks = [tuple(ids[k * n + j] for k in range(g)) for j in range(n)]
         pages = [index[h] for h in hit]
-        self._loads[req.request_id] = (first, HostLoad(
+        load_cls = DIRECT[HostLoad] if self.config.direct else HostLoad
+        self._loads[req.request_id] = (first, load_cls(
             req.request_id, tuple(p[k] for p in pages for k in range(g)),
             tuple(b[k] for b in blocks for k in range(g)), tuple(range(g)) * n))
         self.stats.hit_blocks += n
@@ -322,7 +268,8 @@ class HostTier(PrefixTier):
                 self._store(h, ids)
         self._ready, self._fresh = self._fresh, {}
         items: list[PlanItem] = []
-        for urgent, cls in ((True, HostStore), (False, HostBackup)):
+        store_cls = DIRECT[HostStore] if self.config.direct else HostStore
+        for urgent, cls in ((True, store_cls), (False, HostBackup)):
             pairs = [v for h, v in self._stores.items() if (h in self._urgent) is urgent]
             if pairs:
                 items.append(cls(tuple(b for ids, _ in pairs for b in ids),

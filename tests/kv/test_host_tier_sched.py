@@ -14,14 +14,8 @@ from kvtier.config import SchedulerConfig
 from kvtier.core.plan import RecomputePrefix, StepPlan, StepResult, items_of
 from kvtier.core.request import Request, RequestStatus
 from kvtier.kernels.host_page_backends import PageIOConfig
-from kvtier.kv.host_tier import (
-    HostBackup,
-    HostLoad,
-    HostPrefetch,
-    HostStore,
-    HostTierConfig,
-    WritePolicy,
-)
+from kvtier.kv.host_tier import HostTierConfig, WritePolicy
+from kvtier.kv.host_tier_items import HostBackup, HostLoad, HostPrefetch, HostStore
 from kvtier.kv.manager import KVCacheManager, cdiv
 from kvtier.kv.prefix_cache import PrefixCacheConfig
 from kvtier.policies import get_policy

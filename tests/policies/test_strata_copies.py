@@ -8,7 +8,7 @@ import torch
 
 from kvtier.core.plan import BlockCopy
 from kvtier.kernels.host_page_backends import PageIOConfig
-from kvtier.kv.host_tier import HostBackup, HostLoad, HostStore
+from kvtier.kv.host_tier_items import HostBackup, HostLoad, HostStore
 from kvtier.policies.strata.transfers import HostTierCopies
 from tests.runner.test_swap_copies import F, G, make
 

@@ -130,7 +130,8 @@ class HostTierArgs:
             tier = HostTierConfig(num_pages=num_pages,
                                   write_policy=WritePolicy(self.hicache_write_policy),
                                   selective_hits=self.hicache_write_through_threshold,
-                                  min_load_blocks=self.hicache_min_load_blocks)
+                                  min_load_blocks=self.hicache_min_load_blocks,
+                                  direct=backend is IOBackend.DIRECT)
         except ValueError as e:
             raise ConfigError(f"host tier: {e}") from e
         if self.hicache_loading_bound < 0:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvtier.costmodel.hardware import CopyMechanism
-from kvtier.kv.host_tier import HostBackup, HostLoad, HostPrefetch, HostStore
+from kvtier.kv.host_tier_items import HostBackup, HostLoad, HostPrefetch, HostStore
 
 
 def _tier(runner: Any):
@@ -25,16 +25,28 @@ def run_host_loads(runner: Any, items: list[HostLoad] | list[HostPrefetch]) -> N
     _tier(runner).stage((), items)
 
 
-def _price(cost_model: Any, count: int, to_device: bool) -> float:
-    """Seconds for `count` pages (one device block each) moved by the kernel (the default
-    io-backend), as a serial part of the step: the affine curve of the hardware profile
-    (calibrated on the H200), one launch per step and direction."""
+def _price(cost_model: Any, count: int, to_device: bool, direct: bool = False) -> float:
+    """Seconds for `count` pages (one device block each), as a serial part of the step,
+    from the hardware profile's affine curves (measured on the H200): the kernel's, one
+    launch per step and direction; the copy engine's per-page curve with one call per block
+    (an upper bound: runs of consecutive blocks go as one call)."""
     curves = cost_model.hw.h2d if to_device else cost_model.hw.d2h
-    return curves[CopyMechanism.KERNEL_GATHER].seconds(cost_model.config.block_bytes * count)
+    nbytes = cost_model.config.block_bytes * count
+    if direct:
+        return curves[CopyMechanism.MEMCPY_PER_PAGE].seconds(nbytes, num_transfers=count)
+    return curves[CopyMechanism.KERNEL_GATHER].seconds(nbytes)
 
 
 def price_host_stores(cost_model: Any, count: int) -> float:
     return _price(cost_model, count, to_device=False)
+
+
+def price_host_stores_direct(cost_model: Any, count: int) -> float:
+    return _price(cost_model, count, to_device=False, direct=True)
+
+
+def price_host_loads_direct(cost_model: Any, count: int) -> float:
+    return _price(cost_model, count, to_device=True, direct=True)
 
 
 def price_in_background(cost_model: Any, count: int) -> float:
