@@ -54,11 +54,12 @@ bench_13b() {  # NAME TIMEOUT PROMPTS DURATION POLICIES [flags...]: 13B policies
   tar -C "$OUT/serving" -czf "$dir.tar.gz" "$name" && rm -rf "$dir"  # few files come back
 }
 
-strata() {  # WORKLOAD NAME [flags...]: bench_strata's four variants, llama-3.1-8b, one call
+strata() {  # WORKLOAD NAME [flags...]: bench_strata's variants ($STRATA_VARIANTS, default all four), llama-3.1-8b, one call
   local w=$1 f; f=$(out policies "$2"); shift 2
-  timeout 580 python3 -m benchmarks.policies.bench_strata --model llama-3.1-8b \
+  timeout 590 python3 -m benchmarks.policies.bench_strata --model llama-3.1-8b \
     --load-format dummy --workload "$w" --kv-cache-gb 6 --host-gib 64 --max-model-len 32768 \
-    --max-duration 60 --slo-ttft 2000 --no-progress "$@" --out "$f" 2>&1 | tail -6
+    --variants "${STRATA_VARIANTS:-a,b,c,d}" --max-duration 45 --slo-ttft 2000 --no-progress \
+    "$@" --out "$f" 2>&1 | tail -6
 }
 
 offline() {  # NAME [flags...]: offline ShareGPT throughput, llama-3.1-8b
@@ -200,6 +201,8 @@ part() {
       | tail -12 ;;
   real-model)  # SmolLM2-135M-Instruct: the GPU teacher-forcing test and the bf16 benchmark rows (the GGUF's 5 parts carried over warm calls first)
     OUT="$(dirname "$(out offline x)")" bash benchmarks/h200_real_model.sh ;;
+  strata-gpu-tests)  # the host tier's exactness on the GPU (fp32, both io-backends, timing events)
+    pytest_gpu "gpu_tests_strata_$KVTIER_GIT_COMMIT" 300 tests/policies/test_strata_gpu.py ;;
   strata-leval)  # the host tier on L-Eval paper-assistant, 6 GiB GPU pool, 64 GiB host: GPU tier only, direct, kernel, kernel + cache-aware admission
     strata leval strata_leval_h200.json --dataset-path .carry/leval_paper_assistant.jsonl \
       --num-prompts 69 --arrivals poisson --rate 1 ;;
