@@ -163,7 +163,7 @@ class HostTier(PrefixTier):
         that cannot free them (the caller skips its store: a full host tier never fails)."""
         pool = self.pool
         if pool.num_free < n:
-            victims = []
+            victims: list[BlockHash] = []
             for h in self.index:  # oldest first
                 if pool.num_free + len(victims) * self.num_groups >= n:
                     break
@@ -290,7 +290,8 @@ class HostTier(PrefixTier):
         from a computing request is freed again: the next step joins the copy first)."""
         pc = kv.prefix_cache
         assert pc is not None
-        pages, blocks = [], []
+        pages: list[int] = []
+        blocks: list[int] = []
         for h, ids, pp in self._prefetched:
             pages += pp
             blocks += ids

@@ -10,6 +10,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from kvtier.kv.host_tier import HostTier
 from kvtier.kv.manager import KVCacheManager
 
 P = "kvtier:"
@@ -61,7 +62,7 @@ def host_tier_metrics(kv: KVCacheManager, executor: Any, gate: Any,
     """None without a host tier. `page_bytes`: one device block (one host page)."""
     pc = kv.prefix_cache
     tier = pc.lower if pc is not None else None
-    if pc is None or tier is None or not hasattr(tier, "stats"):
+    if pc is None or not isinstance(tier, HostTier):
         return None
     copies = getattr(getattr(executor, "copies", None), "tier", None)
     times = copies.timer.times if copies is not None else None
