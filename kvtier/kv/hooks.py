@@ -61,7 +61,7 @@ class KVCacheHooks:
 
 class PrefixTier:
     """A tier below the device prefix cache (the host tier, kvtier/kv/host_tier.py): the
-    `PrefixCache` calls it at five points, with `kv` the KV manager. A cached token block
+    `PrefixCache` calls it at these points, with `kv` the KV manager. A cached token block
     is a hash and a tuple of device blocks, one per layer group.
 
       * `on_cached(h, ids, kv)`: a block entered the device index; its KV is written by a
