@@ -57,6 +57,14 @@ bench_13b() {  # NAME TIMEOUT PROMPTS DURATION POLICIES [flags...]: 13B policies
   tar -C "$OUT/serving" -czf "$dir.tar.gz" "$name" && rm -rf "$dir"  # few files come back
 }
 
+strata() {  # WORKLOAD NAME [flags...]: bench_strata's variants ($STRATA_VARIANTS, default all four), llama-3.1-8b, one call
+  local w=$1 f; f=$(out policies "$2"); shift 2
+  timeout 590 python3 -m benchmarks.policies.bench_strata --model llama-3.1-8b \
+    --load-format dummy --workload "$w" --kv-cache-gb 6 --host-gib 64 --max-model-len 32768 \
+    --variants "${STRATA_VARIANTS:-a,b,c,d}" --max-duration 45 --slo-ttft 2000 --no-progress \
+    "$@" --out "$f" 2>&1 | tail -6
+}
+
 offline() {  # NAME [flags...]: offline ShareGPT throughput, llama-3.1-8b
   local f; f=$(out offline "$1"); shift
   timeout 140 python3 -m benchmarks.offline.bench_offline_throughput --workload $W8 "$@" \
@@ -233,6 +241,14 @@ part() {
   tp-70b)  # llama-2-70b at TP 2/4 (4 GPUs): start-up, decode steps and collectives
     tp_bench tp_decode_llama2-70b.json 560 --model llama-2-70b --tp 2,4 --parts decode,collectives \
       --batches 1,64 --kv-cache-gb 20 ;;
+  strata-gpu-tests)  # the host tier's exactness on the GPU (fp32, both io-backends, timing events)
+    pytest_gpu "gpu_tests_strata_$KVTIER_GIT_COMMIT" 300 tests/policies/test_strata_gpu.py ;;
+  strata-leval)  # the host tier on L-Eval paper-assistant, 6 GiB GPU pool, 64 GiB host: GPU tier only, direct, kernel, kernel + cache-aware admission
+    strata leval strata_leval_h200.json --dataset-path .carry/leval_paper_assistant.jsonl \
+      --num-prompts 69 --arrivals poisson --rate 1 ;;
+  strata-multiturn)  # the same four variants on multi-turn ShareGPT ($STRATA_MULTITURN: the workload's kvtier bench name)
+    strata "${STRATA_MULTITURN:-sharegpt-multiturn}" strata_multiturn_h200.json \
+      --num-prompts 400 --arrivals poisson --rate 4 ;;
   policies-13b-long-swap-hcache)  # swap and HCache over the same window
     bench_13b bench_13b_long_swap_hcache_h200 560 3000 150 swap,hcache ;;
   policies-13b-long-ridge)  # eLLM dropping (ridge budget, offloaded groups, overlap)

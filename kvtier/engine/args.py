@@ -12,6 +12,7 @@ from kvtier.model.loader import resolve_model_config
 from kvtier.policies import get_system, policy_names
 from kvtier.policies.options import SystemArgs, arg_type
 from kvtier.policies.registry import policy_flag_defaults, system_args
+from kvtier.policies.strata.args import HostTierArgs
 
 # The default cap on a prompt's chunk per step (--long-prefill-token-threshold): the largest
 # that kept the 8B's ITL p99 within the TPOT SLO on L-Eval documents, on the
@@ -82,6 +83,8 @@ class EngineArgsFields:
         default=1, metadata={"help": "GPUs (CPU processes) the model is split over, one "
                                      "process each (docs/TENSOR_PARALLEL.md)",
                              "aliases": ("-tp",)})
+    # The prefix cache's host tier (kvtier/policies/strata/args.py has its flags).
+    host_tier: HostTierArgs = field(default_factory=HostTierArgs, metadata={"cli": False})
     # The memory systems' own flags (each system's SystemArgs), by keyword;
     # EngineArgs(<prefix>_<flag>=...) and args.<prefix>_<flag> read and write them here.
     policy_args: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
@@ -159,6 +162,7 @@ class EngineArgsFields:
                                     help=f.metadata["help"])
         parser.add_argument("--num-gpu-blocks-override", dest="num_gpu_blocks", type=int,
                             help="vLLM's name for --num-gpu-blocks")
+        HostTierArgs.add_cli_args(parser)
         taken: set[str] = set()
         for args_cls in system_args().values():  # every memory system's own flags
             args_cls.add_cli_args(parser, taken)
@@ -169,6 +173,7 @@ class EngineArgsFields:
                               if f.metadata.get("cli", True) and hasattr(ns, f.name)}
         flags = policy_flag_defaults()
         kw["policy_args"] = {k: getattr(ns, k) for k in flags if hasattr(ns, k)}
+        kw["host_tier"] = HostTierArgs.from_cli_args(ns)
         return cls(**kw)
 
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from kvtier.config import EngineConfig
+from kvtier.config import ConfigError, EngineConfig
 from kvtier.core.executor import Executor, PendingResult
 from kvtier.core.plan import StepPlan, StepResult
 from kvtier.core.request import Request, RequestStatus
@@ -26,6 +26,8 @@ from kvtier.engine.outputs import CompletionOutput, EngineStats, RequestMetrics,
 from kvtier.kv.manager import KVCacheManager
 from kvtier.kv.prefix_cache import PrefixCacheBusyError, PrefixCacheStats
 from kvtier.policies import get_policy
+from kvtier.policies.strata.install import enable_host_tier
+from kvtier.policies.strata.metrics import host_tier_metrics
 from kvtier.sampling_params import InvalidRequestError, SamplingParams
 from kvtier.scheduler.scheduler import Scheduler
 from kvtier.tokenizer import Tokenizer
@@ -109,9 +111,14 @@ class LLMEngine:
         if args.tensor_parallel_size > 1:  # one process per rank (kvtier/distributed/)
             from kvtier.distributed.launch import assemble_tp
 
+            if args.host_tier.enabled:
+                raise ConfigError("the host tier (--kv-offloading-size) does not run with "
+                                  "--tensor-parallel-size > 1 yet")
             engine = cls.from_parts(assemble_tp(args))
         else:
             engine = cls.from_parts(assemble(args, RunnerFactory(args.device, args.dtype)))
+        if args.host_tier.enabled:
+            enable_host_tier(engine, args.host_tier)
         freeze_startup_objects()
         return engine
 
@@ -340,6 +347,8 @@ class LLMEngine:
             num_prefix_cache_preempted_queries_total=pc.preempted_queries,
             num_prefix_cache_preempted_hits_total=pc.preempted_hits,
             num_prefix_cache_evicted_blocks_total=pc.evicted_blocks,
+            host_tier=host_tier_metrics(kv, self.executor, s.admission_gate,
+                                        self.block_bytes) if kv.prefix_cache else None,
         )
 
     def reset_prefix_cache(self) -> bool:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvtier.policies.strata.metrics import HostTierMetrics
 
 
 @dataclass
@@ -76,3 +80,4 @@ class EngineStats:
     num_prefix_cache_preempted_queries_total: int = 0
     num_prefix_cache_preempted_hits_total: int = 0
     num_prefix_cache_evicted_blocks_total: int = 0  # token blocks (a device block per group)
+    host_tier: HostTierMetrics | None = None  # the prefix cache's host tier, when it has one

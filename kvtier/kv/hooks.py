@@ -27,9 +27,10 @@ Contract, per hook (the KV manager calls them, in the order its hooks were added
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
+from kvtier.core.items import PlanItem
 from kvtier.core.request import Request
 
 if TYPE_CHECKING:
@@ -56,3 +57,51 @@ class KVCacheHooks:
 
     def owned_device_blocks(self) -> Iterable[int]:
         return ()
+
+
+class PrefixTier:
+    """A tier below the device prefix cache (the host tier, kvtier/kv/host_tier.py): the
+    `PrefixCache` calls it at these points, with `kv` the KV manager. A cached token block
+    is a hash and a tuple of device blocks, one per layer group.
+
+      * `on_cached(h, ids, kv)`: a block entered the device index; its KV is written by a
+        step planned now or earlier (the prefix cache's contract), not necessarily run.
+      * `on_device_hits(hashes, blocks, kv)`: an admission took these cached blocks.
+      * `on_evict(h, ids, kv)`: the block leaves the device index; the device blocks are
+        freed right after and may be reused by this very plan, so a copy of them must go in
+        this plan, ahead of the reuse.
+      * `extend(req, first, hashes, kv)`: an admission's device hits are the request's first
+        `first` token blocks; `hashes` are those of the next ones: give the request device
+        blocks for the leading run of `hashes` this tier holds, filled by this plan (one
+        reference each, the request's), or [].
+      * `on_finish(req, num_tokens, kv) -> int`: the request's table is about to be
+        released with `num_tokens` computed; return how many of them hold KV (an admission
+        rolled back in this plan takes back its loads: their blocks were never filled).
+      * `take_items(kv)`: the plan is complete: the tier's copies of it, as plan items.
+    """
+
+    def on_cached(self, h: Any, ids: tuple[int, ...], kv: KVCacheManager) -> None:
+        return None
+
+    def on_device_hits(self, hashes: Sequence[Any], blocks: Sequence[tuple[int, ...]],
+                       kv: KVCacheManager) -> None:
+        return None
+
+    def on_evict(self, h: Any, ids: tuple[int, ...], kv: KVCacheManager) -> None:
+        return None
+
+    def extend(self, req: Request, first: int, hashes: Sequence[Any],
+               kv: KVCacheManager) -> list[tuple[int, ...]]:
+        return []
+
+    def on_finish(self, req: Request, num_tokens: int, kv: KVCacheManager) -> int:
+        return num_tokens
+
+    def take_items(self, kv: KVCacheManager) -> list[PlanItem]:
+        return []
+
+    def reset(self, kv: KVCacheManager) -> None:
+        return None
+
+    def check_integrity(self, kv: KVCacheManager) -> None:
+        return None

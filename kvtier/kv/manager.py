@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
+from kvtier.core.items import PlanItem
 from kvtier.core.plan import BlockCopy
 from kvtier.core.request import Request
 from kvtier.kv.block_pool import BlockPool
@@ -119,6 +120,12 @@ class KVCacheManager:
         planned, to the prefix cache (its module docstring has the contract)."""
         if self.prefix_cache is not None:
             self.prefix_cache.cache_full_blocks(req, num_computed_tokens, self)
+
+    def take_cache_items(self) -> list[PlanItem]:
+        """The plan is complete: the copies the prefix cache's lower tier (the host tier)
+        made for it, as plan items ([] without one)."""
+        pc = self.prefix_cache
+        return pc.lower.take_items(self) if pc is not None and pc.lower is not None else []
 
     def reset_prefix_cache(self) -> int:
         """Token blocks dropped from the prefix cache (0 without one); raises

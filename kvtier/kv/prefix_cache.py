@@ -34,6 +34,9 @@ so a preempted request's KV stays cached. Blocks with a token id not yet known o
 Admission (`on_admit`): the longest cached prefix, block-aligned, never every token (the
 last one is computed so the request has logits): at most (num_tokens - 1) // block_size
 blocks.
+
+A lower tier (`lower`, a `PrefixTier` of kvtier/kv/hooks.py: the host tier) sees blocks
+enter and leave the index and extends an admission's device hits with blocks it loads.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from weakref import WeakKeyDictionary
 
 from kvtier.core.request import Request
 from kvtier.kv.block_hash import BlockHash, BlockHasher, HashAlgo
-from kvtier.kv.hooks import KVCacheHooks
+from kvtier.kv.hooks import KVCacheHooks, PrefixTier
 from kvtier.kv.map_table import MapTable, Placement
 
 if TYPE_CHECKING:
@@ -115,6 +118,7 @@ class PrefixCache(KVCacheHooks):
         # Requests whose table may hold registered or hit blocks.
         self._live: dict[str, tuple[Request, _RequestState]] = {}
         self.stats = PrefixCacheStats()
+        self.lower: PrefixTier | None = None  # a tier below this one (the host tier)
 
     @property
     def num_cached_blocks(self) -> int:
@@ -139,6 +143,16 @@ class PrefixCache(KVCacheHooks):
             self.hasher.extend(state.hashes, req, num_blocks, self.extra_key(req))
         return state.hashes
 
+    def admission_hashes(self, req: Request) -> tuple[list[BlockHash], int]:
+        """(hashes of the blocks an admission could hit, how many lead the index now): a
+        look-up that changes nothing but the request's hash cache."""
+        max_blocks = max(0, (req.num_tokens - 1) // self.block_size)
+        hashes, index = self._hashes(req, self._state(req), max_blocks), self.index
+        n = 0
+        while n < max_blocks and hashes[n] in index:
+            n += 1
+        return hashes[:max_blocks], n
+
     # ---- hooks ---------------------------------------------------------------------------
     def on_admit(self, req: Request, kv: KVCacheManager) -> int:
         rid = req.request_id
@@ -153,20 +167,28 @@ class PrefixCache(KVCacheHooks):
                 break
             hits.append(ids)
         self._count_lookup(req, state, len(hits) * self.block_size)
+        if hits:
+            evictable = self.evictable
+            for h in hashes[: len(hits)]:
+                evictable.pop(h, None)  # a table holds it now
+            kv.gpu.incref([b for ids in hits for b in ids])
+        lower, num_device = self.lower, len(hits)
+        if lower is not None:  # after the incref: its loads may evict, never these
+            if hits:
+                lower.on_device_hits(hashes[:num_device], hits, kv)
+            if num_device < max_blocks:
+                hits += lower.extend(req, num_device, hashes[num_device:max_blocks], kv)
         if not hits:
             return 0
-        evictable = self.evictable
-        for h in hashes[: len(hits)]:
-            evictable.pop(h, None)  # a table holds it now
         table = kv.tables[rid] = MapTable(self.num_groups)
-        # Per layer group, the hit blocks in token order (one zip, not an append per block).
+        # Per layer group, the blocks in token order (one zip, not an append per block).
         for g, group_ids in enumerate(zip(*hits)):
             table.block_ids[g] = list(group_ids)
             table.placements[g] = [Placement.GPU] * len(group_ids)
-        kv.gpu.incref([b for ids in hits for b in ids])
         num_cached = len(hits) * self.block_size
         kv.num_slots[rid] = num_cached
-        state.num_registered = len(hits)
+        # Loaded blocks are registered with the plan that loads them (cache_full_blocks).
+        state.num_registered = num_device
         self._live[rid] = (req, state)
         return num_cached
 
@@ -219,11 +241,16 @@ class PrefixCache(KVCacheHooks):
                 continue
             index[h] = ids
             new_refs += ids
+            if self.lower is not None:
+                self.lower.on_cached(h, ids, kv)
         kv.gpu.incref(new_refs)
         state.num_registered = n_full
 
     def on_finish(self, req: Request, kv: KVCacheManager) -> None:
-        self.cache_full_blocks(req, req.num_computed_tokens, kv)
+        n = req.num_computed_tokens
+        if self.lower is not None:  # a rolled-back admission's loads never ran
+            n = self.lower.on_finish(req, n, kv)
+        self.cache_full_blocks(req, n, kv)
         live = self._live.pop(req.request_id, None)
         if req.status.finished:
             self._states.pop(req, None)
@@ -260,11 +287,22 @@ class PrefixCache(KVCacheHooks):
         while freed < num_blocks and self.evictable:
             h, ids = self.evictable.popitem(last=False)
             del self.index[h]
+            if self.lower is not None:  # its copy goes before the blocks' reuse
+                self.lower.on_evict(h, ids, kv)
             n = len(kv.gpu.decref(list(ids)))
             assert n == len(ids), "an evictable block had another owner"
             freed += n
             self.stats.evicted_blocks += 1
         return freed
+
+    def adopt(self, h: BlockHash, ids: CachedBlock) -> bool:
+        """Index device blocks a lower tier filled (a prefetch), taking over its reference
+        to each, as the most recently used evictable blocks; False (nothing taken) when the
+        hash is cached already."""
+        if h in self.index:
+            return False
+        self.index[h] = self.evictable[h] = ids
+        return True
 
     def owned_device_blocks(self) -> Iterable[int]:
         return [b for ids in self.index.values() for b in ids]
@@ -286,6 +324,8 @@ class PrefixCache(KVCacheHooks):
         kv.gpu.decref([b for ids in self.index.values() for b in ids])
         self.index.clear()
         self.evictable.clear()
+        if self.lower is not None:
+            self.lower.reset(kv)
         return n
 
     def check_integrity(self, kv: KVCacheManager) -> None:
@@ -324,3 +364,5 @@ class PrefixCache(KVCacheHooks):
                 assert h in self.evictable, "a cache-only block is not evictable"
         s = self.stats
         assert 0 <= s.hits <= s.queries and 0 <= s.preempted_hits <= s.preempted_queries
+        if self.lower is not None:
+            self.lower.check_integrity(kv)

@@ -36,8 +36,9 @@ stream object (tests/runner/test_swap_copies.py) checks it on the CPU.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from typing import Any, Protocol
 
 import torch
@@ -64,6 +65,29 @@ class Streams(Protocol):
 
     def join(self) -> None:
         """The compute stream waits for everything issued on the copy stream so far."""
+
+
+class TierCopies(Protocol):
+    """A cache tier's copies of this step (the host tier's stores and loads, staged by its
+    plan items' hook), issued by `SwapCopies.issue` in its stream order: stores after the
+    swap-outs, each layer group's loads before that group's swap-ins."""
+
+    def has_work(self) -> bool: ...
+
+    def has_loads(self) -> bool: ...
+
+    def issue_stores(self, gpu: torch.Tensor) -> bool:
+        """Issue the step's stores on the current stream; whether there were any."""
+
+    def issue_loads(self, gpu: torch.Tensor, group: int) -> bool:
+        """Issue layer group `group`'s loads on the current stream; whether any."""
+
+    def issue_background(self, gpu: torch.Tensor) -> None:
+        """Issue the copies no layer of the step waits for (last: blocks the step's
+        forward neither reads nor writes), on the current stream."""
+
+    def wait(self, streams: Streams, event: Any) -> None:
+        """`streams.wait(event)` for a step with its loads (the tier times the stall)."""
 
 
 class InOrderStreams:
@@ -162,6 +186,8 @@ class SwapCopies:
         # land in scratch that group still reads): {group: [(target group, copies)]}.
         self.deferred: dict[int, list[tuple[int, list[BlockCopy]]]] = {}
         self._pools: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.tier: TierCopies | None = None  # the host tier's copies, when it has one
+        self._wait: Callable[[Any], None] = self.streams.wait  # the tier's, with its loads
 
     @property
     def pending(self) -> bool:
@@ -183,8 +209,13 @@ class SwapCopies:
         # The pools are kept only while deferred copies still need them (after_layer).
         self.deferred = dict(deferred or {})
         self._pools = (gpu, host) if self.deferred else None
-        self.has_swap_in = bool(swap_in) or bool(self.deferred)
-        if not swap_out and not swap_in:
+        tier = self.tier if self.tier is not None and self.tier.has_work() else None
+        loads = tier is not None and tier.has_loads()
+        self.has_swap_in = bool(swap_in) or bool(self.deferred) or loads
+        self._wait = self.streams.wait
+        if loads and tier is not None:
+            self._wait = partial(tier.wait, s)
+        if not swap_out and not swap_in and tier is None:
             return
         s.begin()
         by_group: list[list[BlockCopy]] = [[] for _ in range(self.num_groups)]
@@ -193,15 +224,19 @@ class SwapCopies:
         current = -1
         with s.copying():
             copy_blocks(host, gpu, [c.dst for c in swap_out], [c.src for c in swap_out])
-            if swap_out and not by_group[0]:
-                self.events.append(s.record())
-                current = 0
+            out = bool(swap_out)
+            if tier is not None:  # reads device blocks a load or swap-in below may reuse
+                out = tier.issue_stores(gpu) or out
             for g, copies in enumerate(by_group):
+                loads = tier is not None and tier.issue_loads(gpu, g)
                 if copies:
                     _swap_in(gpu, host, copies)
+                if copies or loads or (out and current < 0):
                     self.events.append(s.record())
                     current = len(self.events) - 1
                 self.ready[g] = current
+            if tier is not None:  # the next issue's join orders them before any reuse
+                tier.issue_background(gpu)
         self.unjoined = True
 
     def join_previous(self) -> None:
@@ -238,7 +273,7 @@ class SwapCopies:
         """Before layer `layer_idx`'s attention (its kv_write and reads)."""
         i = self.ready[layer_idx // self.layers_per_block]
         if i > self.waited:
-            self.streams.wait(self.events[i])
+            self._wait(self.events[i])
             self.waited = i
 
     def wait_all(self) -> None:
@@ -246,7 +281,7 @@ class SwapCopies:
         anything else that touches the KV pool outside the layers."""
         if self.pending:
             self.waited = len(self.events) - 1
-            self.streams.wait(self.events[-1])
+            self._wait(self.events[-1])
 
     def close(self) -> None:
         """Let the copies in flight end, then drop what a step left (deferred copies of a
@@ -255,3 +290,4 @@ class SwapCopies:
         self.streams.join()
         self.unjoined = False
         self.events, self.deferred, self._pools = [], {}, None
+        self.tier = None  # the host tier's pinned pages go with the runner's pools

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Protocol
 
 from kvtier.config import SchedulerConfig
 from kvtier.core.items import PlanItem
@@ -41,6 +42,10 @@ from kvtier.kv.manager import KVCacheManager
 from kvtier.policies.base import KVPolicy
 from kvtier.scheduler.prefill_budget import PrefillChunker
 from kvtier.scheduler.queue import FCFSQueue
+
+
+class AdmissionGate(Protocol):
+    def admit_now(self, req: Request, running: list[Request], num_step_tokens: int) -> bool: ...
 
 
 @dataclass
@@ -88,6 +93,10 @@ class Scheduler:
         self._finished_ids: list[str] = []
         self._preempted_ids: list[str] = []
         self._async = config.async_scheduling
+        # Whether the waiting queue's head is admitted now, given the running requests and
+        # the tokens this step computes so far (the host tier's cache-aware admission,
+        # kvtier/policies/strata/scheduling.py); None: always.
+        self.admission_gate: AdmissionGate | None = None
 
     # ---- requests in and out -----------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -204,8 +213,12 @@ class Scheduler:
             step.add(req, n, self.kv.block_table(req), reset=True)
 
     def _schedule_waiting(self, step: _StepBuilder) -> None:
+        gate = self.admission_gate
         while self.waiting and step.budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting.peek()
+            if gate is not None and not gate.admit_now(
+                    req, self.running, self.config.max_num_batched_tokens - step.budget):
+                break  # FCFS: it waits for a prefix being computed, or for load room
             # A prefix cache may hold the KV of its first tokens: it starts after them, and
             # only the rest costs budget.
             cached = req.num_computed_tokens = self.kv.admit(req) if self.kv.hooks else 0
@@ -317,6 +330,8 @@ class Scheduler:
         kv = self.kv
         if kv.pending_swap_out:  # prefixes offloaded this step: out before any swap-in
             step.swap_out = kv.take_pending_swap_out() + step.swap_out
+        if kv.prefix_cache is not None and kv.prefix_cache.lower is not None:
+            step.items += kv.take_cache_items()  # the host tier's stores and loads
         plan = StepPlan(scheduled=scheduled, swap_out=step.swap_out, swap_in=step.swap_in,
                         finished_ids=self._finished_ids, preempted_ids=self._preempted_ids,
                         items=step.items)

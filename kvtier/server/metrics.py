@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from kvtier.engine.outputs import EngineStats
+from kvtier.policies.strata.metrics import host_tier_families
 from kvtier.server.updates import RequestUpdate
 
 if TYPE_CHECKING:
@@ -126,6 +127,8 @@ class _EngineCollector(Collector):
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(f"{P}{name}", doc, value=value)
+        if s.host_tier is not None:
+            yield from host_tier_families(s.host_tier)
 
 
 # vLLM's prefix-cache counters, in tokens, of new requests (hit rate = rate(hits) /

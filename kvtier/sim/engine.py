@@ -14,6 +14,7 @@ from kvtier.costmodel.hardware import HardwareProfile, get_hardware
 from kvtier.engine.args import EngineArgs
 from kvtier.engine.assembly import assemble, freeze_startup_objects
 from kvtier.engine.llm_engine import LLMEngine
+from kvtier.policies.strata.install import enable_host_tier
 from kvtier.sim.clock import VirtualClock
 from kvtier.sim.factory import SimFactory, ordinary_token
 
@@ -43,6 +44,8 @@ def build_sim_engine(
                          clock if clock is not None else VirtualClock(), output_lens,
                          record_steps, plan_for=planner_hardware)
     engine = LLMEngine.from_parts(assemble(engine_args, factory))
+    if engine_args.host_tier.enabled:  # the index and admission; the items are priced
+        enable_host_tier(engine, engine_args.host_tier)
     if engine_args.async_scheduling:
         log.warning("kvtier sim: --async-scheduling is not simulated: steps are priced one at "
                     "a time, host work included, as the synchronous engine runs them")

@@ -1,0 +1,136 @@
+"""Strata's host tier against the GPU prefix cache alone, on a workload whose prefix working
+set outgrows a capped device KV pool: TTFT p50/p90, throughput (and at a TTFT SLO) and the
+host tier's counters, for each variant, one engine after another on the same requests:
+
+  a  gpu        the device prefix cache only (evicted prefixes are recomputed)
+  b  direct     + host tier, io-backend direct (copy engine, one copy per run of blocks)
+  c  kernel     + host tier, io-backend kernel (Triton, through the pages' UVA address)
+  d  kernel+cas (c) + cache-aware admission (delayed hits, --hicache-loading-bound,
+                bubble filling by prefetch)
+Ratios are to (a). Every `kvtier bench` option works (workload, arrivals, engine flags), so
+the workload is named like `kvtier bench --workload` names it.
+
+  python -m benchmarks.policies.bench_strata --model llama-3.1-8b --load-format dummy \\
+      --workload leval --dataset-path .carry/leval_paper_assistant.jsonl --num-prompts 200 \\
+      --arrivals poisson --rate 1 --kv-cache-gb 6 --host-gib 64 --slo-ttft 2000 \\
+      --out results/policies/strata_leval_h200.json                  (H200, minutes)
+  python -m benchmarks.policies.bench_strata --model tiny-llama --load-format dummy \\
+      --device cpu --workload synthetic --num-prompts 8 --num-gpu-blocks 96 --host-gib 0.01 \\
+      --max-model-len 256 --out /tmp/strata_smoke.json              (CPU smoke run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from typing import Any
+
+from benchmarks.common import write_result
+from kvtier.bench.cli import add_bench_args, bench_config, workload_spec
+from kvtier.bench.experiment import engine_backends, run_once
+from kvtier.bench.metrics import summarize_run
+from kvtier.bench.workload import build_workload
+from kvtier.engine.args import EngineArgs
+from kvtier.policies.strata.args import HostTierArgs
+
+VARIANTS = {"a": "gpu", "b": "direct", "c": "kernel", "d": "kernel+cas"}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_bench_args(p)
+    EngineArgs.add_cli_args(p, positional_model=False)
+    p.add_argument("--variants", default="a,b,c,d", help="which of a,b,c,d, in this order")
+    p.add_argument("--host-gib", type=float, default=64.0, help="host tier size (b-d)")
+    return p.parse_args(argv)
+
+
+def variant_args(name: str, base: HostTierArgs, host_gib: float) -> HostTierArgs:
+    """The host tier flags of one variant; the write policy and layout are the run's own."""
+    if name == "a":
+        return HostTierArgs()
+    on = replace(base, kv_offloading_size=host_gib, hicache_ratio=None,
+                 hicache_io_backend="direct" if name == "b" else "kernel",
+                 hicache_mem_layout=None, hicache_delayed_hits=name == "d",
+                 hicache_prefetch=name == "d",
+                 hicache_loading_bound=base.hicache_loading_bound if name == "d" else 0.0)
+    return on
+
+
+def run_variant(engine_args: EngineArgs, workload: Any, config: Any, simulate: bool,
+                args: argparse.Namespace) -> dict[str, Any]:
+    from kvtier.engine.llm_engine import LLMEngine
+
+    if simulate:
+        from kvtier.sim import VirtualClock, build_sim_engine
+
+        clock = VirtualClock()
+        factory = engine_backends(lambda _: build_sim_engine(
+            engine_args, args.gpu, args.calibration, clock=clock), args.ignore_eos, clock)
+    else:
+        factory = engine_backends(lambda _: LLMEngine.from_engine_args(engine_args),
+                                  args.ignore_eos)
+    result = run_once(factory, engine_args.kv_policy, workload, config, monitor=None)
+    summary = summarize_run(result, config.slo).to_dict()
+    last = result.steps[-1].stats if result.steps else None
+    tier = last.host_tier if last is not None else None
+    return {"summary": summary, "duration_s": result.duration_s,
+            "host_tier": tier.to_dict() if tier is not None else None,
+            "load_stall_fraction": (tier.load_stall_seconds / result.duration_s
+                                    if tier is not None and result.duration_s else None),
+            "flags": vars(engine_args.host_tier)}
+
+
+def ratios(results: dict[str, dict]) -> dict[str, dict[str, float | None]]:
+    """(a)'s TTFT p50/p90 over each variant's (how many times lower), and each variant's
+    throughput over (a)'s."""
+    base = results.get("a")
+    if base is None:
+        return {}
+    out = {}
+    for name, r in results.items():
+        row: dict[str, float | None] = {}
+        for q in ("p50", "p90"):
+            a, x = _ttft(base, q), _ttft(r, q)
+            row[f"ttft_{q}_lower_x"] = a / x if a and x else None
+        a_t, x_t = base["summary"]["request_throughput"], r["summary"]["request_throughput"]
+        row["throughput_x"] = x_t / a_t if a_t else None
+        out[name] = row
+    return out
+
+
+def _ttft(result: dict, q: str) -> float | None:
+    ttft = result["summary"].get("ttft_s")
+    return ttft.get(q) if ttft else None
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    base = EngineArgs.from_cli_args(args)
+    config = bench_config(args)
+    tokenizer_config = base.create_engine_config()
+    from kvtier.bench.cli import _tokenizer_and_config
+
+    tokenizer, _ = _tokenizer_and_config(base)
+    spec = workload_spec(args, tokenizer_config.scheduler.max_model_len)
+    workload = build_workload(spec, tokenizer, tokenizer_config.model_config.vocab_size)
+    results: dict[str, dict] = {}
+    for name in [v.strip() for v in args.variants.split(",") if v.strip()]:
+        if name not in VARIANTS:
+            raise SystemExit(f"bench_strata: unknown variant {name!r}, one of {sorted(VARIANTS)}")
+        engine_args = replace(base, host_tier=variant_args(name, base.host_tier, args.host_gib))
+        results[name] = {"label": VARIANTS[name],
+                         **run_variant(engine_args, workload, config, args.simulate, args)}
+        s = results[name]["summary"]
+        print(f"{name} {VARIANTS[name]:>10}: TTFT p50 {_ttft(results[name], 'p50')} s, "
+              f"{s['request_throughput']:.3f} req/s", file=sys.stderr)
+    payload = {"workload": spec.to_dict(), "workload_summary": workload.summary(),
+               "variants": results, "ratios_to_a": ratios(results),
+               "simulated": bool(args.simulate)}
+    write_result(args.out or "strata_bench.json", payload)
+
+
+if __name__ == "__main__":
+    main()

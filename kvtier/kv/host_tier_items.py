@@ -1,0 +1,83 @@
+"""The host tier's plan items (kvtier/kv/host_tier.py makes them; kvtier/policies/strata/
+registers their runner hooks and prices). Torch-free. Every item lists host pages and device
+blocks, one per device block (a token block is num_groups of them). The `Direct` subclasses
+are the same copies made by the copy engine (`--hicache-io-backend direct`): their own kinds,
+so the cost model prices each io-backend with its own curve."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from kvtier.core.items import PlanItem
+
+
+@dataclass(frozen=True, slots=True)
+class HostStore(PlanItem):
+    """Copy device blocks into host pages (D2H): page host_pages[i] = gpu_blocks[i]."""
+
+    kind: ClassVar[str] = "host_store"
+    gpu_blocks: tuple[int, ...]
+    host_pages: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.gpu_blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class HostBackup(PlanItem):
+    """Copy device blocks that stay cached into host pages (D2H), behind the step's loads:
+    nothing in the step writes those blocks, so the forward does not wait for it."""
+
+    kind: ClassVar[str] = "host_backup"
+    gpu_blocks: tuple[int, ...]
+    host_pages: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.gpu_blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class HostPrefetch(PlanItem):
+    """Load host blocks into device blocks of the device tier's own (for a request that
+    waits a step), behind the step's loads: no layer of the step waits for it."""
+
+    kind: ClassVar[str] = "host_prefetch"
+    host_pages: tuple[int, ...]
+    gpu_blocks: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.gpu_blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class HostLoad(PlanItem):
+    """Load a request's host hit (H2D) into its new device blocks, before the layers of
+    each block's group read it: gpu_blocks[i] = host_pages[i], of layer group groups[i]."""
+
+    kind: ClassVar[str] = "host_load"
+    request_id: str
+    host_pages: tuple[int, ...]
+    gpu_blocks: tuple[int, ...]
+    groups: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.gpu_blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class HostStoreDirect(HostStore):
+    kind: ClassVar[str] = "host_store_direct"
+
+
+@dataclass(frozen=True, slots=True)
+class HostLoadDirect(HostLoad):
+    kind: ClassVar[str] = "host_load_direct"
+
+
+# The kernel's item class -> the copy engine's (the backups and prefetches are not priced).
+DIRECT = {HostStore: HostStoreDirect, HostLoad: HostLoadDirect}

@@ -1,0 +1,31 @@
+"""Strata / SGLang HiCache: the host tier of the prefix cache (kvtier/kv/host_tier.py is
+its index), its flags (args.py), the runner's pinned pages and copies (transfers.py), its
+plan items' hooks and prices (items.py), cache-aware admission (scheduling.py) and the
+wiring onto an engine (install.py). Not a memory system: it works beside any of them.
+docs/HOST_TIER.md."""
+
+from kvtier.core.items import register_item
+from kvtier.kv.host_tier_items import (
+    HostBackup,
+    HostLoad,
+    HostLoadDirect,
+    HostPrefetch,
+    HostStore,
+    HostStoreDirect,
+)
+from kvtier.policies.strata.items import (
+    price_host_loads,
+    price_host_loads_direct,
+    price_host_stores,
+    price_host_stores_direct,
+    price_in_background,
+    run_host_loads,
+    run_host_stores,
+)
+
+register_item(HostStore, run=run_host_stores, price=price_host_stores)
+register_item(HostBackup, run=run_host_stores, price=price_in_background)
+register_item(HostPrefetch, run=run_host_loads, price=price_in_background)
+register_item(HostLoad, run=run_host_loads, price=price_host_loads)
+register_item(HostStoreDirect, run=run_host_stores, price=price_host_stores_direct)
+register_item(HostLoadDirect, run=run_host_loads, price=price_host_loads_direct)

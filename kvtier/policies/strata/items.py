@@ -1,0 +1,61 @@
+"""The host tier's plan items (kvtier/kv/host_tier.py: HostStore, HostLoad): the runner's
+hooks stage them for the step's copy stream (transfers.py), the cost model prices them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvtier.costmodel.hardware import CopyMechanism
+from kvtier.kv.host_tier_items import HostBackup, HostLoad, HostPrefetch, HostStore
+
+
+def _tier(runner: Any):
+    tier = runner.copies.tier
+    if tier is None:
+        raise RuntimeError("a plan carries host-tier copies but the runner has no host tier "
+                           "(kvtier.policies.strata.install.enable_host_tier)")
+    return tier
+
+
+def run_host_stores(runner: Any, items: list[HostStore] | list[HostBackup]) -> None:
+    _tier(runner).stage(items, ())
+
+
+def run_host_loads(runner: Any, items: list[HostLoad] | list[HostPrefetch]) -> None:
+    _tier(runner).stage((), items)
+
+
+def _price(cost_model: Any, count: int, to_device: bool, direct: bool = False) -> float:
+    """Seconds for `count` pages (one device block each), as a serial part of the step,
+    from the hardware profile's affine curves (measured on the H200): the kernel's, one
+    launch per step and direction; the copy engine's per-page curve with one call per block
+    (an upper bound: runs of consecutive blocks go as one call)."""
+    curves = cost_model.hw.h2d if to_device else cost_model.hw.d2h
+    nbytes = cost_model.config.block_bytes * count
+    if direct:
+        return curves[CopyMechanism.MEMCPY_PER_PAGE].seconds(nbytes, num_transfers=count)
+    return curves[CopyMechanism.KERNEL_GATHER].seconds(nbytes)
+
+
+def price_host_stores(cost_model: Any, count: int) -> float:
+    return _price(cost_model, count, to_device=False)
+
+
+def price_host_stores_direct(cost_model: Any, count: int) -> float:
+    return _price(cost_model, count, to_device=False, direct=True)
+
+
+def price_host_loads_direct(cost_model: Any, count: int) -> float:
+    return _price(cost_model, count, to_device=True, direct=True)
+
+
+def price_in_background(cost_model: Any, count: int) -> float:
+    """Backups and prefetches: none of the step's time. The runner issues them after the
+    step's loads and the forward waits for no event of theirs; the next step's copies
+    wait for them first, which the cost model does not price (it assumes they end
+    within a step: a step of a long forward, as bubble filling wants)."""
+    return 0.0
+
+
+def price_host_loads(cost_model: Any, count: int) -> float:
+    return _price(cost_model, count, to_device=True)

@@ -1,0 +1,103 @@
+"""Cache-aware admission (Strata §4) for the waiting queue's head, as the scheduler's
+`admission_gate`. Torch-free: the simulator runs it as it is.
+
+  * Delayed hits: when the first block the request would have to compute (past its device
+    and host hits) is one a running request is still computing, the request waits for it
+    instead of computing it a second time; the next steps find it cached.
+  * Balanced batches (Strata's `loading_bound`): a step loads at most `loading_bound` times
+    the tokens it computes (counting the request's own uncached suffix), so loads do not
+    stretch a step that has little to compute them behind; a step's first load always
+    goes (an idle engine never waits for compute to hide a load behind).
+  * Bubble filling (`prefetch`): a request with a host hit, while others run, waits one
+    step and its blocks load in that step's background, into the device tier (the step's
+    decodes and chunks do not wait for them); next step it hits them on the device. So
+    does a request waiting for a delayed hit. Once per request: if its prefetched blocks
+    are evicted before it is admitted, it loads them the ordinary way.
+FCFS is kept: a head that waits holds the queue for a step, and the running requests'
+decodes and prefill chunks keep running meanwhile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from weakref import WeakKeyDictionary
+
+from kvtier.core.request import Request, RequestStatus
+from kvtier.kv.block_hash import BlockHash
+from kvtier.kv.host_tier import HostTier
+from kvtier.kv.manager import KVCacheManager
+
+
+@dataclass
+class AdmissionStats:
+    delayed_requests: int = 0  # requests that waited for a prefix being computed
+    delayed_hit_tokens: int = 0  # tokens they found cached after waiting (not recomputed)
+    delayed_steps: int = 0  # admissions put off for a prefix being computed
+    load_bound_steps: int = 0  # admissions put off by the loading bound
+    prefetches: int = 0  # requests whose host hit was loaded while they waited
+
+
+class CacheAwareAdmission:
+    def __init__(self, kv: KVCacheManager, tier: HostTier, loading_bound: float,
+                 delayed_hits: bool, prefetch: bool = False):
+        assert kv.prefix_cache is not None
+        self.kv, self.cache, self.tier = kv, kv.prefix_cache, tier
+        self.loading_bound, self.delayed_hits = loading_bound, delayed_hits
+        self.prefetch = prefetch
+        self._prefetched: WeakKeyDictionary[Request, int] = WeakKeyDictionary()
+        # request -> blocks cached when it first waited (weak: an abort takes it along)
+        self._waited: WeakKeyDictionary[Request, int] = WeakKeyDictionary()
+        self.stats = AdmissionStats()
+
+    def admit_now(self, req: Request, running: list[Request], num_step_tokens: int) -> bool:
+        hashes, n_device = self.cache.admission_hashes(req)
+        n_host = 0
+        index = self.tier.index
+        while n_device + n_host < len(hashes) and hashes[n_device + n_host] in index:
+            n_host += 1
+        cached = n_device + n_host
+        delayed = (self.delayed_hits and cached < len(hashes)
+                   and hashes[cached] in self._computing(running))
+        if delayed:
+            if req not in self._waited:
+                self._waited[req] = cached
+                self.stats.delayed_requests += 1
+            self.stats.delayed_steps += 1
+        if n_host and self.prefetch and req not in self._prefetched and (
+                delayed or any(r.status is RequestStatus.RUNNING for r in running)):
+            self._prefetched[req] = got = self.tier.prefetch(hashes[n_device:cached], self.kv)
+            if got:
+                self.stats.prefetches += 1
+                return False
+        if delayed:
+            return False
+        if n_host and self._over_bound(req, n_host, cached, num_step_tokens):
+            self.stats.load_bound_steps += 1
+            return False
+        first = self._waited.pop(req, None)
+        if first is not None:
+            self.stats.delayed_hit_tokens += (cached - first) * self.kv.block_size
+        return True
+
+    def _over_bound(self, req: Request, n_host: int, cached: int, num_step_tokens: int) -> bool:
+        if not self.loading_bound:
+            return False
+        planned = self.tier.num_planned_load_blocks
+        if not planned:
+            return False
+        bs = self.kv.block_size
+        compute = num_step_tokens + req.num_tokens - cached * bs
+        return (planned + n_host) * bs > self.loading_bound * compute
+
+    def _computing(self, running: list[Request]) -> set[BlockHash]:
+        """Blocks running requests are still to compute of their prompts (their hashes were
+        made at their admission)."""
+        out: set[BlockHash] = set()
+        bs = self.kv.block_size
+        for r in running:
+            if r.status is not RequestStatus.RUNNING or \
+                    r.num_computed_tokens >= r.num_prompt_tokens:
+                continue
+            hashes, _ = self.cache.admission_hashes(r)
+            out.update(hashes[r.num_computed_tokens // bs:])
+        return out

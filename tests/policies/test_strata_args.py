@@ -1,0 +1,66 @@
+"""The host tier's flags: both spellings of the size, the ratio, SGLang's layout names, and
+the errors that name the option."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from kvtier.config import ConfigError
+from kvtier.engine.args import EngineArgs
+from kvtier.kernels.host_page_backends import IOBackend
+from kvtier.kernels.host_page_io import HostPageLayout
+from kvtier.kv.host_tier import WritePolicy
+from kvtier.policies.strata.args import GiB, HostTierArgs
+
+
+def parse(*flags: str) -> HostTierArgs:
+    p = argparse.ArgumentParser()
+    EngineArgs.add_cli_args(p)
+    return EngineArgs.from_cli_args(p.parse_args(["tiny-llama", *flags])).host_tier
+
+
+def test_off_by_default_and_both_size_spellings_turn_it_on():
+    assert not parse().enabled
+    for flag in ("--kv-offloading-size", "--hicache-size"):
+        a = parse(flag, "2.5")
+        assert a.enabled and a.kv_offloading_size == 2.5
+        assert a.resolve(num_gpu_blocks=100, page_bytes=GiB // 4).tier.num_pages == 10
+
+
+def test_the_ratio_and_the_bare_switch_size_by_the_device_pool():
+    assert parse("--hicache-ratio", "3").resolve(100, 1 << 20).tier.num_pages == 300
+    assert parse("--enable-hierarchical-cache").resolve(100, 1 << 20).tier.num_pages == 200
+    with pytest.raises(ConfigError, match="not both"):
+        parse("--hicache-size", "1", "--hicache-ratio", "2").resolve(100, 1 << 20)
+
+
+def test_policy_backend_and_layouts_in_sglangs_words():
+    o = parse("--hicache-size", "1", "--hicache-write-policy", "write_through_selective",
+              "--hicache-write-through-threshold", "3", "--hicache-io-backend", "direct",
+              "--hicache-mem-layout", "page_first_direct").resolve(100, 1 << 20)
+    assert o.tier.write_policy is WritePolicy.WRITE_THROUGH_SELECTIVE
+    assert o.tier.selective_hits == 3
+    assert (o.io.backend, o.io.layout) == (IOBackend.DIRECT, HostPageLayout.BLOCK)
+    kernel = parse("--hicache-size", "1").resolve(100, 1 << 20)
+    assert (kernel.io.backend, kernel.io.layout) == (IOBackend.KERNEL, HostPageLayout.HEAD_MAJOR)
+    assert parse("--hicache-size", "1", "--hicache-io-backend", "direct").resolve(
+        100, 1 << 20).io.layout is HostPageLayout.BLOCK
+    for name, layout in (("page_head", HostPageLayout.HEAD_MAJOR),
+                         ("page_first", HostPageLayout.HEAD_MAJOR),
+                         ("block", HostPageLayout.BLOCK)):
+        assert parse("--hicache-size", "1", "--hicache-mem-layout", name).resolve(
+            100, 1 << 20).io.layout is layout
+
+
+def test_bad_values_are_refused_naming_the_flag():
+    with pytest.raises(ConfigError, match="--kv-offloading-size must be > 0"):
+        parse("--hicache-size", "0").resolve(100, 1 << 20)
+    with pytest.raises(ConfigError, match="--hicache-loading-bound"):
+        parse("--hicache-size", "1", "--hicache-loading-bound", "-1").resolve(100, 1 << 20)
+    with pytest.raises(ConfigError, match="selective_hits"):
+        parse("--hicache-size", "1", "--hicache-write-through-threshold", "0").resolve(
+            100, 1 << 20)
+    with pytest.raises(SystemExit):  # argparse: not one of the choices
+        parse("--hicache-write-policy", "write_around")
