@@ -32,7 +32,7 @@ from kvtier.bench.experiment import engine_backends, run_once
 from kvtier.bench.metrics import summarize_run
 from kvtier.bench.workload import build_workload
 from kvtier.engine.args import EngineArgs
-from kvtier.policies.strata.args import HostTierArgs
+from kvtier.offload.args import HostTierArgs
 
 VARIANTS = {"a": "gpu", "b": "direct", "c": "kernel", "d": "kernel+cas"}
 

@@ -19,6 +19,7 @@ class CopyMechanism(str, enum.Enum):
 
     BULK = "bulk"  # one large cudaMemcpyAsync over contiguous pinned memory
     MEMCPY_PER_PAGE = "memcpy_per_page"  # one cudaMemcpyAsync per page
+    MEMCPY_BATCH = "memcpy_batch"  # every page in one cudaMemcpyBatchAsync
     KERNEL_GATHER = "kernel_gather"  # a kernel reads pinned host pages through UVA
 
 
@@ -55,15 +56,19 @@ class HardwareProfile:
 def _h200() -> HardwareProfile:
     # PCIe Gen5 x16, pinned memory. Bulk copies' rates, the per-page call's cost (a 32 KiB
     # page's time less its bytes: the driver's per-call cost dominates) and the UVA gather
-    # kernel's rate come from the hw probe (shared/hw/h200_probe_2026-11-30.json).
+    # kernel's rate come from the hw probe (shared/hw/h200_probe_2026-11-30.json); the batch
+    # call's from results/kernels/host_page_io_h200_runtime.json (its rate: the link's in
+    # that run; its per-page cost: the host time of a 1,024-page list, alone).
     h2d = {
         CopyMechanism.BULK: CopyCost(1 / 55.35e9, 10e-6),
         CopyMechanism.MEMCPY_PER_PAGE: CopyCost(1 / 55.35e9, 7.4e-6),
+        CopyMechanism.MEMCPY_BATCH: CopyCost(1 / 54.31e9, 1.2e-6),
         CopyMechanism.KERNEL_GATHER: CopyCost(1 / 49.44e9, 5e-6),
     }
     d2h = {
         CopyMechanism.BULK: CopyCost(1 / 54.87e9, 10e-6),
         CopyMechanism.MEMCPY_PER_PAGE: CopyCost(1 / 54.87e9, 7.4e-6),
+        CopyMechanism.MEMCPY_BATCH: CopyCost(1 / 55.19e9, 1.2e-6),
         CopyMechanism.KERNEL_GATHER: CopyCost(1 / 49.44e9, 5e-6),
     }
     return HardwareProfile(

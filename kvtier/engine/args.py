@@ -9,10 +9,10 @@ from typing import Any, Self
 
 from kvtier.config import CacheConfig, EngineConfig, SchedulerConfig
 from kvtier.model.loader import resolve_model_config
+from kvtier.offload.args import HostTierArgs
 from kvtier.policies import get_system, policy_names
 from kvtier.policies.options import SystemArgs, arg_type
 from kvtier.policies.registry import policy_flag_defaults, system_args
-from kvtier.policies.strata.args import HostTierArgs
 
 # The default cap on a prompt's chunk per step (--long-prefill-token-threshold): the largest
 # that kept the 8B's ITL p99 within the TPOT SLO on L-Eval documents, on the
@@ -83,7 +83,7 @@ class EngineArgsFields:
         default=1, metadata={"help": "GPUs (CPU processes) the model is split over, one "
                                      "process each (docs/TENSOR_PARALLEL.md)",
                              "aliases": ("-tp",)})
-    # The prefix cache's host tier (kvtier/policies/strata/args.py has its flags).
+    # The prefix cache's host tier (kvtier/offload/args.py has its flags).
     host_tier: HostTierArgs = field(default_factory=HostTierArgs, metadata={"cli": False})
     # The memory systems' own flags (each system's SystemArgs), by keyword;
     # EngineArgs(<prefix>_<flag>=...) and args.<prefix>_<flag> read and write them here.

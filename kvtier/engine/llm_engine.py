@@ -25,9 +25,9 @@ from kvtier.engine.detokenizer import IncrementalDetokenizer
 from kvtier.engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from kvtier.kv.manager import KVCacheManager
 from kvtier.kv.prefix_cache import PrefixCacheBusyError, PrefixCacheStats
+from kvtier.offload.install import enable_host_tier
+from kvtier.offload.metrics import host_tier_metrics
 from kvtier.policies import get_policy
-from kvtier.policies.strata.install import enable_host_tier
-from kvtier.policies.strata.metrics import host_tier_metrics
 from kvtier.sampling_params import InvalidRequestError, SamplingParams
 from kvtier.scheduler.scheduler import Scheduler
 from kvtier.tokenizer import Tokenizer

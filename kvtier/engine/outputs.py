@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvtier.policies.strata.metrics import HostTierMetrics
+    from kvtier.offload.metrics import HostTierMetrics
 
 
 @dataclass

@@ -2,7 +2,7 @@
 blocks kept in pinned host pages, keyed by the device tier's chained block hashes, loaded
 back into fresh device blocks when an admission's device hits end where the host tier's
 begin. Pure Python, no tensors: it plans copies as plan items (`HostStore`, `HostLoad`)
-that the runner executes (kvtier/policies/strata/) and the cost model prices. It plugs
+that the runner executes (kvtier/offload/) and the cost model prices. It plugs
 into the device tier as its `PrefixTier` (kvtier/kv/hooks.py); docs/HOST_TIER.md.
 
 One host page per device block (one layer group of one token block), so a cached token

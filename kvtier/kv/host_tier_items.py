@@ -1,4 +1,4 @@
-"""The host tier's plan items (kvtier/kv/host_tier.py makes them; kvtier/policies/strata/
+"""The host tier's plan items (kvtier/kv/host_tier.py makes them; kvtier/offload/
 registers their runner hooks and prices). Torch-free. Every item lists host pages and device
 blocks, one per device block (a token block is num_groups of them). The `Direct` subclasses
 are the same copies made by the copy engine (`--hicache-io-backend direct`): their own kinds,

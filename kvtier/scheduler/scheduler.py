@@ -95,7 +95,7 @@ class Scheduler:
         self._async = config.async_scheduling
         # Whether the waiting queue's head is admitted now, given the running requests and
         # the tokens this step computes so far (the host tier's cache-aware admission,
-        # kvtier/policies/strata/scheduling.py); None: always.
+        # kvtier/offload/scheduling.py); None: always.
         self.admission_gate: AdmissionGate | None = None
 
     # ---- requests in and out -----------------------------------------------------------

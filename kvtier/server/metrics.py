@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from kvtier.engine.outputs import EngineStats
-from kvtier.policies.strata.metrics import host_tier_families
+from kvtier.offload.metrics import host_tier_families
 from kvtier.server.updates import RequestUpdate
 
 if TYPE_CHECKING:

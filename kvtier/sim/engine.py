@@ -14,7 +14,7 @@ from kvtier.costmodel.hardware import HardwareProfile, get_hardware
 from kvtier.engine.args import EngineArgs
 from kvtier.engine.assembly import assemble, freeze_startup_objects
 from kvtier.engine.llm_engine import LLMEngine
-from kvtier.policies.strata.install import enable_host_tier
+from kvtier.offload.install import enable_host_tier
 from kvtier.sim.clock import VirtualClock
 from kvtier.sim.factory import SimFactory, ordinary_token
 

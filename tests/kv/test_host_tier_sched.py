@@ -18,11 +18,11 @@ from kvtier.kv.host_tier import HostTierConfig, WritePolicy
 from kvtier.kv.host_tier_items import HostBackup, HostLoad, HostPrefetch, HostStore
 from kvtier.kv.manager import KVCacheManager, cdiv
 from kvtier.kv.prefix_cache import PrefixCacheConfig
+from kvtier.offload.args import HostTierOptions
+from kvtier.offload.install import attach_index
+from kvtier.offload.scheduling import CacheAwareAdmission
 from kvtier.policies import get_policy
 from kvtier.policies.ellm import EllmOptions
-from kvtier.policies.strata.args import HostTierOptions
-from kvtier.policies.strata.install import attach_index
-from kvtier.policies.strata.scheduling import CacheAwareAdmission
 from kvtier.runner.block_tables import BlockTables
 from kvtier.sampling_params import SamplingParams
 from kvtier.scheduler.scheduler import Scheduler

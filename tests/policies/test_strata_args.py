@@ -12,7 +12,7 @@ from kvtier.engine.args import EngineArgs
 from kvtier.kernels.host_page_backends import IOBackend
 from kvtier.kernels.host_page_io import HostPageLayout
 from kvtier.kv.host_tier import WritePolicy
-from kvtier.policies.strata.args import GiB, HostTierArgs
+from kvtier.offload.args import GiB, HostTierArgs
 
 
 def parse(*flags: str) -> HostTierArgs:
@@ -43,15 +43,15 @@ def test_policy_backend_and_layouts_in_sglangs_words():
     assert o.tier.write_policy is WritePolicy.WRITE_THROUGH_SELECTIVE
     assert o.tier.selective_hits == 3
     assert (o.io.backend, o.io.layout) == (IOBackend.DIRECT, HostPageLayout.BLOCK)
-    kernel = parse("--hicache-size", "1").resolve(100, 1 << 20)
+    default = parse("--hicache-size", "1").resolve(100, 1 << 20)
+    assert (default.io.backend, default.io.layout) == (IOBackend.DIRECT, HostPageLayout.BLOCK)
+    kernel = parse("--hicache-size", "1", "--hicache-io-backend", "kernel").resolve(100, 1 << 20)
     assert (kernel.io.backend, kernel.io.layout) == (IOBackend.KERNEL, HostPageLayout.HEAD_MAJOR)
-    assert parse("--hicache-size", "1", "--hicache-io-backend", "direct").resolve(
-        100, 1 << 20).io.layout is HostPageLayout.BLOCK
     for name, layout in (("page_head", HostPageLayout.HEAD_MAJOR),
                          ("page_first", HostPageLayout.HEAD_MAJOR),
                          ("block", HostPageLayout.BLOCK)):
-        assert parse("--hicache-size", "1", "--hicache-mem-layout", name).resolve(
-            100, 1 << 20).io.layout is layout
+        assert parse("--hicache-size", "1", "--hicache-io-backend", "kernel",
+                     "--hicache-mem-layout", name).resolve(100, 1 << 20).io.layout is layout
 
 
 def test_bad_values_are_refused_naming_the_flag():

@@ -1,4 +1,4 @@
-"""Layer-wise loading of host-tier hits (kvtier/policies/strata/transfers.py through
+"""Layer-wise loading of host-tier hits (kvtier/offload/transfers.py through
 SwapCopies): the order the tier's copies and events are issued in against the swap copies,
 and which event each layer waits for, with the fake streams of tests/runner."""
 
@@ -9,7 +9,7 @@ import torch
 from kvtier.core.plan import BlockCopy
 from kvtier.kernels.host_page_backends import PageIOConfig
 from kvtier.kv.host_tier_items import HostBackup, HostLoad, HostStore
-from kvtier.policies.strata.transfers import HostTierCopies
+from kvtier.offload.transfers import HostTierCopies
 from tests.runner.test_swap_copies import F, G, make
 
 

@@ -16,10 +16,10 @@ from kvtier import SamplingParams
 from kvtier.config import ConfigError
 from kvtier.engine.args import EngineArgs
 from kvtier.engine.llm_engine import LLMEngine
-from kvtier.policies.strata.args import HostTierArgs
-from kvtier.policies.strata.install import enable_host_tier
-from kvtier.policies.strata.metrics import host_tier_families
-from kvtier.policies.strata.transfers import HostTierMemoryError
+from kvtier.offload.args import HostTierArgs
+from kvtier.offload.install import enable_host_tier
+from kvtier.offload.metrics import host_tier_families
+from kvtier.offload.transfers import HostTierMemoryError
 
 
 def _engine(cache: bool, **kw) -> LLMEngine:

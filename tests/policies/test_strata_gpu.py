@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvtier.policies.strata.args import HostTierArgs
-from kvtier.policies.strata.install import enable_host_tier
+from kvtier.offload.args import HostTierArgs
+from kvtier.offload.install import enable_host_tier
 from tests.policies.test_strata_engine import PARAMS, _engine, _prompts, _serve
 
 

@@ -4,8 +4,10 @@ loading a prefix back costs less than computing it again (a long document)."""
 
 from __future__ import annotations
 
+import pytest
+
 from kvtier.engine.args import EngineArgs
-from kvtier.policies.strata.args import HostTierArgs
+from kvtier.offload.args import HostTierArgs
 from kvtier.sampling_params import SamplingParams
 from kvtier.sim import build_sim_engine
 
@@ -28,15 +30,17 @@ def _run(host_tier: HostTierArgs):
     return e, ttft
 
 
-def test_host_hits_are_loaded_priced_and_faster_than_recomputing():
+@pytest.mark.parametrize("io_backend,load_kind", [("kernel", "host_load"),
+                                                   ("direct", "host_load_direct")])
+def test_host_hits_are_loaded_priced_and_faster_than_recomputing(io_backend, load_kind):
     off, ttft_off = _run(HostTierArgs())
-    on, ttft_on = _run(HostTierArgs(kv_offloading_size=16.0))
+    on, ttft_on = _run(HostTierArgs(kv_offloading_size=16.0, hicache_io_backend=io_backend))
     m = on.get_stats().host_tier
     # The repeats hit all 8,000 document tokens: their heads still on the device (the
     # device evicts leaves first), their tails loaded from the host
     assert m is not None and m.gpu_hit_tokens + m.host_hit_tokens == 2 * 8000
     assert m.host_hit_tokens > 8000 and off.get_stats().host_tier is None
     kinds = {k for s in on.executor.steps for k, _ in s.shape.items}
-    assert kinds == {"host_load", "host_backup"}  # write-through: copies of cached blocks
+    assert kinds == {load_kind, "host_backup"}  # write-through: copies of cached blocks
     assert all(ttft_on[r] < 0.5 * ttft_off[r] for r in ("2", "3"))  # the repeats
     assert ttft_on["0"] == ttft_off["0"]  # first sight: nothing to load, stores come later

@@ -22,7 +22,7 @@ import torch
 from kvtier.kernels.host_page_backends import HostPageIO, PageIOConfig
 from kvtier.kernels.host_page_io import host_page_shape
 from kvtier.kv.host_tier_items import HostBackup, HostLoad, HostPrefetch, HostStore
-from kvtier.policies.strata.timing import CopyTimer
+from kvtier.offload.timing import CopyTimer
 
 
 class HostTierMemoryError(RuntimeError):

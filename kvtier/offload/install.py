@@ -9,9 +9,9 @@ from typing import Any
 from kvtier.config import ConfigError
 from kvtier.kv.host_tier import HostTier
 from kvtier.kv.manager import KVCacheManager
-from kvtier.policies.strata.args import HostTierArgs, HostTierOptions
-from kvtier.policies.strata.scheduling import CacheAwareAdmission
-from kvtier.policies.strata.transfers import HostTierCopies, allocate_pages
+from kvtier.offload.args import HostTierArgs, HostTierOptions
+from kvtier.offload.scheduling import CacheAwareAdmission
+from kvtier.offload.transfers import HostTierCopies, allocate_pages
 
 
 def attach_index(kv: KVCacheManager, options: HostTierOptions) -> HostTier:

@@ -46,7 +46,9 @@ class HostTierArgs:
     hicache_ratio: float | None = None
     hicache_write_policy: str = WritePolicy.WRITE_THROUGH.value
     hicache_write_through_threshold: int = 2  # write_through_selective's device hits
-    hicache_io_backend: str = IOBackend.KERNEL.value
+    # The copy engine fed one batch call per transfer keeps link speed beside compute where
+    # the kernel takes SMs from it (results/kernels/host_page_io_h200_runtime.json).
+    hicache_io_backend: str = IOBackend.DIRECT.value
     hicache_mem_layout: str | None = None
     hicache_min_load_blocks: int = 1
     hicache_loading_bound: float = DEFAULT_LOADING_BOUND  # 0: no bound

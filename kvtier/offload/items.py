@@ -13,7 +13,7 @@ def _tier(runner: Any):
     tier = runner.copies.tier
     if tier is None:
         raise RuntimeError("a plan carries host-tier copies but the runner has no host tier "
-                           "(kvtier.policies.strata.install.enable_host_tier)")
+                           "(kvtier.offload.install.enable_host_tier)")
     return tier
 
 
@@ -28,12 +28,14 @@ def run_host_loads(runner: Any, items: list[HostLoad] | list[HostPrefetch]) -> N
 def _price(cost_model: Any, count: int, to_device: bool, direct: bool = False) -> float:
     """Seconds for `count` pages (one device block each), as a serial part of the step,
     from the hardware profile's affine curves (measured on the H200): the kernel's, one
-    launch per step and direction; the copy engine's per-page curve with one call per block
-    (an upper bound: runs of consecutive blocks go as one call)."""
+    launch per step and direction; the copy engine's batch-call curve with one piece per
+    block (an upper bound: runs of consecutive blocks go as one piece), or, on a profile
+    without one, its per-page curve with one call per block."""
     curves = cost_model.hw.h2d if to_device else cost_model.hw.d2h
     nbytes = cost_model.config.block_bytes * count
     if direct:
-        return curves[CopyMechanism.MEMCPY_PER_PAGE].seconds(nbytes, num_transfers=count)
+        curve = curves.get(CopyMechanism.MEMCPY_BATCH, curves[CopyMechanism.MEMCPY_PER_PAGE])
+        return curve.seconds(nbytes, num_transfers=count)
     return curves[CopyMechanism.KERNEL_GATHER].seconds(nbytes)
 
 

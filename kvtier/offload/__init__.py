@@ -1,4 +1,4 @@
-"""Strata / SGLang HiCache: the host tier of the prefix cache (kvtier/kv/host_tier.py is
+"""KV offloading to host memory (Strata; SGLang HiCache): the host tier of the prefix cache (kvtier/kv/host_tier.py is
 its index), its flags (args.py), the runner's pinned pages and copies (transfers.py), its
 plan items' hooks and prices (items.py), cache-aware admission (scheduling.py) and the
 wiring onto an engine (install.py). Not a memory system: it works beside any of them.
@@ -13,7 +13,7 @@ from kvtier.kv.host_tier_items import (
     HostStore,
     HostStoreDirect,
 )
-from kvtier.policies.strata.items import (
+from kvtier.offload.items import (
     price_host_loads,
     price_host_loads_direct,
     price_host_stores,
