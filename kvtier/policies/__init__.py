@@ -1,8 +1,10 @@
 """Memory systems, chosen by name (`kv_policy=` / `--kv-policy`): one package each
 (`kvtier/policies/<name>/`); base.py holds the hooks shared code calls them through."""
 
-from kvtier.policies import ellm as _ellm  # noqa: F401  (importing registers them)
+from kvtier.policies import directkv as _directkv  # noqa: F401  (importing registers them)
+from kvtier.policies import ellm as _ellm  # noqa: F401
 from kvtier.policies import hcache as _hcache  # noqa: F401
+from kvtier.policies import neo as _neo  # noqa: F401
 from kvtier.policies import recompute as _recompute  # noqa: F401
 from kvtier.policies import swap as _swap  # noqa: F401
 from kvtier.policies.base import KVPolicy, MemorySystem, Preemption

@@ -315,9 +315,10 @@ class Scheduler:
         kv = self.kv
         if kv.pending_swap_out:  # prefixes offloaded this step: out before any swap-in
             step.swap_out = kv.take_pending_swap_out() + step.swap_out
+        own = self.policy.take_items(scheduled)  # placement work outside preempt/resume
         plan = StepPlan(scheduled=scheduled, swap_out=step.swap_out, swap_in=step.swap_in,
                         finished_ids=self._finished_ids, preempted_ids=self._preempted_ids,
-                        items=step.items)
+                        items=own + step.items if own else step.items)
         self._finished_ids, self._preempted_ids = [], []
         return plan
 

@@ -1,0 +1,56 @@
+"""NEO's runner side: a host row's attention runs on the CPU, beside the KV it reads. Per
+layer the rows' q, k and v cross PCIe to the host (one copy), their new K/V are stored into
+the host pages, `cpu_decode_attention` runs on the CPU worker thread (not the Python main
+thread: the kernel releases the GIL), and the output crosses back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kvtier.kernels.cpu_attention import CpuAttentionWorker
+from kvtier.kernels.kv_write import kv_write_ref
+from kvtier.policies.host_resident.items import HostRows
+from kvtier.policies.host_resident.runner_side import (
+    HostResidentSource,
+    HostRowsAttention,
+    HostRowsLayout,
+)
+
+
+class CpuRows(HostRowsAttention):
+    def __init__(self, layout: HostRowsLayout, pages: torch.Tensor, layers_per_block: int,
+                 ops: Any, worker: CpuAttentionWorker, num_threads: int | None):
+        super().__init__(layout, pages, layers_per_block, ops)
+        self.worker, self.num_threads = worker, num_threads
+        self.tables = torch.from_numpy(layout.tables)  # [G, n, W] int32 (host)
+        self.slots = torch.from_numpy(layout.slots)  # [G, n] int64
+        self.lens = torch.from_numpy(layout.context_lens)  # [n] int32
+
+    def layer(self, group: int, pages: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+              v: torch.Tensor, scale: float, out: torch.Tensor) -> None:
+        hq, hkv = q.shape[1], k.shape[1]
+        # One device-to-host copy for the three (it waits for the layer's projection).
+        qkv = torch.cat([q, k, v], dim=1).cpu() if q.is_cuda else torch.cat([q, k, v], dim=1)
+        qh, kh, vh = qkv.split([hq, hkv, hkv], dim=1)
+        kv_write_ref(pages.transpose(2, 3), kh, vh, self.slots[group])
+        future = self.worker.submit(qh, pages[:, 0], pages[:, 1], self.tables[group],
+                                    self.lens, scale, num_threads=self.num_threads)
+        o, _ = future.result()
+        out.copy_(o)
+
+
+class NeoSource(HostResidentSource):
+    def __init__(self, runner: Any, rows_item: type[HostRows], num_threads: int | None):
+        super().__init__(runner, rows_item)
+        self.worker = CpuAttentionWorker()
+        self.num_threads = num_threads
+
+    def attention(self, layout: HostRowsLayout) -> CpuRows:
+        r = self.runner
+        return CpuRows(layout, self.pages, r.layers_per_block, r.ops, self.worker,
+                       self.num_threads)
+
+    def close(self) -> None:
+        self.worker.close()
