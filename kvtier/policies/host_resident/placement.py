@@ -5,7 +5,7 @@ system built on the host-resident placement):
     the watermark): the newest device-resident decodes move to the host pool (LIFO) until
     the rest fit;
   * otherwise: host-running requests come back, oldest first, while the device pool stays
-    below `swap_in_fraction` of its blocks;
+    below `swap_in_fraction` of its blocks and this step's decodes keep their new blocks;
   * never both in one step.
 
 A request moves to the host only if the host pool holds its whole life there: its blocks
@@ -60,7 +60,7 @@ class HostResidentPolicy(KVPolicy):
         if short > 0:
             self._move_out(running, kv, short)
         elif host:
-            self._move_in(running, kv)
+            self._move_in(running, kv, -short)
         if host:  # host-running first, each part in its order
             running[:] = ([r for r in running if r.request_id in host]
                           + [r for r in running if r.request_id not in host])
@@ -111,15 +111,18 @@ class HostResidentPolicy(KVPolicy):
             self.num_moved_out += 1
             short -= len(copies) + (kv.num_groups if grows else 0)
 
-    def _move_in(self, running: list[Request], kv: KVCacheManager) -> None:
+    def _move_in(self, running: list[Request], kv: KVCacheManager, spare: int) -> None:
+        """`spare`: free device blocks left once this step's decodes have their new ones
+        (a request comes back only into those, so the next step is not short at once)."""
         host = kv.host_running
         ceiling = self.options.swap_in_fraction * kv.gpu.num_blocks
         for req in [r for r in running if r.request_id in host]:  # oldest first
             table = kv.tables[req.request_id]
             grows = req.num_computed_tokens + 1 > kv.num_slots[req.request_id]
             need = kv.num_groups * (table.num_token_blocks + (1 if grows else 0))
-            if kv.gpu.num_used + need >= ceiling or kv.gpu.num_free - need < kv.watermark_blocks:
+            if kv.gpu.num_used + need >= ceiling or need > spare:
                 return
+            spare -= need
             host.discard(req.request_id)
             copies = kv.swap_in(req)
             self._items.append(HostLoad(req.request_id, tuple(copies), kv.block_table(req)))
