@@ -6,6 +6,7 @@ the device pool's kernels. NEO (kvtier/policies/neo/, attention on the CPU) and 
 
   placement.py    which requests run from the host, and when they come back (NEO's rule)
   items.py        the plan items: moves (HostStore, HostLoad) and the step's host rows
+  hooks.py        their runner hooks
   runner_side.py  host pages, the moves' copies, the rows handed to attention (torch)
   system.py       flags, options and assembly shared by the systems
 
@@ -13,6 +14,7 @@ Everything but runner_side.py is torch-free (the simulator and the pricing impor
 """
 
 from kvtier.core.items import register_item
+from kvtier.policies.host_resident.hooks import run_load, run_rows, run_store
 from kvtier.policies.host_resident.items import (
     HostLoad,
     HostRows,
@@ -20,9 +22,6 @@ from kvtier.policies.host_resident.items import (
     kv_bytes_per_token,
     price_load,
     price_store,
-    run_load,
-    run_rows,
-    run_store,
 )
 from kvtier.policies.host_resident.options import HostResidentOptions
 from kvtier.policies.host_resident.placement import HostResidentPolicy

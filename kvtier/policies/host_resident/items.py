@@ -56,25 +56,6 @@ class HostRows(PlanItem):
         return self.num_context_tokens
 
 
-# Runner hooks (kvtier/core/items.py): the tensors are the attached source's, imported only
-# in a real engine (this module stays torch-free for the simulator and the pricing).
-def run_store(runner, items: list[HostStore]) -> None:
-    from kvtier.policies.host_resident.runner_side import source_of
-
-    source_of(runner).store(items)
-
-
-def run_load(runner, items: list[HostLoad]) -> None:
-    from kvtier.policies.host_resident.runner_side import source_of
-
-    source_of(runner).load(items)
-
-
-def run_rows(runner, items: list[HostRows]) -> None:
-    """Nothing before the forward: the source reads the rows in `for_step`."""
-    return None
-
-
 def price_store(cost_model, num_blocks: int) -> float:
     out, _ = cost_model.copy_costs()
     return out.seconds(num_blocks * cost_model.config.block_bytes)
