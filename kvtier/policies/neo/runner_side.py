@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from kvtier.kernels.cpu_attention import CpuAttentionWorker
+from kvtier.kernels.cpu_attention_build import cpu_attention_extension
 from kvtier.kernels.kv_write import kv_write_ref
 from kvtier.policies.host_resident.items import HostRows
 from kvtier.policies.host_resident.runner_side import (
@@ -44,6 +45,7 @@ class CpuRows(HostRowsAttention):
 class NeoSource(HostResidentSource):
     def __init__(self, runner: Any, rows_item: type[HostRows], num_threads: int | None):
         super().__init__(runner, rows_item)
+        cpu_attention_extension()  # built (or found cached) at start-up, not in a step
         self.worker = CpuAttentionWorker()
         self.num_threads = num_threads
 
