@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvtier.config import ConfigError, EngineConfig, SystemOptions
+from kvtier.config import ConfigError, EngineConfig
 from kvtier.core.items import register_item
 from kvtier.costmodel.hardware import CopyMechanism
 from kvtier.policies.host_resident import (
@@ -67,7 +67,7 @@ class NeoSystem(HostResidentSystem):
     policy = NeoPolicy
     args = NeoArgs
 
-    def options(self, args: SystemArgs, config: EngineConfig) -> SystemOptions:
+    def options(self, args: SystemArgs, config: EngineConfig) -> NeoOptions:
         assert isinstance(args, NeoArgs)
         return NeoOptions(swap_in_fraction=args.swap_in_fraction,
                           max_model_len=config.scheduler.max_model_len,
