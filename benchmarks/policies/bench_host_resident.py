@@ -7,7 +7,8 @@ for the batch, so requests must leave the device: preempted (swap, recompute) or
 the host pool (neo, directkv). Per policy: output tokens/s over the whole run, TPOT (mean
 over requests of (last token - first token) / (tokens - 1)), preemptions, moves; and per
 step, the host rows' context tokens and the step's wall time (synchronous scheduling, so a
-step's wall time is its time). For steps with host rows the cost of the host attention is
+step's wall time is its time); neo runs with NEO's pipelining rule (`neo`: neo:auto) and
+without pipelining (`neo:off`). For steps with host rows the cost of the host attention is
 fit as step time = a + b x host context tokens; the fit's slope is put beside the model
 `bytes / bandwidth`: for directkv every host context token's K and V crosses PCIe once a
 step (kv bytes per token / the measured H2D rate), for neo it is read by the CPU instead
@@ -26,7 +27,7 @@ import statistics
 import time
 from typing import Any
 
-POLICIES = ("neo", "directkv", "swap", "recompute")
+POLICIES = ("neo", "neo:off", "directkv", "swap", "recompute")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -34,7 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="llama-3.1-8b", help="dummy preset or HF dir")
     p.add_argument("--device", default="cuda", help="cuda | cpu (cpu: a smoke run only)")
-    p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--policies", default=",".join(POLICIES),
+                   help="kv policies; neo:on / neo:off / neo:auto set --neo-pipeline")
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--prompt", type=int, default=2048, help="prompt tokens per request")
     p.add_argument("--output", type=int, default=128, help="tokens generated per request")
@@ -88,8 +90,10 @@ def run_policy(args: argparse.Namespace, policy: str) -> dict[str, Any]:
     from kvtier.sampling_params import SamplingParams
 
     gpu_blocks, host_blocks, _ = pool_sizes(args)
+    name, _, pipeline = policy.partition(":")
+    extra = {"neo_pipeline": pipeline} if pipeline else {}
     engine = LLMEngine.from_engine_args(EngineArgs(
-        model=args.model, load_format="dummy", device=args.device, kv_policy=policy,
+        model=args.model, load_format="dummy", device=args.device, kv_policy=name, **extra,
         num_gpu_blocks=gpu_blocks, num_host_blocks=host_blocks,
         max_model_len=args.prompt + args.output, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=max(2048, args.prompt), async_scheduling=False))
@@ -118,6 +122,7 @@ def run_policy(args: argparse.Namespace, policy: str) -> dict[str, Any]:
             "moved_out": getattr(placement, "num_moved_out", None),
             "moved_in": getattr(placement, "num_moved_in", None),
             "refused": getattr(placement, "num_refused", None),
+            "pipelined_steps": getattr(placement, "num_pipelined_steps", None),
             "host_fit": host_fit(log.steps)}
 
 

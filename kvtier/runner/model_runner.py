@@ -288,6 +288,10 @@ class ModelRunner:
         # Past the last attention only the rows with logits go on (none in a step of prompt
         # chunks that all continue); forwards truncated for offloaded prefixes keep every row.
         keep = idx if truncate is None else None
+        if external is not None and self.external is not None:  # the system's own forward
+            own = self.external.run_forward(input_ids, positions, meta)
+            if own is not None:
+                return self.model.compute_logits(own[idx])[:n] if n else None
         if self.piecewise is not None:
             if keep is not None and self.piecewise.padded(keep.shape[0]) is None:
                 keep = None

@@ -56,3 +56,45 @@ def test_the_cpu_attention_runs_on_the_worker_thread(monkeypatch):
     assert host_steps > 0 and threads
     assert all(name.startswith("cpu-attention") for name in threads)
     assert threading.main_thread().name not in threads
+
+
+def test_pipelined_steps_give_the_sequential_outputs():
+    gpu_only, _, _ = run("recompute", num_gpu_blocks=256)
+    outputs, engine, host_steps = run("neo", neo_pipeline="on")
+    assert host_steps > 5 and engine.scheduler.policy.num_pipelined_steps > 0
+    assert outputs == gpu_only
+    _, engine, _ = run("neo", neo_pipeline="off")
+    assert engine.scheduler.policy.num_pipelined_steps == 0
+
+
+def test_neos_rule_pipelines_only_when_the_gpu_work_hides_the_cpu_attention():
+    from kvtier.core.plan import ScheduledRequest
+    from kvtier.costmodel.hardware import get_hardware
+    from kvtier.costmodel.model import CostModel, CostModelConfig
+    from kvtier.model.loader import resolve_model_config
+    from kvtier.policies.neo import price_cpu_rows
+    from kvtier.policies.neo.pipeline import PipelineRule
+    from kvtier.sampling_params import SamplingParams
+
+    mc, _ = resolve_model_config("llama-3.1-8b", "dummy")
+    rule = PipelineRule(CostModel(mc, get_hardware("h200"), None,
+                                  CostModelConfig(block_bytes=1 << 20)), price_cpu_rows)
+    p = SamplingParams()
+
+    def decode(i: int, ctx: int) -> ScheduledRequest:
+        return ScheduledRequest(f"d{i}", [1], ctx - 1, ((),), False, True, p, 1)
+
+    prefill = ScheduledRequest("p", [1] * 2048, 0, ((),), False, True, p, 0)
+    cpu = [decode(i, 512) for i in range(4)]
+    # A 2,048-token prefill on the GPU hides 4 x 512 tokens of CPU attention...
+    assert rule.pipelined([*cpu, prefill], 4, 4 * 512)
+    # ...but not 64 x 8,192, and a batch of CPU decodes alone hides nothing.
+    many = [decode(i, 8192) for i in range(64)]
+    assert not rule.pipelined([*many, prefill], 64, 64 * 8192)
+    assert not rule.pipelined(cpu, 4, 4 * 512)
+
+
+def test_the_pipeline_flag_is_checked():
+    with pytest.raises(ConfigError, match="--neo-pipeline"):
+        EngineArgs(model="tiny-llama", kv_policy="neo", neo_pipeline="sometimes"
+                   ).create_engine_config()

@@ -140,6 +140,10 @@ class HostResidentSource(ABC):
     def attention(self, layout: HostRowsLayout) -> HostRowsAttention:
         """The system's attention over this step's host rows."""
 
+    def run_forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                    meta: Any) -> torch.Tensor | None:
+        return None  # the runner's forward, with the rows as external rows
+
     def close(self) -> None:
         return None
 
