@@ -84,3 +84,31 @@ def test_the_simulator_runs_it_and_prices_its_host_rows(policy, kind):
     kinds = {k for s in steps for k, _ in s.shape.items}
     assert {kind, "host_resident_store", "host_resident_load"} <= kinds
     assert all(s.cost.parts["items"] > 0 for s in steps)
+
+
+@pytest.mark.parametrize("policy", ["neo", "directkv"])
+def test_the_simulator_makes_the_real_engines_decisions(policy, monkeypatch):
+    """tests/sim/test_equivalence.py's check (same batches, preemptions, copies, step for
+    step), with the host moves compared too."""
+    import tests.sim.test_equivalence as eq
+
+    moves: list[list[tuple]] = []
+    decision = eq.decision
+
+    def with_moves(plan):  # each step's moves beside the decisions the check compares
+        moves[-1].append(tuple((i.kind, i.request_id, i.copies) for i in plan.items
+                               if hasattr(i, "copies")))
+        return decision(plan)
+
+    monkeypatch.setattr(eq, "decision", with_moves)
+    moves.append([])
+    jobs, real_plans, real_out = eq.real_run(policy, 64, 0)
+    real_moves = moves[-1][-len(real_plans):]  # the reference pass's (real_run runs two)
+    lengths = {rid: len(toks) for rid, toks in real_out.items()}
+    sim = build_sim_engine(eq.args(policy, 64), "h200", output_lens=lengths)
+    moves.append([])
+    sim_plans, sim_out = eq.drive(sim, [eq.Job(j.step, j.rid, j.prompt, SamplingParams(
+        temperature=0.0, max_tokens=j.params.max_tokens, detokenize=False)) for j in jobs])
+    assert any(real_moves), "the workload must move requests to the host"
+    assert {rid: len(t) for rid, t in sim_out.items()} == lengths
+    assert sim_plans == real_plans and moves[-1] == real_moves
