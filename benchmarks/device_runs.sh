@@ -160,6 +160,12 @@ part() {
   swap-overlap)  # how much of a swap-in's PCIe time the forward hides
     timeout 120 python3 -m benchmarks.policies.bench_swap_overlap --quick \
       --out "$(out policies swap_overlap_h200.json)" 2>&1 | tail -4 ;;
+  host-resident)  # running requests with KV in host memory: neo (pipelined by its rule, and not), swap, recompute at one capped pool
+    TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 560 python3 -m benchmarks.policies.bench_host_resident \
+      --policies neo,neo:off,swap,recompute --out "$(out policies host_resident_h200.json)" 2>&1 | tail -6 ;;
+  host-resident-directkv)  # the same batch under directkv (its zero-copy kernel merged) and swap
+    timeout 560 python3 -m benchmarks.policies.bench_host_resident \
+      --policies directkv,swap --out "$(out policies host_resident_directkv_h200.json)" 2>&1 | tail -4 ;;
   ellm-overlap)  # the bubble eLLM's host-group copies leave at each split
     timeout 300 python3 -m benchmarks.policies.bench_ellm_overlap --calibration $CALIB13 \
       --out "$(out policies ellm_overlap_h200.json)" 2>&1 | tail -17 ;;

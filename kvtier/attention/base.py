@@ -17,6 +17,27 @@ class Rope(NamedTuple):
     cos_sin_cache: torch.Tensor  # [max_pos, head_dim] fp32: cos in [:D/2], sin in [D/2:]
 
 
+class ExternalRows(Protocol):
+    """The first `num_rows` rows of a step, all decodes, whose KV is not in the device pool
+    (a memory system keeps it elsewhere, e.g. in host memory): the system stores their new
+    K/V and computes their attention itself. The backend calls `forward` once per layer
+    before its own work, then skips those rows (their slots are < 0: no KV write into the
+    device pool; the decode kernel runs over rows [num_rows, num_decodes))."""
+
+    num_rows: int
+
+    def forward(
+        self,
+        layer_idx: int,
+        q: torch.Tensor,  # [num_tokens, num_heads, head_dim] (the backend's whole input)
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        scale: float,
+        out: torch.Tensor,  # [num_tokens, num_heads, head_dim]: fill rows [0, num_rows)
+        rope: Rope | None,  # given: q and k are not rotated yet (rotate rows [0, num_rows))
+    ) -> None: ...
+
+
 class AttentionBackend(Protocol):
     name: str
     # True when `forward(..., rope=...)` is cheaper than rotating q and k beforehand (the
@@ -38,5 +59,6 @@ class AttentionBackend(Protocol):
         """Write k/v at meta.slot_mapping[group] into slot `layer_idx % F`, then attend
         causally over each request's whole context (cached prefix + the new tokens), into
         `out` when given (the piecewise forward passes its static buffer). With `rope`, q
-        and k arrive unrotated and are rotated first (Neox style, as the model's ops)."""
+        and k arrive unrotated and are rotated first (Neox style, as the model's ops).
+        `meta.external` (ExternalRows): its rows are attended by it, not by the backend."""
         ...

@@ -23,9 +23,12 @@ tokens are `query_start_loc[b]:query_start_loc[b+1]` and sit at absolute positio
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from kvtier.attention.base import ExternalRows
 
 
 @dataclass
@@ -47,6 +50,9 @@ class AttentionMetadata:
     # [num_decodes] int32 permutation: the order the decode attention launches its rows in
     # (a performance hint: any order gives the same outputs). None: row order.
     decode_order: torch.Tensor | None = None
+    # Leading decode rows whose KV lives outside the device pool: a memory system attends
+    # for them (kvtier/attention/base.py, ExternalRows). None: every row is the backend's.
+    external: ExternalRows | None = None
     # What a backend derives from this step's metadata once and reuses in every layer
     # (tensor views, launch parameters): a step issues its attention once per layer, and
     # rebuilding them each time was a measurable share of a mixed step's host time.

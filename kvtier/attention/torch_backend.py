@@ -72,11 +72,17 @@ class TorchAttentionBackend:
             q, k = _OPS.rotary(q, k, rope.positions, rope.cos_sin_cache)
         group, slot = meta.layer_slot(layer_idx)
         layer_cache = kv_cache[:, slot]
-        write_kv(layer_cache, k, v, meta.slot_mapping[group])
         if out is None:
             out = torch.empty_like(q)
-        start = 0
+        first = 0  # rows [0, first) are the memory system's (ExternalRows)
+        if meta.external is not None:
+            first = meta.external.num_rows
+            meta.external.forward(layer_idx, q, k, v, scale, out, None)
+        write_kv(layer_cache, k[first:], v[first:], meta.slot_mapping[group][first:])
+        start = first
         for b, (q_len, seq_len) in enumerate(zip(meta.query_lens_cpu, meta.seq_lens_cpu)):
+            if b < first:
+                continue
             nb = -(-seq_len // meta.block_size)
             kb, vb = gather_kv(layer_cache, meta.block_tables[group, b, :nb].long(), seq_len)
             out[start : start + q_len] = attend(q[start : start + q_len], kb, vb, scale)

@@ -78,22 +78,26 @@ class TritonAttentionBackend:
         layer_cache = step.layer(slot)  # [num_blocks, 2, block_size, Hkv, D], strided
         decode_tables, prefill_tables, slots = step.group(group)
         n = meta.num_tokens
+        if out is None:
+            out = torch.empty_like(q)
+        first = 0  # decode rows [0, first) are the memory system's; their slots are < 0
+        if meta.external is not None:
+            first = meta.external.num_rows
+            meta.external.forward(layer_idx, q, k, v, scale, out, rope)
         if rope is None:
             kv_write(layer_cache, k[:n], v[:n], slots)
         else:
             q = rotary_kv_write(q, k, v, rope.positions, rope.cos_sin_cache, layer_cache, slots,
                                 num_kv_tokens=n)
-        if out is None:
-            out = torch.empty_like(q)
         nd = meta.num_decodes  # decode rows come first, one token each: tokens [0, nd)
-        if nd > 0:
-            qd = q[:nd]
+        if nd > first:
+            qd = q[first:nd]
             if step.num_splits is None:
                 step.num_splits = choose_num_splits(qd, layer_cache, meta.max_seq_len)
             paged_decode_attention(
-                qd, layer_cache, decode_tables, step.decode_lens, scale,
-                out=out[:nd], max_seq_len=meta.max_seq_len, num_splits=step.num_splits,
-                order=meta.decode_order,
+                qd, layer_cache, decode_tables[first:], step.decode_lens[first:], scale,
+                out=out[first:nd], max_seq_len=meta.max_seq_len, num_splits=step.num_splits,
+                order=meta.decode_order if not first else None,
             )
         if nd < meta.num_reqs:
             paged_prefill_attention(

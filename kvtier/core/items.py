@@ -11,8 +11,10 @@ Contracts:
   * run(runner, items): called by the model runner once per step for that step's items of
     the kind, in plan order, after the rows of finished/preempted requests are forgotten and
     before any of the runner's own copies and the forward, on the compute stream. It may
-    read and write the runner's pools (`runner.gpu_kv`, `runner.host_kv`) and nothing else
-    of the runner's state; the plan's block ids are valid for the whole step.
+    read and write the runner's pools (`runner.gpu_kv`, `runner.host_kv`), what its system
+    attached to the runner, and the block-table row of a running request it re-placed
+    (`runner.block_tables.apply_ids(..., reset=True)`), nothing else of the runner's
+    state; the plan's block ids are valid for the whole step.
   * price(cost_model, count): seconds the step spends on `count` units of the kind
     (`PlanItem.count`: blocks, tokens, ...), added to the step's time as a serial part.
 """

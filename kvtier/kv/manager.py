@@ -89,6 +89,9 @@ class KVCacheManager:
         self.num_slots: dict[str, int] = {}
         self.no_new_blocks: tuple[tuple[int, ...], ...] = ((),) * num_groups
         self.hooks: list[KVCacheHooks] = []  # caches above the pools (kvtier/kv/hooks.py)
+        # Running requests whose KV lives in the host pool (swapped out, yet running): their
+        # new blocks come from the host pool too, where their attention reads them.
+        self.host_running: set[str] = set()
         self.prefix_cache: PrefixCache | None = None
         if prefix_cache is not None:
             self.prefix_cache = PrefixCache(block_size, num_groups, prefix_cache)
@@ -151,19 +154,24 @@ class KVCacheManager:
             return self.no_new_blocks  # the common decode step: the last block has room
         per_group = max(0, want - have)
         need = per_group * self.num_groups
+        pool, placement = self.gpu, Placement.GPU
         reserve = self.watermark_blocks if use_watermark else 0
-        if self.gpu.num_free - need < reserve:
+        if self.host_running and req.request_id in self.host_running:
+            pool, placement = self.host, Placement.HOST
+            if not pool.can_allocate(need):
+                return None
+        elif self.gpu.num_free - need < reserve:
             if not self.hooks or self.evict(need + reserve - self.gpu.num_free) <= 0 \
                     or self.gpu.num_free - need < reserve:
                 return None
         if table is None:
             table = self.tables[req.request_id] = MapTable(self.num_groups)
-        ids = self.gpu.allocate(need)
+        ids = pool.allocate(need)
         new: list[tuple[int, ...]] = []
         for g in range(self.num_groups):
             group_ids = ids[g * per_group : (g + 1) * per_group]
             for b in group_ids:
-                table.append(g, b, Placement.GPU)
+                table.append(g, b, placement)
             new.append(tuple(group_ids))
         self.num_slots[req.request_id] = want * self.block_size
         return tuple(new)
@@ -176,6 +184,7 @@ class KVCacheManager:
         """Release every block of the request (one reference each); the hooks see it first."""
         if self.hidden is not None:
             self.hidden.free(req.request_id)
+        self.host_running.discard(req.request_id)
         if req.request_id not in self.tables:
             return
         for h in self.hooks:
@@ -341,6 +350,9 @@ class KVCacheManager:
                 assert Placement.DROPPED not in pls[k:], f"{rid}: a hole after the prefix"
             gpu_owned += [b for _, _, b in table.entries(Placement.GPU)]
             host_owned += [b for _, _, b in table.entries(Placement.HOST)]
+            assert rid not in self.host_running or not _movable(table, Placement.GPU), \
+                f"{rid}: runs from the host pool but has device blocks"
+        assert self.host_running <= set(self.tables), "host-running request without a table"
         assert self.num_slots == {rid: len(t.block_ids[0]) * self.block_size
                                   for rid, t in self.tables.items()}, "slot counts"
         assert self.num_dropped_token_blocks == sum(

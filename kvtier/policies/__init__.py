@@ -2,8 +2,10 @@
 (`kvtier/policies/<name>/`); base.py holds the hooks shared code calls them through."""
 
 import kvtier.offload as _offload  # noqa: F401  (the host tier's plan items)
-from kvtier.policies import ellm as _ellm  # noqa: F401  (importing registers them)
+from kvtier.policies import directkv as _directkv  # noqa: F401  (importing registers them)
+from kvtier.policies import ellm as _ellm  # noqa: F401
 from kvtier.policies import hcache as _hcache  # noqa: F401
+from kvtier.policies import neo as _neo  # noqa: F401
 from kvtier.policies import recompute as _recompute  # noqa: F401
 from kvtier.policies import swap as _swap  # noqa: F401
 from kvtier.policies.base import KVPolicy, MemorySystem, Preemption

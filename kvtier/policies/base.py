@@ -19,6 +19,10 @@ inside `schedule()` (pure Python, no tensors: the simulator runs it unchanged).
   * `can_resume(req, kv, n) -> bool` / `resume(req, kv) -> Resume`: a SWAPPED request comes
     back with room for `n` more tokens; `can_resume` changes nothing, `resume` (called only
     after True) re-places its KV on the device and says what the runner must do for it.
+  * `take_items(scheduled) -> list[PlanItem]`: last, once per schedule(), with the step's
+    scheduled requests (decodes first): the plan items of the policy's own work this step
+    that no Preemption/Resume carried (the copies of placement changes made in
+    before_step, per-step work for rows it placed). They go first in the plan's items.
 
 `MemorySystem` — everything else of the system, registered by name (`register_system`):
   * `policy`: its KVPolicy class; `args`: its CLI flags (a `SystemArgs` frozen dataclass,
@@ -44,7 +48,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvtier.config import EngineConfig, SystemOptions
 from kvtier.core.items import PlanItem
-from kvtier.core.plan import BlockCopy
+from kvtier.core.plan import BlockCopy, ScheduledRequest
 from kvtier.core.request import Request, RequestStatus
 from kvtier.kv.manager import KVCacheManager
 from kvtier.policies.options import NoArgs, SystemArgs
@@ -98,6 +102,10 @@ class KVPolicy(ABC):
         """Free at least `num_blocks` device blocks without preempting anyone, if the policy
         can (True), before the scheduler falls back to preemption (False)."""
         return False
+
+    def take_items(self, scheduled: list[ScheduledRequest]) -> list[PlanItem]:
+        """This step's plan items made outside preempt/resume (none by default)."""
+        return []
 
     def can_resume(self, req: Request, kv: KVCacheManager, num_new_tokens: int) -> bool:
         return kv.can_swap_in(req, num_new_tokens)

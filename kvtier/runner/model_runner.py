@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from kvtier.attention.base import ExternalRows
 from kvtier.attention.metadata import AttentionMetadata
 from kvtier.config import EngineConfig
 from kvtier.core.graph_sizes import graph_batch_sizes
@@ -41,6 +42,7 @@ from kvtier.runner.async_tokens import DeviceTokens, PendingStep
 from kvtier.runner.block_tables import BlockTables
 from kvtier.runner.cuda_graphs import DecodeGraphs
 from kvtier.runner.device import make_attention_backend, make_ops
+from kvtier.runner.external_rows import ExternalAttentionSource
 from kvtier.runner.host_batch import HostBatch, build_host_batch
 from kvtier.runner.kernel_warmup import warm_up_attention
 from kvtier.runner.layer_inputs import LayerInputStore
@@ -102,6 +104,7 @@ class ModelRunner:
         self.prefix_copy_window = 0
         self.hidden: LayerInputStore | None = None  # Placement.HIDDEN's (attach_layer_inputs)
         self.piecewise: PiecewiseGraphs | None = None  # steps with prefill rows
+        self.external: ExternalAttentionSource | None = None  # attach_external_attention
         self.copies = SwapCopies(make_streams(device, config.overlap_swap), self.num_groups,
                                  self.layers_per_block)
         self.async_tokens = DeviceTokens(config.scheduler.max_num_seqs, device)
@@ -143,6 +146,10 @@ class ModelRunner:
         """A store of every layer's attention input, set by the memory system that keeps
         hidden states (before allocate_kv: the graphs it captures depend on it)."""
         self.hidden = store
+
+    def attach_external_attention(self, source: ExternalAttentionSource) -> None:
+        """Rows whose attention a memory system computes (kvtier/runner/external_rows.py)."""
+        self.external = source
 
     # ---- memory ------------------------------------------------------------------------
     def block_shape(self) -> tuple[int, ...]:
@@ -189,6 +196,9 @@ class ModelRunner:
     def close(self) -> None:
         """Drop every tensor this runner owns (weights, pools, graphs) and return the memory."""
         self.copies.close()  # the copies end, and it drops its references to the pools
+        if self.external is not None:
+            self.external.close()
+            self.external = None
         self.graphs = None
         self.gpu_kv = self.host_kv = None
         self.hidden = None
@@ -227,7 +237,9 @@ class ModelRunner:
             self.copies.wait_all()  # restores write the KV pool outside the layers
             self.hidden.restore(group_of(items, HiddenRestore), self.block_tables, self.gpu_kv,
                                 self.ops, self.cos_sin, self.layers_per_block)
-        logits = self.forward_logits(batch)
+        external = (self.external.for_step(plan.scheduled, batch, items)
+                    if self.external is not None else None)
+        logits = self.forward_logits(batch, external)
         if self.hidden is not None:
             self.hidden.store(plan.scheduled, batch)
         if logits is None:
@@ -259,12 +271,14 @@ class ModelRunner:
         self.block_tables.sync_device(self.staging.put)
         return batch
 
-    def forward_logits(self, batch: HostBatch) -> torch.Tensor | None:
-        """Logits of the sampling requests' last tokens ([num_sampling, vocab], model dtype)."""
+    def forward_logits(self, batch: HostBatch, external: ExternalRows | None = None
+                       ) -> torch.Tensor | None:
+        """Logits of the sampling requests' last tokens ([num_sampling, vocab], model dtype).
+        `external`: leading rows a memory system attends for (no full-model graph then)."""
         copies = self.copies
         # Swap-ins under overlap: the piecewise graphs wait between layer groups, the full
         # graph could not (it would wait for every copy before its first kernel).
-        if (self.graphs is not None and batch.is_decode_only
+        if (self.graphs is not None and batch.is_decode_only and external is None
                 and len(batch.logits_idx) == batch.num_reqs
                 and not (copies.has_swap_in and copies.streams.overlaps
                          and self.piecewise is not None)):
@@ -273,6 +287,7 @@ class ModelRunner:
             if logits is not None:
                 return logits
         input_ids, positions, meta = self.device_inputs(batch)
+        meta.external = external
         self._fill_placeholders(input_ids)
         assert self.gpu_kv is not None, "allocate_kv first"
         hidden = None
@@ -285,6 +300,10 @@ class ModelRunner:
         # Past the last attention only the rows with logits go on (none in a step of prompt
         # chunks that all continue); forwards truncated for offloaded prefixes keep every row.
         keep = idx if truncate is None else None
+        if external is not None and self.external is not None:  # the system's own forward
+            own = self.external.run_forward(input_ids, positions, meta)
+            if own is not None:
+                return self.model.compute_logits(own[idx])[:n] if n else None
         if self.piecewise is not None:
             if keep is not None and self.piecewise.padded(keep.shape[0]) is None:
                 keep = None

@@ -332,9 +332,10 @@ class Scheduler:
             step.swap_out = kv.take_pending_swap_out() + step.swap_out
         if kv.prefix_cache is not None and kv.prefix_cache.lower is not None:
             step.items += kv.take_cache_items()  # the host tier's stores and loads
+        own = self.policy.take_items(scheduled)  # placement work outside preempt/resume
         plan = StepPlan(scheduled=scheduled, swap_out=step.swap_out, swap_in=step.swap_in,
                         finished_ids=self._finished_ids, preempted_ids=self._preempted_ids,
-                        items=step.items)
+                        items=own + step.items if own else step.items)
         self._finished_ids, self._preempted_ids = [], []
         return plan
 

@@ -80,7 +80,10 @@ def test_disconnect_frees_everything(live):
     assert _aborted_total(live.base_url) - before == 20
     stats = live.call(lambda e: e.get_stats())
     assert stats.num_generation_tokens_total - tokens_before < 20 * LONG / 2
-    assert stats.num_preemptions_total > 0  # some aborted requests were preempted ones
+    # Some aborted requests were preempted ones (or, for the host-resident systems, ran from
+    # the host pool).
+    moved = live.call(lambda e: getattr(e.scheduler.policy, "num_moved_out", 0))
+    assert stats.num_preemptions_total + moved > 0
 
 
 def test_disconnect_while_waiting(live):

@@ -40,6 +40,12 @@ async def _run_all(base_url: str) -> list:
         return await asyncio.gather(*(_one(client, i) for i in range(NUM_REQUESTS)))
 
 
+def displaced(engine) -> int:
+    """Requests that left the device pool: preempted, or moved to the host pool running."""
+    return (engine.get_stats().num_preemptions_total
+            + getattr(engine.scheduler.policy, "num_moved_out", 0))
+
+
 @pytest.fixture(params=policy_names())
 def live(request, tiny_model_dir):
     """A server per KV policy (every registered one), each on a fresh engine."""
@@ -49,8 +55,9 @@ def live(request, tiny_model_dir):
 
 
 def test_200_concurrent_streams(live):
-    """256 blocks of 16 tokens cannot hold 200 requests at once: some get preempted too."""
-    preemptions_before = live.call(lambda e: e.get_stats()).num_preemptions_total
+    """256 blocks of 16 tokens cannot hold 200 requests at once: some get preempted too (or,
+    for the host-resident systems, run from the host pool)."""
+    preemptions_before = live.call(displaced)
     t0 = time.monotonic()
     results = asyncio.run(_run_all(live.base_url))
     elapsed = time.monotonic() - t0
@@ -60,6 +67,6 @@ def test_200_concurrent_streams(live):
         assert finish == "length" and completion_tokens == MAX_TOKENS
     stats = live.call(lambda e: e.get_stats())
     assert stats.num_generation_tokens_total >= NUM_REQUESTS * MAX_TOKENS
-    assert stats.num_preemptions_total > preemptions_before
+    assert live.call(displaced) > preemptions_before
     assert_engine_clean(live)
     assert elapsed < 60, f"{elapsed:.1f} s"

@@ -1,0 +1,179 @@
+"""Running requests with their KV in host memory (issue 27): NEO (CPU attention) and
+DirectKV (zero-copy GPU reads) against swap and recompute, all at one capped device pool.
+
+Every policy serves the same offline batch (N requests, --prompt tokens each, --output
+tokens generated, greedy, EOS ignored) on a device pool of --gpu-blocks blocks, too small
+for the batch, so requests must leave the device: preempted (swap, recompute) or run from
+the host pool (neo, directkv). Per policy: output tokens/s over the whole run, TPOT (mean
+over requests of (last token - first token) / (tokens - 1)), preemptions, moves; and per
+step, the host rows' context tokens and the step's wall time (synchronous scheduling, so a
+step's wall time is its time); neo runs with NEO's pipelining rule (`neo`: neo:auto) and
+without pipelining (`neo:off`). For steps with host rows the cost of the host attention is
+fit as step time = a + b x host context tokens; the fit's slope is put beside the model
+`bytes / bandwidth`: for directkv every host context token's K and V crosses PCIe once a
+step (kv bytes per token / the measured H2D rate), for neo it is read by the CPU instead
+(the same bytes / the CPU attention's rate the simulator prices with).
+
+  python -m benchmarks.policies.bench_host_resident --out results/policies/host_resident_h200.json
+                                                       (H200, Llama-3.1-8B dummy; minutes)
+  python -m benchmarks.policies.bench_host_resident --quick --device cpu
+                                                       (CPU smoke run of the logic)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+POLICIES = ("neo", "neo:off", "directkv", "swap", "recompute")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="llama-3.1-8b", help="dummy preset or HF dir")
+    p.add_argument("--device", default="cuda", help="cuda | cpu (cpu: a smoke run only)")
+    p.add_argument("--policies", default=",".join(POLICIES),
+                   help="kv policies; neo:on / neo:off / neo:auto set --neo-pipeline")
+    p.add_argument("--requests", type=int, default=32)
+    p.add_argument("--prompt", type=int, default=2048, help="prompt tokens per request")
+    p.add_argument("--output", type=int, default=128, help="tokens generated per request")
+    p.add_argument("--gpu-blocks", type=int, default=None,
+                   help="device pool blocks (default: half of what the batch needs)")
+    p.add_argument("--max-num-seqs", type=int, default=32)
+    p.add_argument("--quick", action="store_true",
+                   help="tiny-llama-gqa, 8 requests of 90 + 40 tokens")
+    p.add_argument("--out", default=None, help="result JSON (benchmarks/common.write_result)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.model, args.requests, args.prompt, args.output = "tiny-llama-gqa", 8, 90, 40
+    return args
+
+
+def pool_sizes(args: argparse.Namespace) -> tuple[int, int, int]:
+    """(device blocks, host blocks, layer groups): the device pool holds half the batch
+    unless --gpu-blocks says otherwise; the host pool holds all of it."""
+    from kvtier.kv.manager import cdiv
+    from kvtier.model.loader import resolve_model_config
+
+    mc, _ = resolve_model_config(args.model, "dummy")
+    groups = cdiv(mc.num_layers, min(4, mc.num_layers))
+    per_request = groups * cdiv(args.prompt + args.output, 16)
+    need = args.requests * per_request
+    return args.gpu_blocks or need // 2, need + per_request, groups
+
+
+class StepLog:
+    """Wraps the executor: each step's wall time and its host rows' context tokens."""
+
+    def __init__(self, inner: Any):
+        self.inner, self.steps = inner, []
+
+    def execute(self, plan):
+        host_tokens = sum(i.count for i in plan.items if i.kind.endswith("_rows"))
+        t0 = time.perf_counter()
+        result = self.inner.execute(plan)
+        self.steps.append({"host_context_tokens": host_tokens,
+                           "num_scheduled": len(plan.scheduled),
+                           "step_s": time.perf_counter() - t0})
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def run_policy(args: argparse.Namespace, policy: str) -> dict[str, Any]:
+    from kvtier.engine.args import EngineArgs
+    from kvtier.engine.llm_engine import LLMEngine
+    from kvtier.sampling_params import SamplingParams
+
+    gpu_blocks, host_blocks, _ = pool_sizes(args)
+    name, _, pipeline = policy.partition(":")
+    extra = {"neo_pipeline": pipeline} if pipeline else {}
+    engine = LLMEngine.from_engine_args(EngineArgs(
+        model=args.model, load_format="dummy", device=args.device, kv_policy=name, **extra,
+        num_gpu_blocks=gpu_blocks, num_host_blocks=host_blocks,
+        max_model_len=args.prompt + args.output, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=max(2048, args.prompt), async_scheduling=False))
+    log = StepLog(engine.executor)
+    engine.executor = log
+    params = SamplingParams(temperature=0.0, max_tokens=args.output, ignore_eos=True,
+                            detokenize=False)
+    for i in range(args.requests):
+        engine.add_request(f"r{i}", [100 + (i * 7919 + t) % 3000 for t in range(args.prompt)],
+                           params)
+    times: dict[str, list[float]] = {}
+    t0 = time.perf_counter()
+    while engine.has_unfinished_requests():
+        engine.step()
+        now = time.perf_counter()
+        for req in engine.scheduler.running:
+            times.setdefault(req.request_id, []).append(now)
+    wall = time.perf_counter() - t0
+    placement = engine.scheduler.policy
+    stats = engine.get_stats()
+    engine.close()
+    return {"policy": policy, "wall_s": wall,
+            "output_tokens_per_s": args.requests * args.output / wall,
+            "tpot_ms": 1e3 * tpot(times), "steps": log.steps,
+            "num_preemptions": stats.num_preemptions_total,
+            "moved_out": getattr(placement, "num_moved_out", None),
+            "moved_in": getattr(placement, "num_moved_in", None),
+            "refused": getattr(placement, "num_refused", None),
+            "pipelined_steps": getattr(placement, "num_pipelined_steps", None),
+            "host_fit": host_fit(log.steps)}
+
+
+def tpot(times: dict[str, list[float]]) -> float:
+    """Mean over requests of the gaps between the steps that ran them (seconds)."""
+    gaps = [(t[-1] - t[0]) / (len(t) - 1) for t in times.values() if len(t) > 1]
+    return statistics.fmean(gaps) if gaps else 0.0
+
+
+def host_fit(steps: list[dict[str, Any]]) -> dict[str, float] | None:
+    """Least squares step_s = a + b * host_context_tokens over the steps with host rows,
+    the first two left out (their kernels compile)."""
+    rows = [(s["host_context_tokens"], s["step_s"]) for s in steps if s["host_context_tokens"]]
+    rows = rows[2:]
+    if len(rows) < 3 or len({x for x, _ in rows}) < 2:
+        return None
+    slope, intercept = statistics.linear_regression([x for x, _ in rows], [y for _, y in rows])
+    return {"seconds_per_host_token": slope, "intercept_s": intercept, "num_steps": len(rows)}
+
+
+def model_rates(args: argparse.Namespace) -> dict[str, float]:
+    """The bytes / bandwidth model of one host context token's attention, per mechanism."""
+    from benchmarks.common import H200_PCIE_BYTES_PER_S
+    from kvtier.model.loader import resolve_model_config
+    from kvtier.policies.neo import CPU_ATTENTION_BYTES_PER_S
+
+    mc, _ = resolve_model_config(args.model, "dummy")
+    per_token = mc.kv_bytes_per_token(2)
+    return {"kv_bytes_per_token": per_token,
+            "directkv_seconds_per_host_token": per_token / H200_PCIE_BYTES_PER_S,
+            "neo_seconds_per_host_token": per_token / CPU_ATTENTION_BYTES_PER_S}
+
+
+def main(argv: list[str] | None = None) -> None:
+    from benchmarks.common import write_result
+
+    args = parse_args(argv)
+    gpu_blocks, host_blocks, groups = pool_sizes(args)
+    rows = []
+    for policy in args.policies.split(","):
+        row = run_policy(args, policy)
+        print(f"{policy:10s} {row['output_tokens_per_s']:9.1f} tok/s  TPOT "
+              f"{row['tpot_ms']:7.2f} ms  preemptions {row['num_preemptions']}  "
+              f"fit {row['host_fit']}")
+        rows.append(row)
+    payload = {"model": args.model, "requests": args.requests, "prompt": args.prompt,
+               "output": args.output, "gpu_blocks": gpu_blocks, "host_blocks": host_blocks,
+               "layer_groups": groups, "model_rates": model_rates(args), "policies": rows}
+    if args.out:
+        write_result(args.out, payload)
+
+
+if __name__ == "__main__":
+    main()

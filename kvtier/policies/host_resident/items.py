@@ -1,0 +1,71 @@
+"""Plan items of the host-resident placement: a running request's KV moving to the host
+pool (HostStore) and back (HostLoad), and, each step, the decode rows that attend over host
+KV (HostRows; each system subclasses it with its own kind, priced its own way). Torch-free:
+the runner hooks reach the tensors through the source the system attached to the runner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvtier.core.items import PlanItem
+from kvtier.core.plan import BlockCopy
+
+Table = tuple[tuple[int, ...], ...]  # block ids per layer group
+
+
+@dataclass(frozen=True, slots=True)
+class HostStore(PlanItem):
+    """Device blocks -> host pages of a running request; `table` is its whole block table
+    afterwards (host ids), for the runner's row."""
+
+    kind = "host_resident_store"
+    request_id: str
+    copies: tuple[BlockCopy, ...]
+    table: Table
+
+    @property
+    def count(self) -> int:
+        return len(self.copies)
+
+
+@dataclass(frozen=True, slots=True)
+class HostLoad(PlanItem):
+    """Host pages -> device blocks of a host-running request coming back."""
+
+    kind = "host_resident_load"
+    request_id: str
+    copies: tuple[BlockCopy, ...]
+    table: Table
+
+    @property
+    def count(self) -> int:
+        return len(self.copies)
+
+
+@dataclass(frozen=True, slots=True)
+class HostRows(PlanItem):
+    """This step's leading decode rows whose KV lives in the host pool. Priced by the
+    context tokens their attention reads (each subclass at its mechanism's rate)."""
+
+    kind = ""
+    request_ids: tuple[str, ...]
+    num_context_tokens: int
+
+    @property
+    def count(self) -> int:
+        return self.num_context_tokens
+
+
+def price_store(cost_model, num_blocks: int) -> float:
+    out, _ = cost_model.copy_costs()
+    return out.seconds(num_blocks * cost_model.config.block_bytes)
+
+
+def price_load(cost_model, num_blocks: int) -> float:
+    _, inn = cost_model.copy_costs()
+    return inn.seconds(num_blocks * cost_model.config.block_bytes)
+
+
+def kv_bytes_per_token(cost_model) -> int:
+    """K and V of one token over all layers, at the serving dtype's 2 bytes (the GPU's)."""
+    return cost_model.mc.kv_bytes_per_token(2)

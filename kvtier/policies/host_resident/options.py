@@ -1,0 +1,23 @@
+"""Options shared by the memory systems whose running requests may keep their KV in host
+memory: when requests move there and when they come back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvtier.config import ConfigError, SystemOptions
+
+
+@dataclass(frozen=True)
+class HostResidentOptions(SystemOptions):
+    # Host-running requests come back (oldest first) while the device pool stays below this
+    # fraction of its blocks (NEO's swap-in rule).
+    swap_in_fraction: float = 0.95
+    # A request's host room is reserved for its whole life: prompt + max_tokens, at most this.
+    max_model_len: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.swap_in_fraction <= 1.0:
+            raise ConfigError(f"swap_in_fraction must be in (0, 1], got {self.swap_in_fraction}")
+        if self.max_model_len < 0:
+            raise ConfigError(f"max_model_len must be >= 0, got {self.max_model_len}")

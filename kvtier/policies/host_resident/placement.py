@@ -1,0 +1,148 @@
+"""Which running requests keep their KV in the host pool (NEO's rule, shared by every
+system built on the host-resident placement):
+
+  * over the device budget (the step's decodes need more new blocks than are free above
+    the watermark): the newest device-resident decodes move to the host pool (LIFO) until
+    the rest fit;
+  * otherwise: host-running requests come back, oldest first, while the device pool stays
+    below `swap_in_fraction` of its blocks and this step's decodes keep their new blocks;
+  * never both in one step.
+
+A request moves to the host only if the host pool holds its whole life there: its blocks
+now plus those it will still grow into (prompt + max_tokens, at most max_model_len), less
+what the other host-running requests may still grow into. Otherwise the move is refused
+(it stays, and the scheduler preempts as usual), so a host-running request never runs out
+of host blocks mid-step.
+
+Host-running requests are kept first in `running`, so their decodes are the step's
+leading rows (the runner's external rows) and the scheduler's victims, taken from the
+end, are device-resident: preempting them frees what is short.
+
+    running:  [ host-running decodes | device-resident requests, oldest ... newest ]
+                                                                moves out from here <-
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import ClassVar
+
+from kvtier.config import SystemOptions
+from kvtier.core.items import PlanItem
+from kvtier.core.plan import ScheduledRequest
+from kvtier.core.request import Request
+from kvtier.kv.manager import KVCacheManager, cdiv
+from kvtier.policies.base import KVPolicy, Preemption, drop_kv
+from kvtier.policies.host_resident.items import HostLoad, HostRows, HostStore
+from kvtier.policies.host_resident.options import HostResidentOptions
+
+
+class HostResidentPolicy(KVPolicy):
+    """Preemption recomputes; placement moves whole running decodes (all layer groups)."""
+
+    options: HostResidentOptions
+    rows_item: ClassVar[type[HostRows]] = HostRows  # each system's own kind
+
+    def __init__(self, options: SystemOptions):
+        super().__init__(options if isinstance(options, HostResidentOptions)
+                         else HostResidentOptions())
+        self._items: list[PlanItem] = []
+        self._host_running: set[str] = set()  # the KV manager's set (seen at before_step)
+        self.num_moved_out = self.num_moved_in = self.num_refused = 0
+
+    def preempt(self, req: Request, kv: KVCacheManager) -> Preemption:
+        return drop_kv(req, kv)
+
+    def before_step(self, running: list[Request], kv: KVCacheManager,
+                    waiting: Iterable[Request] = ()) -> None:
+        self._host_running = host = kv.host_running
+        short = self._blocks_short(running, kv)
+        if short > 0:
+            self._move_out(running, kv, short)
+        elif host:
+            self._move_in(running, kv, -short)
+        if host:  # host-running first, each part in its order
+            running[:] = ([r for r in running if r.request_id in host]
+                          + [r for r in running if r.request_id not in host])
+
+    def take_items(self, scheduled: list[ScheduledRequest]) -> list[PlanItem]:
+        items, self._items = self._items, []
+        host = self._host_running
+        if not host:
+            return items
+        n = tokens = 0
+        while n < len(scheduled) and scheduled[n].request_id in host:
+            sr = scheduled[n]
+            assert len(sr.token_ids) == 1, f"{sr.request_id}: host-running, yet not a decode"
+            tokens += sr.start_pos + 1
+            n += 1
+        if any(sr.request_id in host for sr in scheduled[n:]):
+            raise RuntimeError("host-running decodes must lead the step's rows")
+        if n:
+            items.append(self.rows_item(tuple(sr.request_id for sr in scheduled[:n]), tokens))
+        return items
+
+    # ---- decisions -------------------------------------------------------------------
+    def _blocks_short(self, running: list[Request], kv: KVCacheManager) -> int:
+        """Device blocks this step's device-resident decodes need beyond the free ones
+        above the watermark (<= 0: they fit)."""
+        host, slots = kv.host_running, kv.num_slots
+        need = sum(kv.num_groups for r in running
+                   if r.request_id not in host and _is_decode(r)
+                   and r.num_computed_tokens + 1 > slots.get(r.request_id, 0))
+        return need + kv.watermark_blocks - kv.gpu.num_free
+
+    def _move_out(self, running: list[Request], kv: KVCacheManager, short: int) -> None:
+        host = kv.host_running
+        for req in reversed(running):
+            if short <= 0:
+                return
+            if req.request_id in host or not _is_decode(req):
+                continue
+            need = self._life_blocks(req, kv)
+            if kv.host.num_free - self._host_growth(running, kv) < need:
+                self.num_refused += 1
+                return  # the host pool cannot hold it for its life: the scheduler preempts
+            grows = req.num_computed_tokens + 1 > kv.num_slots.get(req.request_id, 0)
+            copies = kv.swap_out(req)
+            assert copies is not None, "the host room was checked"
+            host.add(req.request_id)
+            self._items.append(HostStore(req.request_id, tuple(copies), kv.block_table(req)))
+            self.num_moved_out += 1
+            short -= len(copies) + (kv.num_groups if grows else 0)
+
+    def _move_in(self, running: list[Request], kv: KVCacheManager, spare: int) -> None:
+        """`spare`: free device blocks left once this step's decodes have their new ones
+        (a request comes back only into those, so the next step is not short at once)."""
+        host = kv.host_running
+        ceiling = self.options.swap_in_fraction * kv.gpu.num_blocks
+        for req in [r for r in running if r.request_id in host]:  # oldest first
+            table = kv.tables[req.request_id]
+            grows = req.num_computed_tokens + 1 > kv.num_slots[req.request_id]
+            need = kv.num_groups * (table.num_token_blocks + (1 if grows else 0))
+            if kv.gpu.num_used + need >= ceiling or need > spare:
+                return
+            spare -= need
+            host.discard(req.request_id)
+            copies = kv.swap_in(req)
+            self._items.append(HostLoad(req.request_id, tuple(copies), kv.block_table(req)))
+            self.num_moved_in += 1
+
+    def _life_blocks(self, req: Request, kv: KVCacheManager) -> int:
+        """Blocks of every layer group the request holds at its last token."""
+        end = len(req.prompt_token_ids) + req.max_tokens
+        if self.options.max_model_len:
+            end = min(end, self.options.max_model_len)
+        return kv.num_groups * cdiv(max(end, req.num_computed_tokens + 1), kv.block_size)
+
+    def _host_growth(self, running: list[Request], kv: KVCacheManager) -> int:
+        """Host blocks the host-running requests may still take as they grow."""
+        host = kv.host_running
+        return sum(max(0, self._life_blocks(r, kv)
+                       - kv.num_groups * kv.tables[r.request_id].num_token_blocks)
+                   for r in running if r.request_id in host)
+
+
+def _is_decode(req: Request) -> bool:
+    """Its next step computes one token (async scheduling: the in-flight one)."""
+    return req.num_tokens + req.num_pending_tokens - req.num_computed_tokens <= 1

@@ -1,0 +1,60 @@
+"""The assembly shared by the host-resident systems: their flags become HostResidentOptions,
+the runner gets the system's source of external rows, and a config the placement cannot
+serve is refused before anything is allocated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from kvtier.config import ConfigError, EngineConfig
+from kvtier.policies.base import HostPools, MemorySystem
+from kvtier.policies.host_resident.options import HostResidentOptions
+from kvtier.policies.options import SystemArgs
+
+if TYPE_CHECKING:
+    from kvtier.engine.assembly import AssemblyContext
+    from kvtier.policies.host_resident.runner_side import HostResidentSource
+
+
+@dataclass(frozen=True)
+class HostResidentArgs(SystemArgs):
+    """Flags every host-resident system has (each under its own prefix)."""
+
+    swap_in_fraction: float = field(
+        default=0.95, metadata={"help": "host-running requests come back (oldest first) while "
+                                        "the device pool stays below this fraction of its "
+                                        "blocks"})
+
+
+class HostResidentSystem(MemorySystem):
+    """Subclasses name the system, its policy and flags, and build its runner source."""
+
+    args: ClassVar[type[SystemArgs]] = HostResidentArgs
+
+    def options(self, args: SystemArgs, config: EngineConfig) -> HostResidentOptions:
+        assert isinstance(args, HostResidentArgs)
+        return HostResidentOptions(swap_in_fraction=args.swap_in_fraction,
+                                   max_model_len=config.scheduler.max_model_len)
+
+    def check_unused_flags(self, args: SystemArgs) -> None:
+        changed = [f.name for f in fields(args) if getattr(args, f.name) != f.default]
+        if changed:
+            flags = ", ".join(f"--{args.dests()[n].replace('_', '-')}" for n in changed)
+            raise ConfigError(f"{flags}: only for --kv-policy {self.name}")
+
+    def host_pools(self, config: EngineConfig, ctx: AssemblyContext,
+                   num_host_blocks: int) -> HostPools:
+        if num_host_blocks <= 0:
+            raise ConfigError(f"--kv-policy {self.name} runs requests from the host pool: "
+                              "give it some (--swap-space or num_host_blocks)")
+        return HostPools(num_host_blocks)
+
+    def prepare_executor(self, executor: Any, ctx: AssemblyContext, pools: HostPools) -> None:
+        if ctx.simulated:
+            return  # the simulator prices the host rows' items
+        executor.attach_external_attention(self.make_source(executor))
+
+    def make_source(self, runner: Any) -> HostResidentSource:
+        """The system's runner side (imported here: the rest of the package is torch-free)."""
+        raise NotImplementedError

@@ -1,0 +1,114 @@
+"""NEO and DirectKV end to end on the CPU (fp32, tiny-llama, the torch references): under a
+device pool too small for the batch, requests run from the host pool, and the greedy outputs
+equal a GPU-only run's (a pool that never runs short); the KV manager's integrity holds after
+every step; a host pool too small for any request's life refuses every move and the run
+still completes (by recompute); the simulator runs both and prices their host rows."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kvtier.engine.args import EngineArgs
+from kvtier.engine.llm_engine import LLMEngine
+from kvtier.sampling_params import SamplingParams
+from kvtier.sim.engine import build_sim_engine
+
+# tiny-llama (4 layers, F = 4: one layer group): 16 blocks of 16 tokens hold ~4 requests.
+CAPPED = dict(model="tiny-llama", load_format="dummy", device="cpu", dtype="float32",
+              num_gpu_blocks=16, num_host_blocks=64, max_model_len=256,
+              max_num_batched_tokens=96, max_num_seqs=8)
+PARAMS = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, detokenize=False)
+
+
+def prompts(n: int = 8) -> list[list[int]]:
+    rng = random.Random(0)
+    return [[rng.randrange(100, 4000) for _ in range(rng.randint(20, 60))] for _ in range(n)]
+
+
+def run(policy: str, **overrides) -> tuple[dict[str, list[int]], LLMEngine, int]:
+    """Outputs by id, the engine, and the steps that had host rows; integrity every step."""
+    engine = LLMEngine.from_engine_args(EngineArgs(kv_policy=policy, **{**CAPPED, **overrides}))
+    for i, p in enumerate(prompts()):
+        engine.add_request(f"r{i}", p, PARAMS)
+    outputs: dict[str, list[int]] = {}
+    host_steps = 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                outputs[out.request_id] = out.outputs[0].token_ids
+        engine.check_integrity()
+        host_steps += bool(engine.scheduler.kv.host_running)
+    assert engine.scheduler.kv.all_free()
+    return outputs, engine, host_steps
+
+
+@pytest.fixture(scope="module")
+def gpu_only() -> dict[str, list[int]]:
+    outputs, engine, _ = run("recompute", num_gpu_blocks=256)
+    assert engine.get_stats().num_preemptions_total == 0
+    return outputs
+
+
+@pytest.mark.parametrize("policy", ["neo", "directkv"])
+def test_greedy_outputs_equal_gpu_only_with_requests_run_from_the_host(policy, gpu_only):
+    outputs, engine, host_steps = run(policy)
+    placement = engine.scheduler.policy
+    assert placement.num_moved_out > 0 and host_steps > 5, "the cap must force host placement"
+    assert placement.num_moved_in > 0
+    assert outputs == gpu_only
+
+
+@pytest.mark.parametrize("policy", ["neo", "directkv"])
+def test_a_host_pool_too_small_refuses_every_move_and_the_run_completes(policy, gpu_only):
+    # 2 host blocks: no request's life (>= 3 blocks of 16 tokens) fits.
+    outputs, engine, host_steps = run(policy, num_host_blocks=2)
+    placement = engine.scheduler.policy
+    assert placement.num_refused > 0 and placement.num_moved_out == 0 and host_steps == 0
+    assert engine.get_stats().num_preemptions_total > 0  # the scheduler recomputed instead
+    assert outputs == gpu_only
+
+
+@pytest.mark.parametrize("policy,kind", [("neo", "neo_cpu_rows"),
+                                         ("directkv", "directkv_rows")])
+def test_the_simulator_runs_it_and_prices_its_host_rows(policy, kind):
+    args = EngineArgs(kv_policy=policy, **{**CAPPED, "device": "auto", "dtype": "auto"})
+    engine = build_sim_engine(args, "h200", record_steps=True)
+    for i, p in enumerate(prompts()):
+        engine.add_request(f"r{i}", p, PARAMS)
+    while engine.has_unfinished_requests():
+        engine.step()
+        engine.check_integrity()
+    steps = [s for s in engine.executor.steps if s.shape.items]
+    kinds = {k for s in steps for k, _ in s.shape.items}
+    assert {kind, "host_resident_store", "host_resident_load"} <= kinds
+    assert all(s.cost.parts["items"] > 0 for s in steps)
+
+
+@pytest.mark.parametrize("policy", ["neo", "directkv"])
+def test_the_simulator_makes_the_real_engines_decisions(policy, monkeypatch):
+    """tests/sim/test_equivalence.py's check (same batches, preemptions, copies, step for
+    step), with the host moves compared too."""
+    import tests.sim.test_equivalence as eq
+
+    moves: list[list[tuple]] = []
+    decision = eq.decision
+
+    def with_moves(plan):  # each step's moves beside the decisions the check compares
+        moves[-1].append(tuple((i.kind, i.request_id, i.copies) for i in plan.items
+                               if hasattr(i, "copies")))
+        return decision(plan)
+
+    monkeypatch.setattr(eq, "decision", with_moves)
+    moves.append([])
+    jobs, real_plans, real_out = eq.real_run(policy, 64, 0)
+    real_moves = moves[-1][-len(real_plans):]  # the reference pass's (real_run runs two)
+    lengths = {rid: len(toks) for rid, toks in real_out.items()}
+    sim = build_sim_engine(eq.args(policy, 64), "h200", output_lens=lengths)
+    moves.append([])
+    sim_plans, sim_out = eq.drive(sim, [eq.Job(j.step, j.rid, j.prompt, SamplingParams(
+        temperature=0.0, max_tokens=j.params.max_tokens, detokenize=False)) for j in jobs])
+    assert any(real_moves), "the workload must move requests to the host"
+    assert {rid: len(t) for rid, t in sim_out.items()} == lengths
+    assert sim_plans == real_plans and moves[-1] == real_moves
