@@ -102,12 +102,12 @@ def test_the_simulator_makes_the_real_engines_decisions(policy, monkeypatch):
 
     monkeypatch.setattr(eq, "decision", with_moves)
     moves.append([])
-    jobs, real_plans, real_out = eq.real_run(policy, 64, 0)
+    jobs, real_plans, real_out, _ = eq.real_run(policy, 64, 0)
     real_moves = moves[-1][-len(real_plans):]  # the reference pass's (real_run runs two)
     lengths = {rid: len(toks) for rid, toks in real_out.items()}
     sim = build_sim_engine(eq.args(policy, 64), "h200", output_lens=lengths)
     moves.append([])
-    sim_plans, sim_out = eq.drive(sim, [eq.Job(j.step, j.rid, j.prompt, SamplingParams(
+    sim_plans, sim_out, _ = eq.drive(sim, [eq.Job(j.step, j.rid, j.prompt, SamplingParams(
         temperature=0.0, max_tokens=j.params.max_tokens, detokenize=False)) for j in jobs])
     assert any(real_moves), "the workload must move requests to the host"
     assert {rid: len(t) for rid, t in sim_out.items()} == lengths

@@ -90,7 +90,8 @@ class HostResidentPolicy(KVPolicy):
         need = sum(kv.num_groups for r in running
                    if r.request_id not in host and _is_decode(r)
                    and r.num_computed_tokens + 1 > slots.get(r.request_id, 0))
-        return need + kv.watermark_blocks - kv.gpu.num_free
+        # Blocks only the prefix cache holds are free on demand (allocation evicts them).
+        return need + kv.watermark_blocks - kv.gpu.num_free - kv.num_gpu_blocks_cached()
 
     def _move_out(self, running: list[Request], kv: KVCacheManager, short: int) -> None:
         host = kv.host_running
@@ -120,7 +121,8 @@ class HostResidentPolicy(KVPolicy):
             table = kv.tables[req.request_id]
             grows = req.num_computed_tokens + 1 > kv.num_slots[req.request_id]
             need = kv.num_groups * (table.num_token_blocks + (1 if grows else 0))
-            if kv.gpu.num_used + need >= ceiling or need > spare:
+            in_use = kv.gpu.num_used - kv.num_gpu_blocks_cached()
+            if in_use + need >= ceiling or need > spare:
                 return
             spare -= need
             host.discard(req.request_id)
