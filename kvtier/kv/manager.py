@@ -25,16 +25,21 @@ def cdiv(a: int, b: int) -> int:
 
 
 class HiddenStates(Protocol):
-    """Per-request blocks of hidden states standing in for KV (Placement.HIDDEN): a prefix
-    of each request's tokens is covered, extended as tokens are computed."""
+    """Per-request blocks of hidden states standing in for KV (Placement.HIDDEN): each
+    request's tokens from `first_token(request_id)` on are covered, extended as tokens are
+    computed (the tokens before it came from a prefix cache: `unhide` takes them back from
+    it, or the request recomputes)."""
 
     ids: dict[str, list[int]]
     pool: BlockPool
-    # Whether it can stand in for blocks a request took from a prefix cache (KV it never
-    # computed itself); the manager refuses a prefix cache beside a store that cannot.
+    # Whether its coverage may start after a prefix cache hit (see above); the manager
+    # refuses a prefix cache beside a store that cannot.
     shares_blocks: bool
 
-    def extend(self, request_id: str, num_tokens: int) -> tuple[int, ...]: ...
+    def extend(self, request_id: str, num_tokens: int, first_token: int = 0
+               ) -> tuple[int, ...]: ...
+
+    def first_token(self, request_id: str) -> int: ...
 
     def covers(self, request_id: str, num_tokens: int) -> bool: ...
 
@@ -66,8 +71,7 @@ class KVCacheManager:
         if prefix_cache is not None and hidden_store is not None \
                 and not hidden_store.shares_blocks:
             raise ValueError("prefix caching does not work with this memory system's hidden "
-                             "states: the tokens of a cache hit have none to restore their "
-                             "KV from")
+                             "states: they cannot start after a cache hit")
         self.prefix_host_groups = prefix_host_groups
         # Device -> host copies of prefixes offloaded since the last plan (the scheduler
         # moves them into the plan's swap-outs).
@@ -191,13 +195,16 @@ class KVCacheManager:
             moves.append((old, new, g))
         return moves
 
-    def _can_bring_back(self, req: Request, placement: Placement, extra_tokens: int) -> bool:
+    def _can_bring_back(self, req: Request, placement: Placement, extra_tokens: int,
+                        reused: tuple[int, int] = (0, 0)) -> bool:
         """Room on the device for every `placement` entry plus `extra_tokens` more tokens,
-        above the watermark."""
+        above the watermark; `reused`: (leading token blocks a hook gives back instead,
+        of their device blocks the evictable ones, which are then no room)."""
         table = self.tables.get(req.request_id)
         away = len(_movable(table, placement)) if table else 0
-        need = away + self.blocks_needed(req, extra_tokens)
-        return self.gpu.num_free + self._num_evictable() - need >= self.watermark_blocks
+        need = away - reused[0] * self.num_groups + self.blocks_needed(req, extra_tokens)
+        room = self.gpu.num_free + self._num_evictable() - reused[1]
+        return room - need >= self.watermark_blocks
 
     def _device_blocks_left(self, req: Request) -> None:
         """Device blocks left the request's table: ones a hook keeps may be evictable now."""
@@ -253,16 +260,45 @@ class KVCacheManager:
         self.gpu.free([old for old, _, _ in moves])
         self._device_blocks_left(req)
 
-    def can_unhide(self, req: Request, extra_tokens: int) -> bool:
-        return self._can_bring_back(req, Placement.HIDDEN, extra_tokens)
+    def reusable_prefix(self, req: Request) -> tuple[int, int]:
+        """(Leading token blocks of a hidden request whose KV a hook still holds on the
+        device, of their device blocks the evictable ones); (0, 0) without hooks."""
+        for h in self.hooks:
+            reused = h.reusable_prefix(req, self)
+            if reused[0]:
+                return reused
+        return 0, 0
 
-    def unhide(self, req: Request) -> None:
-        """Device blocks for every HIDDEN entry again; the runner re-projects their KV."""
+    def can_unhide(self, req: Request, extra_tokens: int) -> bool:
+        """Room to bring it back (`unhide`, either way) with `extra_tokens` more tokens."""
+        return self._can_bring_back(req, Placement.HIDDEN, extra_tokens,
+                                    self.reusable_prefix(req))
+
+    def unhide(self, req: Request, restore: bool = True) -> int:
+        """Bring a hidden request's KV back; returns its leading tokens taken back from a hook
+        (`reusable_prefix`: KV still on the device, no work). `restore`: device blocks for
+        every other HIDDEN entry, whose KV the runner re-projects from hidden states; else
+        (some of them have none) those entries leave the table with the hidden states, and
+        the request is to recompute from the returned token on."""
         table = self.tables.get(req.request_id)
         if table is None:
-            return
-        n = len(_movable(table, Placement.HIDDEN))
-        self._relocate(table, Placement.HIDDEN, Placement.GPU, self._allocate_evicting(n))
+            return 0
+        k = 0
+        for h in self.hooks:  # the first hook that holds some gives them back
+            n = 0 if k else h.reusable_prefix(req, self)[0]
+            h.retake_prefix(req, self, n)
+            k = k or n
+        if restore:
+            n = len(_movable(table, Placement.HIDDEN))
+            self._relocate(table, Placement.HIDDEN, Placement.GPU, self._allocate_evicting(n))
+            return k * self.block_size
+        assert Placement.GPU not in table.placements[0][k:], "only hidden entries are dropped"
+        for g in range(self.num_groups):
+            del table.block_ids[g][k:], table.placements[g][k:]
+        self.num_slots[req.request_id] = k * self.block_size
+        if self.hidden is not None:
+            self.hidden.free(req.request_id)
+        return k * self.block_size
 
     # ---- partial caching: drop a prefix, recompute it every step ------------------------
     def num_dropped_tokens(self, req: Request) -> int:

@@ -240,6 +240,37 @@ class PrefixCache(KVCacheHooks):
         if live is not None:
             self._to_lru(live[1], kv.tables[req.request_id], kv, table_releases=False)
 
+    def reusable_prefix(self, req: Request, kv: KVCacheManager) -> tuple[int, int]:
+        """The leading registered blocks of `req` (its hit, then the ones it computed and
+        offered) still in the index: a request that comes back takes them instead of
+        rebuilding their KV."""
+        live = self._live.get(req.request_id)
+        if live is None:
+            return 0, 0
+        state, index, evictable = live[1], self.index, self.evictable
+        n = num_evictable = 0
+        for h in state.hashes[: state.num_registered]:
+            if h not in index:
+                break
+            n += 1
+            num_evictable += self.num_groups if h in evictable else 0
+        return n, num_evictable
+
+    def retake_prefix(self, req: Request, kv: KVCacheManager, num_token_blocks: int) -> None:
+        live = self._live.get(req.request_id)
+        if live is None:
+            return
+        state, table, refs = live[1], kv.tables[req.request_id], []
+        for j, h in enumerate(state.hashes[:num_token_blocks]):
+            ids = self.evictable.pop(h, None) or self.index[h]
+            for g, b in enumerate(ids):
+                assert table.placements[g][j] is not Placement.GPU, "retaken over device KV"
+                table.block_ids[g][j], table.placements[g][j] = b, Placement.GPU
+            refs += ids
+        kv.gpu.incref(refs)
+        # Later blocks get new device blocks (or are recomputed): offered to the index again.
+        state.num_registered = num_token_blocks
+
     def _to_lru(self, state: _RequestState, table: MapTable, kv: KVCacheManager,
                 table_releases: bool) -> None:
         """Append the request's registered blocks that only the cache will hold to the

@@ -1,8 +1,8 @@
 """Prefix caching through the real scheduler and model runner (tiny Llama, fp32, CPU): greedy
 outputs are identical with and without the cache for prompts that share prefixes, with
 requests that hit, miss and partially hit in one batch, under recompute preemption and
-eviction of cached blocks, for the recompute, swap and eLLM policies (HCache refuses the
-cache: kvtier/kv/manager.py); every invariant holds after every step."""
+eviction of cached blocks, for the recompute, swap, eLLM and HCache policies; every
+invariant holds after every step."""
 
 from __future__ import annotations
 
@@ -63,14 +63,15 @@ def _serve(eng: LLMEngine, prompts, params, arrivals_per_step: int):
 
 @pytest.mark.parametrize("policy,num_gpu_blocks,async_scheduling", [
     ("recompute", 400, False), ("recompute", 140, False), ("recompute", 140, True),
-    ("swap", 140, False), ("ellm", 140, False)])
+    ("swap", 140, False), ("ellm", 140, False), ("hcache", 140, False),
+    ("hcache", 140, True)])
 def test_greedy_outputs_are_identical_with_and_without_the_cache(policy, num_gpu_blocks,
                                                                   async_scheduling):
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     runs = {}
     for cache in (False, True):
         eng = _engine(cache, num_gpu_blocks=num_gpu_blocks, async_scheduling=async_scheduling,
-                      kv_policy=policy, num_host_blocks=400)
+                      kv_policy=policy, num_host_blocks=400, num_hidden_blocks=400)
         runs[cache] = _serve(eng, _prompts(), params, arrivals_per_step=2)
         kv, counters = eng.kv_manager, eng.scheduler.counters
         if cache:
