@@ -5,13 +5,13 @@ recomputes from where the cache still holds it. Exact block ids, as in test_pref
 
 import pytest
 
+from kvtier.config import SystemOptions
 from kvtier.core.request import Request, RequestStatus
 from kvtier.kv.manager import KVCacheManager
 from kvtier.kv.map_table import Placement
 from kvtier.kv.prefix_cache import PrefixCacheConfig
-from kvtier.policies.hcache import HCachePolicy, HiddenStore
 from kvtier.policies.base import PreemptionKind
-from kvtier.config import SystemOptions
+from kvtier.policies.hcache import HCachePolicy, HiddenStore
 from tests.kv.test_prefix_cache import B, finish, lru, refs, req, table
 
 
