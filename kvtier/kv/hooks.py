@@ -25,6 +25,9 @@ Contract, per hook (the KV manager calls them, in the order its hooks were added
     back in the request's table (entries now off the device become GPU entries of the
     hook's blocks, one more reference each, no longer evictable; 0 to take none); the
     table's later entries are the request's own from here on.
+  * `holds_entry(req, kv, token_block) -> bool`: whether the hook holds one reference to
+    each device block of that token block of the request's table (the manager then tells
+    which blocks no other table holds: dropping those frees memory). Changes nothing.
   * `num_evictable_device_blocks()`: device blocks `evict` would free now if asked (the
     manager counts them as room when it decides whether a request can come back).
   * `evict(num_blocks, kv)`: `allocate_slots` is `num_blocks` device blocks short. Release
@@ -62,6 +65,9 @@ class KVCacheHooks:
 
     def retake_prefix(self, req: Request, kv: KVCacheManager, num_token_blocks: int) -> None:
         return None
+
+    def holds_entry(self, req: Request, kv: KVCacheManager, token_block: int) -> bool:
+        return False
 
     def num_evictable_device_blocks(self) -> int:
         return 0

@@ -310,7 +310,8 @@ class KVCacheManager:
         """Take the device KV of the request's first `num_token_blocks` token blocks off the
         device in every layer group (only a prefix: its recomputation needs nothing after
         it): DROPPED, or, in the top `prefix_host_groups` groups, moved to the host pool
-        (`pending_swap_out`). Returns the number of device blocks freed; 0, with nothing
+        (`pending_swap_out`). Returns the device blocks it released (references: one that
+        another request shares stays allocated, `releasable_blocks`); 0, with nothing
         changed, when the host pool cannot take its part."""
         table = self.tables.get(req.request_id)
         if table is None:
@@ -340,6 +341,19 @@ class KVCacheManager:
         self.gpu.free(freed)
         self._device_blocks_left(req)
         return len(freed)
+
+    def releasable_blocks(self, req: Request, start: int, end: int) -> list[int]:
+        """Per token block in [start, end) of the request's table, its device blocks that no
+        other table holds: what dropping them frees (or leaves evictable in a cache). A
+        block shared with another request frees nothing."""
+        table = self.tables[req.request_id]
+        out = []
+        for j in range(start, min(end, table.num_token_blocks)):
+            held = sum(h.holds_entry(req, self, j) for h in self.hooks)
+            out.append(sum(1 for g in range(self.num_groups)
+                           if table.placements[g][j] is Placement.GPU
+                           and self.gpu.ref_count(table.block_ids[g][j]) == 1 + held))
+        return out
 
     def prefix_host_blocks(self, req: Request) -> tuple[tuple[int, ...], ...]:
         """Host blocks of the request's dropped prefix, per layer group (empty for the

@@ -271,6 +271,15 @@ class PrefixCache(KVCacheHooks):
         # Later blocks get new device blocks (or are recomputed): offered to the index again.
         state.num_registered = num_token_blocks
 
+    def holds_entry(self, req: Request, kv: KVCacheManager, token_block: int) -> bool:
+        live = self._live.get(req.request_id)
+        if live is None or token_block >= live[1].num_registered:
+            return False
+        ids = self.index.get(live[1].hashes[token_block])
+        table = kv.tables[req.request_id]
+        return ids is not None and ids[0] == table.block_ids[0][token_block] \
+            and table.placements[0][token_block] is Placement.GPU
+
     def _to_lru(self, state: _RequestState, table: MapTable, kv: KVCacheManager,
                 table_releases: bool) -> None:
         """Append the request's registered blocks that only the cache will hold to the
