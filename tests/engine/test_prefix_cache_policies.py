@@ -45,11 +45,12 @@ def tiny(request, tmp_path_factory):
     return path, hf_greedy(path, PROMPTS, NEW_TOKENS)
 
 
-def _serve(path, cache: bool, **options):
+def _serve(path, cache: bool, device: str = "cpu", **options):
     """The two documents first, to the end; then the rest, three arriving a step.
     (outputs, engine, per step the (hit tokens, prompt tokens) of each request admitted)."""
     eng = LLMEngine.from_engine_args(EngineArgs(
-        model=str(path), dtype="float32", device="cpu", enable_prefix_caching=cache,
+        model=str(path), dtype=options.pop("dtype", "float32"), device=device,
+        enable_prefix_caching=cache,
         block_size=BLOCK, layers_per_block=2, max_model_len=64, max_num_seqs=6,
         max_num_batched_tokens=40, num_host_blocks=200, **options))
     kv = eng.kv_manager
