@@ -7,12 +7,16 @@ invariant holds after every step."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
 from kvtier import SamplingParams
+from kvtier.config import ConfigError
 from kvtier.engine.args import EngineArgs
+from kvtier.engine.assembly import prefix_cache_config
 from kvtier.engine.llm_engine import LLMEngine
+from kvtier.policies.hcache import HiddenStore
 
 
 def _engine(cache: bool, **kw) -> LLMEngine:
@@ -89,3 +93,27 @@ def test_greedy_outputs_are_identical_with_and_without_the_cache(policy, num_gpu
         assert kv.all_free()
     assert runs[True] == runs[False] and len(runs[True]) == len(_prompts())
     assert computed + stats.hits == uncached  # cached prompt tokens are not computed
+
+
+def test_caching_is_on_by_default_under_every_policy_hcache_included():
+    for policy in ("recompute", "swap", "ellm", "hcache"):
+        eng = LLMEngine.from_engine_args(EngineArgs(
+            model="tiny-llama", load_format="dummy", dtype="float32", max_model_len=96,
+            block_size=4, num_gpu_blocks=120, num_host_blocks=8, kv_policy=policy))
+        assert eng.kv_manager.prefix_cache is not None and eng.config.cache.enable_prefix_caching
+        eng.close()
+
+
+def test_a_hidden_state_store_that_cannot_start_after_a_hit_turns_caching_off():
+    class NoSharing(HiddenStore):
+        shares_blocks = False
+
+    config = EngineArgs(model="tiny-llama", load_format="dummy",
+                        kv_policy="hcache").create_engine_config()
+    store = {"hidden_store": NoSharing(4, 4)}
+    config_off, cache = prefix_cache_config(config, store)
+    assert cache is None and config_off.cache.enable_prefix_caching is False
+    asked = config.with_(cache=replace(config.cache, enable_prefix_caching=True))
+    with pytest.raises(ConfigError, match="cannot start after a cache hit"):
+        prefix_cache_config(asked, store)
+    assert prefix_cache_config(config, {"hidden_store": HiddenStore(4, 4)})[1] is not None
