@@ -10,11 +10,11 @@ reference to each of its blocks, and caches plugged in as `KVCacheHooks` may hol
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol
 
 from kvtier.core.plan import BlockCopy
 from kvtier.core.request import Request
 from kvtier.kv.block_pool import BlockPool
+from kvtier.kv.hidden_states import HiddenStates
 from kvtier.kv.hooks import KVCacheHooks
 from kvtier.kv.map_table import MapTable, Placement
 from kvtier.kv.prefix_cache import PrefixCache, PrefixCacheConfig
@@ -22,30 +22,6 @@ from kvtier.kv.prefix_cache import PrefixCache, PrefixCacheConfig
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-class HiddenStates(Protocol):
-    """Per-request blocks of hidden states standing in for KV (Placement.HIDDEN): each
-    request's tokens from `first_token(request_id)` on are covered, extended as tokens are
-    computed (the tokens before it came from a prefix cache: `unhide` takes them back from
-    it, or the request recomputes)."""
-
-    ids: dict[str, list[int]]
-    pool: BlockPool
-    # Whether its coverage may start after a prefix cache hit (see above); the manager
-    # refuses a prefix cache beside a store that cannot.
-    shares_blocks: bool
-
-    def extend(self, request_id: str, num_tokens: int, first_token: int = 0
-               ) -> tuple[int, ...]: ...
-
-    def first_token(self, request_id: str) -> int: ...
-
-    def covers(self, request_id: str, num_tokens: int) -> bool: ...
-
-    def free(self, request_id: str) -> None: ...
-
-    def check_integrity(self) -> None: ...
 
 
 class KVCacheManager:
