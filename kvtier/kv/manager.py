@@ -16,6 +16,7 @@ from kvtier.core.request import Request
 from kvtier.kv.block_pool import BlockPool
 from kvtier.kv.hidden_states import HiddenStates
 from kvtier.kv.hooks import KVCacheHooks
+from kvtier.kv.integrity import check_manager
 from kvtier.kv.map_table import MapTable, Placement
 from kvtier.kv.prefix_cache import PrefixCache, PrefixCacheConfig
 
@@ -237,8 +238,7 @@ class KVCacheManager:
         self._device_blocks_left(req)
 
     def reusable_prefix(self, req: Request) -> tuple[int, int]:
-        """(Leading token blocks of a hidden request whose KV a hook still holds on the
-        device, of their device blocks the evictable ones); (0, 0) without hooks."""
+        """(Leading token blocks of a hidden request a hook still holds, evictable ones)."""
         for h in self.hooks:
             reused = h.reusable_prefix(req, self)
             if reused[0]:
@@ -251,11 +251,10 @@ class KVCacheManager:
                                     self.reusable_prefix(req))
 
     def unhide(self, req: Request, restore: bool = True) -> int:
-        """Bring a hidden request's KV back; returns its leading tokens taken back from a hook
-        (`reusable_prefix`: KV still on the device, no work). `restore`: device blocks for
-        every other HIDDEN entry, whose KV the runner re-projects from hidden states; else
-        (some of them have none) those entries leave the table with the hidden states, and
-        the request is to recompute from the returned token on."""
+        """Bring a hidden request's KV back: returns the leading tokens taken back from a hook
+        (`reusable_prefix`). `restore`: device blocks for the other HIDDEN entries, re-projected
+        by the runner; else they leave the table with the hidden states (some have none),
+        and the request recomputes from the returned token on."""
         table = self.tables.get(req.request_id)
         if table is None:
             return 0
@@ -267,12 +266,10 @@ class KVCacheManager:
         if restore:
             n = len(_movable(table, Placement.HIDDEN))
             self._relocate(table, Placement.HIDDEN, Placement.GPU, self._allocate_evicting(n))
-            return k * self.block_size
-        assert Placement.GPU not in table.placements[0][k:], "only hidden entries are dropped"
-        for g in range(self.num_groups):
-            del table.block_ids[g][k:], table.placements[g][k:]
-        self.num_slots[req.request_id] = k * self.block_size
-        if self.hidden is not None:
+        else:
+            assert self.hidden is not None and Placement.GPU not in table.placements[0][k:]
+            table.truncate(k)  # only hidden entries go
+            self.num_slots[req.request_id] = k * self.block_size
             self.hidden.free(req.request_id)
         return k * self.block_size
 
@@ -347,32 +344,7 @@ class KVCacheManager:
 
     # ---- accounting ------------------------------------------------------------------
     def check_integrity(self) -> None:
-        gpu_owned: list[int] = []
-        host_owned: list[int] = []
-        for rid, table in self.tables.items():
-            lengths = {len(ids) for ids in table.block_ids}
-            assert len(lengths) == 1, f"{rid}: layer groups have different block counts"
-            first_host = self.num_groups - table.num_host_groups
-            for g, pls in enumerate(table.placements):  # the missing prefix of every group
-                k = table.num_dropped_blocks
-                off = Placement.HOST if g >= first_host else Placement.DROPPED
-                assert all(p is off for p in pls[:k]), f"{rid}: dropped prefix"
-                assert Placement.DROPPED not in pls[k:], f"{rid}: a hole after the prefix"
-            gpu_owned += [b for _, _, b in table.entries(Placement.GPU)]
-            host_owned += [b for _, _, b in table.entries(Placement.HOST)]
-        assert self.num_slots == {rid: len(t.block_ids[0]) * self.block_size
-                                  for rid, t in self.tables.items()}, "slot counts"
-        assert self.num_dropped_token_blocks == sum(
-            t.num_dropped_blocks for t in self.tables.values()), "dropped-block count"
-        for h in self.hooks:
-            gpu_owned += h.owned_device_blocks()
-        self.gpu.check_integrity(gpu_owned)
-        self.host.check_integrity(host_owned)
-        if self.prefix_cache is not None:
-            self.prefix_cache.check_integrity(self)
-        if self.hidden is not None:
-            self.hidden.check_integrity()
-            assert set(self.hidden.ids) <= set(self.tables), "hidden blocks of a freed request"
+        check_manager(self)
 
     def gpu_slot_usage(self, requests: Iterable[Request]) -> tuple[int, int]:
         """(token slots of the device blocks these requests own, of them the ones holding a

@@ -260,7 +260,8 @@ class PrefixCache(KVCacheHooks):
         live = self._live.get(req.request_id)
         if live is None:
             return
-        state, table, refs = live[1], kv.tables[req.request_id], []
+        state, table = live[1], kv.tables[req.request_id]
+        refs: list[int] = []
         for j, h in enumerate(state.hashes[:num_token_blocks]):
             ids = self.evictable.pop(h, None) or self.index[h]
             for g, b in enumerate(ids):
