@@ -48,6 +48,7 @@ from kvtier.core.request import Request
 from kvtier.kv.block_hash import BlockHash, BlockHasher, HashAlgo
 from kvtier.kv.hooks import KVCacheHooks
 from kvtier.kv.map_table import MapTable, Placement
+from kvtier.kv.prefix_cache_stats import PrefixCacheStats as PrefixCacheStats
 
 if TYPE_CHECKING:
     from kvtier.kv.manager import KVCacheManager
@@ -56,25 +57,6 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class PrefixCacheConfig:
     hash_algo: HashAlgo = "sha256"
-
-
-@dataclass
-class PrefixCacheStats:
-    """Lookups in tokens, as vLLM counts them (`prefix_cache_queries` / `_hits`): one per
-    admission of a request (a retried admission replaces its earlier count), new requests
-    apart from re-admissions after preemption."""
-
-    requests: int = 0
-    queries: int = 0  # tokens of the requests looked up
-    hits: int = 0  # of them, tokens whose KV was cached
-    preempted_requests: int = 0
-    preempted_queries: int = 0
-    preempted_hits: int = 0
-    evicted_blocks: int = 0  # token blocks evicted (each = num_groups device blocks)
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.queries if self.queries else 0.0
 
 
 class PrefixCacheBusyError(RuntimeError):
