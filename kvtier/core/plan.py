@@ -76,22 +76,26 @@ class RecomputePrefix(PlanItem):
 @dataclass(frozen=True, slots=True)
 class HiddenBlocks(PlanItem):
     """Placement.HIDDEN's store: hidden-state blocks the request got this step (all of them
-    when `reset`): the runner keeps every computed token's hidden states in them."""
+    when `reset`): the runner keeps every computed token's hidden states in them. The first
+    holds token block `first_block` (the ones before it are a prefix cache hit's)."""
 
     kind: ClassVar[str] = "hidden_blocks"
     request_id: str
     block_ids: tuple[int, ...]
     reset: bool
+    first_block: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class HiddenRestore(PlanItem):
-    """Rebuild the KV of a request's first `num_tokens` tokens from its hidden states (one
-    K/V projection per layer) into its device blocks, before this step's forward."""
+    """Rebuild the KV of `num_tokens` of a request's tokens, from `first_token` on, from its
+    hidden states (one K/V projection per layer) into its device blocks, before this step's
+    forward."""
 
     kind: ClassVar[str] = "hidden_restore"
     request_id: str
     num_tokens: int
+    first_token: int = 0
 
     @property
     def count(self) -> int:

@@ -136,8 +136,9 @@ def assemble(args: EngineArgs, factory: ExecutorFactory) -> EngineParts:
 def prefix_cache_config(config: EngineConfig, kv_options: dict[str, Any]
                         ) -> tuple[EngineConfig, PrefixCacheConfig | None]:
     """The prefix cache the KV manager gets, and the config with the choice made: on by
-    default (as vLLM's V1), off by default for a memory system whose hidden states cannot
-    stand in for shared blocks; asked for explicitly with such a system, a ConfigError."""
+    default (as vLLM's V1) for every memory system whose hidden states, if it keeps any, can
+    start after a cache hit (`shares_blocks`; HCache's can); off by default for one that
+    cannot, and asked for explicitly with such a system, a ConfigError."""
     cache = config.cache
     store = kv_options.get("hidden_store")
     shares = store is None or getattr(store, "shares_blocks", True)
@@ -149,8 +150,8 @@ def prefix_cache_config(config: EngineConfig, kv_options: dict[str, Any]
                      config.kv_policy)
     elif enabled and not shares:
         raise ConfigError(f"--enable-prefix-caching does not work with --kv-policy "
-                          f"{config.kv_policy}: the tokens of a cache hit have no hidden "
-                          "states to restore their KV from (use --no-enable-prefix-caching)")
+                          f"{config.kv_policy}: its hidden states cannot start after a "
+                          "cache hit (use --no-enable-prefix-caching)")
     config = config.with_(cache=replace(cache, enable_prefix_caching=enabled))
     if not enabled:
         return config, None

@@ -16,6 +16,18 @@ Contract, per hook (the KV manager calls them, in the order its hooks were added
     (swapped out, hidden, a dropped prefix); the table already shows their new placement.
     Blocks the hook keeps that no table holds any more may become evictable. It must not
     change the table.
+  * `reusable_prefix(req, kv) -> (token blocks, evictable device blocks)`: how many leading
+    token blocks of the request's computed tokens, now off the device in its table (hidden),
+    the hook still holds on the device with the same content, and how many of those device
+    blocks are evictable now (taking them back makes them no room for anyone else).
+    Changes nothing.
+  * `retake_prefix(req, kv, num_token_blocks)`: put the first `num_token_blocks` of those
+    back in the request's table (entries now off the device become GPU entries of the
+    hook's blocks, one more reference each, no longer evictable; 0 to take none); the
+    table's later entries are the request's own from here on.
+  * `holds_entry(req, kv, token_block) -> bool`: whether the hook holds one reference to
+    each device block of that token block of the request's table (the manager then tells
+    which blocks no other table holds: dropping those frees memory). Changes nothing.
   * `num_evictable_device_blocks()`: device blocks `evict` would free now if asked (the
     manager counts them as room when it decides whether a request can come back).
   * `evict(num_blocks, kv)`: `allocate_slots` is `num_blocks` device blocks short. Release
@@ -48,6 +60,15 @@ class KVCacheHooks:
 
     def on_device_release(self, req: Request, kv: KVCacheManager) -> None:
         return None
+
+    def reusable_prefix(self, req: Request, kv: KVCacheManager) -> tuple[int, int]:
+        return 0, 0
+
+    def retake_prefix(self, req: Request, kv: KVCacheManager, num_token_blocks: int) -> None:
+        return None
+
+    def holds_entry(self, req: Request, kv: KVCacheManager, token_block: int) -> bool:
+        return False
 
     def num_evictable_device_blocks(self) -> int:
         return 0

@@ -10,38 +10,20 @@ reference to each of its blocks, and caches plugged in as `KVCacheHooks` may hol
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol
 
 from kvtier.core.items import PlanItem
 from kvtier.core.plan import BlockCopy
 from kvtier.core.request import Request
 from kvtier.kv.block_pool import BlockPool
+from kvtier.kv.hidden_states import HiddenStates
 from kvtier.kv.hooks import KVCacheHooks
+from kvtier.kv.integrity import check_manager
 from kvtier.kv.map_table import MapTable, Placement
 from kvtier.kv.prefix_cache import PrefixCache, PrefixCacheConfig
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-class HiddenStates(Protocol):
-    """Per-request blocks of hidden states standing in for KV (Placement.HIDDEN): a prefix
-    of each request's tokens is covered, extended as tokens are computed."""
-
-    ids: dict[str, list[int]]
-    pool: BlockPool
-    # Whether it can stand in for blocks a request took from a prefix cache (KV it never
-    # computed itself); the manager refuses a prefix cache beside a store that cannot.
-    shares_blocks: bool
-
-    def extend(self, request_id: str, num_tokens: int) -> tuple[int, ...]: ...
-
-    def covers(self, request_id: str, num_tokens: int) -> bool: ...
-
-    def free(self, request_id: str) -> None: ...
-
-    def check_integrity(self) -> None: ...
 
 
 class KVCacheManager:
@@ -67,8 +49,7 @@ class KVCacheManager:
         if prefix_cache is not None and hidden_store is not None \
                 and not hidden_store.shares_blocks:
             raise ValueError("prefix caching does not work with this memory system's hidden "
-                             "states: the tokens of a cache hit have none to restore their "
-                             "KV from")
+                             "states: they cannot start after a cache hit")
         self.prefix_host_groups = prefix_host_groups
         # Device -> host copies of prefixes offloaded since the last plan (the scheduler
         # moves them into the plan's swap-outs).
@@ -207,13 +188,16 @@ class KVCacheManager:
             moves.append((old, new, g))
         return moves
 
-    def _can_bring_back(self, req: Request, placement: Placement, extra_tokens: int) -> bool:
+    def _can_bring_back(self, req: Request, placement: Placement, extra_tokens: int,
+                        reused: tuple[int, int] = (0, 0)) -> bool:
         """Room on the device for every `placement` entry plus `extra_tokens` more tokens,
-        above the watermark."""
+        above the watermark; `reused`: (leading token blocks a hook gives back instead,
+        of their device blocks the evictable ones, which are then no room)."""
         table = self.tables.get(req.request_id)
         away = len(_movable(table, placement)) if table else 0
-        need = away + self.blocks_needed(req, extra_tokens)
-        return self.gpu.num_free + self._num_evictable() - need >= self.watermark_blocks
+        need = away - reused[0] * self.num_groups + self.blocks_needed(req, extra_tokens)
+        room = self.gpu.num_free + self._num_evictable() - reused[1]
+        return room - need >= self.watermark_blocks
 
     def _device_blocks_left(self, req: Request) -> None:
         """Device blocks left the request's table: ones a hook keeps may be evictable now."""
@@ -269,16 +253,41 @@ class KVCacheManager:
         self.gpu.free([old for old, _, _ in moves])
         self._device_blocks_left(req)
 
-    def can_unhide(self, req: Request, extra_tokens: int) -> bool:
-        return self._can_bring_back(req, Placement.HIDDEN, extra_tokens)
+    def reusable_prefix(self, req: Request) -> tuple[int, int]:
+        """(Leading token blocks of a hidden request a hook still holds, evictable ones)."""
+        for h in self.hooks:
+            reused = h.reusable_prefix(req, self)
+            if reused[0]:
+                return reused
+        return 0, 0
 
-    def unhide(self, req: Request) -> None:
-        """Device blocks for every HIDDEN entry again; the runner re-projects their KV."""
+    def can_unhide(self, req: Request, extra_tokens: int) -> bool:
+        """Room to bring it back (`unhide`, either way) with `extra_tokens` more tokens."""
+        return self._can_bring_back(req, Placement.HIDDEN, extra_tokens,
+                                    self.reusable_prefix(req))
+
+    def unhide(self, req: Request, restore: bool = True) -> int:
+        """Bring a hidden request's KV back: returns the leading tokens taken back from a hook
+        (`reusable_prefix`). `restore`: device blocks for the other HIDDEN entries, re-projected
+        by the runner; else they leave the table with the hidden states (some have none),
+        and the request recomputes from the returned token on."""
         table = self.tables.get(req.request_id)
         if table is None:
-            return
-        n = len(_movable(table, Placement.HIDDEN))
-        self._relocate(table, Placement.HIDDEN, Placement.GPU, self._allocate_evicting(n))
+            return 0
+        k = 0
+        for h in self.hooks:  # the first hook that holds some gives them back
+            n = 0 if k else h.reusable_prefix(req, self)[0]
+            h.retake_prefix(req, self, n)
+            k = k or n
+        if restore:
+            n = len(_movable(table, Placement.HIDDEN))
+            self._relocate(table, Placement.HIDDEN, Placement.GPU, self._allocate_evicting(n))
+        else:
+            assert self.hidden is not None and Placement.GPU not in table.placements[0][k:]
+            table.truncate(k)  # only hidden entries go
+            self.num_slots[req.request_id] = k * self.block_size
+            self.hidden.free(req.request_id)
+        return k * self.block_size
 
     # ---- partial caching: drop a prefix, recompute it every step ------------------------
     def num_dropped_tokens(self, req: Request) -> int:
@@ -290,7 +299,8 @@ class KVCacheManager:
         """Take the device KV of the request's first `num_token_blocks` token blocks off the
         device in every layer group (only a prefix: its recomputation needs nothing after
         it): DROPPED, or, in the top `prefix_host_groups` groups, moved to the host pool
-        (`pending_swap_out`). Returns the number of device blocks freed; 0, with nothing
+        (`pending_swap_out`). Returns the device blocks it released (references: one that
+        another request shares stays allocated, `releasable_blocks`); 0, with nothing
         changed, when the host pool cannot take its part."""
         table = self.tables.get(req.request_id)
         if table is None:
@@ -321,6 +331,19 @@ class KVCacheManager:
         self._device_blocks_left(req)
         return len(freed)
 
+    def releasable_blocks(self, req: Request, start: int, end: int) -> list[int]:
+        """Per token block in [start, end) of the request's table, its device blocks that no
+        other table holds: what dropping them frees (or leaves evictable in a cache). A
+        block shared with another request frees nothing."""
+        table = self.tables[req.request_id]
+        out = []
+        for j in range(start, min(end, table.num_token_blocks)):
+            held = sum(h.holds_entry(req, self, j) for h in self.hooks)
+            out.append(sum(1 for g in range(self.num_groups)
+                           if table.placements[g][j] is Placement.GPU
+                           and self.gpu.ref_count(table.block_ids[g][j]) == 1 + held))
+        return out
+
     def prefix_host_blocks(self, req: Request) -> tuple[tuple[int, ...], ...]:
         """Host blocks of the request's dropped prefix, per layer group (empty for the
         groups it recomputes); () when no group of it waits in the host pool."""
@@ -337,35 +360,7 @@ class KVCacheManager:
 
     # ---- accounting ------------------------------------------------------------------
     def check_integrity(self) -> None:
-        gpu_owned: list[int] = []
-        host_owned: list[int] = []
-        for rid, table in self.tables.items():
-            lengths = {len(ids) for ids in table.block_ids}
-            assert len(lengths) == 1, f"{rid}: layer groups have different block counts"
-            first_host = self.num_groups - table.num_host_groups
-            for g, pls in enumerate(table.placements):  # the missing prefix of every group
-                k = table.num_dropped_blocks
-                off = Placement.HOST if g >= first_host else Placement.DROPPED
-                assert all(p is off for p in pls[:k]), f"{rid}: dropped prefix"
-                assert Placement.DROPPED not in pls[k:], f"{rid}: a hole after the prefix"
-            gpu_owned += [b for _, _, b in table.entries(Placement.GPU)]
-            host_owned += [b for _, _, b in table.entries(Placement.HOST)]
-            assert rid not in self.host_running or not _movable(table, Placement.GPU), \
-                f"{rid}: runs from the host pool but has device blocks"
-        assert self.host_running <= set(self.tables), "host-running request without a table"
-        assert self.num_slots == {rid: len(t.block_ids[0]) * self.block_size
-                                  for rid, t in self.tables.items()}, "slot counts"
-        assert self.num_dropped_token_blocks == sum(
-            t.num_dropped_blocks for t in self.tables.values()), "dropped-block count"
-        for h in self.hooks:
-            gpu_owned += h.owned_device_blocks()
-        self.gpu.check_integrity(gpu_owned)
-        self.host.check_integrity(host_owned)
-        if self.prefix_cache is not None:
-            self.prefix_cache.check_integrity(self)
-        if self.hidden is not None:
-            self.hidden.check_integrity()
-            assert set(self.hidden.ids) <= set(self.tables), "hidden blocks of a freed request"
+        check_manager(self)
 
     def gpu_slot_usage(self, requests: Iterable[Request]) -> tuple[int, int]:
         """(token slots of the device blocks these requests own, of them the ones holding a

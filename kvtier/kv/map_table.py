@@ -35,6 +35,11 @@ class MapTable:
     def num_token_blocks(self) -> int:
         return len(self.block_ids[0])
 
+    def truncate(self, num_token_blocks: int) -> None:
+        """Forget every entry from token block `num_token_blocks` on, in every group."""
+        for ids, pls in zip(self.block_ids, self.placements):
+            del ids[num_token_blocks:], pls[num_token_blocks:]
+
     def append(self, group: int, block_id: int, placement: Placement) -> None:
         self.block_ids[group].append(block_id)
         self.placements[group].append(placement)

@@ -51,6 +51,7 @@ from kvtier.core.request import Request
 from kvtier.kv.block_hash import BlockHash, BlockHasher, HashAlgo
 from kvtier.kv.hooks import KVCacheHooks, PrefixTier
 from kvtier.kv.map_table import MapTable, Placement
+from kvtier.kv.prefix_cache_stats import PrefixCacheStats as PrefixCacheStats
 
 if TYPE_CHECKING:
     from kvtier.kv.manager import KVCacheManager
@@ -59,25 +60,6 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class PrefixCacheConfig:
     hash_algo: HashAlgo = "sha256"
-
-
-@dataclass
-class PrefixCacheStats:
-    """Lookups in tokens, as vLLM counts them (`prefix_cache_queries` / `_hits`): one per
-    admission of a request (a retried admission replaces its earlier count), new requests
-    apart from re-admissions after preemption."""
-
-    requests: int = 0
-    queries: int = 0  # tokens of the requests looked up
-    hits: int = 0  # of them, tokens whose KV was cached
-    preempted_requests: int = 0
-    preempted_queries: int = 0
-    preempted_hits: int = 0
-    evicted_blocks: int = 0  # token blocks evicted (each = num_groups device blocks)
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.queries if self.queries else 0.0
 
 
 class PrefixCacheBusyError(RuntimeError):
@@ -266,6 +248,47 @@ class PrefixCache(KVCacheHooks):
         live = self._live.get(req.request_id)
         if live is not None:
             self._to_lru(live[1], kv.tables[req.request_id], kv, table_releases=False)
+
+    def reusable_prefix(self, req: Request, kv: KVCacheManager) -> tuple[int, int]:
+        """The leading registered blocks of `req` (its hit, then the ones it computed and
+        offered) still in the index: a request that comes back takes them instead of
+        rebuilding their KV."""
+        live = self._live.get(req.request_id)
+        if live is None:
+            return 0, 0
+        state, index, evictable = live[1], self.index, self.evictable
+        n = num_evictable = 0
+        for h in state.hashes[: state.num_registered]:
+            if h not in index:
+                break
+            n += 1
+            num_evictable += self.num_groups if h in evictable else 0
+        return n, num_evictable
+
+    def retake_prefix(self, req: Request, kv: KVCacheManager, num_token_blocks: int) -> None:
+        live = self._live.get(req.request_id)
+        if live is None:
+            return
+        state, table = live[1], kv.tables[req.request_id]
+        refs: list[int] = []
+        for j, h in enumerate(state.hashes[:num_token_blocks]):
+            ids = self.evictable.pop(h, None) or self.index[h]
+            for g, b in enumerate(ids):
+                assert table.placements[g][j] is not Placement.GPU, "retaken over device KV"
+                table.block_ids[g][j], table.placements[g][j] = b, Placement.GPU
+            refs += ids
+        kv.gpu.incref(refs)
+        # Later blocks get new device blocks (or are recomputed): offered to the index again.
+        state.num_registered = num_token_blocks
+
+    def holds_entry(self, req: Request, kv: KVCacheManager, token_block: int) -> bool:
+        live = self._live.get(req.request_id)
+        if live is None or token_block >= live[1].num_registered:
+            return False
+        ids = self.index.get(live[1].hashes[token_block])
+        table = kv.tables[req.request_id]
+        return ids is not None and ids[0] == table.block_ids[0][token_block] \
+            and table.placements[0][token_block] is Placement.GPU
 
     def _to_lru(self, state: _RequestState, table: MapTable, kv: KVCacheManager,
                 table_releases: bool) -> None:

@@ -80,6 +80,7 @@ class Preemption:
 class Resume:
     copies: list[BlockCopy] = field(default_factory=list)  # host -> device (the runner's)
     restore_tokens: int = 0  # tokens whose KV the runner rebuilds from a stand-in
+    restore_from: int = 0  # the first of them (the ones before it came back as they were)
     items: list[PlanItem] = field(default_factory=list)  # the system's own work
 
 

@@ -206,7 +206,8 @@ class Scheduler:
                 step.items += work.items
             self.counters.num_swap_in_blocks += len(work.copies)
             if work.restore_tokens:
-                step.items.append(HiddenRestore(req.request_id, work.restore_tokens))
+                step.items.append(HiddenRestore(req.request_id, work.restore_tokens,
+                                                work.restore_from))
                 self.counters.num_restored_tokens += work.restore_tokens
             req.status = RequestStatus.RUNNING
             self.running.append(req)
@@ -311,9 +312,11 @@ class Scheduler:
                                              kv.prefix_host_blocks(req)
                                              if kv.prefix_host_groups else ()))
             if hidden_store is not None:  # every computed token's hidden states are kept
-                new_hidden = hidden_store.extend(req.request_id, end)
-                items.append(HiddenBlocks(req.request_id, tuple(hidden_store.ids.get(
-                    req.request_id, ())) if reset else new_hidden, reset))
+                rid = req.request_id  # (from its first computed token: a hit has none)
+                new_hidden = hidden_store.extend(rid, end, start)
+                items.append(HiddenBlocks(rid, tuple(hidden_store.ids.get(rid, ())), reset,
+                                          hidden_store.first_token(rid) // kv.block_size)
+                             if reset else HiddenBlocks(rid, new_hidden, reset))
             # Positional, in field order (request_id, token_ids, start_pos, new_block_ids,
             # reset_blocks, sample, sampling_params, num_output_tokens): keywords cost more,
             # once per running request a step (benchmarks/gpu_path/bench_host_overhead_cpu.py).

@@ -1,18 +1,22 @@
 """Prefix caching through the real scheduler and model runner (tiny Llama, fp32, CPU): greedy
 outputs are identical with and without the cache for prompts that share prefixes, with
 requests that hit, miss and partially hit in one batch, under recompute preemption and
-eviction of cached blocks, for the recompute, swap and eLLM policies (HCache refuses the
-cache: kvtier/kv/manager.py); every invariant holds after every step."""
+eviction of cached blocks, for the recompute, swap, eLLM and HCache policies; every
+invariant holds after every step."""
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
 from kvtier import SamplingParams
+from kvtier.config import ConfigError
 from kvtier.engine.args import EngineArgs
+from kvtier.engine.assembly import prefix_cache_config
 from kvtier.engine.llm_engine import LLMEngine
+from kvtier.policies.hcache import HiddenStore
 
 
 def _engine(cache: bool, **kw) -> LLMEngine:
@@ -63,14 +67,15 @@ def _serve(eng: LLMEngine, prompts, params, arrivals_per_step: int):
 
 @pytest.mark.parametrize("policy,num_gpu_blocks,async_scheduling", [
     ("recompute", 400, False), ("recompute", 140, False), ("recompute", 140, True),
-    ("swap", 140, False), ("ellm", 140, False)])
+    ("swap", 140, False), ("ellm", 140, False), ("hcache", 140, False),
+    ("hcache", 140, True)])
 def test_greedy_outputs_are_identical_with_and_without_the_cache(policy, num_gpu_blocks,
                                                                   async_scheduling):
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     runs = {}
     for cache in (False, True):
         eng = _engine(cache, num_gpu_blocks=num_gpu_blocks, async_scheduling=async_scheduling,
-                      kv_policy=policy, num_host_blocks=400)
+                      kv_policy=policy, num_host_blocks=400, num_hidden_blocks=400)
         runs[cache] = _serve(eng, _prompts(), params, arrivals_per_step=2)
         kv, counters = eng.kv_manager, eng.scheduler.counters
         if cache:
@@ -88,3 +93,27 @@ def test_greedy_outputs_are_identical_with_and_without_the_cache(policy, num_gpu
         assert kv.all_free()
     assert runs[True] == runs[False] and len(runs[True]) == len(_prompts())
     assert computed + stats.hits == uncached  # cached prompt tokens are not computed
+
+
+def test_caching_is_on_by_default_under_every_policy_hcache_included():
+    for policy in ("recompute", "swap", "ellm", "hcache"):
+        eng = LLMEngine.from_engine_args(EngineArgs(
+            model="tiny-llama", load_format="dummy", dtype="float32", max_model_len=96,
+            block_size=4, num_gpu_blocks=120, num_host_blocks=8, kv_policy=policy))
+        assert eng.kv_manager.prefix_cache is not None and eng.config.cache.enable_prefix_caching
+        eng.close()
+
+
+def test_a_hidden_state_store_that_cannot_start_after_a_hit_turns_caching_off():
+    class NoSharing(HiddenStore):
+        shares_blocks = False
+
+    config = EngineArgs(model="tiny-llama", load_format="dummy",
+                        kv_policy="hcache").create_engine_config()
+    store = {"hidden_store": NoSharing(4, 4)}
+    config_off, cache = prefix_cache_config(config, store)
+    assert cache is None and config_off.cache.enable_prefix_caching is False
+    asked = config.with_(cache=replace(config.cache, enable_prefix_caching=True))
+    with pytest.raises(ConfigError, match="cannot start after a cache hit"):
+        prefix_cache_config(asked, store)
+    assert prefix_cache_config(config, {"hidden_store": HiddenStore(4, 4)})[1] is not None

@@ -8,7 +8,6 @@ from kvtier.core.request import Request, RequestStatus
 from kvtier.kv.block_hash import BlockHasher
 from kvtier.kv.manager import KVCacheManager
 from kvtier.kv.prefix_cache import PrefixCacheBusyError, PrefixCacheConfig
-from kvtier.policies.hcache import HiddenStore
 from kvtier.sampling_params import SamplingParams
 
 B = 4
@@ -275,13 +274,6 @@ def test_a_swapped_request_comes_back_by_evicting_cached_blocks():
     assert table(kv, a) == [0, 1] and lru(kv) == [] and kv.prefix_cache.num_cached_blocks == 2
     kv.check_integrity()
     assert not kv.can_swap_in(req("c", range(4)), 4)  # nothing free, nothing evictable
-
-
-def test_hcache_is_refused_hit_tokens_have_no_hidden_states():
-    # HCache's store declares it cannot stand in for shared blocks (HiddenStore.shares_blocks).
-    with pytest.raises(ValueError, match="hidden states"):
-        KVCacheManager(num_groups=1, block_size=B, num_gpu_blocks=4, num_host_blocks=0,
-                       hidden_store=HiddenStore(4, B), prefix_cache=PrefixCacheConfig())
 
 
 def test_reset_is_refused_while_requests_hold_blocks():

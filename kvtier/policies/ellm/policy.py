@@ -106,6 +106,22 @@ class EllmPolicy(KVPolicy):
                 kv.drop_prefix(req, have + extra)
                 budget -= extra * kv.block_size
 
+    @staticmethod
+    def _blocks_to_drop(req: Request, kv: KVCacheManager, have: int, most: int,
+                        num_blocks: int) -> tuple[int, int]:
+        """(Token blocks past the `have` dropped ones to drop, up to `most`, device blocks
+        that frees): the fewest that free `num_blocks`, else as many as free anything. A
+        block another request shares (a prefix cache hit) frees nothing: it is dropped only
+        to reach the request's own blocks behind it, never at the end."""
+        extra = gain = freed = 0
+        for i, released in enumerate(kv.releasable_blocks(req, have, have + max(0, most))):
+            freed += released
+            if released:
+                extra, gain = i + 1, freed
+            if gain >= num_blocks:
+                break
+        return extra, gain
+
     def make_room(self, running: list[Request], kv: KVCacheManager, num_blocks: int) -> bool:
         budget = self.step_budget(running)
         if budget < kv.block_size:
@@ -123,13 +139,13 @@ class EllmPolicy(KVPolicy):
             if not _in_decode(req):
                 continue
             have = kv.num_dropped_tokens(req) // kv.block_size
-            cap = self._cap_blocks(req, kv, self._on_demand_cap())
-            want_blocks = -(-(num_blocks - freed) // kv.num_groups)
-            extra = min(cap - have, want_blocks, budget // kv.block_size)
-            if extra <= 0:
+            most = min(self._cap_blocks(req, kv, self._on_demand_cap()) - have,
+                       budget // kv.block_size)
+            extra, gain = self._blocks_to_drop(req, kv, have, most, num_blocks - freed)
+            if not extra:
                 continue
             drops.append((req, have + extra))
-            freed += extra * kv.num_groups  # what drop_prefix frees: every layer group's
+            freed += gain
             budget -= extra * kv.block_size
         if freed < num_blocks:
             return False

@@ -12,6 +12,9 @@ below PCIe speed and stalls every step (results/serving/bench_13b_4policies_h200
 Restore: per layer, the hidden rows go to the device and the layer's K/V projection (+
 k-norm, rotary) writes its KV blocks; it reads the host pool, so it first waits for the
 copies of the last store.
+A request's hidden table starts at its first computed token block (`first_block`: the
+blocks before it are a prefix cache hit's, with no hidden states): column c of its row is
+token block first_block + c.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class HiddenStates:
         self.staging = torch.empty((max_tokens, cfg.num_layers, cfg.hidden_size), dtype=dtype,
                                    device=device)
         self.tables = BlockTables(1, max_reqs, max_blocks)
+        self.first_block = np.zeros(max_reqs, dtype=np.int64)  # per row
         self._num_tokens = 0
         self._stored: torch.cuda.Event | None = None  # after the last store's copies
 
@@ -50,7 +54,9 @@ class HiddenStates:
     def apply(self, blocks: Sequence[HiddenBlocks]) -> None:
         """The plan's new hidden-state blocks per request."""
         for b in blocks:
-            self.tables.apply_ids(b.request_id, (b.block_ids,), b.reset)
+            row = self.tables.apply_ids(b.request_id, (b.block_ids,), b.reset)
+            if b.reset:
+                self.first_block[row] = b.first_block
 
     def sink(self, num_tokens: int):
         """The model's per-layer hook for this step's `num_tokens` main rows."""
@@ -67,9 +73,10 @@ class HiddenStates:
         n = self._num_tokens
         q_lens = batch.query_lens[: len(scheduled)]
         rows = np.repeat([self.tables.row_of[sr.request_id] for sr in scheduled], q_lens)
-        pos = batch.positions[:n]
         bs = self.block_size
-        tok = np.flatnonzero(pos < self.tables.num_blocks[rows] * bs)  # coverage may run out
+        pos = batch.positions[:n] - self.first_block[rows] * bs  # in the hidden table
+        # Coverage may run out (and starts after a prefix cache hit).
+        tok = np.flatnonzero((pos >= 0) & (pos < self.tables.num_blocks[rows] * bs))
         if not len(tok):
             return
         pos = pos[tok]
@@ -98,9 +105,11 @@ class HiddenStates:
         # Per restored token: its hidden (block, offset), its position, its block-table row.
         hid_rows, positions, kv_rows = [], [], []
         for r in restores:
-            pos = np.arange(r.num_tokens)
+            pos = np.arange(r.first_token, r.first_token + r.num_tokens)
             hrow = self.tables.row_of[r.request_id]
-            hid_rows.append(self.tables.table[0, hrow, pos // bs].astype(np.int64) * bs + pos % bs)
+            rel = pos - self.first_block[hrow] * bs
+            assert rel.min(initial=0) >= 0, "restoring tokens that have no hidden states"
+            hid_rows.append(self.tables.table[0, hrow, rel // bs].astype(np.int64) * bs + rel % bs)
             positions.append(pos)
             kv_rows.append(np.full(r.num_tokens, block_tables.row_of[r.request_id]))
         hid = np.concatenate(hid_rows)
