@@ -20,6 +20,7 @@ from kvtier.kv.hooks import KVCacheHooks
 from kvtier.kv.integrity import check_manager
 from kvtier.kv.map_table import MapTable, Placement
 from kvtier.kv.prefix_cache import PrefixCache, PrefixCacheConfig
+from kvtier.kv.usage import gpu_slot_usage
 
 
 def cdiv(a: int, b: int) -> int:
@@ -363,29 +364,8 @@ class KVCacheManager:
         check_manager(self)
 
     def gpu_slot_usage(self, requests: Iterable[Request]) -> tuple[int, int]:
-        """(token slots of the device blocks these requests own, of them the ones holding a
-        computed token), summed over layer groups. Read-only. `allocated - filled` is the
-        internal fragmentation: the unfilled tail of each request's last block (blocks are
-        token-granular, so it does not depend on F) and any slots allocated for tokens the
-        step has not computed yet. DROPPED, HOST and HIDDEN entries own no device block."""
-        allocated = filled = 0
-        size = self.block_size
-        for req in requests:
-            table = self.tables.get(req.request_id)
-            if table is None:
-                continue
-            n, k = req.num_computed_tokens, table.num_dropped_blocks
-            for ids, pls in zip(table.block_ids, table.placements):
-                on_gpu = pls.count(Placement.GPU)
-                if on_gpu == len(ids) - k:  # the usual case: a dropped prefix, then the device
-                    allocated += on_gpu * size
-                    filled += max(0, min(n, len(ids) * size) - k * size)
-                    continue
-                for j, p in enumerate(pls):
-                    if p is Placement.GPU:
-                        allocated += size
-                        filled += max(0, min(size, n - j * size))
-        return allocated, filled
+        """kvtier/kv/usage.py's `gpu_slot_usage` over this manager's tables."""
+        return gpu_slot_usage(self, requests)
 
     def num_gpu_blocks_cached(self) -> int:
         """Device blocks only a cache holds: free on demand, so not "used" (vLLM's KV usage

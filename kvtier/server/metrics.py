@@ -7,7 +7,7 @@ scrape time; latency histograms are observed on the worker when a request finish
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -169,6 +169,8 @@ def stats_from_metrics(text: str) -> EngineStats | None:
     def v(name: str) -> int:
         return int(values.get(P + name, 0))
 
+    counters: dict[str, Any] = {field_name: v(f"{name}_total")
+                                for name, (_, field_name) in _PREFIX_CACHE_COUNTERS.items()}
     return EngineStats(
         num_running=v("num_requests_running"),
         num_waiting=v("num_requests_waiting"),
@@ -191,7 +193,7 @@ def stats_from_metrics(text: str) -> EngineStats | None:
         num_dropped_tokens=v("num_dropped_tokens"),
         num_restored_tokens_total=v("restored_tokens_total"),
         gpu_blocks_cached=v("kv_blocks_cached"),
-        **{field_name: v(f"{name}_total") for name, (_, field_name) in _PREFIX_CACHE_COUNTERS.items()},
+        **counters,
     )
 
 
