@@ -25,10 +25,10 @@ def _poison_executor(engine) -> None:
         poisoned[0] = any(POISON in sr.token_ids for sr in plan.scheduled)
         return launch(plan)
 
-    def failing_logits(batch):
+    def failing_logits(batch, *rest):
         if poisoned[0]:
             raise IndexError("index out of range in self")
-        return logits(batch)
+        return logits(batch, *rest)
 
     runner.launch, runner.forward_logits = launch_noting_poison, failing_logits
 
