@@ -2,8 +2,8 @@
 
 The H200 figures are the reference machine's measurements (`shared/hw/h200_probe_2026-11-30`,
 copied here so the cost model has no run-time dependency on that folder); the A100 figures
-are datasheet values for the eLLM paper's setting (A100 80GB PCIe) and have never been
-measured by us.
+are datasheet values for the eLLM paper's setting (A100 80GB PCIe), and the T4, A10G and
+H100 SXM ones for NEO's (its T4 / A10G / H100 evaluation); none of those has been measured by us.
 """
 
 from __future__ import annotations
@@ -97,8 +97,55 @@ def _a100_80gb_pcie() -> HardwareProfile:
     )
 
 
-HARDWARE: dict[str, HardwareProfile] = {p.name: p for p in (_h200(), _a100_80gb_pcie())}
-_ALIASES = {"a100": "a100-80gb-pcie", "a100-80gb": "a100-80gb-pcie", "nvidia-h200": "h200"}
+def _pcie_copies(link_bytes_per_s: float) -> dict[CopyMechanism, CopyCost]:
+    # A datasheet link's copies, priced as the A100 profile's: per-page cost a driver cost.
+    return {
+        CopyMechanism.BULK: CopyCost(1 / link_bytes_per_s, 10e-6),
+        CopyMechanism.MEMCPY_PER_PAGE: CopyCost(1 / link_bytes_per_s, 7.4e-6),
+        CopyMechanism.KERNEL_GATHER: CopyCost(1 / (0.9 * link_bytes_per_s), 5e-6),
+    }
+
+
+def _t4() -> HardwareProfile:
+    # NVIDIA T4 datasheet (GDDR6, 40 SMs, mixed-precision FP16 tensor rate: Turing has no
+    # bf16, so the fp16 rate stands in); memory as nvidia-smi reports it with ECC on. PCIe
+    # Gen3 x16 at its effective pinned rate.
+    pcie = 12e9
+    return HardwareProfile(
+        name="t4", memory_bytes=15360 * (1 << 20), hbm_bytes_per_s=320e9, bf16_flops=65e12,
+        num_sms=40, h2d=_pcie_copies(pcie), d2h=_pcie_copies(pcie),
+        allreduce_bytes_per_s=0.8 * pcie, allreduce_latency_s=20e-6, measured=False,
+    )
+
+
+def _a10g() -> HardwareProfile:
+    # NVIDIA A10 datasheet's GDDR6 bandwidth and dense bf16 tensor rate (NVIDIA publishes no
+    # A10G sheet; AWS's G5 page gives its 24 GB and the GA102's 80 SMs); memory as
+    # nvidia-smi reports it. PCIe Gen4 x16 as the A100 profile's.
+    pcie = 25e9
+    return HardwareProfile(
+        name="a10g", memory_bytes=23028 * (1 << 20), hbm_bytes_per_s=600e9, bf16_flops=125e12,
+        num_sms=80, h2d=_pcie_copies(pcie), d2h=_pcie_copies(pcie),
+        allreduce_bytes_per_s=0.8 * pcie, allreduce_latency_s=20e-6, measured=False,
+    )
+
+
+def _h100_sxm() -> HardwareProfile:
+    # NVIDIA H100 datasheet, SXM5 80GB column (HBM3, dense bf16, 132 SMs); memory as
+    # nvidia-smi reports it. PCIe Gen5 x16 at the H200 probe's bulk rate (the same link).
+    pcie = 55e9
+    return HardwareProfile(
+        name="h100-sxm", memory_bytes=81559 * (1 << 20), hbm_bytes_per_s=3.35e12,
+        bf16_flops=989e12, num_sms=132, h2d=_pcie_copies(pcie), d2h=_pcie_copies(pcie),
+        # NVLink 4, priced as the H200 profile's (same fabric).
+        allreduce_bytes_per_s=360e9, allreduce_latency_s=10e-6, measured=False,
+    )
+
+
+HARDWARE: dict[str, HardwareProfile] = {
+    p.name: p for p in (_h200(), _a100_80gb_pcie(), _t4(), _a10g(), _h100_sxm())}
+_ALIASES = {"a100": "a100-80gb-pcie", "a100-80gb": "a100-80gb-pcie", "nvidia-h200": "h200",
+            "h100": "h100-sxm", "nvidia-t4": "t4", "nvidia-a10g": "a10g"}
 
 
 def get_hardware(name: str) -> HardwareProfile:
