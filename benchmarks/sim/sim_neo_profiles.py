@@ -28,7 +28,10 @@ from kvtier.model.presets import preset_config
 from kvtier.policies.neo import CPU_ATTENTION_BYTES_PER_S
 from kvtier.sim import build_sim_engine, run_simulation
 
-POLICIES = ("recompute", "swap", "neo")
+# (row name, --kv-policy, its flags): NEO with its CPU/GPU balance (the default) and without
+# it (every overflowing decode moves to the host, whatever the CPU attention then costs).
+POLICIES = (("recompute", "recompute", {}), ("swap", "swap", {}),
+            ("neo", "neo", {}), ("neo_unbalanced", "neo", {"neo_cpu_balance": 0.0}))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,21 +60,24 @@ def requests(path: str, n: int, vocab: int) -> list[tuple[tuple[int, ...], int, 
     return [(tuple(t % vocab for t in r.prompt_token_ids), r.output_len, 0.0) for r in reqs]
 
 
-def run(setting: Setting, policy: str, reqs, args) -> dict:
+def run(setting: Setting, name: str, policy: str, flags: dict, reqs, args) -> dict:
+    if policy == "neo" and "neo_cpu_balance" not in flags:
+        flags = {**flags, "neo_cpu_balance": args.neo_cpu_balance}
     engine_args = EngineArgs(model=setting.model, load_format="dummy", dtype=setting.dtype,
                              kv_policy=policy, kv_cache_gb=setting.kv_cache_gib,
                              max_model_len=args.max_model_len, swap_space=args.swap_gib,
-                             max_num_seqs=args.max_num_seqs)
+                             max_num_seqs=args.max_num_seqs, **flags)
     engine = build_sim_engine(engine_args, setting.hardware)
     times = run_simulation(engine, reqs)
     done = [t for t in times if t.finish_s is not None]
     makespan = max(t.finish_s for t in done)
     out_tokens = sum(t.output_len for t in done)
-    row = {"policy": policy, "output_tok_s": out_tokens / makespan, "makespan_s": makespan,
+    row = {"policy": name, "flags": flags, "output_tok_s": out_tokens / makespan, "makespan_s": makespan,
            "finished": len(done), "preemptions": engine.get_stats().num_preemptions_total}
     placement = engine.scheduler.policy
-    if policy == "neo":  # how often NEO's rule chose two pipelined sub-batches
+    if policy == "neo":  # its moves, those its balance refused, its pipelined steps
         row |= {"moved_to_host": placement.num_moved_out,
+                "moves_refused_by_balance": placement.num_refused_by_system,
                 "pipelined_steps": placement.num_pipelined_steps}
     return row
 
@@ -83,17 +89,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--swap-gib", type=float, default=32.0)
+    ap.add_argument("--neo-cpu-balance", type=float, default=1.0,
+                    help="the balanced neo row's --neo-cpu-balance")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     profiles = []
     for s in SETTINGS:
         t0 = time.perf_counter()
         reqs = requests(args.workload, args.num_prompts, preset_config(s.model)["vocab_size"])
-        rows = [run(s, p, reqs, args) for p in POLICIES]
+        rows = [run(s, *p, reqs, args) for p in POLICIES]
         rate = {r["policy"]: r["output_tok_s"] for r in rows}
         best_other = max(rate["swap"], rate["recompute"])
         profiles.append({**dataclasses.asdict(s), "rows": rows,
-                         "neo_gain_over_best_of_swap_recompute": rate["neo"] / best_other - 1})
+                         "neo_gain_over_best_of_swap_recompute": rate["neo"] / best_other - 1,
+                         "neo_unbalanced_gain_over_best_of_swap_recompute":
+                             rate["neo_unbalanced"] / best_other - 1})
         print(s.hardware, rate, f"{time.perf_counter() - t0:.1f}s", flush=True)
     write_result(args.out, {"benchmark": "sim_neo_profiles", "workload": args.workload,
                             "num_prompts": args.num_prompts, "arrivals": "all at time 0",

@@ -12,7 +12,9 @@ A request moves to the host only if the host pool holds its whole life there: it
 now plus those it will still grow into (prompt + max_tokens, at most max_model_len), less
 what the other host-running requests may still grow into. Otherwise the move is refused
 (it stays, and the scheduler preempts as usual), so a host-running request never runs out
-of host blocks mid-step.
+of host blocks mid-step. A system may limit the moves further (`mover`; NEO: its CPU side
+must stay hidden under the GPU's work, kvtier/policies/neo/balance.py); a move it refuses
+falls back the same way.
 
 Host-running requests are kept first in `running`, so their decodes are the step's
 leading rows (the runner's external rows) and the scheduler's victims, taken from the
@@ -24,7 +26,7 @@ end, are device-resident: preempting them frees what is short.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import ClassVar
 
 from kvtier.config import SystemOptions
@@ -49,6 +51,7 @@ class HostResidentPolicy(KVPolicy):
         self._items: list[PlanItem] = []
         self._host_running: set[str] = set()  # the KV manager's set (seen at before_step)
         self.num_moved_out = self.num_moved_in = self.num_refused = 0
+        self.num_refused_by_system = 0
 
     def preempt(self, req: Request, kv: KVCacheManager) -> Preemption:
         return drop_kv(req, kv)
@@ -83,6 +86,11 @@ class HostResidentPolicy(KVPolicy):
         return items
 
     # ---- decisions -------------------------------------------------------------------
+    def mover(self, running: list[Request], host: set[str]) -> Callable[[Request], bool] | None:
+        """A system's own limit on this step's moves (candidates in order, newest first;
+        True: it may move), or None: only the host room limits them."""
+        return None
+
     def _blocks_short(self, running: list[Request], kv: KVCacheManager) -> int:
         """Device blocks this step's device-resident decodes need beyond the free ones
         above the watermark (<= 0: they fit)."""
@@ -95,6 +103,7 @@ class HostResidentPolicy(KVPolicy):
 
     def _move_out(self, running: list[Request], kv: KVCacheManager, short: int) -> None:
         host = kv.host_running
+        may_move = self.mover(running, host)
         for req in reversed(running):
             if short <= 0:
                 return
@@ -104,6 +113,9 @@ class HostResidentPolicy(KVPolicy):
             if kv.host.num_free - self._host_growth(running, kv) < need:
                 self.num_refused += 1
                 return  # the host pool cannot hold it for its life: the scheduler preempts
+            if may_move is not None and not may_move(req):
+                self.num_refused_by_system += 1
+                return  # the system's own limit: the scheduler preempts
             grows = req.num_computed_tokens + 1 > kv.num_slots.get(req.request_id, 0)
             copies = kv.swap_out(req)
             assert copies is not None, "the host room was checked"

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from kvtier.config import ConfigError, EngineConfig, SystemOptions
 from kvtier.core.items import PlanItem, register_item
 from kvtier.core.plan import ScheduledRequest
+from kvtier.core.request import Request
 from kvtier.costmodel.hardware import CopyMechanism
 from kvtier.policies.host_resident import (
     HostResidentArgs,
@@ -20,6 +21,7 @@ from kvtier.policies.host_resident import (
     kv_bytes_per_token,
     run_rows,
 )
+from kvtier.policies.neo.balance import CpuBalance
 from kvtier.policies.neo.pipeline import PipelineMode, PipelineRule
 from kvtier.policies.options import SystemArgs
 from kvtier.policies.registry import register_system
@@ -55,6 +57,11 @@ class NeoArgs(HostResidentArgs):
         default="auto", metadata={"help": "neo: run steps with CPU decodes as two pipelined "
                                           "sub-batches: auto (NEO's rule, priced by the cost "
                                           "model), on, off"})
+    cpu_balance: float = field(
+        default=1.0, metadata={"help": "neo: a decode moves to the host only while the CPU "
+                                        "attention of all host decodes stays <= this times "
+                                        "the step's predicted GPU time (else the scheduler "
+                                        "preempts); 0: no limit"})
     calibration: str | None = field(
         default=None, metadata={"help": "neo: calibration JSON of the cost model that prices "
                                         "the pipelining rule (default: the hardware profile)"})
@@ -65,11 +72,16 @@ class NeoOptions(HostResidentOptions):
     cpu_threads: int | None = None
     pipeline: PipelineMode = PipelineMode.AUTO
     rule: PipelineRule | None = field(default=None, compare=False)  # set once priced
+    cpu_balance: float = 1.0  # neo/balance.py's factor; 0: no limit
+    max_step_tokens: int = 8192  # the scheduler's token budget (the balance's prefill chunks)
+    balance: CpuBalance | None = field(default=None, compare=False)  # set once priced
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ConfigError(f"neo: cpu_threads must be >= 1, got {self.cpu_threads}")
+        if not self.cpu_balance >= 0:
+            raise ConfigError(f"--neo-cpu-balance must be >= 0, got {self.cpu_balance}")
 
 
 class NeoPolicy(HostResidentPolicy):
@@ -79,6 +91,10 @@ class NeoPolicy(HostResidentPolicy):
     def __init__(self, options: SystemOptions):
         super().__init__(options if isinstance(options, NeoOptions) else NeoOptions())
         self.num_pipelined_steps = 0
+
+    def mover(self, running: list[Request], host: set[str]):
+        balance = self.options.balance
+        return balance.mover(running, host) if balance is not None else None
 
     def take_items(self, scheduled: list[ScheduledRequest]) -> list[PlanItem]:
         items = super().take_items(scheduled)
@@ -109,18 +125,23 @@ class NeoSystem(HostResidentSystem):
             raise ConfigError(f"--neo-pipeline: auto, on or off, not {args.pipeline!r}") from None
         return NeoOptions(swap_in_fraction=args.swap_in_fraction,
                           max_model_len=config.scheduler.max_model_len,
-                          cpu_threads=args.cpu_threads, pipeline=mode)
+                          cpu_threads=args.cpu_threads, pipeline=mode,
+                          cpu_balance=args.cpu_balance,
+                          max_step_tokens=config.scheduler.max_num_batched_tokens)
 
     def after_pools(self, config: EngineConfig, ctx: AssemblyContext) -> EngineConfig:
-        """NEO's rule priced by the simulator's cost model, or the real engine's own (its
-        calibration, else the hardware profile's ceilings)."""
+        """NEO's rules (pipelining, balance) priced by the simulator's cost model, or the
+        real engine's own (its calibration, else the hardware profile's ceilings)."""
         opts = config.policy_options
         assert isinstance(opts, NeoOptions)
-        if opts.pipeline is not PipelineMode.AUTO:
+        auto = opts.pipeline is PipelineMode.AUTO
+        if not auto and opts.cpu_balance == 0:
             return config
         cm = ctx.cost_model if ctx.cost_model is not None else _cost_model(config, ctx)
-        rule = PipelineRule(cm, price_cpu_rows)
-        return config.with_(policy_options=replace(opts, rule=rule))
+        rule = PipelineRule(cm, price_cpu_rows) if auto else None
+        balance = CpuBalance(cm, price_cpu_rows, opts.cpu_balance, opts.max_step_tokens) \
+            if opts.cpu_balance > 0 else None
+        return config.with_(policy_options=replace(opts, rule=rule, balance=balance))
 
     def check(self, config: EngineConfig) -> None:
         if config.dtype in ("float16", "fp16", "half"):

@@ -45,10 +45,10 @@ class PipelineRule:
                   num_host_tokens: int) -> bool:
         cm = self.cost_model
         b1 = StepShape(num_decodes=num_rows, decode_ctx_sum=num_rows, decode_ctx_max=1)
-        gpu_linear_b1 = _forward_s(cm, b1)
+        gpu_linear_b1 = forward_s(cm, b1)
         rest = scheduled[num_rows:]
         b0 = _shape(rest)
-        gpu_b0 = _forward_s(cm, b0) if rest else 0.0
+        gpu_b0 = forward_s(cm, b0) if rest else 0.0
         cpu = self.price_cpu_rows(cm, num_host_tokens)
         return gpu_linear_b1 + gpu_b0 >= cpu + self.launch_s
 
@@ -61,7 +61,7 @@ def _shape(scheduled: Sequence[ScheduledRequest]) -> StepShape:
                      decode_ctx_max=max(decodes, default=0), prefills=prefills)
 
 
-def _forward_s(cost_model: Any, shape: StepShape) -> float:
+def forward_s(cost_model: Any, shape: StepShape) -> float:
     """The forward's seconds of a step of this shape (its GPU work, without sampling)."""
     cost = cost_model.predict(shape)
     return cost.parts.get("forward", cost.executor_s)

@@ -1,0 +1,103 @@
+"""NEO's balance (kvtier/policies/neo/balance.py): a decode moves to the host only while the
+CPU attention of all host decodes stays under the step's predicted GPU time (times
+--neo-cpu-balance); a refused move falls back to the scheduler's preemption, and the greedy
+outputs still equal a GPU-only run's."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtier.cli import build_parser
+from kvtier.config import ConfigError
+from kvtier.core.request import Request
+from kvtier.engine.args import EngineArgs
+from kvtier.policies.neo import NeoOptions, price_cpu_rows
+from kvtier.policies.neo.balance import CpuBalance
+from kvtier.sampling_params import SamplingParams
+from tests.policies.test_host_resident_engine import run
+
+P = SamplingParams(max_tokens=16)
+
+
+def balance(factor: float = 1.0) -> CpuBalance:
+    from kvtier.costmodel.hardware import get_hardware
+    from kvtier.costmodel.model import CostModel, CostModelConfig
+    from kvtier.model.loader import resolve_model_config
+
+    mc, _ = resolve_model_config("llama-3.1-8b", "dummy")
+    cm = CostModel(mc, get_hardware("h200"), None, CostModelConfig(block_bytes=1 << 20))
+    return CpuBalance(cm, price_cpu_rows, factor)
+
+
+def decode(name: str, ctx: int) -> Request:
+    """A running decode whose step attends over `ctx` tokens."""
+    req = Request(name, [1] * (ctx - 1), P, 16)
+    req.num_computed_tokens = ctx - 1
+    return req
+
+
+def prefill(name: str, n: int) -> Request:
+    return Request(name, [1] * n, P, 16)
+
+
+def test_a_move_is_refused_when_the_cpu_side_would_set_the_step_time():
+    running = [decode(f"g{i}", 512) for i in range(4)]
+    # 8,192 tokens of KV (1 GiB) on the CPU against a 5-row decode step on the GPU: refused.
+    assert not balance().mover([*running, long := decode("long", 8192)], set())(long)
+    # 64 tokens are hidden under it.
+    assert balance().mover([*running, short := decode("short", 64)], set())(short)
+
+
+def test_the_host_side_adds_up_and_the_gpu_work_raises_the_limit():
+    cands = [decode(f"c{i}", 1024) for i in range(8)]
+    may_move = balance().mover(cands, set())
+    moved = [may_move(r) for r in reversed(cands)]
+    # Newest first: the first ones fit, then the CPU side's sum outgrows the GPU step.
+    assert moved[0] and not moved[-1] and moved == sorted(moved, reverse=True)
+    # A 4,096-token prefill's chunk on the GPU hides more of them...
+    with_prefill = balance().mover([*cands, prefill("p", 4096)], set())
+    assert sum(with_prefill(r) for r in reversed(cands)) > sum(moved)
+    # ...and requests already on the host count against the limit.
+    host = {r.request_id for r in cands[:6]}
+    crowded = balance().mover(cands, host)
+    assert sum(crowded(r) for r in reversed(cands[6:])) < min(2, sum(moved))
+
+
+def test_the_factor_scales_the_limit():
+    running = [decode(f"g{i}", 512) for i in range(4)]
+    long = decode("long", 8192)
+    assert not balance(1.0).mover([*running, long], set())(long)
+    assert balance(100.0).mover([*running, long], set())(long)
+
+
+def test_a_tiny_balance_refuses_every_move_and_the_outputs_equal_gpu_only():
+    gpu_only, _, _ = run("recompute", num_gpu_blocks=256)
+    outputs, engine, host_steps = run("neo", neo_cpu_balance=1e-9)
+    placement = engine.scheduler.policy
+    assert placement.num_refused_by_system > 0 and placement.num_moved_out == 0
+    assert host_steps == 0 and engine.get_stats().num_preemptions_total > 0
+    assert outputs == gpu_only
+
+
+def test_balance_zero_lifts_the_limit():
+    gpu_only, _, _ = run("recompute", num_gpu_blocks=256)
+    outputs, engine, host_steps = run("neo", neo_cpu_balance=0.0)
+    placement = engine.scheduler.policy
+    assert placement.options.balance is None and placement.num_refused_by_system == 0
+    assert placement.num_moved_out > 0 and host_steps > 5
+    assert outputs == gpu_only
+
+
+def test_the_flag_parses_and_bad_values_are_refused():
+    ns = build_parser().parse_args(["generate", "tiny-llama", "hi", "--kv-policy", "neo",
+                                    "--neo-cpu-balance", "0.5"])
+    options = EngineArgs.from_cli_args(ns).create_engine_config().policy_options
+    assert isinstance(options, NeoOptions) and options.cpu_balance == 0.5
+    default = EngineArgs(model="tiny-llama", kv_policy="neo").create_engine_config()
+    assert default.policy_options.cpu_balance == 1.0
+    with pytest.raises(ConfigError, match="--neo-cpu-balance"):
+        EngineArgs(model="tiny-llama", kv_policy="neo", neo_cpu_balance=-1.0
+                   ).create_engine_config()
+    with pytest.raises(ConfigError, match="--neo-cpu-balance"):
+        EngineArgs(model="tiny-llama", kv_policy="directkv", neo_cpu_balance=0.5
+                   ).create_engine_config()
