@@ -25,7 +25,7 @@ from kvtier.bench.prepared import load_prepared
 from kvtier.bench.request import LengthLimits
 from kvtier.engine.args import EngineArgs
 from kvtier.model.presets import preset_config
-from kvtier.policies.neo import CPU_ATTENTION_BYTES_PER_S
+from kvtier.policies.neo import CPU_ATTENTION_BYTES_PER_S, price_cpu_rows
 from kvtier.sim import build_sim_engine, run_simulation
 
 # (row name, --kv-policy, its flags): NEO with its CPU/GPU balance (the default) and without
@@ -67,7 +67,7 @@ def run(setting: Setting, name: str, policy: str, flags: dict, reqs, args) -> di
                              kv_policy=policy, kv_cache_gb=setting.kv_cache_gib,
                              max_model_len=args.max_model_len, swap_space=args.swap_gib,
                              max_num_seqs=args.max_num_seqs, **flags)
-    engine = build_sim_engine(engine_args, setting.hardware)
+    engine = build_sim_engine(engine_args, setting.hardware, record_steps=policy == "neo")
     times = run_simulation(engine, reqs)
     done = [t for t in times if t.finish_s is not None]
     makespan = max(t.finish_s for t in done)
@@ -78,8 +78,25 @@ def run(setting: Setting, name: str, policy: str, flags: dict, reqs, args) -> di
     if policy == "neo":  # its moves, those its balance refused, its pipelined steps
         row |= {"moved_to_host": placement.num_moved_out,
                 "moves_refused_by_balance": placement.num_refused_by_system,
-                "pipelined_steps": placement.num_pipelined_steps}
+                "pipelined_steps": placement.num_pipelined_steps, **host_steps(engine)}
     return row
+
+
+def host_steps(engine) -> dict:
+    """Steps with CPU rows: how many, how many priced their CPU attention above their GPU
+    forward (the balance holds when a request moves, not as its context grows), and the
+    seconds of each side over them."""
+    gpu_parts = ("forward", "layers", "head", "attn_tail")  # the forward's parts by path
+    cm = engine.executor.cost_model
+    cpu, gpu = [], []
+    for s in engine.executor.steps:
+        rows = sum(n for k, n in s.shape.items if k == "neo_cpu_rows")
+        if rows:
+            cpu.append(price_cpu_rows(cm, rows))
+            gpu.append(sum(s.cost.parts.get(k, 0.0) for k in gpu_parts))
+    return {"cpu_row_steps": len(cpu),
+            "cpu_row_steps_cpu_over_gpu": sum(c > g for c, g in zip(cpu, gpu, strict=True)),
+            "cpu_row_steps_cpu_attention_s": sum(cpu), "cpu_row_steps_gpu_forward_s": sum(gpu)}
 
 
 def main(argv: list[str] | None = None) -> None:
