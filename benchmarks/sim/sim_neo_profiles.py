@@ -7,6 +7,9 @@ time 0 (offline throughput: output tokens over the makespan). The paper reports 
   python -m benchmarks.sim.sim_neo_profiles --workload .carry/sharegpt_llama31_1000.json \
       --out results/sim/neo_profiles_sim.json
 
+NEO runs twice: with its CPU/GPU balance (--neo-cpu-balance, kvtier/policies/neo/balance.py)
+and without it (every overflowing decode moves to the host).
+
 The CPU attention is priced at one rate on every profile (kvtier/policies/neo/'s
 CPU_ATTENTION_BYTES_PER_S, the H200 host's), not at NEO's hosts' (a g4dn's CPU reads far less
 than that): the host side is the same machine in every row, only the GPU changes. The trace is
