@@ -249,9 +249,10 @@ part() {
       --batches 1,64 --kv-cache-gb 20 ;;
   strata-gpu-tests)  # the host tier's exactness on the GPU (fp32, both io-backends, timing events)
     pytest_gpu "gpu_tests_strata_$KVTIER_GIT_COMMIT" 300 tests/policies/test_strata_gpu.py ;;
-  strata-leval)  # the host tier on L-Eval paper-assistant, 6 GiB GPU pool, 64 GiB host: GPU tier only, direct, kernel, kernel + cache-aware admission
-    strata leval strata_leval_h200.json --dataset-path .carry/leval_paper_assistant.jsonl \
-      --num-prompts 69 --arrivals poisson --rate 1 ;;
+  strata-leval)  # the host tier on L-Eval paper-assistant, its questions shuffled (the prefix working set outgrows the device tier), 6 GiB GPU pool, 64 GiB host: GPU tier only, direct, kernel, kernel + cache-aware admission
+    strata leval strata_leval_shuffled_h200.json --dataset-path .carry/leval_paper_assistant.jsonl \
+      --leval-order shuffled --leval-max-document-tokens 8000 --num-prompts 69 --arrivals poisson \
+      --rate 1 ;;
   strata-multiturn)  # the same four variants on multi-turn ShareGPT ($STRATA_MULTITURN: the workload's kvtier bench name)
     strata "${STRATA_MULTITURN:-sharegpt-multiturn}" strata_multiturn_h200.json \
       --num-prompts 400 --arrivals poisson --rate 4 ;;
