@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -108,3 +109,20 @@ def write_result(path: str | Path, payload: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"environment": environment(), **payload}, indent=1))
     print(f"wrote {path}")
+
+
+def time_once(fn: Callable[[], object], cuda: bool) -> float:
+    """Seconds of one fn() call: CUDA events around it on the GPU (the caller synchronizes
+    before, if it must), perf_counter on the CPU."""
+    import torch
+
+    if not cuda:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3

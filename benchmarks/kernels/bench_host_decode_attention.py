@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import median_replay_s, write_result
+from benchmarks.common import median_replay_s, time_once, write_result
 from kvtier.kernels.host_decode_attention import (
     HostDecodeLaunch,
     HostDecodeWorkspace,
@@ -77,16 +77,7 @@ class Timer:
         self.cuda, self.reps, self.warmup = cuda, reps, warmup
 
     def once(self, fn: Callable[[], object]) -> float:
-        if not self.cuda:
-            t0 = time.perf_counter()
-            fn()
-            return time.perf_counter() - t0
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
+        return time_once(fn, self.cuda)
 
     def median(self, fn: Callable[[], object], inner: int = 1) -> float:
         """Per call: `inner` calls back to back between the events, so the host's launch

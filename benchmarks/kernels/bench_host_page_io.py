@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import write_result
+from benchmarks.common import time_once, write_result
 from benchmarks.kernels.concurrent_prefill import make_prefill
 from kvtier.kernels.host_page_backends import DirectVia, copy_pages_direct
 from kvtier.kernels.host_page_io import (
@@ -132,16 +132,7 @@ class Clock:
 
     def span(self, fn: Callable[[], object]) -> float:
         self.sync()
-        if not self.cuda:
-            t0 = time.perf_counter()
-            fn()
-            return time.perf_counter() - t0
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
+        return time_once(fn, self.cuda)
 
     def median(self, fn: Callable[[], object]) -> float:
         for _ in range(self.warmup):

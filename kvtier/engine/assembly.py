@@ -137,7 +137,7 @@ def prefix_cache_config(config: EngineConfig, kv_options: dict[str, Any]
                         ) -> tuple[EngineConfig, PrefixCacheConfig | None]:
     """The prefix cache the KV manager gets, and the config with the choice made: on by
     default (as vLLM's V1) for every memory system whose hidden states, if it keeps any, can
-    start after a cache hit (`shares_blocks`; HCache's can); off by default for one that
+    start after a cache hit (`shares_blocks`); off by default for one that
     cannot, and asked for explicitly with such a system, a ConfigError."""
     cache = config.cache
     store = kv_options.get("hidden_store")

@@ -1,4 +1,4 @@
-"""Zero-copy decode attention over KV pages in pinned host memory (DirectKV's kernel): a
+"""Zero-copy decode attention over KV pages in pinned host memory: a
 Triton split-KV kernel reads each K/V tile straight from the host page through its UVA
 address, with no staging buffer and no swap-in.
 

@@ -1,6 +1,6 @@
 """What the KV manager needs of a memory system's hidden-state store (Placement.HIDDEN: hidden
-states kept instead of KV, the KV re-projected from them; HCache's is
-kvtier/policies/hcache/store.py). Pure Python, like the manager."""
+states kept instead of KV, the KV re-projected from them; a memory system's
+store implements it). Pure Python, like the manager."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The host tier of the prefix cache (Strata's L2; SGLang HiCache's host pool): full KV
+"""The host tier of the prefix cache (its second level, in pinned host memory): full KV
 blocks kept in pinned host pages, keyed by the device tier's chained block hashes, loaded
 back into fresh device blocks when an admission's device hits end where the host tier's
 begin. Pure Python, no tensors: it plans copies as plan items (`HostStore`, `HostLoad`)
@@ -196,15 +196,13 @@ class HostTier(PrefixTier):
             return []
         g = self.num_groups
         need = n * g
-        if kv.gpu.num_free + self._device_evictable(kv) < need:
+        if kv.num_available_gpu_blocks() < need:
             return []  # computed instead: a partial load would leave a hole to compute
         hit = hashes[:n]
         self.pinned.update(hit)  # before the eviction below: its stores must not take them
         for h in hit:
             index.move_to_end(h)
-        if kv.gpu.num_free < need:
-            kv.evict(need - kv.gpu.num_free)
-        ids = kv.gpu.allocate(need)  # group-major, as allocate_slots lays them out
+        ids = kv.allocate_evicting(need)  # group-major, as allocate_slots lays them out
         blocks = [tuple(ids[k * n + j] for k in range(g)) for j in range(n)]
         pages = [index[h] for h in hit]
         load_cls = DIRECT[HostLoad] if self.config.direct else HostLoad
@@ -223,13 +221,11 @@ class HostTier(PrefixTier):
         while n < len(hashes) and self._loadable(hashes[n]):
             n += 1
         need = n * self.num_groups
-        if not n or kv.gpu.num_free + self._device_evictable(kv) < need:
+        if not n or kv.num_available_gpu_blocks() < need:
             return 0
         hit = hashes[:n]
         self.pinned.update(hit)
-        if kv.gpu.num_free < need:
-            kv.evict(need - kv.gpu.num_free)
-        ids = kv.gpu.allocate(need)  # the tier's reference until the device tier adopts them
+        ids = kv.allocate_evicting(need)  # the tier's reference until the device tier adopts them
         g = self.num_groups
         for j, h in enumerate(hit):
             self.index.move_to_end(h)
@@ -240,11 +236,6 @@ class HostTier(PrefixTier):
     def _loadable(self, h: BlockHash) -> bool:
         """In this tier and not waiting for its backup (which lands after the loads)."""
         return h in self.index and (h not in self._stores or h in self._urgent)
-
-    @staticmethod
-    def _device_evictable(kv: KVCacheManager) -> int:
-        pc = kv.prefix_cache
-        return pc.num_evictable_device_blocks() if pc is not None else 0
 
     def on_finish(self, req: Request, num_tokens: int, kv: KVCacheManager) -> int:
         """An admission rolled back in the plan that made its load: the load goes (its
@@ -299,7 +290,7 @@ class HostTier(PrefixTier):
                 kv.gpu.free(list(ids))
         self._prefetched = []
         self.stats.loaded_pages += len(blocks)
-        return HostPrefetch(tuple(pages), tuple(blocks))
+        return HostPrefetch(gpu_blocks=tuple(blocks), host_pages=tuple(pages))
 
     def reset(self, kv: KVCacheManager) -> None:
         """Drop every host copy (the device tier's reset; no request holds blocks)."""

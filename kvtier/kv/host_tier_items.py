@@ -1,7 +1,7 @@
 """The host tier's plan items (kvtier/kv/host_tier.py makes them; kvtier/offload/
 registers their runner hooks and prices). Torch-free. Every item lists host pages and device
 blocks, one per device block (a token block is num_groups of them). The `Direct` subclasses
-are the same copies made by the copy engine (`--hicache-io-backend direct`): their own kinds,
+are the same copies made by the copy engine (io-backend direct): their own kinds,
 so the cost model prices each io-backend with its own curve."""
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ from kvtier.core.items import PlanItem
 
 
 @dataclass(frozen=True, slots=True)
-class HostStore(PlanItem):
-    """Copy device blocks into host pages (D2H): page host_pages[i] = gpu_blocks[i]."""
+class _PageCopies(PlanItem):
+    """Copies between device blocks and host pages: gpu_blocks[i] <-> host_pages[i]."""
 
-    kind: ClassVar[str] = "host_store"
     gpu_blocks: tuple[int, ...]
     host_pages: tuple[int, ...]
 
@@ -26,31 +25,26 @@ class HostStore(PlanItem):
 
 
 @dataclass(frozen=True, slots=True)
-class HostBackup(PlanItem):
+class HostStore(_PageCopies):
+    """Copy device blocks into host pages (D2H): page host_pages[i] = gpu_blocks[i]."""
+
+    kind: ClassVar[str] = "host_store"
+
+
+@dataclass(frozen=True, slots=True)
+class HostBackup(_PageCopies):
     """Copy device blocks that stay cached into host pages (D2H), behind the step's loads:
     nothing in the step writes those blocks, so the forward does not wait for it."""
 
     kind: ClassVar[str] = "host_backup"
-    gpu_blocks: tuple[int, ...]
-    host_pages: tuple[int, ...]
-
-    @property
-    def count(self) -> int:
-        return len(self.gpu_blocks)
 
 
 @dataclass(frozen=True, slots=True)
-class HostPrefetch(PlanItem):
+class HostPrefetch(_PageCopies):
     """Load host blocks into device blocks of the device tier's own (for a request that
     waits a step), behind the step's loads: no layer of the step waits for it."""
 
     kind: ClassVar[str] = "host_prefetch"
-    host_pages: tuple[int, ...]
-    gpu_blocks: tuple[int, ...]
-
-    @property
-    def count(self) -> int:
-        return len(self.gpu_blocks)
 
 
 @dataclass(frozen=True, slots=True)

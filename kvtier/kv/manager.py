@@ -197,7 +197,7 @@ class KVCacheManager:
         table = self.tables.get(req.request_id)
         away = len(_movable(table, placement)) if table else 0
         need = away - reused[0] * self.num_groups + self.blocks_needed(req, extra_tokens)
-        room = self.gpu.num_free + self._num_evictable() - reused[1]
+        room = self.num_available_gpu_blocks() - reused[1]
         return room - need >= self.watermark_blocks
 
     def _device_blocks_left(self, req: Request) -> None:
@@ -209,9 +209,14 @@ class KVCacheManager:
         """Device blocks the hooks would give back on demand."""
         return sum(h.num_evictable_device_blocks() for h in self.hooks)
 
-    def _allocate_evicting(self, n: int) -> list[int]:
+    def num_available_gpu_blocks(self) -> int:
+        """Device blocks an allocation can get now: the free ones and those only a cache
+        holds (evicted on demand)."""
+        return self.gpu.num_free + self._num_evictable()
+
+    def allocate_evicting(self, n: int) -> list[int]:
         """`n` device blocks, evicting cached ones first if the free list is short (the
-        caller checked `_can_bring_back`)."""
+        caller checked there is room: `num_available_gpu_blocks`)."""
         if self.gpu.num_free < n and self.hooks:
             self.evict(n - self.gpu.num_free)
         return self.gpu.allocate(n)
@@ -236,7 +241,7 @@ class KVCacheManager:
         if table is None:
             return []
         n = len(_movable(table, Placement.HOST))
-        moves = self._relocate(table, Placement.HOST, Placement.GPU, self._allocate_evicting(n))
+        moves = self._relocate(table, Placement.HOST, Placement.GPU, self.allocate_evicting(n))
         self.host.free([old for old, _, _ in moves])
         return [BlockCopy(src=old, dst=new, group=g) for old, new, g in moves]
 
@@ -282,7 +287,7 @@ class KVCacheManager:
             k = k or n
         if restore:
             n = len(_movable(table, Placement.HIDDEN))
-            self._relocate(table, Placement.HIDDEN, Placement.GPU, self._allocate_evicting(n))
+            self._relocate(table, Placement.HIDDEN, Placement.GPU, self.allocate_evicting(n))
         else:
             assert self.hidden is not None and Placement.GPU not in table.placements[0][k:]
             table.truncate(k)  # only hidden entries go

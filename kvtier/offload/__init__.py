@@ -1,4 +1,4 @@
-"""KV offloading to host memory (Strata; SGLang HiCache): the host tier of the prefix cache (kvtier/kv/host_tier.py is
+"""KV offloading to host memory: the host tier of the prefix cache (kvtier/kv/host_tier.py is
 its index), its flags (args.py), the runner's pinned pages and copies (transfers.py), its
 plan items' hooks and prices (items.py), cache-aware admission (scheduling.py) and the
 wiring onto an engine (install.py). Not a memory system: it works beside any of them.

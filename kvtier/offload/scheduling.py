@@ -1,10 +1,10 @@
-"""Cache-aware admission (Strata §4) for the waiting queue's head, as the scheduler's
+"""Cache-aware admission for the waiting queue's head, as the scheduler's
 `admission_gate`. Torch-free: the simulator runs it as it is.
 
   * Delayed hits: when the first block the request would have to compute (past its device
     and host hits) is one a running request is still computing, the request waits for it
     instead of computing it a second time; the next steps find it cached.
-  * Balanced batches (Strata's `loading_bound`): a step loads at most `loading_bound` times
+  * Balanced batches (a `loading_bound`): a step loads at most `loading_bound` times
     the tokens it computes (counting the request's own uncached suffix), so loads do not
     stretch a step that has little to compute them behind; a step's first load always
     goes (an idle engine never waits for compute to hide a load behind).

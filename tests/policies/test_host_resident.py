@@ -13,7 +13,7 @@ from kvtier.core.request import Request, RequestStatus
 from kvtier.kv.manager import KVCacheManager
 from kvtier.kv.map_table import Placement
 from kvtier.policies.directkv import DirectKVPolicy, ZeroCopyRowsItem
-from kvtier.policies.host_resident import HostLoad, HostResidentOptions, HostStore
+from kvtier.policies.host_resident import HostResidentOptions, MoveToDevice, MoveToHost
 from kvtier.sampling_params import SamplingParams
 
 
@@ -62,7 +62,7 @@ def test_short_device_pool_moves_the_newest_decodes_to_the_host(setup):
     kv.check_integrity()
     items = policy.take_items([decode_of(r) for r in running])
     store, rows = items
-    assert isinstance(store, HostStore) and store.request_id == "r3" and store.count == 4
+    assert isinstance(store, MoveToHost) and store.request_id == "r3" and store.count == 4
     # The table at the move: its host ids, before the new block.
     assert store.table == tuple(ids[:2] for ids in kv.block_table(running[0]))
     assert all(b < kv.host.num_blocks for ids in store.table for b in ids)
@@ -80,7 +80,7 @@ def test_they_come_back_oldest_first_below_the_swap_in_fraction(setup):
     policy.before_step(running, kv)  # 4 used, r2 takes 2: r3's 4 + 2 fit, 10 < 0.95 x 20
     assert kv.host_running == set()
     (load,) = policy.take_items([decode_of(r) for r in running])
-    assert isinstance(load, HostLoad) and load.request_id == "r3" and load.count == 4
+    assert isinstance(load, MoveToDevice) and load.request_id == "r3" and load.count == 4
     assert all(p is Placement.GPU for pls in kv.tables["r3"].placements for p in pls)
     kv.check_integrity()
     assert policy.num_moved_out == 1 and policy.num_moved_in == 1
@@ -92,7 +92,7 @@ def test_never_out_and_in_in_one_step(setup):
     policy.take_items([])
     policy.before_step(running, kv)  # 8 free, r0..r2 take 6: no room for r3's 6
     assert "r3" in kv.host_running
-    assert not any(isinstance(i, HostLoad) for i in policy.take_items([]))
+    assert not any(isinstance(i, MoveToDevice) for i in policy.take_items([]))
 
 
 def test_a_host_pool_too_small_for_the_requests_life_refuses_the_move():

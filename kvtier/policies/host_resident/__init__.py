@@ -5,7 +5,7 @@ the device pool's kernels. NEO (kvtier/policies/neo/, attention on the CPU) and 
 (kvtier/policies/directkv/, the GPU reading host memory in place) build on it.
 
   placement.py    which requests run from the host, and when they come back (NEO's rule)
-  items.py        the plan items: moves (HostStore, HostLoad) and the step's host rows
+  items.py        the plan items: moves (MoveToHost, MoveToDevice) and the step's host rows
   hooks.py        their runner hooks
   runner_side.py  host pages, the moves' copies, the rows handed to attention (torch)
   system.py       flags, options and assembly shared by the systems
@@ -16,9 +16,9 @@ Everything but runner_side.py is torch-free (the simulator and the pricing impor
 from kvtier.core.items import register_item
 from kvtier.policies.host_resident.hooks import run_load, run_rows, run_store
 from kvtier.policies.host_resident.items import (
-    HostLoad,
     HostRows,
-    HostStore,
+    MoveToDevice,
+    MoveToHost,
     kv_bytes_per_token,
     price_load,
     price_store,
@@ -27,8 +27,8 @@ from kvtier.policies.host_resident.options import HostResidentOptions
 from kvtier.policies.host_resident.placement import HostResidentPolicy
 from kvtier.policies.host_resident.system import HostResidentArgs, HostResidentSystem
 
-register_item(HostStore, run=run_store, price=price_store)
-register_item(HostLoad, run=run_load, price=price_load)
+register_item(MoveToHost, run=run_store, price=price_store)
+register_item(MoveToDevice, run=run_load, price=price_load)
 
-__all__ = ["HostLoad", "HostResidentArgs", "HostResidentOptions", "HostResidentPolicy",
-           "HostResidentSystem", "HostRows", "HostStore", "kv_bytes_per_token", "run_rows"]
+__all__ = ["MoveToDevice", "HostResidentArgs", "HostResidentOptions", "HostResidentPolicy",
+           "HostResidentSystem", "HostRows", "MoveToHost", "kv_bytes_per_token", "run_rows"]

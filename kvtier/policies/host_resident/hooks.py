@@ -4,16 +4,16 @@ when a real engine runs a hook, so this module stays torch-free for the simulato
 
 from __future__ import annotations
 
-from kvtier.policies.host_resident.items import HostLoad, HostRows, HostStore
+from kvtier.policies.host_resident.items import HostRows, MoveToDevice, MoveToHost
 
 
-def run_store(runner, items: list[HostStore]) -> None:
+def run_store(runner, items: list[MoveToHost]) -> None:
     from kvtier.policies.host_resident.runner_side import source_of
 
     source_of(runner).store(items)
 
 
-def run_load(runner, items: list[HostLoad]) -> None:
+def run_load(runner, items: list[MoveToDevice]) -> None:
     from kvtier.policies.host_resident.runner_side import source_of
 
     source_of(runner).load(items)

@@ -1,5 +1,5 @@
 """Plan items of the host-resident placement: a running request's KV moving to the host
-pool (HostStore) and back (HostLoad), and, each step, the decode rows that attend over host
+pool (MoveToHost) and back (MoveToDevice), and, each step, the decode rows that attend over host
 KV (HostRows; each system subclasses it with its own kind, priced its own way). Torch-free:
 the runner hooks reach the tensors through the source the system attached to the runner."""
 
@@ -14,11 +14,10 @@ Table = tuple[tuple[int, ...], ...]  # block ids per layer group
 
 
 @dataclass(frozen=True, slots=True)
-class HostStore(PlanItem):
-    """Device blocks -> host pages of a running request; `table` is its whole block table
-    afterwards (host ids), for the runner's row."""
+class _Move(PlanItem):
+    """A running request's blocks changing pool; `table` is its whole block table
+    afterwards, for the runner's row."""
 
-    kind = "host_resident_store"
     request_id: str
     copies: tuple[BlockCopy, ...]
     table: Table
@@ -29,17 +28,17 @@ class HostStore(PlanItem):
 
 
 @dataclass(frozen=True, slots=True)
-class HostLoad(PlanItem):
+class MoveToHost(_Move):
+    """Device blocks -> host pages of a running request (the table holds host ids)."""
+
+    kind = "host_resident_store"
+
+
+@dataclass(frozen=True, slots=True)
+class MoveToDevice(_Move):
     """Host pages -> device blocks of a host-running request coming back."""
 
     kind = "host_resident_load"
-    request_id: str
-    copies: tuple[BlockCopy, ...]
-    table: Table
-
-    @property
-    def count(self) -> int:
-        return len(self.copies)
 
 
 @dataclass(frozen=True, slots=True)

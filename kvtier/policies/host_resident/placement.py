@@ -35,7 +35,7 @@ from kvtier.core.plan import ScheduledRequest
 from kvtier.core.request import Request
 from kvtier.kv.manager import KVCacheManager, cdiv
 from kvtier.policies.base import KVPolicy, Preemption, drop_kv
-from kvtier.policies.host_resident.items import HostLoad, HostRows, HostStore
+from kvtier.policies.host_resident.items import HostRows, MoveToDevice, MoveToHost
 from kvtier.policies.host_resident.options import HostResidentOptions
 
 
@@ -98,8 +98,7 @@ class HostResidentPolicy(KVPolicy):
         need = sum(kv.num_groups for r in running
                    if r.request_id not in host and _is_decode(r)
                    and r.num_computed_tokens + 1 > slots.get(r.request_id, 0))
-        # Blocks only the prefix cache holds are free on demand (allocation evicts them).
-        return need + kv.watermark_blocks - kv.gpu.num_free - kv.num_gpu_blocks_cached()
+        return need + kv.watermark_blocks - kv.num_available_gpu_blocks()
 
     def _move_out(self, running: list[Request], kv: KVCacheManager, short: int) -> None:
         host = kv.host_running
@@ -120,7 +119,7 @@ class HostResidentPolicy(KVPolicy):
             copies = kv.swap_out(req)
             assert copies is not None, "the host room was checked"
             host.add(req.request_id)
-            self._items.append(HostStore(req.request_id, tuple(copies), kv.block_table(req)))
+            self._items.append(MoveToHost(req.request_id, tuple(copies), kv.block_table(req)))
             self.num_moved_out += 1
             short -= len(copies) + (kv.num_groups if grows else 0)
 
@@ -139,7 +138,7 @@ class HostResidentPolicy(KVPolicy):
             spare -= need
             host.discard(req.request_id)
             copies = kv.swap_in(req)
-            self._items.append(HostLoad(req.request_id, tuple(copies), kv.block_table(req)))
+            self._items.append(MoveToDevice(req.request_id, tuple(copies), kv.block_table(req)))
             self.num_moved_in += 1
 
     def _life_blocks(self, req: Request, kv: KVCacheManager) -> int:

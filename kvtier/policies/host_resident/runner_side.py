@@ -1,5 +1,5 @@
 """The runner's side of the host-resident placement: the host pool seen as pages for the
-readers, the moves between the pools (HostStore / HostLoad), and the step's host rows
+readers, the moves between the pools (MoveToHost / MoveToDevice), and the step's host rows
 handed to attention as external rows (kvtier/attention/base.py, ExternalRows).
 
 Host pages. The runner's pinned host pool holds one [F, 2, block_size, Hkv, D] block per
@@ -32,7 +32,7 @@ from kvtier.attention.base import Rope
 from kvtier.core.items import PlanItem, group_of
 from kvtier.core.plan import ScheduledRequest
 from kvtier.kernels.host_page_backends import HostPageIO
-from kvtier.policies.host_resident.items import HostLoad, HostRows, HostStore
+from kvtier.policies.host_resident.items import HostRows, MoveToDevice, MoveToHost
 from kvtier.runner.host_batch import HostBatch
 
 
@@ -94,19 +94,19 @@ class HostResidentSource(ABC):
         return self._pages
 
     # ---- moves (the items' runner hooks) -----------------------------------------------
-    def store(self, items: Sequence[HostStore]) -> None:
+    def store(self, items: Sequence[MoveToHost]) -> None:
         src = [c.src for it in items for c in it.copies]
         dst = [c.dst for it in items for c in it.copies]
         self.io.store(self.runner.gpu_kv, self.pages, src, dst)
         self._reset_rows(items)
 
-    def load(self, items: Sequence[HostLoad]) -> None:
+    def load(self, items: Sequence[MoveToDevice]) -> None:
         src = [c.src for it in items for c in it.copies]
         dst = [c.dst for it in items for c in it.copies]
         self.io.load(self.pages, self.runner.gpu_kv, src, dst)
         self._reset_rows(items)
 
-    def _reset_rows(self, items: Sequence[HostStore | HostLoad]) -> None:
+    def _reset_rows(self, items: Sequence[MoveToHost | MoveToDevice]) -> None:
         """The moved requests' block-table rows get their new ids (a request preempted in
         the same step has no row any more: nothing to rewrite)."""
         tables = self.runner.block_tables
