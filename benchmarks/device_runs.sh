@@ -252,7 +252,7 @@ part() {
   strata-leval)  # the host tier on L-Eval paper-assistant, its questions shuffled (the prefix working set outgrows the device tier), 6 GiB GPU pool, 64 GiB host: GPU tier only, direct, kernel, kernel + cache-aware admission
     strata leval strata_leval_shuffled_h200.json --dataset-path .carry/leval_paper_assistant.jsonl \
       --leval-order shuffled --leval-max-document-tokens 8000 --num-prompts 69 --arrivals poisson \
-      --rate 1 ;;
+      --rate 1 --max-duration 80 ;;  # 80 s: the 69 arrivals span ~60 s
   strata-multiturn)  # the same four variants on multi-turn ShareGPT ($STRATA_MULTITURN: the workload's kvtier bench name)
     strata "${STRATA_MULTITURN:-sharegpt-multiturn}" strata_multiturn_h200.json \
       --num-prompts 400 --arrivals poisson --rate 4 ;;

@@ -15,7 +15,8 @@ the workload is named like `kvtier bench --workload` names it.
       --arrivals poisson --rate 1 --kv-cache-gb 6 --host-gib 64 --slo-ttft 2000 \\
       --out results/policies/strata_leval_h200.json                  (H200, minutes)
   python -m benchmarks.policies.bench_strata --model tiny-llama --load-format dummy \\
-      --device cpu --workload synthetic --num-prompts 8 --num-gpu-blocks 96 --host-gib 0.01 \\
+      --device cpu --workload synthetic --num-prompts 8 --input-len 96 --output-len 32 \\
+      --num-gpu-blocks 96 --host-gib 0.01 \\
       --max-model-len 256 --out /tmp/strata_smoke.json              (CPU smoke run)
 """
 
