@@ -160,12 +160,13 @@ part() {
   swap-overlap)  # how much of a swap-in's PCIe time the forward hides
     timeout 120 python3 -m benchmarks.policies.bench_swap_overlap --quick \
       --out "$(out policies swap_overlap_h200.json)" 2>&1 | tail -4 ;;
-  host-resident)  # running requests with KV in host memory: neo (pipelined by its rule, and not), swap, recompute at one capped pool
-    TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 560 python3 -m benchmarks.policies.bench_host_resident \
-      --policies neo,neo:off,swap,recompute --out "$(out policies host_resident_h200.json)" 2>&1 | tail -6 ;;
-  host-resident-directkv)  # the same batch under directkv (its zero-copy kernel merged) and swap
-    timeout 560 python3 -m benchmarks.policies.bench_host_resident \
-      --policies directkv,swap --out "$(out policies host_resident_directkv_h200.json)" 2>&1 | tail -4 ;;
+  host-resident)  # running requests with KV in host memory: neo (pipelined by its rule, and not), directkv, swap, recompute at device pools of 1/2, 3/4 and 9/10 of the batch
+    TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 580 python3 -m benchmarks.policies.bench_host_resident \
+      --caps 0.5,0.75,0.9 --out "$(out policies host_resident_h200.json)" 2>&1 | tail -16 ;;
+  host-resident-13b)  # the same on llama-2-13b (MHA: 4x the KV per token of the 8B's GQA) at 1/2 and 3/4
+    TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 580 python3 -m benchmarks.policies.bench_host_resident \
+      --model llama-2-13b --requests 16 --caps 0.5,0.75 \
+      --out "$(out policies host_resident_13b_h200.json)" 2>&1 | tail -11 ;;
   ellm-overlap)  # the bubble eLLM's host-group copies leave at each split
     timeout 300 python3 -m benchmarks.policies.bench_ellm_overlap --calibration $CALIB13 \
       --out "$(out policies ellm_overlap_h200.json)" 2>&1 | tail -17 ;;

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -41,7 +42,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt", type=int, default=2048, help="prompt tokens per request")
     p.add_argument("--output", type=int, default=128, help="tokens generated per request")
     p.add_argument("--gpu-blocks", type=int, default=None,
-                   help="device pool blocks (default: half of what the batch needs)")
+                   help="device pool blocks (default: --caps of what the batch needs)")
+    p.add_argument("--caps", default="0.5",
+                   help="device pools as fractions of what the batch needs, each a run of "
+                        "every policy (where NEO's gain vanishes)")
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--quick", action="store_true",
                    help="tiny-llama-gqa, 8 requests of 90 + 40 tokens")
@@ -52,8 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def pool_sizes(args: argparse.Namespace) -> tuple[int, int, int]:
-    """(device blocks, host blocks, layer groups): the device pool holds half the batch
+def pool_sizes(args: argparse.Namespace, cap: float = 0.5) -> tuple[int, int, int]:
+    """(device blocks, host blocks, layer groups): the device pool holds `cap` of the batch
     unless --gpu-blocks says otherwise; the host pool holds all of it."""
     from kvtier.kv.manager import cdiv
     from kvtier.model.loader import resolve_model_config
@@ -62,7 +66,7 @@ def pool_sizes(args: argparse.Namespace) -> tuple[int, int, int]:
     groups = cdiv(mc.num_layers, min(4, mc.num_layers))
     per_request = groups * cdiv(args.prompt + args.output, 16)
     need = args.requests * per_request
-    return args.gpu_blocks or need // 2, need + per_request, groups
+    return args.gpu_blocks or int(need * cap), need + per_request, groups
 
 
 class StepLog:
@@ -84,12 +88,12 @@ class StepLog:
         return getattr(self.inner, name)
 
 
-def run_policy(args: argparse.Namespace, policy: str) -> dict[str, Any]:
+def run_policy(args: argparse.Namespace, policy: str, cap: float) -> dict[str, Any]:
     from kvtier.engine.args import EngineArgs
     from kvtier.engine.llm_engine import LLMEngine
     from kvtier.sampling_params import SamplingParams
 
-    gpu_blocks, host_blocks, _ = pool_sizes(args)
+    gpu_blocks, host_blocks, _ = pool_sizes(args, cap)
     name, _, pipeline = policy.partition(":")
     extra = {"neo_pipeline": pipeline} if pipeline else {}
     engine = LLMEngine.from_engine_args(EngineArgs(
@@ -115,7 +119,7 @@ def run_policy(args: argparse.Namespace, policy: str) -> dict[str, Any]:
     placement = engine.scheduler.policy
     stats = engine.get_stats()
     engine.close()
-    return {"policy": policy, "wall_s": wall,
+    return {"policy": policy, "cap": cap, "gpu_blocks": gpu_blocks, "wall_s": wall,
             "output_tokens_per_s": args.requests * args.output / wall,
             "tpot_ms": 1e3 * tpot(times), "steps": log.steps,
             "num_preemptions": stats.num_preemptions_total,
@@ -156,23 +160,34 @@ def model_rates(args: argparse.Namespace) -> dict[str, float]:
             "neo_seconds_per_host_token": per_token / CPU_ATTENTION_BYTES_PER_S}
 
 
+def run_guarded(args: argparse.Namespace, policy: str, cap: float) -> dict[str, Any]:
+    """One run; a policy that fails is recorded with its error and the sweep goes on."""
+    try:
+        row = run_policy(args, policy, cap)
+    except Exception as exc:  # noqa: BLE001 - the error is the row's result
+        print(f"{policy:10s} cap {cap}: {type(exc).__name__}: {exc}")
+        return {"policy": policy, "cap": cap, "error": f"{type(exc).__name__}: {exc}"}
+    print(f"{policy:10s} cap {cap}: {row['output_tokens_per_s']:9.1f} tok/s  TPOT "
+          f"{row['tpot_ms']:7.2f} ms  preemptions {row['num_preemptions']}  "
+          f"pipelined {row['pipelined_steps']}  fit {row['host_fit']}")
+    return row
+
+
 def main(argv: list[str] | None = None) -> None:
     from benchmarks.common import write_result
 
     args = parse_args(argv)
-    gpu_blocks, host_blocks, groups = pool_sizes(args)
-    rows = []
-    for policy in args.policies.split(","):
-        row = run_policy(args, policy)
-        print(f"{policy:10s} {row['output_tokens_per_s']:9.1f} tok/s  TPOT "
-              f"{row['tpot_ms']:7.2f} ms  preemptions {row['num_preemptions']}  "
-              f"fit {row['host_fit']}")
-        rows.append(row)
+    caps = [float(c) for c in args.caps.split(",")]
+    _, host_blocks, groups = pool_sizes(args)
+    rows = [run_guarded(args, policy, cap)
+            for cap in caps for policy in args.policies.split(",")]
     payload = {"model": args.model, "requests": args.requests, "prompt": args.prompt,
-               "output": args.output, "gpu_blocks": gpu_blocks, "host_blocks": host_blocks,
+               "output": args.output, "caps": caps, "host_blocks": host_blocks,
                "layer_groups": groups, "model_rates": model_rates(args), "policies": rows}
     if args.out:
         write_result(args.out, payload)
+        if any("error" in r for r in rows):
+            sys.exit(1)
 
 
 if __name__ == "__main__":

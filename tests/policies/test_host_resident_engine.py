@@ -61,6 +61,29 @@ def test_greedy_outputs_equal_gpu_only_with_requests_run_from_the_host(policy, g
 
 
 @pytest.mark.parametrize("policy", ["neo", "directkv"])
+def test_several_layer_groups_give_row_major_step_tables(policy, gpu_only, monkeypatch):
+    """With F = 2 (two layer groups) the step's per-group slots and tables are C-ordered:
+    the GPU's KV write and attention read a group's row as a flat array."""
+    from kvtier.policies.host_resident.runner_side import HostResidentSource
+
+    layouts = []
+    for_step = HostResidentSource.for_step
+
+    def recorded(self, *a, **kw):
+        rows = for_step(self, *a, **kw)
+        if rows is not None:
+            layouts.append(rows.layout)
+        return rows
+
+    monkeypatch.setattr(HostResidentSource, "for_step", recorded)
+    outputs, _, _ = run(policy, layers_per_block=2, num_gpu_blocks=32, num_host_blocks=128)
+    assert layouts and all(lay.tables.shape[0] == 2 for lay in layouts)
+    assert all(lay.slots.flags.c_contiguous and lay.tables.flags.c_contiguous
+               for lay in layouts)
+    assert outputs == gpu_only
+
+
+@pytest.mark.parametrize("policy", ["neo", "directkv"])
 def test_a_host_pool_too_small_refuses_every_move_and_the_run_completes(policy, gpu_only):
     # 2 host blocks: no request's life (>= 3 blocks of 16 tokens) fits.
     outputs, engine, host_steps = run(policy, num_host_blocks=2)

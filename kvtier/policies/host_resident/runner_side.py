@@ -131,7 +131,8 @@ class HostResidentSource(ABC):
         table = r.block_tables.table  # [G, R, W] int32 (host ids for these rows)
         layout = HostRowsLayout(
             num_rows=n, tables=np.ascontiguousarray(table[:, rows, :width]),
-            slots=table[:, rows, pos // bs].astype(np.int64) * bs + pos % bs,
+            # C order: fancy indexing leaves [G, n] strided, and the KV write reads a row
+            slots=np.ascontiguousarray(table[:, rows, pos // bs].astype(np.int64) * bs + pos % bs),
             context_lens=lens.astype(np.int32), positions=pos)
         batch.slots[:, :n] = -1  # their KV is written to the host pages, not the device pool
         return self.attention(layout)
