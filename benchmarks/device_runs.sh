@@ -254,9 +254,14 @@ part() {
     strata leval strata_leval_shuffled_h200.json --dataset-path .carry/leval_paper_assistant.jsonl \
       --leval-order shuffled --leval-max-document-tokens 8000 --num-prompts 69 --arrivals poisson \
       --rate 1 --max-duration 80 ;;  # 80 s: the 69 arrivals span ~60 s
-  strata-multiturn)  # the same four variants on multi-turn ShareGPT ($STRATA_MULTITURN: the workload's kvtier bench name)
-    strata "${STRATA_MULTITURN:-sharegpt-multiturn}" strata_multiturn_h200.json \
-      --num-prompts 400 --arrivals poisson --rate 4 ;;
+  strata-multiturn)  # the same four variants on multi-turn ShareGPT (the 600-turn file's first 400 turns, 4 conversations/s, 1 s think time), 4 GiB GPU pool, 50 s windows
+    strata prepared strata_multiturn_h200.json --dataset-path $WMT --num-prompts 400 \
+      --arrivals poisson --rate 4 --max-model-len 8192 --kv-cache-gb 4 --max-duration 50 ;;
+  strata-leval-13b)  # L-Eval shuffled on llama-2-13b (documents cut to 2,600 tokens: its 4K context holds all 69 requests), 20 GiB GPU pool (a third of the working set), 72 GiB host: GPU tier only and kernel ($STRATA_VARIANTS)
+    STRATA_VARIANTS=${STRATA_VARIANTS:-a,c} strata leval strata_leval_shuffled_13b_h200.json \
+      --model llama-2-13b --dataset-path .carry/leval_paper_assistant.jsonl --leval-order shuffled \
+      --leval-max-document-tokens 2600 --max-model-len 4096 --kv-cache-gb 20 --host-gib 72 \
+      --num-prompts 69 --arrivals poisson --rate 1 --max-duration 75 ;;
   policies-13b-long-swap-hcache)  # swap and HCache over the same window
     bench_13b bench_13b_long_swap_hcache_h200 560 3000 150 swap,hcache ;;
   policies-13b-long-ridge)  # eLLM dropping (ridge budget, offloaded groups, overlap)
