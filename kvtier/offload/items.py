@@ -25,7 +25,7 @@ def run_host_loads(runner: Any, items: list[HostLoad] | list[HostPrefetch]) -> N
     _tier(runner).stage((), items)
 
 
-def _price(cost_model: Any, count: int, to_device: bool, direct: bool = False) -> float:
+def copy_seconds(cost_model: Any, count: int, to_device: bool, direct: bool = False) -> float:
     """Seconds for `count` pages (one device block each), as a serial part of the step,
     from the hardware profile's affine curves (measured on the H200): the kernel's, one
     launch per step and direction; the copy engine's batch-call curve with one piece per
@@ -40,15 +40,15 @@ def _price(cost_model: Any, count: int, to_device: bool, direct: bool = False) -
 
 
 def price_host_stores(cost_model: Any, count: int) -> float:
-    return _price(cost_model, count, to_device=False)
+    return copy_seconds(cost_model, count, to_device=False)
 
 
 def price_host_stores_direct(cost_model: Any, count: int) -> float:
-    return _price(cost_model, count, to_device=False, direct=True)
+    return copy_seconds(cost_model, count, to_device=False, direct=True)
 
 
 def price_host_loads_direct(cost_model: Any, count: int) -> float:
-    return _price(cost_model, count, to_device=True, direct=True)
+    return copy_seconds(cost_model, count, to_device=True, direct=True)
 
 
 def price_in_background(cost_model: Any, count: int) -> float:
@@ -60,4 +60,4 @@ def price_in_background(cost_model: Any, count: int) -> float:
 
 
 def price_host_loads(cost_model: Any, count: int) -> float:
-    return _price(cost_model, count, to_device=True)
+    return copy_seconds(cost_model, count, to_device=True)
