@@ -98,8 +98,12 @@ def plan_runs(variants: str, write_policies: list[str] | None = None,
         raise SystemExit("bench_strata: --loading-bounds sweeps variant d: add d to --variants")
     runs = []
     for name in names:
-        policies: list[str | None] = list(write_policies or [None]) if name != "a" else [None]
-        bounds: list[float | None] = list(loading_bounds or [None]) if name == "d" else [None]
+        policies: list[str | None] = [None]
+        bounds: list[float | None] = [None]
+        if write_policies and name != "a":  # (a) has no host tier to write to
+            policies = list(write_policies)
+        if loading_bounds and name == "d":
+            bounds = list(loading_bounds)
         for wp in policies:
             for lb in bounds:
                 label = "/".join([name, *([wp] if wp else []),
