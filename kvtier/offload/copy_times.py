@@ -38,9 +38,11 @@ class CopyTimes:
 
 @dataclass(frozen=True)
 class _Priced:
+    """How a kind's copies are timed. `direct` None: by the tier's io-backend (backups and
+    prefetches have no kind of their own per backend)."""
+
     to_device: bool
-    direct: bool | None  # None: the tier's io-backend (backups and prefetches have no kinds
-    #                      of their own per backend)
+    direct: bool | None
     stall: bool  # the step's forward waits for it
 
 
