@@ -27,8 +27,9 @@ def run_host_loads(runner: Any, items: list[HostLoad] | list[HostPrefetch]) -> N
 
 def copy_seconds(cost_model: Any, count: int, to_device: bool, direct: bool = False) -> float:
     """Seconds for `count` pages (one device block each) in one step (the step's serial
-    part for its stores and loads; for backups and prefetches their copy time alone), from the hardware profile's affine curves (measured on the H200): the kernel's, one
-    launch per step and direction; the copy engine's batch-call curve with one piece per
+    part for its stores and loads; for backups and prefetches their copy time alone), from
+    the hardware profile's affine curves (measured on the H200): the kernel's, one launch
+    per step and direction; the copy engine's batch-call curve with one piece per
     block (an upper bound: runs of consecutive blocks go as one piece), or, on a profile
     without one, its per-page curve with one call per block."""
     curves = cost_model.hw.h2d if to_device else cost_model.hw.d2h
