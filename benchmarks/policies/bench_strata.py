@@ -8,7 +8,13 @@ host tier's counters, for each variant, one engine after another on the same req
   d  kernel+cas (c) + cache-aware admission (delayed hits, --hicache-loading-bound,
                 bubble filling by prefetch)
 Ratios are to (a). Every `kvtier bench` option works (workload, arrivals, engine flags), so
-the workload is named like `kvtier bench --workload` names it.
+the workload is named like `kvtier bench --workload` names it. Sweeps (each adds runs under
+labels of their own; (a) runs once):
+
+  --write-policies write_through,write_back   (b)-(d) once per --hicache-write-policy,
+                                               labelled c/write_back, ...
+  --loading-bounds 0,1,2,4,8                   (d) once per --hicache-loading-bound,
+                                               labelled d/lb=2, ... (0: no bound)
 
   python -m benchmarks.policies.bench_strata --model llama-3.1-8b --load-format dummy \\
       --workload leval --dataset-path .carry/leval_paper_assistant.jsonl --num-prompts 200 \\
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from benchmarks.common import write_result
@@ -33,9 +39,18 @@ from kvtier.bench.experiment import engine_backends, run_once
 from kvtier.bench.metrics import summarize_run
 from kvtier.bench.workload import build_workload
 from kvtier.engine.args import EngineArgs
+from kvtier.kv.host_tier import WritePolicy
 from kvtier.offload.args import HostTierArgs
 
 VARIANTS = {"a": "gpu", "b": "direct", "c": "kernel", "d": "kernel+cas"}
+
+
+@dataclass(frozen=True)
+class Run:
+    label: str  # the variant, then what a sweep set: "c/write_back", "d/lb=2"
+    variant: str
+    write_policy: str | None = None  # None: the run's own --hicache-write-policy
+    loading_bound: float | None = None  # None: the run's own --hicache-loading-bound
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -45,7 +60,57 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     EngineArgs.add_cli_args(p, positional_model=False)
     p.add_argument("--variants", default="a,b,c,d", help="which of a,b,c,d, in this order")
     p.add_argument("--host-gib", type=float, default=64.0, help="host tier size (b-d)")
+    p.add_argument("--write-policies", type=_names,
+                   help="run b-d once per write policy, a comma list of "
+                        f"{', '.join(w.value for w in WritePolicy)}")
+    p.add_argument("--loading-bounds", type=_bounds,
+                   help="run d once per --hicache-loading-bound, a comma list (0: no bound)")
     return p.parse_args(argv)
+
+
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    known = [w.value for w in WritePolicy]
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown write policies {bad}, give some of {known}")
+    return names
+
+
+def _bounds(text: str) -> list[float]:
+    try:
+        bounds = [float(b) for b in text.split(",") if b.strip()]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"loading bounds are numbers: {e}") from None
+    if not bounds or min(bounds) < 0:
+        raise argparse.ArgumentTypeError(f"loading bounds are >= 0, got {text!r}")
+    return bounds
+
+
+def plan_runs(variants: str, write_policies: list[str] | None = None,
+              loading_bounds: list[float] | None = None) -> list[Run]:
+    """The runs in order: each variant of `variants` once, or once per write policy (b-d)
+    and per loading bound (d), both swept for (d) when both are given."""
+    names = [v.strip() for v in variants.split(",") if v.strip()]
+    for name in names:
+        if name not in VARIANTS:
+            raise SystemExit(f"bench_strata: unknown variant {name!r}, one of {sorted(VARIANTS)}")
+    if loading_bounds and "d" not in names:
+        raise SystemExit("bench_strata: --loading-bounds sweeps variant d: add d to --variants")
+    runs = []
+    for name in names:
+        policies: list[str | None] = [None]
+        bounds: list[float | None] = [None]
+        if write_policies and name != "a":  # (a) has no host tier to write to
+            policies = list(write_policies)
+        if loading_bounds and name == "d":
+            bounds = list(loading_bounds)
+        for wp in policies:
+            for lb in bounds:
+                label = "/".join([name, *([wp] if wp else []),
+                                  *([f"lb={lb:g}"] if lb is not None else [])])
+                runs.append(Run(label, name, wp, lb))
+    return runs
 
 
 def variant_args(name: str, base: HostTierArgs, host_gib: float) -> HostTierArgs:
@@ -58,6 +123,15 @@ def variant_args(name: str, base: HostTierArgs, host_gib: float) -> HostTierArgs
                  hicache_prefetch=name == "d",
                  hicache_loading_bound=base.hicache_loading_bound if name == "d" else 0.0)
     return on
+
+
+def run_host_args(run: Run, base: HostTierArgs, host_gib: float) -> HostTierArgs:
+    """The host tier flags of one run: its variant's, with what its sweep sets."""
+    if run.write_policy is not None:
+        base = replace(base, hicache_write_policy=run.write_policy)
+    if run.loading_bound is not None:
+        base = replace(base, hicache_loading_bound=run.loading_bound)
+    return variant_args(run.variant, base, host_gib)
 
 
 def run_variant(engine_args: EngineArgs, workload: Any, config: Any, simulate: bool,
@@ -109,6 +183,7 @@ def _ttft(result: dict, q: str) -> float | None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    runs = plan_runs(args.variants, args.write_policies, args.loading_bounds)  # before any work
     base = EngineArgs.from_cli_args(args)
     config = bench_config(args)
     tokenizer_config = base.create_engine_config()
@@ -118,14 +193,13 @@ def main(argv: list[str] | None = None) -> None:
     spec = workload_spec(args, tokenizer_config.scheduler.max_model_len)
     workload = build_workload(spec, tokenizer, tokenizer_config.model_config.vocab_size)
     results: dict[str, dict] = {}
-    for name in [v.strip() for v in args.variants.split(",") if v.strip()]:
-        if name not in VARIANTS:
-            raise SystemExit(f"bench_strata: unknown variant {name!r}, one of {sorted(VARIANTS)}")
-        engine_args = replace(base, host_tier=variant_args(name, base.host_tier, args.host_gib))
-        results[name] = {"label": VARIANTS[name],
+    for run in runs:
+        engine_args = replace(base, host_tier=run_host_args(run, base.host_tier, args.host_gib))
+        name = run.label
+        results[name] = {"label": VARIANTS[run.variant],
                          **run_variant(engine_args, workload, config, args.simulate, args)}
         s = results[name]["summary"]
-        print(f"{name} {VARIANTS[name]:>10}: TTFT p50 {_ttft(results[name], 'p50')} s, "
+        print(f"{name} {VARIANTS[run.variant]:>10}: TTFT p50 {_ttft(results[name], 'p50')} s, "
               f"{s['request_throughput']:.3f} req/s", file=sys.stderr)
     payload = {"workload": spec.to_dict(), "workload_summary": workload.summary(),
                "variants": results, "ratios_to_a": ratios(results),

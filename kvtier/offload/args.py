@@ -32,6 +32,8 @@ GiB = 2**30
 DEFAULT_RATIO = 2.0  # SGLang's --hicache-ratio default
 # Strata's loading_bound in spirit (balanced batches): a step loads at most this many
 # times the tokens it computes (SGLang's hybrid admission caps load/compute at 4.0).
+# The simulator's sweep finds no better value (a deferred load costs the same a step later):
+# results/policies/strata_loading_bound_sim_h200.json
 DEFAULT_LOADING_BOUND = 4.0
 
 _LAYOUTS = {"head_major": HostPageLayout.HEAD_MAJOR, "page_head": HostPageLayout.HEAD_MAJOR,

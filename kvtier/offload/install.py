@@ -1,15 +1,18 @@
 """Put the host tier on an engine whose KV manager has a prefix cache: the index under the
 device tier, the runner's pinned pages and copies (a model runner; a simulated executor
-prices the items instead), and cache-aware admission on the scheduler."""
+prices the items instead, and times the copies at those prices), and cache-aware admission
+on the scheduler."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from kvtier.config import ConfigError
+from kvtier.kernels.host_page_backends import IOBackend
 from kvtier.kv.host_tier import HostTier
 from kvtier.kv.manager import KVCacheManager
 from kvtier.offload.args import HostTierArgs, HostTierOptions
+from kvtier.offload.copy_times import PricedCopyTimer
 from kvtier.offload.scheduling import CacheAwareAdmission
 from kvtier.offload.transfers import HostTierCopies, allocate_pages
 
@@ -46,6 +49,9 @@ def enable_host_tier(engine: Any, args: HostTierArgs) -> HostTier:
     executor = engine.executor
     if hasattr(executor, "copies"):  # the model runner (the simulator has no pools)
         attach_runner(executor, options)
+    elif hasattr(executor, "observers"):  # the simulator: copy times at the items' prices
+        executor.observers.append(PricedCopyTimer(
+            executor.cost_model, direct=options.io.backend is IOBackend.DIRECT))
     tier = attach_index(kv, options)
     engine.scheduler.admission_gate = CacheAwareAdmission(
         kv, tier, options.loading_bound, options.delayed_hits, options.prefetch)

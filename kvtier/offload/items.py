@@ -25,10 +25,11 @@ def run_host_loads(runner: Any, items: list[HostLoad] | list[HostPrefetch]) -> N
     _tier(runner).stage((), items)
 
 
-def _price(cost_model: Any, count: int, to_device: bool, direct: bool = False) -> float:
-    """Seconds for `count` pages (one device block each), as a serial part of the step,
-    from the hardware profile's affine curves (measured on the H200): the kernel's, one
-    launch per step and direction; the copy engine's batch-call curve with one piece per
+def copy_seconds(cost_model: Any, count: int, to_device: bool, direct: bool = False) -> float:
+    """Seconds for `count` pages (one device block each) in one step (the step's serial
+    part for its stores and loads; for backups and prefetches their copy time alone), from
+    the hardware profile's affine curves (measured on the H200): the kernel's, one launch
+    per step and direction; the copy engine's batch-call curve with one piece per
     block (an upper bound: runs of consecutive blocks go as one piece), or, on a profile
     without one, its per-page curve with one call per block."""
     curves = cost_model.hw.h2d if to_device else cost_model.hw.d2h
@@ -40,15 +41,15 @@ def _price(cost_model: Any, count: int, to_device: bool, direct: bool = False) -
 
 
 def price_host_stores(cost_model: Any, count: int) -> float:
-    return _price(cost_model, count, to_device=False)
+    return copy_seconds(cost_model, count, to_device=False)
 
 
 def price_host_stores_direct(cost_model: Any, count: int) -> float:
-    return _price(cost_model, count, to_device=False, direct=True)
+    return copy_seconds(cost_model, count, to_device=False, direct=True)
 
 
 def price_host_loads_direct(cost_model: Any, count: int) -> float:
-    return _price(cost_model, count, to_device=True, direct=True)
+    return copy_seconds(cost_model, count, to_device=True, direct=True)
 
 
 def price_in_background(cost_model: Any, count: int) -> float:
@@ -60,4 +61,4 @@ def price_in_background(cost_model: Any, count: int) -> float:
 
 
 def price_host_loads(cost_model: Any, count: int) -> float:
-    return _price(cost_model, count, to_device=True)
+    return copy_seconds(cost_model, count, to_device=True)

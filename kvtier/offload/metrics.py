@@ -12,6 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from kvtier.kv.host_tier import HostTier
 from kvtier.kv.manager import KVCacheManager
+from kvtier.offload.copy_times import CopyTimes, PricedCopyTimer
 
 P = "kvtier:"
 
@@ -24,7 +25,7 @@ class HostTierMetrics:
     prefetched_tokens: int  # loaded while their request waited (then gpu hits)
     stored_bytes: int
     loaded_bytes: int
-    store_seconds: float  # copy-stream time of the stores (GPU: events; CPU: wall)
+    store_seconds: float  # copy-stream time of the stores (GPU: events; CPU: wall; sim: priced)
     load_seconds: float
     load_stall_seconds: float  # the forward's waits for loads
     host_blocks_used: int  # token blocks held
@@ -64,8 +65,7 @@ def host_tier_metrics(kv: KVCacheManager, executor: Any, gate: Any,
     tier = pc.lower if pc is not None else None
     if pc is None or not isinstance(tier, HostTier):
         return None
-    copies = getattr(getattr(executor, "copies", None), "tier", None)
-    times = copies.timer.times if copies is not None else None
+    times = copy_times(executor)
     ts, admission = tier.stats, getattr(gate, "stats", None)
     return HostTierMetrics(
         queried_tokens=pc.stats.queries, gpu_hit_tokens=pc.stats.hits,
@@ -80,6 +80,16 @@ def host_tier_metrics(kv: KVCacheManager, executor: Any, gate: Any,
         delayed_requests=admission.delayed_requests if admission else 0,
         delayed_hit_tokens=admission.delayed_hit_tokens if admission else 0,
         load_bound_deferrals=admission.load_bound_steps if admission else 0)
+
+
+def copy_times(executor: Any) -> CopyTimes | None:
+    """The copy-time record: the runner's (CUDA events, or wall time on the CPU) or the
+    simulated executor's (the cost model's prices); None without either."""
+    copies = getattr(getattr(executor, "copies", None), "tier", None)
+    if copies is not None:
+        return copies.timer.times
+    priced = [o for o in getattr(executor, "observers", ()) if isinstance(o, PricedCopyTimer)]
+    return priced[0].times if priced else None
 
 
 def host_tier_families(m: HostTierMetrics) -> Iterator[Metric]:

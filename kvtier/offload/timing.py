@@ -7,23 +7,18 @@ time is a stall of the step.
     bytes / seconds is the achieved rate of the io-backend;
   * stall seconds: the compute stream records an event, waits for a layer group's loads,
     records another; the pair's elapsed time is how long the forward stood still.
+The simulator fills the same record at the cost model's prices (copy_times.py).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-
-@dataclass
-class CopyTimes:
-    store_s: float = 0.0
-    load_s: float = 0.0
-    stall_s: float = 0.0
+from kvtier.offload.copy_times import CopyTimes
 
 
 class CopyTimer:

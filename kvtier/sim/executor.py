@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from kvtier.core.executor import SyncExecutor
 from kvtier.core.plan import StepPlan, StepResult
@@ -24,6 +25,13 @@ class SimStep:
     start_s: float
     shape: StepShape
     cost: StepCost
+
+
+class StepObserver(Protocol):
+    """Told of every priced step: what a component beside the engine accounts from the
+    prices (the host tier's copy times, kvtier/offload/copy_times.py)."""
+
+    def observe(self, shape: StepShape, cost: StepCost) -> None: ...
 
 
 class SimulatedExecutor(SyncExecutor):
@@ -41,6 +49,7 @@ class SimulatedExecutor(SyncExecutor):
         self.captures_hidden = captures_hidden  # the runner stores hidden states (set by the memory system)
         self.steps: list[SimStep] = []
         self.busy_s = 0.0
+        self.observers: list[StepObserver] = []
 
     def execute(self, plan: StepPlan) -> StepResult:
         shape = StepShape.from_plan(plan, self.captures_hidden)
@@ -49,6 +58,8 @@ class SimulatedExecutor(SyncExecutor):
             self.steps.append(SimStep(self.clock.now(), shape, cost))
         self.clock.advance(cost.total_s)
         self.busy_s += cost.total_s
+        for observer in self.observers:
+            observer.observe(shape, cost)
         sampled = {sr.request_id: self._token(sr.request_id, sr.num_output_tokens)
                    for sr in plan.scheduled if sr.sample}
         return StepResult(sampled=sampled)

@@ -1,13 +1,16 @@
 """The host tier in the simulator: the real index and admission under the simulated
-executor, its loads and stores priced by the cost model (kernel curve of the H200), and
-loading a prefix back costs less than computing it again (a long document)."""
+executor, its loads and stores priced by the cost model (kernel curve of the H200), their
+copy seconds and stalls in the metrics at those prices, and loading a prefix back costs
+less than computing it again (a long document)."""
 
 from __future__ import annotations
 
 import pytest
 
+from kvtier.costmodel.hardware import CopyMechanism, get_hardware
 from kvtier.engine.args import EngineArgs
 from kvtier.offload.args import HostTierArgs
+from kvtier.offload.items import copy_seconds
 from kvtier.sampling_params import SamplingParams
 from kvtier.sim import build_sim_engine
 
@@ -44,3 +47,51 @@ def test_host_hits_are_loaded_priced_and_faster_than_recomputing(io_backend, loa
     assert kinds == {load_kind, "host_backup"}  # write-through: copies of cached blocks
     assert all(ttft_on[r] < 0.5 * ttft_off[r] for r in ("2", "3"))  # the repeats
     assert ttft_on["0"] == ttft_off["0"]  # first sight: nothing to load, stores come later
+
+
+def _priced(engine, kinds: set[str], to_device: bool, direct: bool) -> float:
+    """Seconds of the recorded steps' items of `kinds` at the cost model's curve."""
+    cm = engine.executor.cost_model
+    return sum(copy_seconds(cm, n, to_device, direct)
+               for s in engine.executor.steps for k, n in s.shape.items if k in kinds)
+
+
+@pytest.mark.parametrize("io_backend", ["kernel", "direct"])
+def test_simulated_copies_are_timed_at_the_profiles_curves(io_backend):
+    """The simulator fills the copy-time record the runner fills from CUDA events: store
+    and load seconds at the io-backend's H200 curve (so the rate achieved is the curve's
+    at the step's page count), and the loads the step waits for as its stall."""
+    direct = io_backend == "direct"
+    e, _ = _run(HostTierArgs(kv_offloading_size=16.0, hicache_io_backend=io_backend))
+    m = e.get_stats().host_tier
+    assert m is not None and m.loaded_bytes > 0 and m.stored_bytes > 0
+    loads = {"host_load_direct" if direct else "host_load"}
+    assert m.load_seconds == pytest.approx(_priced(e, loads, True, direct))
+    assert m.store_seconds == pytest.approx(_priced(e, {"host_backup"}, False, direct))
+    assert m.load_stall_seconds == pytest.approx(m.load_seconds)  # nothing prefetched
+    page, hw = e.executor.cost_model.config.block_bytes, get_hardware("h200")
+    # A page's time: the batch call pays its per-piece cost for each page, the kernel its
+    # launch once a step (under 1 % of a step's hundreds of pages)
+    for curves, rate in ((hw.h2d, m.load_gb_per_s), (hw.d2h, m.store_gb_per_s)):
+        if direct:
+            per_page = curves[CopyMechanism.MEMCPY_BATCH].seconds(page)
+        else:
+            per_page = curves[CopyMechanism.KERNEL_GATHER].alpha_s_per_byte * page
+        assert rate == pytest.approx(page / per_page / 1e9, rel=0.01)
+
+def test_simulated_prefetches_take_copy_time_but_no_stall():
+    """Bubble filling: a host hit loaded while another request runs crosses PCIe (copy
+    seconds) in the step's background (no stall); the loads the forward waits for do."""
+    e, _ = _run(HostTierArgs(kv_offloading_size=16.0, hicache_io_backend="kernel"))
+    before = e.get_stats().host_tier
+    assert before is not None and before.prefetched_tokens == 0
+    e.add_request("new", list(range(50_000, 54_000)), SamplingParams(**GREEDY))
+    e.add_request("repeat", [*range(8000), 9, 9], SamplingParams(**GREEDY))  # doc[0] again
+    while e.has_unfinished_requests():
+        e.step()
+    m = e.get_stats().host_tier
+    assert m is not None and m.prefetched_tokens > 0
+    prefetch = _priced(e, {"host_prefetch"}, True, False)
+    assert prefetch > 0
+    assert m.load_seconds == pytest.approx(_priced(e, {"host_load"}, True, False) + prefetch)
+    assert m.load_stall_seconds == pytest.approx(m.load_seconds - prefetch)
