@@ -55,7 +55,7 @@ def traced_run(**overrides) -> tuple[dict[str, list[int]], LLMEngine, list[tuple
                       {type(i) for i in plan.items}))
         return plan
 
-    sched.schedule = traced
+    sched.schedule = traced  # type: ignore[method-assign]
     for i, p in enumerate(prompts()):
         engine.add_request(f"r{i}", p, PARAMS)
     outputs: dict[str, list[int]] = {}
