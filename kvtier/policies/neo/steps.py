@@ -113,13 +113,15 @@ class StepPrices:
         parts = dict(gpu.parts)
         if mode is StepMode.SEQUENTIAL:
             parts["items"] = parts.get("items", 0.0) + cpu
-        else:  # the GPU path of both sub-batches, and what of the CPU path sticks out
-            b0 = forward_s(cm, replace(batch0(shape, num_rows, host_tokens), items=()))
-            for k in _GPU_FORWARD_PARTS:
-                parts.pop(k, None)
-            parts["forward"] = forward_s(cm, linear_only(num_rows)) + b0
-            parts["items"] = parts.get("items", 0.0) + self.launch_s + max(0.0, cpu - b0)
-        return replace(gpu, executor_s=sum(parts.values()), parts=parts, graph=False)
+            return replace(gpu, executor_s=sum(parts.values()), parts=parts)
+        # The GPU path of both sub-batches (run eagerly), and what of the CPU path sticks out.
+        b0 = forward_s(cm, replace(batch0(shape, num_rows, host_tokens), items=()))
+        for k in _GPU_FORWARD_PARTS:
+            parts.pop(k, None)
+        parts["forward"] = forward_s(cm, linear_only(num_rows)) + b0
+        parts["items"] = parts.get("items", 0.0) + self.launch_s + max(0.0, cpu - b0)
+        return replace(gpu, executor_s=sum(parts.values()), parts=parts, graph=False,
+                       piecewise=False)
 
     def seconds(self, shape: StepShape, num_rows: int, host_tokens: int,
                 mode: StepMode) -> float:
