@@ -7,8 +7,10 @@ time 0 (offline throughput: output tokens over the makespan). The paper reports 
   python -m benchmarks.sim.sim_neo_profiles --workload .carry/sharegpt_llama31_1000.json \
       --out results/sim/neo_profiles_sim.json
 
-NEO runs twice: with its CPU/GPU balance (--neo-cpu-balance, kvtier/policies/neo/balance.py)
-and without it (every overflowing decode moves to the host).
+NEO runs three times: with its CPU/GPU balance (--neo-cpu-balance, kvtier/policies/neo/balance.py),
+without it (every overflowing decode moves to the host), and balanced but with no GPU-only
+steps (--neo-max-skipped-steps 0: every step runs its CPU decodes, sequentially or
+pipelined, kvtier/policies/neo/modes.py).
 
 The CPU attention is priced at one rate on every profile (kvtier/policies/neo/'s
 CPU_ATTENTION_BYTES_PER_S, the H200 host's), not at NEO's hosts' (a g4dn's CPU reads far less
@@ -31,10 +33,12 @@ from kvtier.model.presets import preset_config
 from kvtier.policies.neo import CPU_ATTENTION_BYTES_PER_S, price_cpu_rows
 from kvtier.sim import build_sim_engine, run_simulation
 
-# (row name, --kv-policy, its flags): NEO with its CPU/GPU balance (the default) and without
-# it (every overflowing decode moves to the host, whatever the CPU attention then costs).
+# (row name, --kv-policy, its flags): NEO with its CPU/GPU balance (the default), without it
+# (every overflowing decode moves to the host, whatever the CPU attention then costs), and
+# without its GPU-only steps (the CPU decodes run in every step).
 POLICIES = (("recompute", "recompute", {}), ("swap", "swap", {}),
-            ("neo", "neo", {}), ("neo_unbalanced", "neo", {"neo_cpu_balance": 0.0}))
+            ("neo", "neo", {}), ("neo_unbalanced", "neo", {"neo_cpu_balance": 0.0}),
+            ("neo_no_gpu_only", "neo", {"neo_max_skipped_steps": 0}))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,17 +82,18 @@ def run(setting: Setting, name: str, policy: str, flags: dict, reqs, args) -> di
     row = {"policy": name, "flags": flags, "output_tok_s": out_tokens / makespan, "makespan_s": makespan,
            "finished": len(done), "preemptions": engine.get_stats().num_preemptions_total}
     placement = engine.scheduler.policy
-    if policy == "neo":  # its moves, those its balance refused, its pipelined steps
+    if policy == "neo":  # its moves, those its balance refused, how its steps ran
         row |= {"moved_to_host": placement.num_moved_out,
                 "moves_refused_by_balance": placement.num_refused_by_system,
-                "pipelined_steps": placement.num_pipelined_steps, **host_steps(engine)}
+                "pipelined_steps": placement.num_pipelined_steps,
+                "gpu_only_steps": placement.num_gpu_only_steps, **host_steps(engine)}
     return row
 
 
 def host_steps(engine) -> dict:
     """Steps with CPU rows: how many, how many priced their CPU attention above their GPU
     forward (the balance holds when a request moves, not as its context grows), and the
-    seconds of each side over them."""
+    seconds of each side over them (a pipelined step's GPU side: both sub-batches)."""
     gpu_parts = ("forward", "layers", "head", "attn_tail")  # the forward's parts by path
     cm = engine.executor.cost_model
     cpu, gpu = [], []
@@ -120,10 +125,9 @@ def main(argv: list[str] | None = None) -> None:
         rows = [run(s, *p, reqs, args) for p in POLICIES]
         rate = {r["policy"]: r["output_tok_s"] for r in rows}
         best_other = max(rate["swap"], rate["recompute"])
-        profiles.append({**dataclasses.asdict(s), "rows": rows,
-                         "neo_gain_over_best_of_swap_recompute": rate["neo"] / best_other - 1,
-                         "neo_unbalanced_gain_over_best_of_swap_recompute":
-                             rate["neo_unbalanced"] / best_other - 1})
+        gains = {f"{name}_gain_over_best_of_swap_recompute": rate[name] / best_other - 1
+                 for name, policy, _ in POLICIES if policy == "neo"}
+        profiles.append({**dataclasses.asdict(s), "rows": rows, **gains})
         print(s.hardware, rate, f"{time.perf_counter() - t0:.1f}s", flush=True)
     write_result(args.out, {"benchmark": "sim_neo_profiles", "workload": args.workload,
                             "num_prompts": args.num_prompts, "arrivals": "all at time 0",

@@ -17,6 +17,10 @@ Contracts:
     state; the plan's block ids are valid for the whole step.
   * price(cost_model, count): seconds the step spends on `count` units of the kind
     (`PlanItem.count`: blocks, tokens, ...), added to the step's time as a serial part.
+  * step(cost_model, shape) (optional): the whole step's StepCost, for a kind whose items
+    change how the step runs (two overlapping sub-batches, rows left out); the cost model
+    then prices the step through it alone (the first such kind present), and it prices the
+    step's other items itself.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class ItemKind:
     item_cls: type[PlanItem]
     run: Callable[[Any, list[Any]], None]  # (model runner, items of the kind)
     price: Callable[[Any, int], float]  # (cost model, summed counts) -> seconds
+    step: Callable[[Any, Any], Any] | None = None  # (cost model, StepShape) -> StepCost
 
 
 _KINDS: dict[type[PlanItem], ItemKind] = {}
@@ -52,10 +57,11 @@ _BY_NAME: dict[str, ItemKind] = {}
 
 
 def register_item(item_cls: type[PlanItem], run: Callable[[Any, list[Any]], None],
-                  price: Callable[[Any, int], float]) -> None:
+                  price: Callable[[Any, int], float],
+                  step: Callable[[Any, Any], Any] | None = None) -> None:
     if not item_cls.kind:
         raise ValueError(f"{item_cls.__name__} needs a `kind` name")
-    kind = ItemKind(item_cls, run, price)
+    kind = ItemKind(item_cls, run, price, step)
     _KINDS[item_cls] = kind
     _BY_NAME[item_cls.kind] = kind
 
@@ -70,6 +76,15 @@ def item_kind(item_cls: type[PlanItem]) -> ItemKind:
 
 def kind_named(name: str) -> ItemKind:
     return _BY_NAME[name]
+
+
+def step_pricer(counts: Iterable[tuple[str, int]]) -> Callable[[Any, Any], Any] | None:
+    """The `step` hook of the first kind in a shape's item counts that has one, else None."""
+    for name, _ in counts:
+        step = _BY_NAME[name].step
+        if step is not None:
+            return step
+    return None
 
 
 def by_kind(items: Iterable[PlanItem]) -> dict[type[PlanItem], list[PlanItem]]:

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from kvtier.config import ModelConfig
 from kvtier.core.graph_sizes import graph_batch_sizes, piecewise_sizes
-from kvtier.core.items import kind_named
+from kvtier.core.items import kind_named, step_pricer
 from kvtier.core.plan import StepPlan
 from kvtier.costmodel.calibration import Calibration, HostParams, LoopParams, model_dims
 from kvtier.costmodel.hardware import CopyCost, CopyMechanism, HardwareProfile
@@ -105,6 +105,9 @@ class CostModel:
         return self.predict(StepShape.from_plan(plan))
 
     def predict(self, shape: StepShape) -> StepCost:
+        whole = step_pricer(shape.items) if shape.items else None  # a system prices it all
+        if whole is not None:
+            return whole(self, shape)
         parts = {"copies": self.copy_seconds(shape)}
         if shape.num_restored_tokens or shape.num_captured_tokens:
             parts["hidden_states"] = self.hidden_state_seconds(shape)

@@ -12,6 +12,9 @@ inside `schedule()` (pure Python, no tensors: the simulator runs it unchanged).
     for a running request. May free blocks of running requests without preempting them;
     True only if at least `num_blocks` were freed (else it changed nothing, and the
     scheduler preempts).
+  * `num_held_back(running) -> int`: right after before_step: how many of `running`'s
+    leading requests sit this step out (they keep their KV and their place, and are not
+    scheduled); 0 by default.
   * `preempt(req, kv) -> Preemption`: take the request's KV off the device. Must set
     req.status to WAITING (KV dropped: it re-prefills; `kind` RECOMPUTE) or SWAPPED (its KV
     or a stand-in stays somewhere; it comes back through resume). Its copies and plan
@@ -98,6 +101,10 @@ class KVPolicy(ABC):
                     waiting: Iterable[Request] = ()) -> None:
         """Called at the start of every schedule(): proactive placement changes."""
         return None  # most policies act only when memory runs out
+
+    def num_held_back(self, running: list[Request]) -> int:
+        """Leading running requests not scheduled this step (they wait for a later one)."""
+        return 0
 
     def make_room(self, running: list[Request], kv: KVCacheManager, num_blocks: int) -> bool:
         """Free at least `num_blocks` device blocks without preempting anyone, if the policy

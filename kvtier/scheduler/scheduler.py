@@ -144,7 +144,7 @@ class Scheduler:
         kv, running = self.kv, self.running
         allocate_slots, num_slots, no_new_blocks = kv.allocate_slots, kv.num_slots, kv.no_new_blocks
         entries, budget, chunk = step.entries, step.budget, step.prefills.chunk
-        i = 0
+        i = self.policy.num_held_back(running)  # those before i sit this step out
         while i < len(running) and budget > 0:
             req = running[i]
             pending = req.num_pending_tokens  # async scheduling only

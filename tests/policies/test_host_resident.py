@@ -119,3 +119,26 @@ def test_integrity_catches_a_device_block_of_a_host_running_request(setup):
     kv.host_running.add("r0")  # claimed host-running, but its blocks are on the device
     with pytest.raises(AssertionError, match="host pool"):
         kv.check_integrity()
+
+
+@pytest.mark.parametrize("fraction,back", [(0.6, ["r3"]), (0.95, ["r3", "r4"])])
+def test_neos_rule_brings_them_back_fcfs_below_the_fraction(fraction, back):
+    """NEO's scheduler: host-running requests come back oldest first (by arrival, not by
+    when they left) while the device pool stays below `swap_in_fraction` of its blocks."""
+    from kvtier.policies.neo import NeoOptions, NeoPolicy
+
+    kv = KVCacheManager(num_groups=2, block_size=4, num_gpu_blocks=20, num_host_blocks=40,
+                        watermark=0.0)
+    running = [running_decode(kv, f"r{i}") for i in range(5)]  # the pool full
+    policy = NeoPolicy(NeoOptions(swap_in_fraction=fraction, max_model_len=64))
+    policy.before_step(running, kv)  # 10 blocks short: r4 out, then r3 (newest first)
+    assert [i.request_id for i in policy.take_items([])] == ["r4", "r3"]
+    for r in [r for r in running if r.request_id in ("r0", "r1")]:
+        kv.free(r)
+        running.remove(r)
+    # r2 holds 4 and grows by 2; each comes back with 6: r3 to 10 used, r4 to 14 (>= 12).
+    policy.before_step(running, kv)
+    loads = policy.take_items([decode_of(r) for r in running])
+    assert [i.request_id for i in loads if isinstance(i, MoveToDevice)] == back
+    assert kv.host_running == {"r3", "r4"} - set(back)
+    kv.check_integrity()

@@ -1,9 +1,12 @@
 """NEO (`--kv-policy neo`): host-running requests (kvtier/policies/host_resident/) attend on
 the CPU over their KV in host memory (runner_side.py): only q, k, v and the output cross
-PCIe; the KV stays put. Priced by the bytes the CPU attention reads at the host's rate."""
+PCIe; the KV stays put. Priced by the bytes the CPU attention reads at the host's rate.
+A step with CPU decodes runs them sequentially, pipelined, or leaves them out (GPU-only),
+by NEO's rule and predicted rates (neo/modes.py, neo/steps.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -11,41 +14,40 @@ from kvtier.config import ConfigError, EngineConfig, SystemOptions
 from kvtier.core.items import PlanItem, register_item
 from kvtier.core.plan import ScheduledRequest
 from kvtier.core.request import Request
-from kvtier.costmodel.hardware import CopyMechanism
+from kvtier.kv.manager import KVCacheManager
 from kvtier.policies.host_resident import (
     HostResidentArgs,
     HostResidentOptions,
     HostResidentPolicy,
     HostResidentSystem,
     HostRows,
-    kv_bytes_per_token,
     run_rows,
 )
 from kvtier.policies.neo.balance import CpuBalance
-from kvtier.policies.neo.pipeline import PipelineMode, PipelineRule
+from kvtier.policies.neo.modes import ModeChoice, forecast
+from kvtier.policies.neo.pipeline import PipelineMode, PipelineRule, step_shape
+from kvtier.policies.neo.steps import (
+    CPU_ATTENTION_BYTES_PER_S,
+    CPU_ROWS_KIND,
+    PipelinedCpuDecodes,
+    SequentialCpuDecodes,
+    StepMode,
+    StepPrices,
+    price_cpu_rows,
+    price_pipelined_step,
+    price_sequential_step,
+)
 from kvtier.policies.options import SystemArgs
 from kvtier.policies.registry import register_system
 
 if TYPE_CHECKING:
     from kvtier.engine.assembly import AssemblyContext
 
-# KV bytes a second the CPU attention reads on the H200 host's 16 cores (torch's SDPA there;
-# shared/research/seed002_implementation_notes.md, NEO section).
-CPU_ATTENTION_BYTES_PER_S = 35e9
-
 
 @dataclass(frozen=True, slots=True)
 class CpuRowsItem(HostRows):
-    kind = "neo_cpu_rows"
+    kind = CPU_ROWS_KIND
     pipelined: bool = False  # the step runs as two sub-batches (neo/pipeline.py)
-
-
-def price_cpu_rows(cost_model, num_context_tokens: int) -> float:
-    """The CPU reads every context token's K and V of every layer once a step; per layer
-    q/k/v go down and the output comes back (two small copies)."""
-    read = num_context_tokens * kv_bytes_per_token(cost_model) / CPU_ATTENTION_BYTES_PER_S
-    d2h = cost_model.hw.d2h[CopyMechanism.BULK]
-    return read + 2 * cost_model.mc.num_layers * d2h.beta_s
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,11 @@ class NeoArgs(HostResidentArgs):
     pipeline: str = field(
         default="auto", metadata={"help": "neo: run steps with CPU decodes as two pipelined "
                                           "sub-batches: auto (NEO's rule, priced by the cost "
-                                          "model), on, off"})
+                                          "model; GPU-only steps too), on, off"})
+    max_skipped_steps: int = field(
+        default=4, metadata={"help": "neo (--neo-pipeline auto): a GPU-only step leaves the "
+                                     "CPU decodes out when that predicts a better rate, at "
+                                     "most this many steps in a row; 0: never"})
     cpu_balance: float = field(
         default=1.0, metadata={"help": "neo: a decode moves to the host only while the CPU "
                                         "attention of all host decodes stays <= this times "
@@ -75,9 +81,14 @@ class NeoOptions(HostResidentOptions):
     cpu_balance: float = 1.0  # neo/balance.py's factor; 0: no limit
     max_step_tokens: int = 8192  # the scheduler's token budget (the balance's prefill chunks)
     balance: CpuBalance | None = field(default=None, compare=False)  # set once priced
+    max_skipped_steps: int = 4  # a CPU decode sits out at most this many steps in a row
+    choice: ModeChoice | None = field(default=None, compare=False)  # set once priced
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.max_skipped_steps < 0:
+            raise ConfigError("--neo-max-skipped-steps must be >= 0, got "
+                              f"{self.max_skipped_steps}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ConfigError(f"neo: cpu_threads must be >= 1, got {self.cpu_threads}")
         if not self.cpu_balance >= 0:
@@ -90,7 +101,37 @@ class NeoPolicy(HostResidentPolicy):
 
     def __init__(self, options: SystemOptions):
         super().__init__(options if isinstance(options, NeoOptions) else NeoOptions())
-        self.num_pipelined_steps = 0
+        self.num_pipelined_steps = self.num_gpu_only_steps = 0
+        self._held = 0  # this step's leading host decodes left out (a GPU-only step)
+        self._skips: dict[str, int] = {}  # host decode -> steps sat out in a row
+
+    def before_step(self, running: list[Request], kv: KVCacheManager,
+                    waiting: Iterable[Request] = ()) -> None:
+        super().before_step(running, kv, waiting)
+        self._held = self._hold(running, kv, waiting)
+
+    def num_held_back(self, running: list[Request]) -> int:
+        return self._held
+
+    def _hold(self, running: list[Request], kv: KVCacheManager,
+              waiting: Iterable[Request]) -> int:
+        """How many leading host decodes sit this step out: all of them when a GPU-only
+        step predicts the best rate and none has sat out max_skipped_steps in a row."""
+        host, opts = kv.host_running, self.options
+        if (not host or opts.choice is None or opts.pipeline is not PipelineMode.AUTO
+                or any(self._skips.get(r, 0) >= opts.max_skipped_steps for r in host)):
+            self._skips = {}
+            return 0
+        shape, rows, tokens = forecast(running, host, waiting, opts.max_step_tokens,
+                                       -self._blocks_short(running, kv), kv.block_size,
+                                       kv.num_groups)
+        if not rows or opts.choice.best(shape, rows, tokens, gpu_only=True) \
+                is not StepMode.GPU_ONLY:
+            self._skips = {}
+            return 0
+        self._skips = {r: self._skips.get(r, 0) + 1 for r in host}
+        self.num_gpu_only_steps += 1
+        return sum(r.request_id in host for r in running)
 
     def mover(self, running: list[Request], host: set[str]):
         balance = self.options.balance
@@ -101,14 +142,25 @@ class NeoPolicy(HostResidentPolicy):
         if not items or not isinstance(items[-1], CpuRowsItem):
             return items
         rows = items[-1]
-        mode, rule = self.options.pipeline, self.options.rule
-        on = mode is PipelineMode.ON or (mode is PipelineMode.AUTO and rule is not None
-                                         and rule.pipelined(scheduled, len(rows.request_ids),
-                                                            rows.num_context_tokens))
-        if on:
+        n = len(rows.request_ids)
+        if self._mode(scheduled, n, rows.num_context_tokens) is StepMode.PIPELINED:
             items[-1] = CpuRowsItem(rows.request_ids, rows.num_context_tokens, pipelined=True)
+            items.append(PipelinedCpuDecodes(n))
             self.num_pipelined_steps += 1
+        else:
+            items.append(SequentialCpuDecodes(n))
         return items
+
+    def _mode(self, scheduled: list[ScheduledRequest], num_rows: int,
+              host_tokens: int) -> StepMode:
+        """Pipelined or sequential, for the step's exact rows (auto: by NEO's rule and the
+        predicted rates, neo/modes.py)."""
+        mode, choice = self.options.pipeline, self.options.choice
+        if mode is PipelineMode.ON:
+            return StepMode.PIPELINED
+        if mode is PipelineMode.OFF or choice is None:
+            return StepMode.SEQUENTIAL
+        return choice.best(step_shape(scheduled), num_rows, host_tokens, gpu_only=False)
 
 
 @register_system
@@ -127,6 +179,7 @@ class NeoSystem(HostResidentSystem):
                           max_model_len=config.scheduler.max_model_len,
                           cpu_threads=args.cpu_threads, pipeline=mode,
                           cpu_balance=args.cpu_balance,
+                          max_skipped_steps=args.max_skipped_steps,
                           max_step_tokens=config.scheduler.max_num_batched_tokens)
 
     def after_pools(self, config: EngineConfig, ctx: AssemblyContext) -> EngineConfig:
@@ -139,9 +192,11 @@ class NeoSystem(HostResidentSystem):
             return config
         cm = ctx.cost_model if ctx.cost_model is not None else _cost_model(config, ctx)
         rule = PipelineRule(cm, price_cpu_rows) if auto else None
+        choice = ModeChoice(StepPrices(cm), rule) if rule is not None else None
         balance = CpuBalance(cm, price_cpu_rows, opts.cpu_balance, opts.max_step_tokens) \
             if opts.cpu_balance > 0 else None
-        return config.with_(policy_options=replace(opts, rule=rule, balance=balance))
+        return config.with_(policy_options=replace(opts, rule=rule, balance=balance,
+                                                   choice=choice))
 
     def check(self, config: EngineConfig) -> None:
         if config.dtype in ("float16", "fp16", "half"):
@@ -168,6 +223,16 @@ def _cost_model(config: EngineConfig, ctx: AssemblyContext):
                      system_cost_config(config, ctx.block_bytes))
 
 
-register_item(CpuRowsItem, run=run_rows, price=price_cpu_rows)
+def _marks_only(runner, items) -> None:
+    """A mark of how the step runs; the runner reads CpuRowsItem's flag instead."""
+    return None
 
-__all__ = ["CpuRowsItem", "NeoArgs", "NeoOptions", "NeoPolicy", "NeoSystem"]
+
+register_item(CpuRowsItem, run=run_rows, price=price_cpu_rows)
+register_item(SequentialCpuDecodes, run=_marks_only, price=lambda cm, n: 0.0,
+              step=price_sequential_step)
+register_item(PipelinedCpuDecodes, run=_marks_only, price=lambda cm, n: 0.0,
+              step=price_pipelined_step)
+
+__all__ = ["CPU_ATTENTION_BYTES_PER_S", "CpuRowsItem", "NeoArgs", "NeoOptions", "NeoPolicy",
+           "NeoSystem", "price_cpu_rows"]

@@ -20,7 +20,7 @@ from typing import Any
 
 from kvtier.core.request import Request
 from kvtier.costmodel.shape import StepShape
-from kvtier.policies.neo.pipeline import forward_s
+from kvtier.policies.neo.steps import forward_s
 
 
 @dataclass(frozen=True)

@@ -1,36 +1,30 @@
-"""NEO's per-step choice between its two ways of running a step with CPU decodes
-(torch-free: the scheduler side decides, the simulator runs it too):
-
-  * pipelined: two sub-batches, batch 1 = the CPU decodes (the step's leading rows), batch 0
-    = the rest (prefills and GPU decodes); per layer the CPU attends for batch 1 while the
-    GPU runs batch 0's whole layer, then batch 1's linear layers (neo/pipelined.py);
-  * sequential: one batch, the CPU attention of each layer waited for in place.
-
-NEO's rule: pipeline when the GPU work the CPU attention can hide under covers it,
+"""NEO's rule for pipelining a step with CPU decodes (torch-free: the scheduler side decides,
+the simulator runs it too): pipeline only when the GPU work the CPU attention can hide
+under covers it,
 
     T_linear(b1) + T_pref + T_gdec >= T_cdec + T_launch
 
-T_linear(b1): batch 1's forward apart from attention, T_pref + T_gdec: batch 0's forward,
-from kvtier's cost model (calibrated when given one); T_cdec: the CPU attention's price
-(`price_cpu_rows`); T_launch: NEO's predictor's launch constant, the extra launches of
-splitting the batch.
+T_linear(b1): batch 1's (the CPU decodes') forward apart from attention, T_pref + T_gdec:
+batch 0's forward, from kvtier's cost model (calibrated when given one); T_cdec: the CPU
+attention's price (`price_cpu_rows`); T_launch: NEO's predictor's launch constant, the
+extra launches of splitting the batch. The rule gates pipelining; among the ways it allows,
+the step runs the one of the best predicted rate (neo/modes.py, priced by neo/steps.py).
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvtier.core.plan import ScheduledRequest
 from kvtier.costmodel.shape import StepShape
-
-LAUNCH_S = 0.8e-3  # NEO's lnch_T (NEO-MLSys25/NEO's predictor)
+from kvtier.policies.neo.steps import LAUNCH_S, batch0, forward_s, linear_only
 
 
 class PipelineMode(str, enum.Enum):
-    AUTO = "auto"  # NEO's rule, per step
+    AUTO = "auto"  # NEO's rule and predicted rates, per step (GPU-only steps too)
     ON = "on"  # every step with CPU decodes
     OFF = "off"  # never
 
@@ -43,25 +37,23 @@ class PipelineRule:
 
     def pipelined(self, scheduled: Sequence[ScheduledRequest], num_rows: int,
                   num_host_tokens: int) -> bool:
+        """The rule over a step's scheduled rows (the first `num_rows` on the CPU)."""
+        return self.holds(step_shape(scheduled), num_rows, num_host_tokens)
+
+    def holds(self, shape: StepShape, num_rows: int, num_host_tokens: int) -> bool:
+        """The rule over a step's shape whose leading `num_rows` decodes are on the CPU."""
         cm = self.cost_model
-        b1 = StepShape(num_decodes=num_rows, decode_ctx_sum=num_rows, decode_ctx_max=1)
-        gpu_linear_b1 = forward_s(cm, b1)
-        rest = scheduled[num_rows:]
-        b0 = _shape(rest)
-        gpu_b0 = forward_s(cm, b0) if rest else 0.0
+        b0 = replace(batch0(shape, num_rows, num_host_tokens), num_sampled=0, items=())
+        gpu_b0 = forward_s(cm, b0) if b0.num_reqs else 0.0
         cpu = self.price_cpu_rows(cm, num_host_tokens)
-        return gpu_linear_b1 + gpu_b0 >= cpu + self.launch_s
+        return forward_s(cm, linear_only(num_rows)) + gpu_b0 >= cpu + self.launch_s
 
 
-def _shape(scheduled: Sequence[ScheduledRequest]) -> StepShape:
+def step_shape(scheduled: Sequence[ScheduledRequest]) -> StepShape:
+    """The shape of a step's rows (no copies, no items)."""
     decodes = [sr.start_pos + 1 for sr in scheduled if len(sr.token_ids) == 1]
     prefills = tuple((len(sr.token_ids), sr.start_pos) for sr in scheduled
                      if len(sr.token_ids) != 1)
     return StepShape(num_decodes=len(decodes), decode_ctx_sum=sum(decodes),
-                     decode_ctx_max=max(decodes, default=0), prefills=prefills)
-
-
-def forward_s(cost_model: Any, shape: StepShape) -> float:
-    """The forward's seconds of a step of this shape (its GPU work, without sampling)."""
-    cost = cost_model.predict(shape)
-    return cost.parts.get("forward", cost.executor_s)
+                     decode_ctx_max=max(decodes, default=0), prefills=prefills,
+                     num_sampled=sum(sr.sample for sr in scheduled))

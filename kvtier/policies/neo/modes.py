@@ -1,0 +1,92 @@
+"""NEO's per-step choice of how a step with CPU decodes runs (torch-free). NEO's scheduler
+(NEO-MLSys25/NEO, swiftllm/server/scheduler.py, `_decide_mode_and_gen_batch`) builds a
+pipelined pair of sub-batches within its rule and a GPU-only batch that leaves the CPU
+decodes out, and runs whichever has the better predicted rate (requests a second). kvtier
+also has the sequential way (one batch, the CPU attention waited for in place); it competes
+by the same predicted rate:
+
+    rate(GPU-only) = n0 / T_gpu_only,   rate(pipelined | sequential) = (n0 + n1) / T
+
+n0: batch 0's rows, n1: the CPU decodes; times from neo/steps.py's prices (kvtier's cost
+model, calibrated when given one). Pipelining is offered only where NEO's rule holds
+(neo/pipeline.py); GPU-only only while batch 0 has rows and no CPU decode has sat out
+`max_skipped_steps` steps in a row (so none starves).
+
+Before scheduling (GPU-only or not: the left-out rows must not be scheduled) the step's
+shape is forecast from the running requests and the waiting ones the free device blocks
+admit; once scheduled, the rows' exact shape picks pipelined or sequential.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
+
+from kvtier.core.request import Request
+from kvtier.costmodel.shape import StepShape
+from kvtier.kv.manager import cdiv
+from kvtier.policies.neo.pipeline import PipelineRule
+from kvtier.policies.neo.steps import StepMode, StepPrices
+
+
+@dataclass(frozen=True)
+class ModeChoice:
+    prices: StepPrices
+    rule: PipelineRule
+
+    def best(self, shape: StepShape, num_rows: int, host_tokens: int,
+             gpu_only: bool) -> StepMode:
+        """The way of the best predicted rate among those allowed (ties: the first of
+        pipelined, sequential, GPU-only)."""
+        modes = [StepMode.PIPELINED] if self.rule.holds(shape, num_rows, host_tokens) else []
+        modes.append(StepMode.SEQUENTIAL)
+        rows = shape.num_reqs
+        if gpu_only and rows > num_rows:
+            modes.append(StepMode.GPU_ONLY)
+
+        def rate(mode: StepMode) -> float:
+            n = rows - num_rows if mode is StepMode.GPU_ONLY else rows
+            return n / self.prices.seconds(shape, num_rows, host_tokens, mode)
+
+        return max(modes, key=rate)  # max keeps the first of equal rates
+
+
+def forecast(running: Sequence[Request], host: Collection[str], waiting: Iterable[Request],
+             budget: int, spare_blocks: int, block_size: int, num_groups: int
+             ) -> tuple[StepShape, int, int]:
+    """(the step's shape, its CPU decodes, their context tokens) as the scheduler will
+    likely make it: running requests in order within the token budget (a prefill's chunk
+    capped by it), then waiting prompts while the budget and `spare_blocks` free device
+    blocks last. Host-running requests lead `running`."""
+    num_rows = host_tokens = 0
+    decodes: list[int] = []
+    prefills: list[tuple[int, int]] = []
+    sampled = 0
+    for req in running:
+        if budget <= 0:
+            break
+        remaining = req.num_tokens + req.num_pending_tokens - req.num_computed_tokens
+        if remaining <= 1:
+            ctx = req.num_computed_tokens + 1
+            decodes.append(ctx)
+            sampled += 1
+            budget -= 1
+            if req.request_id in host:
+                num_rows, host_tokens = num_rows + 1, host_tokens + ctx
+            continue
+        n = min(remaining, budget)
+        prefills.append((n, req.num_computed_tokens))
+        sampled += n == remaining
+        budget -= n
+    for req in waiting:
+        n = min(req.num_tokens - req.num_computed_tokens, budget)
+        need = num_groups * cdiv(req.num_computed_tokens + n, block_size)
+        if n <= 0 or need > spare_blocks:
+            break
+        prefills.append((n, req.num_computed_tokens))
+        sampled += n == req.num_tokens - req.num_computed_tokens
+        budget, spare_blocks = budget - n, spare_blocks - need
+    shape = StepShape(num_decodes=len(decodes), decode_ctx_sum=sum(decodes),
+                      decode_ctx_max=max(decodes, default=0), prefills=tuple(prefills),
+                      num_sampled=sampled)
+    return shape, num_rows, host_tokens

@@ -1,0 +1,105 @@
+"""NEO's steps priced as they run (kvtier/policies/neo/steps.py): a pipelined step costs less
+than the sequential one and no less than either side alone; the plan's mark decides the
+price in the simulator, and the mark is the choice the policy's predictor makes from the
+same prices (neo/modes.py): sequential, pipelined, or GPU-only."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from kvtier.costmodel.shape import StepShape
+from kvtier.engine.args import EngineArgs
+from kvtier.policies.neo import price_cpu_rows
+from kvtier.policies.neo.modes import ModeChoice
+from kvtier.policies.neo.pipeline import PipelineRule
+from kvtier.policies.neo.steps import StepMode, StepPrices, linear_only
+from kvtier.sim import build_sim_engine, run_simulation
+
+
+@pytest.fixture(scope="module")
+def cm():
+    from kvtier.costmodel.hardware import get_hardware
+    from kvtier.costmodel.model import CostModel, CostModelConfig
+    from kvtier.model.loader import resolve_model_config
+
+    mc, _ = resolve_model_config("llama-3.1-8b", "dummy")
+    return CostModel(mc, get_hardware("h200"), None, CostModelConfig(block_bytes=1 << 20))
+
+
+def step(cpu_rows: int, cpu_ctx: int, gpu_rows: int, gpu_ctx: int, prefill: int) -> StepShape:
+    """CPU decodes first, then GPU decodes, then one prefill; every row samples."""
+    n = cpu_rows + gpu_rows
+    return StepShape(num_decodes=n, decode_ctx_sum=cpu_rows * cpu_ctx + gpu_rows * gpu_ctx,
+                     decode_ctx_max=max(cpu_ctx, gpu_ctx), prefills=((prefill, 0),),
+                     num_sampled=n + 1)
+
+
+def marked(shape: StepShape, rows: int, tokens: int, mark: str) -> StepShape:
+    return replace(shape, items=(("neo_cpu_rows", tokens), (mark, rows)))
+
+
+@pytest.mark.parametrize("cpu_ctx", [512, 16384])  # the CPU hidden, the CPU sticking out
+def test_a_pipelined_step_costs_less_than_sequential_and_no_less_than_either_side(cm, cpu_ctx):
+    shape, rows, tokens = step(8, cpu_ctx, 32, 1024, 2048), 8, 8 * cpu_ctx
+    sequential = cm.predict(marked(shape, rows, tokens, "neo_sequential")).total_s
+    pipelined = cm.predict(marked(shape, rows, tokens, "neo_pipelined")).total_s
+    # The GPU side alone: every row's linear layers, the GPU decodes' attention.
+    gpu = cm.predict(replace(shape, decode_ctx_sum=32 * 1024 + rows)).total_s
+    cpu = price_cpu_rows(cm, tokens)
+    assert sequential == pytest.approx(gpu + cpu)
+    assert max(gpu, cpu) <= pipelined < sequential
+    # What cannot overlap: batch 1's linear layers around its CPU attention.
+    assert pipelined >= cpu + cm.predict(linear_only(rows)).parts["forward"]
+
+
+def test_the_choice_follows_the_predicted_rate(cm):
+    choice = ModeChoice(StepPrices(cm), PipelineRule(cm, price_cpu_rows))
+    # Many CPU decodes whose attention a long prefill hides: pipelined.
+    hidden = step(32, 256, 8, 1024, 4096)
+    assert choice.best(hidden, 32, 32 * 256, gpu_only=True) is StepMode.PIPELINED
+    # One long CPU decode beside a big GPU batch: waiting a step pays (GPU-only), unless
+    # it may not wait; then sequential (NEO's rule refuses to pipeline it).
+    lone = step(1, 32768, 128, 1024, 16)
+    assert not choice.rule.holds(lone, 1, 32768)
+    assert choice.best(lone, 1, 32768, gpu_only=True) is StepMode.GPU_ONLY
+    assert choice.best(lone, 1, 32768, gpu_only=False) is StepMode.SEQUENTIAL
+    # No GPU rows at all: nothing to run GPU-only.
+    alone = StepShape(num_decodes=4, decode_ctx_sum=4 * 512, decode_ctx_max=512, num_sampled=4)
+    assert choice.best(alone, 4, 4 * 512, gpu_only=True) is not StepMode.GPU_ONLY
+
+
+def test_the_simulator_prices_the_policys_choice():
+    """Every step with CPU decodes carries one mark; the mark is what the policy's predictor
+    picks from the step's rows, and the simulator's price is that way's price."""
+    args = EngineArgs(model="llama-3.1-8b", load_format="dummy", kv_policy="neo",
+                      kv_cache_gb=1.0, max_model_len=2048, swap_space=8.0, max_num_seqs=256)
+    engine = build_sim_engine(args, "a10g", record_steps=True)
+    rng = random.Random(0)
+    reqs = [(tuple(rng.randrange(100, 30000) for _ in range(rng.randint(20, 400))),
+             rng.randint(50, 400), 0.0) for _ in range(128)]
+    times = run_simulation(engine, reqs)
+    assert all(t.finish_s is not None for t in times)
+    policy, cm = engine.scheduler.policy, engine.executor.cost_model
+    choice = policy.options.choice
+    assert choice is not None
+    modes = []
+    for s in engine.executor.steps:
+        counts = dict(s.shape.items)
+        marks = [m for m in (StepMode.SEQUENTIAL, StepMode.PIPELINED)
+                 if f"neo_{m.value}" in counts]
+        if "neo_cpu_rows" not in counts:
+            assert not marks
+            continue
+        (mode,) = marks
+        rows, tokens = counts[f"neo_{mode.value}"], counts["neo_cpu_rows"]
+        rows_only = replace(s.shape, num_swap_out=0, num_swap_in=0, items=())
+        assert choice.best(rows_only, rows, tokens, gpu_only=False) is mode
+        rest = replace(s.shape, items=tuple((k, n) for k, n in s.shape.items
+                                            if not k.startswith("neo_")))
+        assert s.cost.total_s == pytest.approx(StepPrices(cm).seconds(rest, rows, tokens, mode))
+        modes.append(mode)
+    assert modes.count(StepMode.PIPELINED) == policy.num_pipelined_steps > 0
+    assert StepMode.SEQUENTIAL in modes and policy.num_gpu_only_steps > 0
