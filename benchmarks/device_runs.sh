@@ -163,10 +163,13 @@ part() {
   host-resident)  # running requests with KV in host memory: neo (pipelined by its rule, and not), directkv, swap, recompute at device pools of 1/2, 3/4 and 9/10 of the batch
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 580 python3 -m benchmarks.policies.bench_host_resident \
       --caps 0.5,0.75,0.9 --out "$(out policies host_resident_h200.json)" 2>&1 | tail -16 ;;
-  host-resident-13b)  # the same on llama-2-13b (MHA: 4x the KV per token of the 8B's GQA) at 1/2 and 3/4
+  host-resident-13b)  # the same on llama-2-13b (MHA: 6.25x the KV per token of the 8B's GQA), 16 requests, at 3/4
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 580 python3 -m benchmarks.policies.bench_host_resident \
-      --model llama-2-13b --requests 16 --caps 0.5,0.75 \
-      --out "$(out policies host_resident_13b_h200.json)" 2>&1 | tail -11 ;;
+      --model llama-2-13b --requests 16 --caps 0.75 --policies neo,directkv,swap,recompute \
+      --out "$(out policies host_resident_13b_h200.json)" 2>&1 | tail -6 ;;
+  host-resident-gpu-only)  # neo by its step choice (pipelined, sequential or GPU-only steps) against neo:off and swap at 3/4 of the batch
+    TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 300 python3 -m benchmarks.policies.bench_host_resident \
+      --caps 0.75 --policies neo,neo:off,swap --out "$(out policies host_resident_gpu_only_h200.json)" 2>&1 | tail -5 ;;
   ellm-overlap)  # the bubble eLLM's host-group copies leave at each split
     timeout 300 python3 -m benchmarks.policies.bench_ellm_overlap --calibration $CALIB13 \
       --out "$(out policies ellm_overlap_h200.json)" 2>&1 | tail -17 ;;
@@ -257,11 +260,11 @@ part() {
   strata-multiturn)  # the same four variants on multi-turn ShareGPT (the 600-turn file's first 400 turns, 4 conversations/s, 1 s think time), 4 GiB GPU pool, 50 s windows
     strata prepared strata_multiturn_h200.json --dataset-path $WMT --num-prompts 400 \
       --arrivals poisson --rate 4 --max-model-len 8192 --kv-cache-gb 4 --max-duration 50 ;;
-  strata-leval-13b)  # L-Eval shuffled on llama-2-13b (documents cut to 2,600 tokens: its 4K context holds all 69 requests), 20 GiB GPU pool (a third of the working set), 72 GiB host: GPU tier only and kernel ($STRATA_VARIANTS)
+  strata-leval-13b)  # L-Eval shuffled on llama-2-13b (documents cut to 2,600 tokens: its 4K context holds all 69 requests), 20 GiB GPU pool (a third of the working set), 56 GiB host (72 could not be pinned): GPU tier only and kernel ($STRATA_VARIANTS)
     STRATA_VARIANTS=${STRATA_VARIANTS:-a,c} strata leval strata_leval_shuffled_13b_h200.json \
       --model llama-2-13b --dataset-path .carry/leval_paper_assistant.jsonl --leval-order shuffled \
-      --leval-max-document-tokens 2600 --max-model-len 4096 --kv-cache-gb 20 --host-gib 72 \
-      --num-prompts 69 --arrivals poisson --rate 1 --max-duration 75 ;;
+      --leval-max-document-tokens 2600 --max-model-len 4096 --kv-cache-gb 20 --host-gib 56 \
+      --num-prompts 69 --arrivals poisson --rate 1 --max-duration 60 ;;
   policies-13b-long-swap-hcache)  # swap and HCache over the same window
     bench_13b bench_13b_long_swap_hcache_h200 560 3000 150 swap,hcache ;;
   policies-13b-long-ridge)  # eLLM dropping (ridge budget, offloaded groups, overlap)

@@ -127,6 +127,7 @@ def run_policy(args: argparse.Namespace, policy: str, cap: float) -> dict[str, A
             "moved_in": getattr(placement, "num_moved_in", None),
             "refused": getattr(placement, "num_refused", None),
             "pipelined_steps": getattr(placement, "num_pipelined_steps", None),
+            "gpu_only_steps": getattr(placement, "num_gpu_only_steps", None),
             "host_fit": host_fit(log.steps)}
 
 
@@ -169,7 +170,7 @@ def run_guarded(args: argparse.Namespace, policy: str, cap: float) -> dict[str, 
         return {"policy": policy, "cap": cap, "error": f"{type(exc).__name__}: {exc}"}
     print(f"{policy:10s} cap {cap}: {row['output_tokens_per_s']:9.1f} tok/s  TPOT "
           f"{row['tpot_ms']:7.2f} ms  preemptions {row['num_preemptions']}  "
-          f"pipelined {row['pipelined_steps']}  fit {row['host_fit']}")
+          f"pipelined {row['pipelined_steps']}  gpu-only {row['gpu_only_steps']}  fit {row['host_fit']}")
     return row
 
 
