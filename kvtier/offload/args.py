@@ -55,7 +55,10 @@ class HostTierArgs:
     hicache_min_load_blocks: int = 1
     hicache_loading_bound: float = DEFAULT_LOADING_BOUND  # 0: no bound
     hicache_delayed_hits: bool = True  # wait for a prefix another request is computing
-    hicache_prefetch: bool = True  # bubble filling: load a waiting request's hit meanwhile
+    # Bubble filling: load a waiting request's hit meanwhile. Off by default: on the H200 the
+    # step it waits costs more TTFT than the overlapped inline load (variants c and d of
+    # results/policies/strata_leval_shuffled_h200.json and strata_multiturn_h200.json).
+    hicache_prefetch: bool = False
 
     @property
     def enabled(self) -> bool:

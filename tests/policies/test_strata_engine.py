@@ -137,7 +137,7 @@ def test_concurrent_requests_with_cache_aware_admission_and_prefetch_stay_exact(
 
     base = serve(_engine(cache=False, num_gpu_blocks=64))
     eng = _engine(cache=True, num_gpu_blocks=64)
-    tier = enable_host_tier(eng, HostTierArgs(kv_offloading_size=0.01))
+    tier = enable_host_tier(eng, HostTierArgs(kv_offloading_size=0.01, hicache_prefetch=True))
     assert serve(eng) == base
     gate = eng.scheduler.admission_gate.stats
     assert tier.stats.prefetched_blocks > 0 and gate.prefetches > 0

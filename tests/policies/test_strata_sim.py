@@ -82,7 +82,8 @@ def test_simulated_copies_are_timed_at_the_profiles_curves(io_backend):
 def test_simulated_prefetches_take_copy_time_but_no_stall():
     """Bubble filling: a host hit loaded while another request runs crosses PCIe (copy
     seconds) in the step's background (no stall); the loads the forward waits for do."""
-    e, _ = _run(HostTierArgs(kv_offloading_size=16.0, hicache_io_backend="kernel"))
+    e, _ = _run(HostTierArgs(kv_offloading_size=16.0, hicache_io_backend="kernel",
+                             hicache_prefetch=True))
     before = e.get_stats().host_tier
     assert before is not None and before.prefetched_tokens == 0
     e.add_request("new", list(range(50_000, 54_000)), SamplingParams(**GREEDY))
