@@ -1,13 +1,16 @@
-"""eLLM and HCache in bf16 on the GPU vs full caching: greedy agreement and logprob gaps.
+"""eLLM, HCache, NEO and DirectKV in bf16 vs full caching: greedy agreement and logprob gaps.
 
 Exact in fp32 (tests); in bf16 a recomputed prefix (eLLM) or a re-projected K/V (HCache) is
 computed in a different batch shape than the cached original, so rounding differs. This
 measures how much: per policy, the fraction of generated tokens equal to full caching's
 (position by position, up to a sequence's first divergence, and overall), and the largest
 |logprob difference| over the top-5 tokens at positions before the first divergence.
-fp32 on the same GPU is the control (expected: identical).
+fp32 on the same device is the control (expected: identical).
 
   python -m benchmarks.policies.bench_bf16_agreement --out bf16_agreement_h200.json
+  python -m benchmarks.policies.bench_bf16_agreement --device cpu --policies neo,directkv \
+      --num-prompts 16 --max-tokens 32 --out bf16_agreement_host_resident_cpu.json
+                           (CPU: NEO's C++ kernel; DirectKV through its torch reference)
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ POLICIES = {  # options that make each policy act on most requests
     "swap": dict(kv_policy="swap", num_gpu_blocks=360),
     "ellm_r0.5": dict(kv_policy="ellm", ellm_uncached_ratio=0.5),
     "hcache": dict(kv_policy="hcache", num_gpu_blocks=360),
+    # host-resident running KV: the short pool moves decodes to the host, where NEO's CPU
+    # kernel or DirectKV's zero-copy reads attend over bf16 pages
+    "neo": dict(kv_policy="neo", num_gpu_blocks=360, num_host_blocks=4096),
+    "directkv": dict(kv_policy="directkv", num_gpu_blocks=360, num_host_blocks=4096),
 }
 
 
@@ -45,16 +52,18 @@ def save_model(path: str, seed: int) -> None:
     model.save_pretrained(path, safe_serialization=True)
 
 
-def run(path: str, dtype: str, prompts: list[list[int]], max_tokens: int, **options):
-    llm = LLM(path, dtype=dtype, max_model_len=1024, layers_per_block=4, block_size=16,
+def run(path: str, device: str, dtype: str, prompts: list[list[int]], max_tokens: int,
+        **options):
+    llm = LLM(path, device=device, dtype=dtype, max_model_len=1024, layers_per_block=4, block_size=16,
               max_num_seqs=64, max_num_batched_tokens=1024,
               **({"kv_cache_gb": 1.0} if "num_gpu_blocks" not in options else {}), **options)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=5)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     stats = llm.engine.get_stats()
+    moved = getattr(llm.engine.scheduler.policy, "num_moved_out", None)  # host-resident only
     llm.engine.check_integrity()
     llm.engine.close()
-    return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs], stats
+    return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs], stats, moved
 
 
 def compare(base, other) -> dict:
@@ -80,22 +89,27 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--device", default="cuda", help="cuda | cpu")
+    ap.add_argument("--policies", default=",".join(POLICIES), help="of " + ",".join(POLICIES))
     args = ap.parse_args()
+    policies = {name: POLICIES[name] for name in args.policies.split(",")}
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 4096) for _ in range(rng.randrange(16, 200))]
                for _ in range(args.num_prompts)]
     result = {"model": "random llama (8 layers, hidden 512, GQA 8/4), ignore_eos greedy",
+              "device": args.device,
               "num_prompts": args.num_prompts, "max_tokens": args.max_tokens, "rows": {}}
     with tempfile.TemporaryDirectory() as tmp:
         save_model(tmp, 0)
         for dtype in ("float32", "bfloat16"):
-            base, _ = run(tmp, dtype, prompts, args.max_tokens)
-            for name, opts in POLICIES.items():
-                got, st = run(tmp, dtype, prompts, args.max_tokens, **opts)
+            base, _, _ = run(tmp, args.device, dtype, prompts, args.max_tokens)
+            for name, opts in policies.items():
+                got, st, moved = run(tmp, args.device, dtype, prompts, args.max_tokens, **opts)
                 row = compare(base, got)
                 row.update(preemptions=st.num_preemptions_total,
                            prefix_recompute_tokens=st.num_prefix_recompute_tokens_total,
-                           restored_tokens=getattr(st, "num_restored_tokens_total", 0))
+                           restored_tokens=getattr(st, "num_restored_tokens_total", 0),
+                           moved_to_host=moved)
                 result["rows"][f"{dtype}/{name}"] = row
                 print(dtype, name, row, flush=True)
     write_result(args.out, result)
