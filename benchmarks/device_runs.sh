@@ -167,6 +167,10 @@ part() {
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 580 python3 -m benchmarks.policies.bench_host_resident \
       --model llama-2-13b --requests 16 --caps 0.75 --policies neo,directkv,swap,recompute \
       --out "$(out policies host_resident_13b_h200.json)" 2>&1 | tail -6 ;;
+  host-resident-long)  # long contexts (DirectKV's case): 16 requests of 32,768 + 64 tokens, directkv, neo, swap, recompute at device pools of 1/2 and 3/4 of the batch
+    TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 580 python3 -m benchmarks.policies.bench_host_resident \
+      --requests 16 --prompt 32768 --output 64 --max-num-seqs 16 --caps 0.5,0.75 \
+      --policies directkv,neo,swap,recompute --out "$(out policies host_resident_long_h200.json)" 2>&1 | tail -9 ;;
   host-resident-gpu-only)  # neo by its step choice (pipelined, sequential or GPU-only steps) against neo:off and swap at 3/4 of the batch
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 300 python3 -m benchmarks.policies.bench_host_resident \
       --caps 0.75 --policies neo,neo:off,swap --out "$(out policies host_resident_gpu_only_h200.json)" 2>&1 | tail -5 ;;
@@ -260,6 +264,14 @@ part() {
   strata-multiturn)  # the same four variants on multi-turn ShareGPT (the 600-turn file's first 400 turns, 4 conversations/s, 1 s think time), 4 GiB GPU pool, 50 s windows
     strata prepared strata_multiturn_h200.json --dataset-path $WMT --num-prompts 400 \
       --arrivals poisson --rate 4 --max-model-len 8192 --kv-cache-gb 4 --max-duration 50 ;;
+  strata-write-policies)  # L-Eval shuffled, 8B: (c) under each write policy, 45 s windows
+    strata leval strata_write_policies_h200.json --dataset-path .carry/leval_paper_assistant.jsonl \
+      --leval-order shuffled --leval-max-document-tokens 8000 --num-prompts 69 --arrivals poisson \
+      --rate 1 --variants a,c --write-policies write_through,write_through_selective,write_back ;;
+  strata-loading-bound)  # L-Eval shuffled, 8B: (d) at loading bounds 0 (none), 2, 4, 8, 45 s windows
+    strata leval strata_loading_bound_h200.json --dataset-path .carry/leval_paper_assistant.jsonl \
+      --leval-order shuffled --leval-max-document-tokens 8000 --num-prompts 69 --arrivals poisson \
+      --rate 1 --variants d --loading-bounds 0,2,4,8 ;;
   strata-leval-13b)  # L-Eval shuffled on llama-2-13b (documents cut to 2,600 tokens: its 4K context holds all 69 requests), 20 GiB GPU pool (a third of the working set), 56 GiB host (72 could not be pinned): GPU tier only and kernel ($STRATA_VARIANTS)
     STRATA_VARIANTS=${STRATA_VARIANTS:-a,c} strata leval strata_leval_shuffled_13b_h200.json \
       --model llama-2-13b --dataset-path .carry/leval_paper_assistant.jsonl --leval-order shuffled \
