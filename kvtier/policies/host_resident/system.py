@@ -55,6 +55,21 @@ class HostResidentSystem(MemorySystem):
             return  # the simulator prices the host rows' items
         executor.attach_external_attention(self.make_source(executor))
 
+    def pricing(self, config: EngineConfig, ctx: AssemblyContext,
+                calibration: str | None = None) -> Any:
+        """The cost model a system's rules price with: the simulator's, else the real
+        engine's own (its calibration JSON, else the hardware profile's ceilings)."""
+        if ctx.cost_model is not None:
+            return ctx.cost_model
+        from kvtier.costmodel.calibration import Calibration
+        from kvtier.costmodel.hardware import get_hardware
+        from kvtier.costmodel.model import CostModel
+        from kvtier.policies.registry import system_cost_config
+
+        calib = Calibration.load(calibration) if calibration else None
+        return CostModel(config.model_config, ctx.hw or get_hardware("h200"), calib,
+                         system_cost_config(config, ctx.block_bytes))
+
     def make_source(self, runner: Any) -> HostResidentSource:
         """The system's runner side (imported here: the rest of the package is torch-free)."""
         raise NotImplementedError
