@@ -76,6 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--decide-unfitted", action="store_true",
                    help="--simulate: the policies' rules price host rows without the "
                         "profile's fit (as the measured runs did)")
+    p.add_argument("--no-host-fit", action="store_true",
+                   help="--simulate: host rows priced without the profile's fit, at their "
+                        "bytes' rate alone (what the fixed cost costs)")
     p.add_argument("--neo-max-skipped-steps", type=int, default=None,
                    help="neo's GPU-only steps bound (default: the engine's)")
     p.add_argument("--compare", default=None,
@@ -125,14 +128,15 @@ def make_engine(args: argparse.Namespace, engine_args: Any) -> tuple[Any, Any]:
     from kvtier.sim.clock import VirtualClock
     from kvtier.sim.engine import build_sim_engine
 
-    calib = args.calibration or f"results/calibration/calib_h200_{args.model}.json"
     hw = get_hardware(args.hardware)
+    calib = args.calibration or (f"results/calibration/calib_h200_{args.model}.json"
+                                 if hw.name == "h200" else "")
+    unfitted = dataclasses.replace(hw, host_attention={})
     clock = VirtualClock()
     engine = build_sim_engine(
-        dataclasses.replace(engine_args, device="auto"), hw.name,
-        calib if os.path.exists(calib) else None, clock=clock,
-        planner_hardware=dataclasses.replace(hw, host_attention={})
-        if args.decide_unfitted else None)
+        dataclasses.replace(engine_args, device="auto"), unfitted if args.no_host_fit else hw,
+        calib if calib and os.path.exists(calib) else None, clock=clock,
+        planner_hardware=unfitted if args.decide_unfitted else None)
     return engine, clock.now
 
 
@@ -277,7 +281,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.compare:
         compare(rows, args.compare)
     payload = {"model": args.model, "simulated": args.simulate and {
-                   "hardware": args.hardware, "decide_unfitted": args.decide_unfitted},
+                   "hardware": args.hardware, "decide_unfitted": args.decide_unfitted,
+                   "no_host_fit": args.no_host_fit},
                "requests": args.requests, "prompt": args.prompt,
                "output": args.output, "caps": caps, "host_blocks": host_blocks,
                "layer_groups": groups, "model_rates": model_rates(args), "policies": rows}
