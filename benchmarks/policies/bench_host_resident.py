@@ -20,7 +20,7 @@ step (kv bytes per token / the measured H2D rate), for neo it is read by the CPU
                                                        (CPU smoke run of the logic)
 
 --simulate runs the same batch in kvtier's simulator (kvtier.sim.build_sim_engine, the
-model's H200 calibration results/calibration/calib_h200_<model>.json): the real scheduler
+model's H200 calibration in results/calibration/, calib_h200_<model>.json): the real scheduler
 and policies, each step's time the cost model's (host rows priced by the h200 profile's
 fit, benchmarks/policies/fit_host_rows.py). --decide-unfitted lets the policies' rules
 price with the profile less that fit (host rows at their bytes' rate alone), as they did
@@ -129,7 +129,8 @@ def make_engine(args: argparse.Namespace, engine_args: Any) -> tuple[Any, Any]:
     from kvtier.sim.engine import build_sim_engine
 
     hw = get_hardware(args.hardware)
-    calib = args.calibration or (f"results/calibration/calib_h200_{args.model}.json"
+    calib = args.calibration or (os.path.join("results", "calibration",
+                                              f"calib_h200_{args.model}.json")
                                  if hw.name == "h200" else "")
     unfitted = dataclasses.replace(hw, host_attention={})
     clock = VirtualClock()
@@ -196,6 +197,7 @@ def run_policy(args: argparse.Namespace, policy: str, cap: float) -> dict[str, A
             "moved_out": getattr(placement, "num_moved_out", None),
             "moved_in": getattr(placement, "num_moved_in", None),
             "refused": getattr(placement, "num_refused", None),
+            "refused_by_system": getattr(placement, "num_refused_by_system", None),
             "pipelined_steps": getattr(placement, "num_pipelined_steps", None),
             "gpu_only_steps": getattr(placement, "num_gpu_only_steps", None),
             "host_fit": host_fit(log.steps)}
