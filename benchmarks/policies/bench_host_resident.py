@@ -18,16 +18,35 @@ step (kv bytes per token / the measured H2D rate), for neo it is read by the CPU
                                                        (H200, Llama-3.1-8B dummy; minutes)
   python -m benchmarks.policies.bench_host_resident --quick --device cpu
                                                        (CPU smoke run of the logic)
+
+--simulate runs the same batch in kvtier's simulator (kvtier.sim.build_sim_engine, the
+model's H200 calibration in results/calibration/, calib_h200_<model>.json): the real scheduler
+and policies, each step's time the cost model's (host rows priced by the h200 profile's
+fit, benchmarks/policies/fit_host_rows.py). --decide-unfitted lets the policies' rules
+price with the profile less that fit (host rows at their bytes' rate alone), as they did
+when the H200 runs were made, so the simulated runs make the measured runs' decisions.
+A policy `name@B` sets its balance factor (--neo-cpu-balance / --directkv-balance; @0
+lifts it).
+
+  python -m benchmarks.policies.bench_host_resident --simulate --decide-unfitted \
+      --neo-max-skipped-steps 0 --caps 0.5,0.75,0.9 \
+      --policies neo,neo:off,directkv@0,swap,recompute,neo@1,directkv@1 \
+      --out results/policies/host_resident_sim_h200.json
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import statistics
 import sys
 import time
 from typing import Any
 
+# No steady step of these batches (up to 13B, 2,176-token contexts) takes this long; a
+# measured step beyond it compiled a kernel for a new shape.
+ONE_OFF_S = 0.3
 POLICIES = ("neo", "neo:off", "directkv", "swap", "recompute")
 
 
@@ -49,6 +68,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--quick", action="store_true",
                    help="tiny-llama-gqa, 8 requests of 90 + 40 tokens")
+    p.add_argument("--simulate", action="store_true",
+                   help="run in kvtier's simulator (the H200 profile and calibration)")
+    p.add_argument("--hardware", default="h200", help="--simulate: the simulated GPU")
+    p.add_argument("--calibration", default=None,
+                   help="--simulate: calibration JSON (default: the model's H200 one, if any)")
+    p.add_argument("--decide-unfitted", action="store_true",
+                   help="--simulate: the policies' rules price host rows without the "
+                        "profile's fit (as the measured runs did)")
+    p.add_argument("--no-host-fit", action="store_true",
+                   help="--simulate: host rows priced without the profile's fit, at their "
+                        "bytes' rate alone (what the fixed cost costs)")
+    p.add_argument("--neo-max-skipped-steps", type=int, default=None,
+                   help="neo's GPU-only steps bound (default: the engine's)")
+    p.add_argument("--compare", default=None,
+                   help="--simulate: a measured result JSON; each row gets the measured "
+                        "tokens/s of the same policy and cap (`name@0` matched to `name` "
+                        "when the measured file has no such row)")
     p.add_argument("--out", default=None, help="result JSON (benchmarks/common.write_result)")
     args = p.parse_args(argv)
     if args.quick:
@@ -69,19 +105,55 @@ def pool_sizes(args: argparse.Namespace, cap: float = 0.5) -> tuple[int, int, in
     return args.gpu_blocks or int(need * cap), need + per_request, groups
 
 
-class StepLog:
-    """Wraps the executor: each step's wall time and its host rows' context tokens."""
+def policy_flags(args: argparse.Namespace, policy: str) -> tuple[str, dict[str, Any]]:
+    """`name[:pipeline][@balance]` -> (--kv-policy, its engine flags)."""
+    spec, _, balance = policy.partition("@")
+    name, _, pipeline = spec.partition(":")
+    extra: dict[str, Any] = {"neo_pipeline": pipeline} if pipeline else {}
+    if balance:
+        extra[{"neo": "neo_cpu_balance", "directkv": "directkv_balance"}[name]] = float(balance)
+    if name == "neo" and args.neo_max_skipped_steps is not None:
+        extra["neo_max_skipped_steps"] = args.neo_max_skipped_steps
+    return name, extra
 
-    def __init__(self, inner: Any):
-        self.inner, self.steps = inner, []
+
+def make_engine(args: argparse.Namespace, engine_args: Any) -> tuple[Any, Any]:
+    """(engine, its clock): the real engine on the wall clock, or the simulated one on its
+    virtual clock (each step's predicted time)."""
+    if not args.simulate:
+        from kvtier.engine.llm_engine import LLMEngine
+
+        return LLMEngine.from_engine_args(engine_args), time.perf_counter
+    from kvtier.costmodel.hardware import get_hardware
+    from kvtier.sim.clock import VirtualClock
+    from kvtier.sim.engine import build_sim_engine
+
+    hw = get_hardware(args.hardware)
+    calib = args.calibration or (os.path.join("results", "calibration",
+                                              f"calib_h200_{args.model}.json")
+                                 if hw.name == "h200" else "")
+    unfitted = dataclasses.replace(hw, host_attention={})
+    clock = VirtualClock()
+    engine = build_sim_engine(
+        dataclasses.replace(engine_args, device="auto"), unfitted if args.no_host_fit else hw,
+        calib if calib and os.path.exists(calib) else None, clock=clock,
+        planner_hardware=unfitted if args.decide_unfitted else None)
+    return engine, clock.now
+
+
+class StepLog:
+    """Wraps the executor: each step's time on `now` and its host rows' context tokens."""
+
+    def __init__(self, inner: Any, now: Any = time.perf_counter):
+        self.inner, self.steps, self.now = inner, [], now
 
     def execute(self, plan):
         host_tokens = sum(i.count for i in plan.items if i.kind.endswith("_rows"))
-        t0 = time.perf_counter()
+        t0 = self.now()
         result = self.inner.execute(plan)
         self.steps.append({"host_context_tokens": host_tokens,
                            "num_scheduled": len(plan.scheduled),
-                           "step_s": time.perf_counter() - t0})
+                           "step_s": self.now() - t0})
         return result
 
     def __getattr__(self, name: str) -> Any:
@@ -90,18 +162,17 @@ class StepLog:
 
 def run_policy(args: argparse.Namespace, policy: str, cap: float) -> dict[str, Any]:
     from kvtier.engine.args import EngineArgs
-    from kvtier.engine.llm_engine import LLMEngine
     from kvtier.sampling_params import SamplingParams
 
     gpu_blocks, host_blocks, _ = pool_sizes(args, cap)
-    name, _, pipeline = policy.partition(":")
-    extra = {"neo_pipeline": pipeline} if pipeline else {}
-    engine = LLMEngine.from_engine_args(EngineArgs(
+    name, extra = policy_flags(args, policy)
+    engine_args = EngineArgs(
         model=args.model, load_format="dummy", device=args.device, kv_policy=name, **extra,
         num_gpu_blocks=gpu_blocks, num_host_blocks=host_blocks,
         max_model_len=args.prompt + args.output, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=max(2048, args.prompt), async_scheduling=False))
-    log = StepLog(engine.executor)
+        max_num_batched_tokens=max(2048, args.prompt), async_scheduling=False)
+    engine, now = make_engine(args, engine_args)
+    log = StepLog(engine.executor, now)
     engine.executor = log
     params = SamplingParams(temperature=0.0, max_tokens=args.output, ignore_eos=True,
                             detokenize=False)
@@ -109,13 +180,13 @@ def run_policy(args: argparse.Namespace, policy: str, cap: float) -> dict[str, A
         engine.add_request(f"r{i}", [100 + (i * 7919 + t) % 3000 for t in range(args.prompt)],
                            params)
     times: dict[str, list[float]] = {}
-    t0 = time.perf_counter()
+    t0 = now()
     while engine.has_unfinished_requests():
         engine.step()
-        now = time.perf_counter()
+        t = now()
         for req in engine.scheduler.running:
-            times.setdefault(req.request_id, []).append(now)
-    wall = time.perf_counter() - t0
+            times.setdefault(req.request_id, []).append(t)
+    wall = now() - t0
     placement = engine.scheduler.policy
     stats = engine.get_stats()
     engine.close()
@@ -126,6 +197,7 @@ def run_policy(args: argparse.Namespace, policy: str, cap: float) -> dict[str, A
             "moved_out": getattr(placement, "num_moved_out", None),
             "moved_in": getattr(placement, "num_moved_in", None),
             "refused": getattr(placement, "num_refused", None),
+            "refused_by_system": getattr(placement, "num_refused_by_system", None),
             "pipelined_steps": getattr(placement, "num_pipelined_steps", None),
             "gpu_only_steps": getattr(placement, "num_gpu_only_steps", None),
             "host_fit": host_fit(log.steps)}
@@ -174,6 +246,32 @@ def run_guarded(args: argparse.Namespace, policy: str, cap: float) -> dict[str, 
     return row
 
 
+def compare(rows: list[dict[str, Any]], path: str) -> None:
+    """Adds `measured_tokens_per_s` (and the measured moves) to each row from `path`."""
+    import json
+
+    with open(path) as f:
+        measured = {(r["policy"], r["cap"]): r for r in json.load(f)["policies"]
+                    if "error" not in r}
+    for row in rows:
+        key = (row["policy"], row["cap"])
+        if key not in measured and row["policy"].endswith("@0"):
+            key = (row["policy"][:-2], row["cap"])
+        if key in measured and "error" not in row:
+            m = measured[key]
+            row["measured_as"], row["measured_tokens_per_s"] = key[0], m["output_tokens_per_s"]
+            row["measured_moved_out"] = m["moved_out"]
+            # One-off steps (a kernel compiling for a new shape) the simulator does not price.
+            slow = sum(x["step_s"] for x in m["steps"] if x["step_s"] > ONE_OFF_S)
+            row["measured_tokens_per_s_without_one_offs"] = (
+                m["output_tokens_per_s"] * m["wall_s"] / (m["wall_s"] - slow))
+            print(f"{row['policy']:12s} cap {row['cap']}: simulated "
+                  f"{row['output_tokens_per_s']:7.1f} tok/s, measured "
+                  f"{m['output_tokens_per_s']:7.1f} ({key[0]}; without one-off steps "
+                  f"{row['measured_tokens_per_s_without_one_offs']:7.1f}); moves out {row['moved_out']} "
+                  f"vs {m['moved_out']}")
+
+
 def main(argv: list[str] | None = None) -> None:
     from benchmarks.common import write_result
 
@@ -182,7 +280,12 @@ def main(argv: list[str] | None = None) -> None:
     _, host_blocks, groups = pool_sizes(args)
     rows = [run_guarded(args, policy, cap)
             for cap in caps for policy in args.policies.split(",")]
-    payload = {"model": args.model, "requests": args.requests, "prompt": args.prompt,
+    if args.compare:
+        compare(rows, args.compare)
+    payload = {"model": args.model, "simulated": args.simulate and {
+                   "hardware": args.hardware, "decide_unfitted": args.decide_unfitted,
+                   "no_host_fit": args.no_host_fit},
+               "requests": args.requests, "prompt": args.prompt,
                "output": args.output, "caps": caps, "host_blocks": host_blocks,
                "layer_groups": groups, "model_rates": model_rates(args), "policies": rows}
     if args.out:

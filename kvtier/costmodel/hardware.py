@@ -35,6 +35,31 @@ class CopyCost:
         return self.alpha_s_per_byte * num_bytes + self.beta_s * num_transfers
 
 
+class HostAttention(str, enum.Enum):
+    """How a step attends over decode rows whose KV lives in host memory."""
+
+    CPU_ROUND_TRIP = "cpu_round_trip"  # the CPU attends; per layer q/k/v go down, the output up
+    ZERO_COPY = "zero_copy"  # a GPU kernel reads the pinned host pages in place (UVA)
+
+
+@dataclass(frozen=True)
+class HostAttentionCost:
+    """A step's attention over its host rows: a fixed cost per layer, paid once a step
+    however few rows there are (the round trip's copies and waits, the kernel's launch, the
+    forward no longer replaying a whole-model graph), plus the rows' KV bytes at a rate."""
+
+    layer_s: float
+    bytes_per_s: float
+
+    def seconds(self, num_bytes: float, num_layers: int) -> float:
+        return num_layers * self.layer_s + num_bytes / self.bytes_per_s
+
+
+# KV bytes a second the CPU attention reads on the H200 host's 16 cores (torch's SDPA there;
+# shared/research/seed002_implementation_notes.md, NEO section); every profile's host side.
+CPU_ATTENTION_BYTES_PER_S = 35e9
+
+
 @dataclass(frozen=True)
 class HardwareProfile:
     name: str
@@ -48,6 +73,20 @@ class HardwareProfile:
     allreduce_bytes_per_s: float = 0.0
     allreduce_latency_s: float = 0.0
     measured: bool = False  # False: datasheet figures, never checked on the machine
+    # Fitted host-row attention costs; a mechanism absent here is priced from the copies.
+    host_attention: dict[HostAttention, HostAttentionCost] = field(default_factory=dict)
+
+    def host_attention_cost(self, mechanism: HostAttention) -> HostAttentionCost:
+        """The fitted cost, else the bytes at the mechanism's rate: zero-copy reads at the
+        UVA gather's, one launch a layer; the CPU at its read rate, two small copies a layer."""
+        fitted = self.host_attention.get(mechanism)
+        if fitted is not None:
+            return fitted
+        if mechanism is HostAttention.ZERO_COPY:
+            gather = self.h2d[CopyMechanism.KERNEL_GATHER]
+            return HostAttentionCost(gather.beta_s, 1 / gather.alpha_s_per_byte)
+        return HostAttentionCost(2 * self.d2h[CopyMechanism.BULK].beta_s,
+                                 CPU_ATTENTION_BYTES_PER_S)
 
     def roofline_s(self, flops: float, num_bytes: float) -> float:
         return max(flops / self.bf16_flops, num_bytes / self.hbm_bytes_per_s)
@@ -77,6 +116,9 @@ def _h200() -> HardwareProfile:
         # NVLink 4 (H200 SXM): the datasheet's rate each way times NCCL's typical ring
         # efficiency. Not measured here (no multi-GPU machine was lent).
         allreduce_bytes_per_s=360e9, allreduce_latency_s=10e-6, measured=True,
+        # Fit from the host-resident runs: results/calibration/host_rows_h200.json.
+        host_attention={HostAttention.CPU_ROUND_TRIP: HostAttentionCost(1.154e-3, 35e9),
+                        HostAttention.ZERO_COPY: HostAttentionCost(0.278e-3, 56.13e9)},
     )
 
 

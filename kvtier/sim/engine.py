@@ -25,7 +25,7 @@ __all__ = ["build_sim_engine", "ordinary_token"]
 
 def build_sim_engine(
     engine_args: EngineArgs,
-    hardware: str = "h200",
+    hardware: str | HardwareProfile = "h200",
     calibration: str | Path | Calibration | None = None,
     num_gpus: int | None = None,
     output_lens: Mapping[str, int] | None = None,
@@ -40,7 +40,8 @@ def build_sim_engine(
     args' tensor_parallel_size; the sharding is the runner's, kvtier/distributed/sharding.py)."""
     num_gpus = _num_gpus(engine_args, num_gpus)
     calib = Calibration.load(calibration) if isinstance(calibration, (str, Path)) else calibration
-    factory = SimFactory(get_hardware(hardware), calib, num_gpus,
+    hw = hardware if isinstance(hardware, HardwareProfile) else get_hardware(hardware)
+    factory = SimFactory(hw, calib, num_gpus,
                          clock if clock is not None else VirtualClock(), output_lens,
                          record_steps, plan_for=planner_hardware)
     engine = LLMEngine.from_parts(assemble(engine_args, factory))

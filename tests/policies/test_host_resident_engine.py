@@ -6,6 +6,7 @@ still completes (by recompute); the simulator runs both and prices their host ro
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -19,6 +20,9 @@ from kvtier.sim.engine import build_sim_engine
 CAPPED = dict(model="tiny-llama", load_format="dummy", device="cpu", dtype="float32",
               num_gpu_blocks=16, num_host_blocks=64, max_model_len=256,
               max_num_batched_tokens=96, max_num_seqs=8)
+# The balances lifted: these tests force host placement to test the mechanism, and priced
+# as the H200 runs them no move would pay on tiny-llama (tests/policies/test_*balance.py).
+LIFTED = {"neo": {"neo_cpu_balance": 0.0}, "directkv": {"directkv_balance": 0.0}}
 PARAMS = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, detokenize=False)
 
 
@@ -29,7 +33,8 @@ def prompts(n: int = 8) -> list[list[int]]:
 
 def run(policy: str, **overrides) -> tuple[dict[str, list[int]], LLMEngine, int]:
     """Outputs by id, the engine, and the steps that had host rows; integrity every step."""
-    engine = LLMEngine.from_engine_args(EngineArgs(kv_policy=policy, **{**CAPPED, **overrides}))
+    engine = LLMEngine.from_engine_args(EngineArgs(
+        kv_policy=policy, **{**CAPPED, **LIFTED.get(policy, {}), **overrides}))
     for i, p in enumerate(prompts()):
         engine.add_request(f"r{i}", p, PARAMS)
     outputs: dict[str, list[int]] = {}
@@ -96,7 +101,8 @@ def test_a_host_pool_too_small_refuses_every_move_and_the_run_completes(policy, 
 @pytest.mark.parametrize("policy,kind", [("neo", "neo_cpu_rows"),
                                          ("directkv", "directkv_rows")])
 def test_the_simulator_runs_it_and_prices_its_host_rows(policy, kind):
-    args = EngineArgs(kv_policy=policy, **{**CAPPED, "device": "auto", "dtype": "auto"})
+    args = EngineArgs(kv_policy=policy, **{**CAPPED, **LIFTED[policy], "device": "auto",
+                                           "dtype": "auto"})
     engine = build_sim_engine(args, "h200", record_steps=True)
     for i, p in enumerate(prompts()):
         engine.add_request(f"r{i}", p, PARAMS)
@@ -124,6 +130,9 @@ def test_the_simulator_makes_the_real_engines_decisions(policy, monkeypatch):
         return decision(plan)
 
     monkeypatch.setattr(eq, "decision", with_moves)
+    base_args = eq.args
+    monkeypatch.setattr(eq, "args", lambda p, h: dataclasses.replace(base_args(p, h),
+                                                                     **LIFTED.get(p, {})))
     moves.append([])
     jobs, real_plans, real_out, _ = eq.real_run(policy, 64, 0)
     real_moves = moves[-1][-len(real_plans):]  # the reference pass's (real_run runs two)

@@ -19,13 +19,20 @@ from tests.policies.test_host_resident_engine import run
 P = SamplingParams(max_tokens=16)
 
 
-def balance(factor: float = 1.0) -> CpuBalance:
+def balance(factor: float = 1.0, fitted: bool = False) -> CpuBalance:
+    """The rule over the H200 profile; without its fitted host-row costs (`fitted` False)
+    the CPU side is priced by its bytes alone, which these tests of the rule's sums use."""
+    import dataclasses
+
     from kvtier.costmodel.hardware import get_hardware
     from kvtier.costmodel.model import CostModel, CostModelConfig
     from kvtier.model.loader import resolve_model_config
 
     mc, _ = resolve_model_config("llama-3.1-8b", "dummy")
-    cm = CostModel(mc, get_hardware("h200"), None, CostModelConfig(block_bytes=1 << 20))
+    hw = get_hardware("h200")
+    if not fitted:
+        hw = dataclasses.replace(hw, host_attention={})
+    cm = CostModel(mc, hw, None, CostModelConfig(block_bytes=1 << 20))
     return CpuBalance(cm, price_cpu_rows, factor)
 
 
@@ -46,6 +53,17 @@ def test_a_move_is_refused_when_the_cpu_side_would_set_the_step_time():
     assert not balance().mover([*running, long := decode("long", 8192)], set())(long)
     # 64 tokens are hidden under it.
     assert balance().mover([*running, short := decode("short", 64)], set())(short)
+
+
+def test_the_fitted_round_trip_is_hidden_only_under_a_long_step():
+    running = [decode(f"g{i}", 512) for i in range(4)]
+    # Priced as the H200 runs it, the CPU round trip's per-layer cost alone outlasts a
+    # 5-row decode step: even 64 tokens are refused...
+    assert not balance(fitted=True).mover([*running, short := decode("short", 64)],
+                                          set())(short)
+    # ...while a long prefill chunk on the GPU hides them.
+    busy = [*running, prefill("p", 8192), short]
+    assert balance(fitted=True).mover(busy, set())(short)
 
 
 def test_the_host_side_adds_up_and_the_gpu_work_raises_the_limit():

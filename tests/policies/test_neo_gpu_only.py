@@ -45,7 +45,8 @@ def gpu_only_wins(monkeypatch):
 def traced_run(**overrides) -> tuple[dict[str, list[int]], LLMEngine, list[tuple]]:
     """Outputs by id, the engine, and per step (host-running ids, scheduled ids, item
     kinds); integrity after every step."""
-    engine = LLMEngine.from_engine_args(EngineArgs(kv_policy="neo", **{**CAPPED, **overrides}))
+    engine = LLMEngine.from_engine_args(EngineArgs(
+        kv_policy="neo", **{**CAPPED, "neo_cpu_balance": 0.0, **overrides}))
     sched, trace = engine.scheduler, []
     schedule = sched.schedule
 

@@ -1,24 +1,34 @@
 """DirectKV (`--kv-policy directkv`): host-running requests (kvtier/policies/host_resident/)
 attend on the GPU over their KV where it lies, in pinned host memory, read through its UVA
 address (runner_side.py, host_attention.py); priced by the bytes the reads move over PCIe
-at the zero-copy kernel's rate."""
+at the zero-copy kernel's rate, plus the profile's per-layer cost of a step with host rows.
+A decode moves to the host only where that pays against recomputing it
+(`--directkv-balance`, kvtier/policies/host_resident/balance.py's cheaper_than_recompute)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
+from kvtier.config import ConfigError, EngineConfig, SystemOptions
 from kvtier.core.items import register_item
-from kvtier.costmodel.hardware import CopyMechanism
+from kvtier.core.request import Request
+from kvtier.costmodel.hardware import HostAttention
 from kvtier.policies.host_resident import (
     HostResidentArgs,
+    HostResidentOptions,
     HostResidentPolicy,
     HostResidentSystem,
     HostRows,
     kv_bytes_per_token,
     run_rows,
 )
+from kvtier.policies.host_resident.balance import HostBalance, cheaper_than_recompute
+from kvtier.policies.options import SystemArgs
 from kvtier.policies.registry import register_system
+
+if TYPE_CHECKING:
+    from kvtier.engine.assembly import AssemblyContext
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,20 +37,45 @@ class ZeroCopyRowsItem(HostRows):
 
 
 def price_zero_copy_rows(cost_model, num_context_tokens: int) -> float:
-    """Every context token's K and V of every layer crosses PCIe once a step, one kernel a
-    layer."""
-    gather = cost_model.hw.h2d[CopyMechanism.KERNEL_GATHER]
-    return gather.seconds(num_context_tokens * kv_bytes_per_token(cost_model),
-                          cost_model.mc.num_layers)
+    """Every context token's K and V of every layer crosses PCIe once a step; the profile
+    prices the per-layer cost of the host reads beside the bytes."""
+    cost = cost_model.hw.host_attention_cost(HostAttention.ZERO_COPY)
+    return cost.seconds(num_context_tokens * kv_bytes_per_token(cost_model),
+                        cost_model.mc.num_layers)
 
 
 @dataclass(frozen=True)
 class DirectKVArgs(HostResidentArgs):
     prefix = "directkv"
+    balance: float = field(
+        default=1.0, metadata={"help": "directkv: a decode moves to the host only while what "
+                                       "its host reads add to the steps it still runs stays "
+                                       "<= this times recomputing it (else the scheduler "
+                                       "preempts); 0: no limit"})
+
+
+@dataclass(frozen=True)
+class DirectKVOptions(HostResidentOptions):
+    balance: float = 1.0  # host_resident/balance.py's factor; 0: no limit
+    max_step_tokens: int = 8192  # the scheduler's token budget (the recompute's chunks)
+    rule: HostBalance | None = field(default=None, compare=False)  # set once priced
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.balance >= 0:
+            raise ConfigError(f"--directkv-balance must be >= 0, got {self.balance}")
 
 
 class DirectKVPolicy(HostResidentPolicy):
     rows_item = ZeroCopyRowsItem
+    options: DirectKVOptions
+
+    def __init__(self, options: SystemOptions):
+        super().__init__(options if isinstance(options, DirectKVOptions) else DirectKVOptions())
+
+    def mover(self, running: list[Request], host: set[str]):
+        rule = self.options.rule
+        return rule.mover(running, host) if rule is not None else None
 
 
 @register_system
@@ -48,6 +83,24 @@ class DirectKVSystem(HostResidentSystem):
     name = "directkv"
     policy = DirectKVPolicy
     args = DirectKVArgs
+
+    def options(self, args: SystemArgs, config: EngineConfig) -> DirectKVOptions:
+        assert isinstance(args, DirectKVArgs)
+        return DirectKVOptions(swap_in_fraction=args.swap_in_fraction,
+                               max_model_len=config.scheduler.max_model_len,
+                               balance=args.balance,
+                               max_step_tokens=config.scheduler.max_num_batched_tokens)
+
+    def after_pools(self, config: EngineConfig, ctx: AssemblyContext) -> EngineConfig:
+        """The balance priced by the simulator's cost model or the real engine's own."""
+        opts = config.policy_options
+        assert isinstance(opts, DirectKVOptions)
+        if opts.balance == 0:
+            return config
+        rule = HostBalance(self.pricing(config, ctx), price_zero_copy_rows, opts.balance,
+                           opts.max_step_tokens, opts.max_model_len,
+                           pays=cheaper_than_recompute)
+        return config.with_(policy_options=replace(opts, rule=rule))
 
     def make_source(self, runner: Any):
         from kvtier.policies.directkv.runner_side import DirectKVSource
@@ -57,4 +110,5 @@ class DirectKVSystem(HostResidentSystem):
 
 register_item(ZeroCopyRowsItem, run=run_rows, price=price_zero_copy_rows)
 
-__all__ = ["DirectKVArgs", "DirectKVPolicy", "DirectKVSystem", "ZeroCopyRowsItem"]
+__all__ = ["DirectKVArgs", "DirectKVOptions", "DirectKVPolicy", "DirectKVSystem",
+           "ZeroCopyRowsItem", "price_zero_copy_rows"]

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from kvtier.core.items import PlanItem
 from kvtier.core.plan import BlockCopy
+from kvtier.costmodel.hardware import CopyMechanism
 
 Table = tuple[tuple[int, ...], ...]  # block ids per layer group
 
@@ -56,13 +57,15 @@ class HostRows(PlanItem):
 
 
 def price_store(cost_model, num_blocks: int) -> float:
-    out, _ = cost_model.copy_costs()
-    return out.seconds(num_blocks * cost_model.config.block_bytes)
+    """The moves copy with the UVA page kernel (HostPageIO), not the swap path: priced at
+    the profile's kernel-gather rate, one launch a step."""
+    gather = cost_model.hw.d2h[CopyMechanism.KERNEL_GATHER]
+    return gather.seconds(num_blocks * cost_model.config.block_bytes)
 
 
 def price_load(cost_model, num_blocks: int) -> float:
-    _, inn = cost_model.copy_costs()
-    return inn.seconds(num_blocks * cost_model.config.block_bytes)
+    gather = cost_model.hw.h2d[CopyMechanism.KERNEL_GATHER]
+    return gather.seconds(num_blocks * cost_model.config.block_bytes)
 
 
 def kv_bytes_per_token(cost_model) -> int:

@@ -55,6 +55,28 @@ class HostResidentSystem(MemorySystem):
             return  # the simulator prices the host rows' items
         executor.attach_external_attention(self.make_source(executor))
 
+    def pricing(self, config: EngineConfig, ctx: AssemblyContext,
+                calibration: str | None = None) -> Any:
+        """The cost model a system's rules price with: the simulator's, else the real
+        engine's own (its calibration JSON, else the hardware profile's ceilings); over
+        `ctx.plan_for`'s profile alone where an experiment gives one (what a rule decides
+        when it prices steps otherwise than they run: a calibration fits the simulated GPU,
+        not those ceilings)."""
+        from kvtier.costmodel.model import CostModel
+
+        cm = ctx.cost_model
+        if cm is not None and ctx.plan_for is None:
+            return cm
+        if cm is not None:
+            return CostModel(cm.mc, ctx.plan_for, None, cm.config)
+        from kvtier.costmodel.calibration import Calibration
+        from kvtier.costmodel.hardware import get_hardware
+        from kvtier.policies.registry import system_cost_config
+
+        calib = Calibration.load(calibration) if calibration else None
+        return CostModel(config.model_config, ctx.plan_for or ctx.hw or get_hardware("h200"),
+                         calib, system_cost_config(config, ctx.block_bytes))
+
     def make_source(self, runner: Any) -> HostResidentSource:
         """The system's runner side (imported here: the rest of the package is torch-free)."""
         raise NotImplementedError

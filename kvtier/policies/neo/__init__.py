@@ -14,6 +14,7 @@ from kvtier.config import ConfigError, EngineConfig, SystemOptions
 from kvtier.core.items import PlanItem, register_item
 from kvtier.core.plan import ScheduledRequest
 from kvtier.core.request import Request
+from kvtier.costmodel.hardware import CPU_ATTENTION_BYTES_PER_S
 from kvtier.kv.manager import KVCacheManager
 from kvtier.policies.host_resident import (
     HostResidentArgs,
@@ -27,7 +28,6 @@ from kvtier.policies.neo.balance import CpuBalance
 from kvtier.policies.neo.modes import ModeChoice, forecast
 from kvtier.policies.neo.pipeline import PipelineMode, PipelineRule, step_shape
 from kvtier.policies.neo.steps import (
-    CPU_ATTENTION_BYTES_PER_S,
     CPU_ROWS_KIND,
     PipelinedCpuDecodes,
     SequentialCpuDecodes,
@@ -190,7 +190,8 @@ class NeoSystem(HostResidentSystem):
         auto = opts.pipeline is PipelineMode.AUTO
         if not auto and opts.cpu_balance == 0:
             return config
-        cm = ctx.cost_model if ctx.cost_model is not None else _cost_model(config, ctx)
+        assert isinstance(ctx.system_args, NeoArgs)
+        cm = self.pricing(config, ctx, ctx.system_args.calibration)
         rule = PipelineRule(cm, price_cpu_rows) if auto else None
         choice = ModeChoice(StepPrices(cm), rule) if rule is not None else None
         balance = CpuBalance(cm, price_cpu_rows, opts.cpu_balance, opts.max_step_tokens) \
@@ -208,19 +209,6 @@ class NeoSystem(HostResidentSystem):
 
         assert isinstance(runner.config.policy_options, NeoOptions)
         return NeoSource(runner, CpuRowsItem, runner.config.policy_options.cpu_threads)
-
-
-def _cost_model(config: EngineConfig, ctx: AssemblyContext):
-    from kvtier.costmodel.calibration import Calibration
-    from kvtier.costmodel.hardware import get_hardware
-    from kvtier.costmodel.model import CostModel
-    from kvtier.policies.registry import system_cost_config
-
-    args = ctx.system_args
-    assert isinstance(args, NeoArgs)
-    calib = Calibration.load(args.calibration) if args.calibration else None
-    return CostModel(config.model_config, ctx.hw or get_hardware("h200"), calib,
-                     system_cost_config(config, ctx.block_bytes))
 
 
 def _marks_only(runner, items) -> None:

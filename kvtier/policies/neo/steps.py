@@ -28,13 +28,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvtier.core.items import PlanItem
-from kvtier.costmodel.hardware import CopyMechanism
+from kvtier.costmodel.hardware import HostAttention
 from kvtier.costmodel.shape import StepShape
 from kvtier.policies.host_resident import kv_bytes_per_token
+from kvtier.policies.host_resident.balance import forward_s
 
-# KV bytes a second the CPU attention reads on the H200 host's 16 cores (torch's SDPA there;
-# shared/research/seed002_implementation_notes.md, NEO section).
-CPU_ATTENTION_BYTES_PER_S = 35e9
 LAUNCH_S = 0.8e-3  # NEO's lnch_T (NEO-MLSys25/NEO's predictor)
 CPU_ROWS_KIND = "neo_cpu_rows"  # CpuRowsItem's kind: its count is the rows' context tokens
 _GPU_FORWARD_PARTS = ("forward", "layers", "head", "attn_tail")  # by the cost model's path
@@ -67,16 +65,10 @@ class PipelinedCpuDecodes(SequentialCpuDecodes):
 
 def price_cpu_rows(cost_model, num_context_tokens: int) -> float:
     """The CPU reads every context token's K and V of every layer once a step; per layer
-    q/k/v go down and the output comes back (two small copies)."""
-    read = num_context_tokens * kv_bytes_per_token(cost_model) / CPU_ATTENTION_BYTES_PER_S
-    d2h = cost_model.hw.d2h[CopyMechanism.BULK]
-    return read + 2 * cost_model.mc.num_layers * d2h.beta_s
-
-
-def forward_s(cost_model: Any, shape: StepShape) -> float:
-    """The forward's seconds of a step of this shape (its GPU work, without sampling)."""
-    cost = cost_model.predict(shape)
-    return cost.parts.get("forward", cost.executor_s)
+    q/k/v go down and the output comes back, a round trip the profile prices per layer."""
+    cost = cost_model.hw.host_attention_cost(HostAttention.CPU_ROUND_TRIP)
+    return cost.seconds(num_context_tokens * kv_bytes_per_token(cost_model),
+                        cost_model.mc.num_layers)
 
 
 def batch0(shape: StepShape, num_rows: int, host_tokens: int) -> StepShape:

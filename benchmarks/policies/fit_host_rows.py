@@ -1,0 +1,197 @@
+"""What a step with host-resident decode rows costs on the H200, fit from the committed
+bench_host_resident runs (no GPU needed): per mechanism a fixed cost per layer, paid once a
+step however few host rows it has, and a rate for the rows' KV bytes.
+
+For every step with host rows the simulator's cost model (the model's H200 calibration)
+prices the same step without them: its decodes through the GPU (a CPU round trip's rows as
+decodes of context 1, as NEO's sequential price has them; zero-copy rows with their whole
+context, as DirectKV's step is priced). What the measured step took beyond that is the host
+rows' cost, fit as
+
+    extra = num_layers x layer_s + kv_bytes / bytes_per_s
+
+over the medians of steps of one shape (run, rows, scheduled requests), each weighted by its
+number of steps. Only a shape's decode-only steps count: those within twice its fastest
+(a step that also ran a prefill chunk, or compiled, takes far longer). A mechanism
+whose runs never vary the host tokens enough (NEO's ran one host row) keeps the profile's
+rate and fits only layer_s. NEO's pipelined steps are priced with the fit and reported as a
+check, not fit.
+
+  python -m benchmarks.policies.fit_host_rows --out results/calibration/host_rows_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common import write_result
+from kvtier.costmodel.hardware import HostAttention, HostAttentionCost, get_hardware
+from kvtier.costmodel.shape import StepShape
+
+# (result file, calibration of its model): the runs the fit reads.
+SOURCES = (
+    ("results/policies/host_resident_h200.json", "results/calibration/calib_h200_llama-3.1-8b.json"),
+    ("results/policies/host_resident_gpu_only_h200.json",
+     "results/calibration/calib_h200_llama-3.1-8b.json"),
+    ("results/policies/host_resident_13b_h200.json",
+     "results/calibration/calib_h200_llama-2-13b.json"),
+)
+MECHANISM_OF = {"neo:off": HostAttention.CPU_ROUND_TRIP, "directkv": HostAttention.ZERO_COPY}
+CHECKED = {"neo": HostAttention.CPU_ROUND_TRIP}  # priced with the fit, not fit
+MIN_TOKEN_SPREAD = 1.5  # the largest host tokens over the smallest, to fit a rate
+
+
+@dataclass(frozen=True)
+class StepGroup:
+    """The median step of one shape in one run, and the GPU part the cost model prices."""
+
+    source: str
+    policy: str
+    cap: float
+    rows: int
+    scheduled: int
+    num_steps: int
+    host_tokens: float
+    measured_s: float
+    gpu_s: float
+    num_layers: int
+    kv_bytes_per_token: int
+
+    @property
+    def kv_bytes(self) -> float:
+        return self.host_tokens * self.kv_bytes_per_token
+
+
+def cost_model_of(result: dict[str, Any], calibration: str):
+    """The simulator's cost model for the run's model and batch (the bench's engine args)."""
+    from kvtier.engine.args import EngineArgs
+    from kvtier.sim import build_sim_engine
+
+    prompt, output = result["prompt"], result["output"]
+    engine = build_sim_engine(EngineArgs(
+        model=result["model"], load_format="dummy", kv_policy="recompute",
+        num_gpu_blocks=16384, max_model_len=prompt + output, max_num_seqs=32,
+        max_num_batched_tokens=max(2048, prompt)), "h200", calibration)
+    return engine.executor.cost_model
+
+
+def gpu_seconds(cm, scheduled: int, rows: int, host_tokens: float,
+                mechanism: HostAttention) -> float:
+    """The step's forward without the host rows' attention (all decodes, one context each
+    as long as the host rows' mean: the batch's requests run in step)."""
+    ctx = max(1, round(host_tokens / rows))
+    host_ctx = 1 if mechanism is HostAttention.CPU_ROUND_TRIP else ctx
+    shape = StepShape(num_decodes=scheduled, decode_ctx_sum=(scheduled - rows) * ctx
+                      + rows * host_ctx, decode_ctx_max=ctx, num_sampled=scheduled)
+    return cm.predict(shape).executor_s
+
+
+def groups_of(path: str, calibration: str, policies: dict[str, HostAttention]) -> list[StepGroup]:
+    with open(path) as f:
+        result = json.load(f)
+    cm = cost_model_of(result, calibration)
+    per_request = result["prompt"] + result["output"]
+    out = []
+    for run in result["policies"]:
+        mechanism = policies.get(run["policy"])
+        if mechanism is None or "steps" not in run:
+            continue
+        host_steps = [s for s in run["steps"] if s["host_context_tokens"]][2:]  # compiles
+        by_shape: dict[tuple[int, int], list[dict[str, Any]]] = {}
+        for s in host_steps:
+            rows = math.ceil(s["host_context_tokens"] / per_request)
+            by_shape.setdefault((rows, s["num_scheduled"]), []).append(s)
+        for (rows, scheduled), steps in sorted(by_shape.items()):
+            fastest = min(s["step_s"] for s in steps)
+            kept = [s for s in steps if s["step_s"] <= 2 * fastest]
+            if len(kept) < 3:
+                continue
+            tokens = statistics.fmean(s["host_context_tokens"] for s in kept)
+            out.append(StepGroup(
+                path, run["policy"], run["cap"], rows, scheduled, len(kept), tokens,
+                statistics.median(s["step_s"] for s in kept),
+                gpu_seconds(cm, scheduled, rows, tokens, mechanism), cm.mc.num_layers,
+                cm.mc.kv_bytes_per_token(2)))
+    return out
+
+
+def fit(groups: list[StepGroup], mechanism: HostAttention) -> tuple[HostAttentionCost, bool]:
+    """Least squares of the extra over (layers, bytes); the rate held at the profile's when
+    the host tokens hardly vary. Returns the cost and whether the rate was fit."""
+    extra = np.array([g.measured_s - g.gpu_s for g in groups])
+    layers = np.array([g.num_layers for g in groups], dtype=float)
+    nbytes = np.array([g.kv_bytes for g in groups])
+    w = np.sqrt([g.num_steps for g in groups])  # least squares weighted by steps
+    if nbytes.max() >= MIN_TOKEN_SPREAD * nbytes.min():
+        (layer_s, s_per_byte), *_ = np.linalg.lstsq(np.stack([layers, nbytes], 1) * w[:, None],
+                                                    extra * w, rcond=None)
+        if s_per_byte > 0:
+            return HostAttentionCost(float(layer_s), float(1 / s_per_byte)), True
+    rate = get_hardware("h200").host_attention_cost(mechanism).bytes_per_s
+    layer_s = float(np.average((extra - nbytes / rate) / layers, weights=w * w))
+    return HostAttentionCost(layer_s, rate), False
+
+
+def residuals(groups: list[StepGroup], cost: HostAttentionCost) -> list[dict[str, Any]]:
+    rows = []
+    for g in groups:
+        priced = g.gpu_s + cost.seconds(g.kv_bytes, g.num_layers)
+        rows.append({"source": g.source, "policy": g.policy, "cap": g.cap, "host_rows": g.rows,
+                     "num_scheduled": g.scheduled, "num_steps": g.num_steps,
+                     "host_tokens": round(g.host_tokens), "measured_ms": 1e3 * g.measured_s,
+                     "gpu_ms": 1e3 * g.gpu_s, "priced_ms": 1e3 * priced,
+                     "residual_ms": 1e3 * (g.measured_s - priced)})
+    return rows
+
+
+def rms_ms(rows: list[dict[str, Any]], by_step: bool = False) -> float:
+    """Root mean square of the shapes' residuals (each shape once, or weighted by steps)."""
+    if not rows:
+        return 0.0
+    w = [r["num_steps"] if by_step else 1 for r in rows]
+    return math.sqrt(sum(wi * r["residual_ms"] ** 2 for wi, r in zip(w, rows)) / sum(w))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--out", default=None, help="result JSON")
+    args = p.parse_args(argv)
+    groups = [g for path, calib in SOURCES for g in groups_of(path, calib, MECHANISM_OF)]
+    checks = [g for path, calib in SOURCES for g in groups_of(path, calib, CHECKED)]
+    mechanisms: dict[str, Any] = {}
+    for mechanism in HostAttention:
+        mine = [g for g in groups if MECHANISM_OF[g.policy] is mechanism]
+        cost, rate_fit = fit(mine, mechanism)
+        rows = residuals(mine, cost)
+        mechanisms[mechanism.value] = {
+            "layer_s": cost.layer_s, "bytes_per_s": cost.bytes_per_s, "rate_fit": rate_fit,
+            "rms_residual_ms": rms_ms(rows), "rms_residual_ms_by_step": rms_ms(rows, True),
+            "groups": rows}
+        print(f"{mechanism.value:15s} layer {1e3 * cost.layer_s:.3f} ms  "
+              f"{cost.bytes_per_s / 1e9:.1f} GB/s ({'fit' if rate_fit else 'held'})  "
+              f"rms {rms_ms(rows):.1f} ms over {len(rows)} shapes "
+              f"({rms_ms(rows, True):.1f} by step)")
+        for r in rows:
+            print(f"    {r['policy']:9s} cap {r['cap']:.2f} rows {r['host_rows']} sched "
+                  f"{r['num_scheduled']:2d}: measured {r['measured_ms']:6.1f} priced "
+                  f"{r['priced_ms']:6.1f} ms (gpu {r['gpu_ms']:5.1f})")
+    cpu = HostAttentionCost(mechanisms["cpu_round_trip"]["layer_s"],
+                            mechanisms["cpu_round_trip"]["bytes_per_s"])
+    pipelined = residuals(checks, cpu)
+    for r in pipelined:  # priced as sequential: what pipelining should have saved
+        print(f"    check neo cap {r['cap']:.2f} rows {r['host_rows']}: measured "
+              f"{r['measured_ms']:6.1f}, sequential price {r['priced_ms']:6.1f} ms")
+    if args.out:
+        write_result(args.out, {"sources": [s for s, _ in SOURCES], "mechanisms": mechanisms,
+                                "pipelined_vs_sequential_price": pipelined})
+
+
+if __name__ == "__main__":
+    main()

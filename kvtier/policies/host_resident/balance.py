@@ -1,0 +1,141 @@
+"""A priced limit on the placement's moves (torch-free: the scheduler side decides, the
+simulator runs it too). When the device pool is short, the placement moves the newest
+device-resident decodes to the host (placement.py); the balance asks, candidate by
+candidate, whether the move pays by the system's own rule, and a move it refuses is not
+made: the pool stays short and the scheduler preempts as usual (recompute).
+
+The step's sums (StepSums) are what every rule prices from: the host rows' context tokens
+(the host-running decodes and the candidates moved so far), the device-resident decodes'
+contexts, and the running prefills' chunks within the token budget. Two rules:
+
+  * hidden_under_gpu (NEO, kvtier/policies/neo/balance.py): the host rows' attention runs
+    beside the GPU's work and must stay hidden under it,
+
+        T_host(host rows, the mover included) <= factor * T_gpu(step)
+
+  * cheaper_than_recompute (DirectKV, kvtier/policies/directkv/): the host rows' reads are
+    on the step's path, so every request of the batch waits for them. Hosting the mover
+    adds to every step it still runs, at most its remaining tokens R, what its host row
+    adds to the step (the per-layer fixed cost too, when it is the first host row); the
+    alternative, preempting it, costs the recompute of its context once:
+
+        R * (T_host(host rows + mover) - T_host(host rows)) <= factor * T_prefill(context)
+
+    R bounds the steps from above (the request may come back before its end), so the rule
+    errs towards preempting; a move refused costs at most one recompute, a move allowed
+    that does not pay slows the whole batch for as long as it stays.
+
+factor 0 lifts the limit (every overflowing decode moves).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvtier.core.request import Request
+from kvtier.costmodel.shape import StepShape
+
+RowsPrice = Callable[[Any, int], float]  # (cost model, host context tokens) -> seconds
+
+
+def forward_s(cost_model: Any, shape: StepShape) -> float:
+    """The forward's seconds of a step of this shape (its GPU work, without sampling)."""
+    cost = cost_model.predict(shape)
+    return cost.parts.get("forward", cost.executor_s)
+
+
+class StepSums:
+    """One step's rows as the balance prices them, updated as candidates move."""
+
+    def __init__(self, running: Sequence[Request], host: Collection[str],
+                 max_step_tokens: int):
+        self.host_rows = self.host_tokens = self.gpu_rows = self.gpu_ctx_sum = 0
+        self.gpu_ctx_max = 0
+        prefills = []
+        budget = max_step_tokens
+        for req in running:
+            remaining = req.num_tokens + req.num_pending_tokens - req.num_computed_tokens
+            if remaining > 1:  # a prefill: its chunk this step, within the token budget
+                n = min(remaining, budget)
+                if n > 0:
+                    prefills.append((n, req.num_computed_tokens))
+                    budget -= n
+                continue
+            ctx = req.num_computed_tokens + 1
+            if req.request_id in host:
+                self.host_rows, self.host_tokens = self.host_rows + 1, self.host_tokens + ctx
+            else:
+                self.gpu_rows, self.gpu_ctx_sum = self.gpu_rows + 1, self.gpu_ctx_sum + ctx
+                self.gpu_ctx_max = max(self.gpu_ctx_max, ctx)
+        self.prefills = tuple(prefills)
+
+    def move(self, ctx: int) -> None:
+        self.host_rows, self.host_tokens = self.host_rows + 1, self.host_tokens + ctx
+        self.gpu_rows, self.gpu_ctx_sum = self.gpu_rows - 1, self.gpu_ctx_sum - ctx
+
+    def gpu_s(self, cost_model: Any, moved_ctx: int) -> float:
+        """The step's GPU forward once a decode of context `moved_ctx` has moved: a host
+        row still runs the linear layers on the GPU (priced as a decode of context 1)."""
+        rows = self.host_rows + 1
+        shape = StepShape(num_decodes=self.gpu_rows - 1 + rows,
+                          decode_ctx_sum=max(0, self.gpu_ctx_sum - moved_ctx) + rows,
+                          decode_ctx_max=self.gpu_ctx_max, prefills=self.prefills)
+        return forward_s(cost_model, shape)
+
+
+@dataclass(frozen=True)
+class HostBalance:
+    """A system's limit on the moves: `pays(balance, sums, candidate)` is its rule."""
+
+    cost_model: Any  # kvtier.costmodel.CostModel
+    price_rows: RowsPrice  # the system's price of its host rows
+    factor: float = 1.0
+    max_step_tokens: int = 8192  # the scheduler's token budget caps a prefill's chunk
+    max_model_len: int = 0  # a request's last token (0: its prompt + max_tokens)
+    pays: Callable[[HostBalance, StepSums, Request], bool] = field(kw_only=True)
+
+    def mover(self, running: Sequence[Request], host: Collection[str]) -> Callable[[Request], bool]:
+        """A check for this step's candidates, taken in order: True (and counted on the
+        host side from then on) when the candidate may move."""
+        sums = StepSums(running, host, self.max_step_tokens)
+
+        def may_move(req: Request) -> bool:
+            if self.factor > 0 and not self.pays(self, sums, req):
+                return False
+            sums.move(req.num_computed_tokens + 1)
+            return True
+        return may_move
+
+    def remaining_steps(self, req: Request) -> int:
+        """Decode steps the request still runs (at most: it may come back sooner)."""
+        end = req.num_prompt_tokens + req.max_tokens
+        if self.max_model_len:
+            end = min(end, self.max_model_len)
+        return max(1, end - req.num_computed_tokens)
+
+    def recompute_s(self, ctx: int) -> float:
+        """Preempting instead: its context recomputed as prefill chunks within the budget."""
+        total, start, budget = 0.0, 0, max(1, self.max_step_tokens)
+        while start < ctx:
+            n = min(budget, ctx - start)
+            total += forward_s(self.cost_model, StepShape(prefills=((n, start),), num_sampled=1))
+            start += n
+        return total
+
+
+def hidden_under_gpu(balance: HostBalance, sums: StepSums, req: Request) -> bool:
+    """The host rows' attention, the mover's included, stays under the step's GPU work."""
+    ctx = req.num_computed_tokens + 1
+    host = balance.price_rows(balance.cost_model, sums.host_tokens + ctx)
+    return host <= balance.factor * sums.gpu_s(balance.cost_model, moved_ctx=ctx)
+
+
+def cheaper_than_recompute(balance: HostBalance, sums: StepSums, req: Request) -> bool:
+    """What the mover's host row adds to each step it still runs costs less than
+    recomputing its context once."""
+    ctx, cm = req.num_computed_tokens + 1, balance.cost_model
+    before = balance.price_rows(cm, sums.host_tokens) if sums.host_tokens else 0.0
+    added = balance.price_rows(cm, sums.host_tokens + ctx) - before
+    return balance.remaining_steps(req) * added <= balance.factor * balance.recompute_s(ctx)
