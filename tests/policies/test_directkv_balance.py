@@ -90,7 +90,7 @@ def test_the_default_balance_refuses_every_move_and_the_outputs_equal_gpu_only()
     gpu_only, _, _ = run("recompute", num_gpu_blocks=256)
     outputs, engine, host_steps = run("directkv", directkv_balance=1.0)
     placement = engine.scheduler.policy
-    assert placement.options.rule is not None
+    assert placement.options.balance_rule is not None
     assert placement.num_refused_by_system > 0 and placement.num_moved_out == 0
     assert host_steps == 0 and engine.get_stats().num_preemptions_total > 0
     assert outputs == gpu_only
@@ -100,7 +100,7 @@ def test_balance_zero_lifts_the_limit():
     gpu_only, _, _ = run("recompute", num_gpu_blocks=256)
     outputs, engine, host_steps = run("directkv", directkv_balance=0.0)
     placement = engine.scheduler.policy
-    assert placement.options.rule is None and placement.num_refused_by_system == 0
+    assert placement.options.balance_rule is None and placement.num_refused_by_system == 0
     assert placement.num_moved_out > 0 and host_steps > 5
     assert outputs == gpu_only
 

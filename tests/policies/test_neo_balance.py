@@ -101,7 +101,7 @@ def test_balance_zero_lifts_the_limit():
     gpu_only, _, _ = run("recompute", num_gpu_blocks=256)
     outputs, engine, host_steps = run("neo", neo_cpu_balance=0.0)
     placement = engine.scheduler.policy
-    assert placement.options.balance is None and placement.num_refused_by_system == 0
+    assert placement.options.balance_rule is None and placement.num_refused_by_system == 0
     assert placement.num_moved_out > 0 and host_steps > 5
     assert outputs == gpu_only
 

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from kvtier.config import ConfigError, EngineConfig, SystemOptions
 from kvtier.core.items import register_item
-from kvtier.core.request import Request
 from kvtier.costmodel.hardware import HostAttention
 from kvtier.policies.host_resident import (
     HostResidentArgs,
@@ -57,8 +56,6 @@ class DirectKVArgs(HostResidentArgs):
 @dataclass(frozen=True)
 class DirectKVOptions(HostResidentOptions):
     balance: float = 1.0  # host_resident/balance.py's factor; 0: no limit
-    max_step_tokens: int = 8192  # the scheduler's token budget (the recompute's chunks)
-    rule: HostBalance | None = field(default=None, compare=False)  # set once priced
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -73,10 +70,6 @@ class DirectKVPolicy(HostResidentPolicy):
     def __init__(self, options: SystemOptions):
         super().__init__(options if isinstance(options, DirectKVOptions) else DirectKVOptions())
 
-    def mover(self, running: list[Request], host: set[str]):
-        rule = self.options.rule
-        return rule.mover(running, host) if rule is not None else None
-
 
 @register_system
 class DirectKVSystem(HostResidentSystem):
@@ -86,10 +79,7 @@ class DirectKVSystem(HostResidentSystem):
 
     def options(self, args: SystemArgs, config: EngineConfig) -> DirectKVOptions:
         assert isinstance(args, DirectKVArgs)
-        return DirectKVOptions(swap_in_fraction=args.swap_in_fraction,
-                               max_model_len=config.scheduler.max_model_len,
-                               balance=args.balance,
-                               max_step_tokens=config.scheduler.max_num_batched_tokens)
+        return DirectKVOptions(**self.shared_options(args, config), balance=args.balance)
 
     def after_pools(self, config: EngineConfig, ctx: AssemblyContext) -> EngineConfig:
         """The balance priced by the simulator's cost model or the real engine's own."""
@@ -100,7 +90,7 @@ class DirectKVSystem(HostResidentSystem):
         rule = HostBalance(self.pricing(config, ctx), price_zero_copy_rows, opts.balance,
                            opts.max_step_tokens, opts.max_model_len,
                            pays=cheaper_than_recompute)
-        return config.with_(policy_options=replace(opts, rule=rule))
+        return config.with_(policy_options=replace(opts, balance_rule=rule))
 
     def make_source(self, runner: Any):
         from kvtier.policies.directkv.runner_side import DirectKVSource

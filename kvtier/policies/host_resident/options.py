@@ -3,9 +3,13 @@ memory: when requests move there and when they come back."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvtier.config import ConfigError, SystemOptions
+
+if TYPE_CHECKING:
+    from kvtier.policies.host_resident.balance import HostBalance
 
 
 @dataclass(frozen=True)
@@ -15,6 +19,10 @@ class HostResidentOptions(SystemOptions):
     swap_in_fraction: float = 0.95
     # A request's host room is reserved for its whole life: prompt + max_tokens, at most this.
     max_model_len: int = 0
+    # The scheduler's token budget: the prefill chunks a balance rule prices beside the rows.
+    max_step_tokens: int = 8192
+    # The system's priced limit on the moves (balance.py), set once a cost model is built.
+    balance_rule: HostBalance | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.swap_in_fraction <= 1.0:

@@ -89,7 +89,8 @@ class HostResidentPolicy(KVPolicy):
     def mover(self, running: list[Request], host: set[str]) -> Callable[[Request], bool] | None:
         """A system's own limit on this step's moves (candidates in order, newest first;
         True: it may move), or None: only the host room limits them."""
-        return None
+        rule = self.options.balance_rule
+        return rule.mover(running, host) if rule is not None else None
 
     def _blocks_short(self, running: list[Request], kv: KVCacheManager) -> int:
         """Device blocks this step's device-resident decodes need beyond the free ones

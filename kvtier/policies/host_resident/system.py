@@ -34,8 +34,14 @@ class HostResidentSystem(MemorySystem):
 
     def options(self, args: SystemArgs, config: EngineConfig) -> HostResidentOptions:
         assert isinstance(args, HostResidentArgs)
-        return HostResidentOptions(swap_in_fraction=args.swap_in_fraction,
-                                   max_model_len=config.scheduler.max_model_len)
+        return HostResidentOptions(**self.shared_options(args, config))
+
+    @staticmethod
+    def shared_options(args: HostResidentArgs, config: EngineConfig) -> dict[str, Any]:
+        """The HostResidentOptions fields every system fills alike."""
+        return {"swap_in_fraction": args.swap_in_fraction,
+                "max_model_len": config.scheduler.max_model_len,
+                "max_step_tokens": config.scheduler.max_num_batched_tokens}
 
     def check_unused_flags(self, args: SystemArgs) -> None:
         changed = [f.name for f in fields(args) if getattr(args, f.name) != f.default]

@@ -79,8 +79,6 @@ class NeoOptions(HostResidentOptions):
     pipeline: PipelineMode = PipelineMode.AUTO
     rule: PipelineRule | None = field(default=None, compare=False)  # set once priced
     cpu_balance: float = 1.0  # neo/balance.py's factor; 0: no limit
-    max_step_tokens: int = 8192  # the scheduler's token budget (the balance's prefill chunks)
-    balance: CpuBalance | None = field(default=None, compare=False)  # set once priced
     max_skipped_steps: int = 4  # a CPU decode sits out at most this many steps in a row
     choice: ModeChoice | None = field(default=None, compare=False)  # set once priced
 
@@ -133,10 +131,6 @@ class NeoPolicy(HostResidentPolicy):
         self.num_gpu_only_steps += 1
         return sum(r.request_id in host for r in running)
 
-    def mover(self, running: list[Request], host: set[str]):
-        balance = self.options.balance
-        return balance.mover(running, host) if balance is not None else None
-
     def take_items(self, scheduled: list[ScheduledRequest]) -> list[PlanItem]:
         items = super().take_items(scheduled)
         if not items or not isinstance(items[-1], CpuRowsItem):
@@ -175,12 +169,9 @@ class NeoSystem(HostResidentSystem):
             mode = PipelineMode(args.pipeline)
         except ValueError:
             raise ConfigError(f"--neo-pipeline: auto, on or off, not {args.pipeline!r}") from None
-        return NeoOptions(swap_in_fraction=args.swap_in_fraction,
-                          max_model_len=config.scheduler.max_model_len,
-                          cpu_threads=args.cpu_threads, pipeline=mode,
-                          cpu_balance=args.cpu_balance,
-                          max_skipped_steps=args.max_skipped_steps,
-                          max_step_tokens=config.scheduler.max_num_batched_tokens)
+        return NeoOptions(**self.shared_options(args, config), cpu_threads=args.cpu_threads,
+                          pipeline=mode, cpu_balance=args.cpu_balance,
+                          max_skipped_steps=args.max_skipped_steps)
 
     def after_pools(self, config: EngineConfig, ctx: AssemblyContext) -> EngineConfig:
         """NEO's rules (pipelining, balance) priced by the simulator's cost model, or the
@@ -196,7 +187,7 @@ class NeoSystem(HostResidentSystem):
         choice = ModeChoice(StepPrices(cm), rule) if rule is not None else None
         balance = CpuBalance(cm, price_cpu_rows, opts.cpu_balance, opts.max_step_tokens) \
             if opts.cpu_balance > 0 else None
-        return config.with_(policy_options=replace(opts, rule=rule, balance=balance,
+        return config.with_(policy_options=replace(opts, rule=rule, balance_rule=balance,
                                                    choice=choice))
 
     def check(self, config: EngineConfig) -> None:
