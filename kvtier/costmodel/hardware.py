@@ -126,21 +126,17 @@ def _a100_80gb_pcie() -> HardwareProfile:
     # Datasheet values (HBM2e, dense bf16, SMs); copies at PCIe Gen4 x16's effective rate for
     # pinned memory. Per-page cost as on the H200 (a driver cost, not a link one).
     pcie = 25e9
-    copies = {
-        CopyMechanism.BULK: CopyCost(1 / pcie, 10e-6),
-        CopyMechanism.MEMCPY_PER_PAGE: CopyCost(1 / pcie, 7.4e-6),
-        CopyMechanism.KERNEL_GATHER: CopyCost(1 / (0.9 * pcie), 5e-6),
-    }
     return HardwareProfile(
         name="a100-80gb-pcie", memory_bytes=int(79.25 * GiB), hbm_bytes_per_s=1.935e12,
-        bf16_flops=312e12, num_sms=108, h2d=copies, d2h=dict(copies),
+        bf16_flops=312e12, num_sms=108, h2d=_pcie_copies(pcie), d2h=_pcie_copies(pcie),
         # PCIe cards without NVLink bridges all-reduce through the host link.
         allreduce_bytes_per_s=0.8 * pcie, allreduce_latency_s=20e-6, measured=False,
     )
 
 
 def _pcie_copies(link_bytes_per_s: float) -> dict[CopyMechanism, CopyCost]:
-    # A datasheet link's copies, priced as the A100 profile's: per-page cost a driver cost.
+    # A datasheet link's copies: the per-page and per-launch costs are the driver's and the
+    # kernel's, as measured on the H200, the byte rates the link's.
     return {
         CopyMechanism.BULK: CopyCost(1 / link_bytes_per_s, 10e-6),
         CopyMechanism.MEMCPY_PER_PAGE: CopyCost(1 / link_bytes_per_s, 7.4e-6),
