@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(sub)
     add_bench_parser(sub)
     add_profile_parser(sub)
-    demo = sub.add_parser("demo", help="`make run`: recompute vs swap vs ellm on CPU, tiny model")
+    demo = sub.add_parser("demo", help="`make run`: the memory systems compared on CPU, tiny "
+                                       "model (kvtier.bench.cli.demo_argv)")
     demo.set_defaults(func=_run_demo)
     return parser
 

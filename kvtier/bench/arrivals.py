@@ -10,8 +10,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-# The eLLM paper's Azure LLM trace (DynamoLLM's): mean and std of its first 3000 gaps.
-# The paper halves the gaps for ShareGPT (short prompts) and doubles them for L-Eval.
+# The Azure LLM inference trace (conversation, 2023; DynamoLLM's): mean and std of its first
+# 3000 gaps, the seed paper's setting, which halves the gaps for ShareGPT (short prompts)
+# and doubles them for L-Eval.
 PAPER_AZURE_MEAN_GAP_S = 0.02215
 PAPER_AZURE_STD_GAP_S = 0.03749
 PAPER_AZURE_CV = PAPER_AZURE_STD_GAP_S / PAPER_AZURE_MEAN_GAP_S
@@ -69,7 +70,7 @@ class ArrivalSpec:
 
 
 def paper_azure_gamma(workload: str, scale: float = 1.0) -> ArrivalSpec:
-    """The eLLM paper's arrivals for `workload`, `scale` times as fast."""
+    """The paper-gamma arrivals for `workload`, `scale` times as fast."""
     mean_gap = PAPER_AZURE_MEAN_GAP_S * PAPER_GAP_FACTOR.get(workload, 1.0) / scale
     return ArrivalSpec(ArrivalKind.GAMMA, rate=1.0 / mean_gap, cv=PAPER_AZURE_CV)
 

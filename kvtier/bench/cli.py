@@ -90,7 +90,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
 
 def _add_arrival_args(a: argparse._ArgumentGroup) -> None:
     a.add_argument("--arrivals", choices=ARRIVALS, default="offline",
-                   help="paper-gamma: the eLLM paper's Azure-trace gaps (mean 22.15 ms, CV 1.69), "
+                   help="paper-gamma: the Azure trace's gaps (mean 22.15 ms, CV 1.69), "
                    "halved for ShareGPT, doubled for L-Eval; trace: the gaps of --trace-path")
     a.add_argument("--rate", type=float, default=None, help="poisson/gamma: requests per second")
     a.add_argument("--cv", type=float, default=PAPER_AZURE_CV, help="gamma: CV of the gaps")
@@ -330,15 +330,19 @@ def _describe(workload: Workload) -> str:
             f"{arrivals}")
 
 
-# `make run`: tiny model on CPU, a KV pool small enough that requests get preempted.
-DEMO_ARGV = [
-    "--model", "tiny-llama", "--load-format", "dummy", "--device", "cpu",
-    "--policies", "recompute,swap,ellm", "--workload", "sharegpt", "--num-prompts", "60",
-    "--max-prompt-len", "192", "--max-total-len", "384", "--max-model-len", "384",
-    "--arrivals", "gamma", "--rate", "12", "--cv", f"{PAPER_AZURE_CV:.4f}",
-    "--num-gpu-blocks", "36", "--num-host-blocks", "512", "--slo-ttft", "1000", "--slo-tpot", "50",
-    "--out", "runs/demo",
-]
+def demo_argv() -> list[str]:
+    """`make run`: tiny model on CPU, a KV pool small enough that requests get preempted;
+    the systems that mark themselves for the demo (`MemorySystem.demo_order`)."""
+    from kvtier.policies import demo_policies
+
+    return [
+        "--model", "tiny-llama", "--load-format", "dummy", "--device", "cpu",
+        "--policies", ",".join(demo_policies()), "--workload", "sharegpt",
+        "--num-prompts", "60", "--max-prompt-len", "192", "--max-total-len", "384",
+        "--max-model-len", "384", "--arrivals", "gamma", "--rate", "12",
+        "--cv", f"{PAPER_AZURE_CV:.4f}", "--num-gpu-blocks", "36", "--num-host-blocks", "512",
+        "--slo-ttft", "1000", "--slo-tpot", "50", "--out", "runs/demo",
+    ]
 
 
 def _single_thread_torch() -> None:
@@ -353,12 +357,14 @@ def _single_thread_torch() -> None:
 
 
 def demo_main(argv: list[str] | None = None) -> int:
-    """The default comparison: recompute vs swap on ShareGPT with Azure-like gamma arrivals."""
+    """The default comparison (demo_argv's systems) on ShareGPT with Azure-like gamma
+    arrivals."""
     logging.basicConfig(level=logging.WARNING)
     _single_thread_torch()
     parser = argparse.ArgumentParser(prog="kvtier demo")
     sub = parser.add_subparsers()
     add_bench_parser(sub)
-    args = parser.parse_args(["bench", *DEMO_ARGV, *(argv or [])])
-    args.command_line = shlex.join(["kvtier", "bench", *DEMO_ARGV, *(argv or [])])
+    demo = demo_argv()
+    args = parser.parse_args(["bench", *demo, *(argv or [])])
+    args.command_line = shlex.join(["kvtier", "bench", *demo, *(argv or [])])
     return run_bench(args)

@@ -2,8 +2,8 @@
 
 The H200 figures are the reference machine's measurements (`shared/hw/h200_probe_2026-11-30`,
 copied here so the cost model has no run-time dependency on that folder); the A100 figures
-are datasheet values for the eLLM paper's setting (A100 80GB PCIe), and the T4, A10G and
-H100 SXM ones for NEO's (its T4 / A10G / H100 evaluation); none of those has been measured by us.
+and the T4, A10G and H100 SXM ones are datasheet values for the GPUs the seed papers
+evaluated on (docs/RESULTS.md says which); none of those has been measured by us.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ class HostAttentionCost:
         return num_layers * self.layer_s + num_bytes / self.bytes_per_s
 
 
-# KV bytes a second the CPU attention reads on the H200 host's 16 cores (torch's SDPA there;
-# shared/research/seed002_implementation_notes.md, NEO section); every profile's host side.
+# KV bytes a second a CPU decode attention reads on the H200 host's 16 cores (torch's SDPA
+# there; shared/research/seed002_implementation_notes.md); every profile's host side.
 CPU_ATTENTION_BYTES_PER_S = 35e9
 
 

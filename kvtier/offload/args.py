@@ -30,7 +30,7 @@ from kvtier.kv.host_tier import HostTierConfig, WritePolicy
 
 GiB = 2**30
 DEFAULT_RATIO = 2.0  # SGLang's --hicache-ratio default
-# Strata's loading_bound in spirit (balanced batches): a step loads at most this many
+# A loading bound (balanced batches, docs/HOST_TIER.md): a step loads at most this many
 # times the tokens it computes (SGLang's hybrid admission caps load/compute at 4.0).
 # The simulator's sweep finds no better value (a deferred load costs the same a step later):
 # results/policies/strata_loading_bound_sim_h200.json

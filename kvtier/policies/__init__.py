@@ -10,6 +10,7 @@ from kvtier.policies import recompute as _recompute  # noqa: F401
 from kvtier.policies import swap as _swap  # noqa: F401
 from kvtier.policies.base import KVPolicy, MemorySystem, Preemption
 from kvtier.policies.registry import (
+    demo_policies,
     get_policy,
     get_system,
     policy_names,
@@ -18,5 +19,5 @@ from kvtier.policies.registry import (
     unregister_system,
 )
 
-__all__ = ["KVPolicy", "MemorySystem", "Preemption", "get_policy", "get_system",
+__all__ = ["KVPolicy", "MemorySystem", "Preemption", "demo_policies", "get_policy", "get_system",
            "policy_names", "register_system", "system_cost_config", "unregister_system"]

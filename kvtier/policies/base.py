@@ -147,6 +147,8 @@ class MemorySystem:
     name: ClassVar[str] = ""
     policy: ClassVar[type[KVPolicy]]
     args: ClassVar[type[SystemArgs]] = NoArgs
+    # Its place in `make run`'s comparison (kvtier demo), lowest first; None: not shown.
+    demo_order: ClassVar[int | None] = None
 
     def options(self, args: SystemArgs, config: EngineConfig) -> SystemOptions:
         return SystemOptions()

@@ -46,6 +46,12 @@ def policy_names() -> list[str]:
     return sorted(_SYSTEMS)
 
 
+def demo_policies() -> list[str]:
+    """The systems `make run` compares, in their `demo_order`."""
+    shown = [(s.demo_order, name) for name, s in _SYSTEMS.items() if s.demo_order is not None]
+    return [name for _, name in sorted(shown)]
+
+
 def system_args() -> dict[str, type[SystemArgs]]:
     """Each registered system's flags class, by system name."""
     return {name: system.args for name, system in sorted(_SYSTEMS.items())}

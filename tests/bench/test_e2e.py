@@ -60,7 +60,7 @@ def test_bench_recompute_vs_swap(tmp_path, one_thread, capsys):
 
 def test_demo_runs_and_saves_workload(tmp_path, capsys):
     """`make run`'s entry point, shortened (the full demo: 60 prompts, 20 s to 2 min on 2 cores)."""
-    from kvtier.bench.cli import DEMO_ARGV, demo_main
+    from kvtier.bench.cli import demo_argv, demo_main
 
     n = torch.get_num_threads()
     try:
@@ -72,7 +72,7 @@ def test_demo_runs_and_saves_workload(tmp_path, capsys):
     doc = json.loads((tmp_path / "demo" / "result.json").read_text())
     assert list(doc["policies"]) == ["recompute", "swap", "ellm"]
     assert doc["workload"]["spec"]["arrivals"]["kind"] == "gamma"
-    assert doc["command"].startswith("kvtier bench " + " ".join(DEMO_ARGV[:2]))
+    assert doc["command"].startswith("kvtier bench " + " ".join(demo_argv()[:2]))
     saved = json.loads((tmp_path / "w.json").read_text())
     assert len(saved["requests"]) == 6 and saved["spec"]["dataset"] == "sharegpt"
 

@@ -30,6 +30,7 @@ class EllmSystem(MemorySystem):
     name = "ellm"
     policy = EllmPolicy
     args = EllmArgs
+    demo_order = 2
 
     def options(self, args, config: EngineConfig) -> EllmOptions:
         return resolve_options(args, config.model_config, config.cache, config.scheduler,

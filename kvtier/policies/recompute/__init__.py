@@ -9,6 +9,7 @@ from kvtier.policies.registry import register_system
 class RecomputeSystem(MemorySystem):
     name = "recompute"
     policy = RecomputePolicy
+    demo_order = 0  # the baseline
 
 
 __all__ = ["RecomputePolicy", "RecomputeSystem"]

@@ -9,6 +9,7 @@ from kvtier.policies.swap.policy import SwapPolicy
 class SwapSystem(MemorySystem):
     name = "swap"
     policy = SwapPolicy
+    demo_order = 1
 
 
 __all__ = ["SwapPolicy", "SwapSystem"]
