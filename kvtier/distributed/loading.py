@@ -17,7 +17,7 @@ from kvtier.distributed.layers import VocabParallelLlama
 from kvtier.distributed.parallel_state import TPGroup
 from kvtier.distributed.sharding import TPShard
 from kvtier.model.llama import DecoderLayer, LlamaForCausalLM
-from kvtier.model.loader import _DIRECT
+from kvtier.model.loader import _DIRECT, checkpoint_slices
 
 # A source tensor (or safetensors slice) -> this rank's part of it.
 Take = Callable[[Any], torch.Tensor]
@@ -131,26 +131,19 @@ def _hf_target(model: VocabParallelLlama, hf_name: str
 
 
 def load_sharded_safetensors(model: VocabParallelLlama, ckpt: Path) -> None:
-    from safetensors import safe_open
-
-    files = sorted(ckpt.glob("*.safetensors"))
-    if not files:
-        raise ConfigError(f"no *.safetensors files in {str(ckpt)!r}")
     filled: dict[int, int] = {}  # rows written, per parameter (q, k, v fill one in parts)
-    for f in files:
-        with safe_open(str(f), framework="pt", device="cpu") as st:
-            for name in st.keys():
-                target = _hf_target(model, name)
-                if target is None:
-                    continue
-                param, rows, take = target
-                part = take(st.get_slice(name))
-                dst = param.data[rows]
-                if dst.shape != part.shape:
-                    raise ConfigError(f"{name}: rank {model.shard.rank}'s part has shape "
-                                      f"{tuple(part.shape)}, expected {tuple(dst.shape)}")
-                dst.copy_(part)
-                filled[id(param)] = filled.get(id(param), 0) + dst.shape[0]
+    for name, lazy in checkpoint_slices(ckpt):
+        target = _hf_target(model, name)
+        if target is None:
+            continue
+        param, rows, take = target
+        part = take(lazy)
+        dst = param.data[rows]
+        if dst.shape != part.shape:
+            raise ConfigError(f"{name}: rank {model.shard.rank}'s part has shape "
+                              f"{tuple(part.shape)}, expected {tuple(dst.shape)}")
+        dst.copy_(part)
+        filled[id(param)] = filled.get(id(param), 0) + dst.shape[0]
     vocab_rows = {id(model.embed), id(model.lm_head)}
     missing = [n for n, p in model.named_parameters() if filled.get(id(p), 0)
                < (model.vocab_len if id(p) in vocab_rows else p.shape[0])]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -96,27 +98,34 @@ def _target(model: LlamaForCausalLM, hf_name: str) -> tuple[torch.Tensor, slice]
     raise ConfigError(f"unexpected tensor {hf_name!r} in checkpoint")
 
 
-def load_safetensors(model: LlamaForCausalLM, ckpt: Path) -> None:
+def checkpoint_slices(ckpt: Path) -> Iterator[tuple[str, Any]]:
+    """(HF tensor name, its lazy safetensors slice) of every tensor in the checkpoint's
+    *.safetensors files, file by file (a slice reads only the rows it is indexed with)."""
     from safetensors import safe_open
 
     files = sorted(ckpt.glob("*.safetensors"))
     if not files:
         raise ConfigError(f"no *.safetensors files in {str(ckpt)!r}")
-    expected = {id(p): n for n, p in model.named_parameters()}
-    rows_loaded: dict[int, int] = {}
     for f in files:
         with safe_open(str(f), framework="pt", device="cpu") as st:
             for name in st.keys():
-                target = _target(model, name)
-                if target is None:
-                    continue
-                param, rows = target
-                tensor = st.get_tensor(name)
-                dst = param.data[rows]
-                if dst.shape != tensor.shape:
-                    raise ConfigError(f"{name}: shape {tuple(tensor.shape)} != {tuple(dst.shape)}")
-                dst.copy_(tensor)
-                rows_loaded[id(param)] = rows_loaded.get(id(param), 0) + tensor.shape[0]
+                yield name, st.get_slice(name)
+
+
+def load_safetensors(model: LlamaForCausalLM, ckpt: Path) -> None:
+    expected = {id(p): n for n, p in model.named_parameters()}
+    rows_loaded: dict[int, int] = {}
+    for name, lazy in checkpoint_slices(ckpt):
+        target = _target(model, name)
+        if target is None:
+            continue
+        param, rows = target
+        tensor = lazy[:]
+        dst = param.data[rows]
+        if dst.shape != tensor.shape:
+            raise ConfigError(f"{name}: shape {tuple(tensor.shape)} != {tuple(dst.shape)}")
+        dst.copy_(tensor)
+        rows_loaded[id(param)] = rows_loaded.get(id(param), 0) + tensor.shape[0]
     missing = [n for i, n in expected.items() if rows_loaded.get(i, 0) == 0]
     if missing:
         raise ConfigError(f"checkpoint {str(ckpt)!r} lacks weights for: {', '.join(missing[:5])}")
