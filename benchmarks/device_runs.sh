@@ -167,10 +167,11 @@ part() {
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 580 python3 -m benchmarks.policies.bench_host_resident \
       --model llama-2-13b --requests 16 --caps 0.75 --policies neo,directkv,swap,recompute \
       --out "$(out policies host_resident_13b_h200.json)" 2>&1 | tail -6 ;;
-  host-resident-long)  # long contexts (DirectKV's case): 16 requests of 32,768 + 64 tokens, directkv, neo, swap, recompute at device pools of 1/2 and 3/4 of the batch
+  host-resident-long)  # long contexts (DirectKV's case): 8 requests of 32,768 + 128 tokens at a device pool of 0.8 of the batch (two must leave it): directkv (balance lifted, and its default), neo (lifted), swap, recompute
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 580 python3 -m benchmarks.policies.bench_host_resident \
-      --requests 16 --prompt 32768 --output 64 --max-num-seqs 16 --caps 0.5,0.75 \
-      --policies directkv,neo,swap,recompute --out "$(out policies host_resident_long_h200.json)" 2>&1 | tail -9 ;;
+      --requests 8 --prompt 32768 --output 128 --max-num-seqs 8 --caps 0.8 \
+      --policies directkv@0,directkv,neo@0,swap,recompute \
+      --out "$(out policies host_resident_long_h200.json)" 2>&1 | tail -9 ;;
   host-resident-gpu-only)  # neo by its step choice (pipelined, sequential or GPU-only steps) against neo:off and swap at 3/4 of the batch
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 300 python3 -m benchmarks.policies.bench_host_resident \
       --caps 0.75 --policies neo,neo:off,swap --out "$(out policies host_resident_gpu_only_h200.json)" 2>&1 | tail -5 ;;

@@ -30,9 +30,11 @@ POLICIES = {  # options that make each policy act on most requests
     "ellm_r0.5": dict(kv_policy="ellm", ellm_uncached_ratio=0.5),
     "hcache": dict(kv_policy="hcache", num_gpu_blocks=360),
     # host-resident running KV: the short pool moves decodes to the host, where NEO's CPU
-    # kernel or DirectKV's zero-copy reads attend over bf16 pages
-    "neo": dict(kv_policy="neo", num_gpu_blocks=360, num_host_blocks=4096),
-    "directkv": dict(kv_policy="directkv", num_gpu_blocks=360, num_host_blocks=4096),
+    # kernel or DirectKV's zero-copy reads attend over bf16 pages (balances lifted: priced,
+    # they would refuse the moves and the rows measured would be recompute's)
+    "neo": dict(kv_policy="neo", num_gpu_blocks=360, num_host_blocks=4096, neo_cpu_balance=0.0),
+    "directkv": dict(kv_policy="directkv", num_gpu_blocks=360, num_host_blocks=4096,
+                     directkv_balance=0.0),
 }
 
 
