@@ -273,6 +273,9 @@ part() {
     strata leval strata_loading_bound_h200.json --dataset-path .carry/leval_paper_assistant.jsonl \
       --leval-order shuffled --leval-max-document-tokens 8000 --num-prompts 69 --arrivals poisson \
       --rate 1 --variants d --loading-bounds 0,2,4,8 ;;
+  strata-breakeven)  # where the host tier stops paying, measured: TTFT of a miss, a host hit and a device hit by prefix length (16 ... 16,384), both io-backends, beside the cost model's prediction
+    timeout 280 python3 -m benchmarks.policies.bench_strata_breakeven \
+      --out "$(out policies strata_breakeven_measured_h200.json)" 2>&1 | tail -13 ;;
   strata-leval-13b)  # L-Eval shuffled on llama-2-13b (documents cut to 2,600 tokens: its 4K context holds all 69 requests), 20 GiB GPU pool (a third of the working set), 56 GiB host (72 could not be pinned): GPU tier only and kernel ($STRATA_VARIANTS)
     STRATA_VARIANTS=${STRATA_VARIANTS:-a,c} strata leval strata_leval_shuffled_13b_h200.json \
       --model llama-2-13b --dataset-path .carry/leval_paper_assistant.jsonl --leval-order shuffled \
