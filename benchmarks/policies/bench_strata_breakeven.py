@@ -63,7 +63,8 @@ def make_engine(args: argparse.Namespace, io_backend: str) -> Any:
         model=args.model, load_format="dummy", device=args.device,
         kv_cache_gb=args.kv_cache_gb if args.device == "cuda" else None,
         max_model_len=max(lengths) + args.question_tokens + 1, async_scheduling=False,
-        host_tier=HostTierArgs(kv_offloading_size=args.host_gib, hicache_io_backend=io_backend),
+        host_tier=HostTierArgs(kv_offloading_size=args.host_gib, hicache_io_backend=io_backend,
+                                hicache_min_load_blocks=1),  # every length loads
         **extra)
     return LLMEngine.from_engine_args(engine_args)
 

@@ -75,6 +75,10 @@ class HardwareProfile:
     measured: bool = False  # False: datasheet figures, never checked on the machine
     # Fitted host-row attention costs; a mechanism absent here is priced from the copies.
     host_attention: dict[HostAttention, HostAttentionCost] = field(default_factory=dict)
+    # A step that loads host-tier pages pays this once per mechanism beyond the copy curve
+    # (staging, the layer groups' events, the forward's waits on the copy stream); fitted
+    # end to end, absent (0) on a profile never measured.
+    host_load_step_s: dict[CopyMechanism, float] = field(default_factory=dict)
 
     def host_attention_cost(self, mechanism: HostAttention) -> HostAttentionCost:
         """The fitted cost, else the bytes at the mechanism's rate: zero-copy reads at the
@@ -119,6 +123,9 @@ def _h200() -> HardwareProfile:
         # Fit from the host-resident runs: results/calibration/host_rows_h200.json.
         host_attention={HostAttention.CPU_ROUND_TRIP: HostAttentionCost(1.154e-3, 35e9),
                         HostAttention.ZERO_COPY: HostAttentionCost(0.278e-3, 56.13e9)},
+        # Fit from the measured break-even: results/calibration/host_loads_h200.json.
+        host_load_step_s={CopyMechanism.KERNEL_GATHER: 0.955e-3,
+                          CopyMechanism.MEMCPY_BATCH: 2.19e-3},
     )
 
 

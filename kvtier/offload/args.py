@@ -52,7 +52,10 @@ class HostTierArgs:
     # the kernel takes SMs from it (results/kernels/host_page_io_h200_runtime.json).
     hicache_io_backend: str = IOBackend.DIRECT.value
     hicache_mem_layout: str | None = None
-    hicache_min_load_blocks: int = 1
+    # A host hit of fewer token blocks is computed: a load costs a fixed ~1-2 ms a request
+    # on the H200, so it loses below ~100-200 tokens and wins from 256
+    # (results/policies/strata_breakeven_measured_h200.json).
+    hicache_min_load_blocks: int = 8
     hicache_loading_bound: float = DEFAULT_LOADING_BOUND  # 0: no bound
     hicache_delayed_hits: bool = True  # wait for a prefix another request is computing
     # Bubble filling: load a waiting request's hit meanwhile. Off by default: on the H200 the

@@ -49,7 +49,13 @@ def price_host_stores_direct(cost_model: Any, count: int) -> float:
 
 
 def price_host_loads_direct(cost_model: Any, count: int) -> float:
-    return copy_seconds(cost_model, count, to_device=True, direct=True)
+    return (copy_seconds(cost_model, count, to_device=True, direct=True)
+            + _load_step_s(cost_model, CopyMechanism.MEMCPY_BATCH, count))
+
+
+def _load_step_s(cost_model: Any, mechanism: CopyMechanism, count: int) -> float:
+    """What a step that loads pays beyond the copy curve, once (the profile's fit)."""
+    return cost_model.hw.host_load_step_s.get(mechanism, 0.0) if count else 0.0
 
 
 def price_in_background(cost_model: Any, count: int) -> float:
@@ -61,4 +67,5 @@ def price_in_background(cost_model: Any, count: int) -> float:
 
 
 def price_host_loads(cost_model: Any, count: int) -> float:
-    return copy_seconds(cost_model, count, to_device=True)
+    return (copy_seconds(cost_model, count, to_device=True)
+            + _load_step_s(cost_model, CopyMechanism.KERNEL_GATHER, count))

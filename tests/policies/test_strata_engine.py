@@ -65,7 +65,7 @@ def test_greedy_outputs_equal_caching_off_with_host_hits(reference, backend, pol
     eng = _engine(cache=True)
     tier = enable_host_tier(eng, HostTierArgs(
         kv_offloading_size=0.01, hicache_io_backend=backend, hicache_write_policy=policy,
-        hicache_write_through_threshold=1))
+        hicache_write_through_threshold=1, hicache_min_load_blocks=1))  # tiny prompts' hits
     got = _serve(eng, _prompts(), PARAMS)
     assert got == reference
     kv = eng.kv_manager
@@ -137,7 +137,8 @@ def test_concurrent_requests_with_cache_aware_admission_and_prefetch_stay_exact(
 
     base = serve(_engine(cache=False, num_gpu_blocks=64))
     eng = _engine(cache=True, num_gpu_blocks=64)
-    tier = enable_host_tier(eng, HostTierArgs(kv_offloading_size=0.01, hicache_prefetch=True))
+    tier = enable_host_tier(eng, HostTierArgs(kv_offloading_size=0.01, hicache_prefetch=True,
+                                              hicache_min_load_blocks=1))
     assert serve(eng) == base
     gate = eng.scheduler.admission_gate.stats
     assert tier.stats.prefetched_blocks > 0 and gate.prefetches > 0

@@ -16,8 +16,8 @@ from tests.policies.test_strata_engine import PARAMS, _engine, _prompts, _serve
 def test_greedy_outputs_equal_caching_off_on_the_gpu(backend):
     reference = _serve(_engine(cache=False, device="cuda"), _prompts(), PARAMS)
     eng = _engine(cache=True, device="cuda")
-    tier = enable_host_tier(eng, HostTierArgs(kv_offloading_size=0.01,
-                                              hicache_io_backend=backend))
+    tier = enable_host_tier(eng, HostTierArgs(kv_offloading_size=0.01, hicache_io_backend=backend,
+                                              hicache_min_load_blocks=1))  # tiny prompts
     assert _serve(eng, _prompts(), PARAMS) == reference
     assert tier.stats.hit_blocks > 0
     copies = eng.executor.copies.tier
