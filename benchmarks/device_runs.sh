@@ -273,6 +273,11 @@ part() {
     strata leval strata_loading_bound_h200.json --dataset-path .carry/leval_paper_assistant.jsonl \
       --leval-order shuffled --leval-max-document-tokens 8000 --num-prompts 69 --arrivals poisson \
       --rate 1 --variants d --loading-bounds 0,2,4,8 ;;
+  strata-goodput)  # L-Eval shuffled, 8B: (a) and (c) with their throughput at the 2 s TTFT SLO (rates 1, 1.4, 1.8; 45 s windows)
+    STRATA_VARIANTS=a,c strata leval strata_goodput_leval_h200.json \
+      --dataset-path .carry/leval_paper_assistant.jsonl --leval-order shuffled \
+      --leval-max-document-tokens 8000 --num-prompts 69 --arrivals poisson --rate 1 \
+      --goodput-sweep --sweep-rates 1,1.4,1.8 ;;
   strata-breakeven)  # where the host tier stops paying, measured: TTFT of a miss, a host hit and a device hit by prefix length (16 ... 16,384), both io-backends, beside the cost model's prediction
     timeout 280 python3 -m benchmarks.policies.bench_strata_breakeven \
       --out "$(out policies strata_breakeven_measured_h200.json)" 2>&1 | tail -13 ;;

@@ -15,6 +15,9 @@ labels of their own; (a) runs once):
                                                labelled c/write_back, ...
   --loading-bounds 0,1,2,4,8                   (d) once per --hicache-loading-bound,
                                                labelled d/lb=2, ... (0: no bound)
+  --goodput-sweep --sweep-rates 1,2,3          each run also finds its throughput at the
+                                               SLO (--slo-ttft): the highest rate that keeps
+                                               --goodput-target of requests inside it
 
   python -m benchmarks.policies.bench_strata --model llama-3.1-8b --load-format dummy \\
       --workload leval --dataset-path .carry/leval_paper_assistant.jsonl --num-prompts 200 \\
@@ -35,7 +38,7 @@ from typing import Any
 
 from benchmarks.common import write_result
 from kvtier.bench.cli import add_bench_args, bench_config, workload_spec
-from kvtier.bench.experiment import engine_backends, run_once
+from kvtier.bench.experiment import engine_backends, run_once, sweep_goodput
 from kvtier.bench.metrics import summarize_run
 from kvtier.bench.workload import build_workload
 from kvtier.engine.args import EngineArgs
@@ -148,10 +151,15 @@ def run_variant(engine_args: EngineArgs, workload: Any, config: Any, simulate: b
         factory = engine_backends(lambda _: LLMEngine.from_engine_args(engine_args),
                                   args.ignore_eos)
     result = run_once(factory, engine_args.kv_policy, workload, config, monitor=None)
+    # Throughput at the SLO (--goodput-sweep): the highest rate a variant keeps the target
+    # share of requests inside it, each probe the same requests at another rate.
+    goodput = (sweep_goodput(factory, engine_args.kv_policy, workload, config,
+                             lambda m: print(m, file=sys.stderr)).to_dict()
+               if config.sweep is not None else None)
     summary = summarize_run(result, config.slo).to_dict()
     last = result.steps[-1].stats if result.steps else None
     tier = last.host_tier if last is not None else None
-    return {"summary": summary, "duration_s": result.duration_s,
+    return {"summary": summary, "duration_s": result.duration_s, "goodput": goodput,
             "host_tier": tier.to_dict() if tier is not None else None,
             "load_stall_fraction": (tier.load_stall_seconds / result.duration_s
                                     if tier is not None and result.duration_s else None),
@@ -160,7 +168,7 @@ def run_variant(engine_args: EngineArgs, workload: Any, config: Any, simulate: b
 
 def ratios(results: dict[str, dict]) -> dict[str, dict[str, float | None]]:
     """(a)'s TTFT p50/p90 over each variant's (how many times lower), and each variant's
-    throughput over (a)'s."""
+    throughput and throughput at the SLO (goodput, when swept) over (a)'s."""
     base = results.get("a")
     if base is None:
         return {}
@@ -172,8 +180,14 @@ def ratios(results: dict[str, dict]) -> dict[str, dict[str, float | None]]:
             row[f"ttft_{q}_lower_x"] = a / x if a and x else None
         a_t, x_t = base["summary"]["request_throughput"], r["summary"]["request_throughput"]
         row["throughput_x"] = x_t / a_t if a_t else None
+        a_g, x_g = _goodput(base), _goodput(r)
+        row["goodput_x"] = x_g / a_g if a_g and x_g else None
         out[name] = row
     return out
+
+
+def _goodput(result: dict) -> float | None:
+    return result["goodput"]["goodput_rate"] if result.get("goodput") else None
 
 
 def _ttft(result: dict, q: str) -> float | None:

@@ -77,3 +77,20 @@ def test_a_simulated_sweep_writes_every_run_with_its_flags(tmp_path):
         flags = runs[label]["flags"]
         assert flags["hicache_write_policy"] == "write_back"
         assert flags["hicache_loading_bound"] == bound and runs[label]["host_tier"] is not None
+
+
+def test_a_goodput_sweep_finds_each_variants_rate_at_the_slo(tmp_path):
+    out = tmp_path / "goodput.json"
+    main(["--simulate", "--model", "llama-3.1-8b", "--load-format", "dummy", "--no-progress",
+          "--no-gpu-monitor", "--workload", "synthetic", "--num-prompts", "6",
+          "--num-gpu-blocks", "1200", "--host-gib", "1", "--max-model-len", "2048",
+          "--arrivals", "poisson", "--rate", "1", "--slo-ttft", "2000", "--variants", "a,c",
+          "--goodput-sweep", "--sweep-rates", "1,2", "--out", str(out)])
+    data = json.loads(out.read_text())
+    for run in data["variants"].values():
+        goodput = run["goodput"]
+        assert [p["rate"] for p in goodput["probes"]] == [1.0, 2.0]
+        assert goodput["goodput_rate"] in (None, 1.0, 2.0)
+        met = [p["rate"] for p in goodput["probes"] if p["attainment"] >= 0.9]
+        assert goodput["goodput_rate"] == (max(met) if met else None)
+    assert "goodput_x" in data["ratios_to_a"]["c"]
