@@ -129,18 +129,10 @@ def predicted(args: argparse.Namespace) -> dict[int, dict[str, float]]:
     return {n: row(cm, config, n, args.question_tokens) for n in lengths}
 
 
-def crossover(rows: list[dict[str, Any]], key: str) -> int | None:
-    """The shortest length from which every longer one has `key` > 1 (None: none pays)."""
-    best = None
-    for r in reversed(rows):
-        if r[key] <= 1.0:
-            break
-        best = int(r["tokens"])
-    return best
-
-
 def run_backend(args: argparse.Namespace, io_backend: str,
                 model: dict[int, dict[str, float]]) -> dict[str, Any]:
+    from benchmarks.policies.strata_breakeven import crossover
+
     engine = make_engine(args, io_backend)
     rng = random.Random(0)
     lengths = QUICK_LENGTHS if args.quick else LENGTHS
