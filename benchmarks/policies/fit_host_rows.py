@@ -15,7 +15,9 @@ number of steps. Only a shape's decode-only steps count: those within twice its 
 (a step that also ran a prefill chunk, or compiled, takes far longer). A mechanism
 whose runs never vary the host tokens enough (NEO's ran one host row) keeps the profile's
 rate and fits only layer_s. NEO's pipelined steps are priced with the fit and reported as a
-check, not fit.
+check (beside the sequential price), and what they took beyond their pipelined price without
+NEO's launch constant is fit as that constant per layer (NEO's predictor charges its lnch_T
+per layer; neo/steps.py's LAUNCH_S).
 
   python -m benchmarks.policies.fit_host_rows --out results/calibration/host_rows_h200.json
 """
@@ -63,6 +65,7 @@ class StepGroup:
     gpu_s: float
     num_layers: int
     kv_bytes_per_token: int
+    pipelined_s: float = 0.0  # NEO's pipelined price of the step, no launch constant
 
     @property
     def kv_bytes(self) -> float:
@@ -82,15 +85,28 @@ def cost_model_of(result: dict[str, Any], calibration: str):
     return engine.executor.cost_model
 
 
+def step_shape(scheduled: int, rows: int, host_tokens: float, host_ctx: int | None = None):
+    """All decodes, one context each as long as the host rows' mean (the batch's requests
+    run in step); the host rows at `host_ctx` when given."""
+    ctx = max(1, round(host_tokens / rows))
+    return StepShape(num_decodes=scheduled, decode_ctx_sum=(scheduled - rows) * ctx
+                     + rows * (ctx if host_ctx is None else host_ctx), decode_ctx_max=ctx,
+                     num_sampled=scheduled)
+
+
 def gpu_seconds(cm, scheduled: int, rows: int, host_tokens: float,
                 mechanism: HostAttention) -> float:
-    """The step's forward without the host rows' attention (all decodes, one context each
-    as long as the host rows' mean: the batch's requests run in step)."""
-    ctx = max(1, round(host_tokens / rows))
-    host_ctx = 1 if mechanism is HostAttention.CPU_ROUND_TRIP else ctx
-    shape = StepShape(num_decodes=scheduled, decode_ctx_sum=(scheduled - rows) * ctx
-                      + rows * host_ctx, decode_ctx_max=ctx, num_sampled=scheduled)
-    return cm.predict(shape).executor_s
+    """The step's forward without the host rows' attention."""
+    host_ctx = 1 if mechanism is HostAttention.CPU_ROUND_TRIP else None
+    return cm.predict(step_shape(scheduled, rows, host_tokens, host_ctx)).executor_s
+
+
+def pipelined_seconds(cm, scheduled: int, rows: int, host_tokens: float) -> float:
+    """NEO's price of the step pipelined (neo/steps.py), without its launch constant."""
+    from kvtier.policies.neo.steps import StepMode, StepPrices
+
+    return StepPrices(cm, launch_s=0.0).seconds(step_shape(scheduled, rows, host_tokens),
+                                                rows, round(host_tokens), StepMode.PIPELINED)
 
 
 def groups_of(path: str, calibration: str, policies: dict[str, HostAttention]) -> list[StepGroup]:
@@ -118,7 +134,9 @@ def groups_of(path: str, calibration: str, policies: dict[str, HostAttention]) -
                 path, run["policy"], run["cap"], rows, scheduled, len(kept), tokens,
                 statistics.median(s["step_s"] for s in kept),
                 gpu_seconds(cm, scheduled, rows, tokens, mechanism), cm.mc.num_layers,
-                cm.mc.kv_bytes_per_token(2)))
+                cm.mc.kv_bytes_per_token(2),
+                pipelined_seconds(cm, scheduled, rows, tokens) if run["policy"] in CHECKED
+                else 0.0))
     return out
 
 
@@ -149,6 +167,18 @@ def residuals(groups: list[StepGroup], cost: HostAttentionCost) -> list[dict[str
                      "gpu_ms": 1e3 * g.gpu_s, "priced_ms": 1e3 * priced,
                      "residual_ms": 1e3 * (g.measured_s - priced)})
     return rows
+
+
+def launch_fit(groups: list[StepGroup]) -> dict[str, Any]:
+    """NEO's launch constant per layer that prices its pipelined steps as measured: the
+    step-weighted mean of (measured - pipelined price) / layers."""
+    per_layer = [(g.measured_s - g.pipelined_s) / g.num_layers for g in groups]
+    layer_s = float(np.average(per_layer, weights=[g.num_steps for g in groups]))
+    return {"layer_s": layer_s, "groups": [
+        {"source": g.source, "cap": g.cap, "num_scheduled": g.scheduled,
+         "num_steps": g.num_steps, "measured_ms": 1e3 * g.measured_s,
+         "pipelined_price_ms": 1e3 * g.pipelined_s, "residual_per_layer_ms": 1e3 * r}
+        for g, r in zip(groups, per_layer)]}
 
 
 def rms_ms(rows: list[dict[str, Any]], by_step: bool = False) -> float:
@@ -188,9 +218,13 @@ def main(argv: list[str] | None = None) -> None:
     for r in pipelined:  # priced as sequential: what pipelining should have saved
         print(f"    check neo cap {r['cap']:.2f} rows {r['host_rows']}: measured "
               f"{r['measured_ms']:6.1f}, sequential price {r['priced_ms']:6.1f} ms")
+    launch = launch_fit(checks)
+    print(f"neo pipelined: {1e3 * launch['layer_s']:.3f} ms a layer beyond its price "
+          f"(NEO's lnch_T: 0.8)")
     if args.out:
         write_result(args.out, {"sources": [s for s, _ in SOURCES], "mechanisms": mechanisms,
-                                "pipelined_vs_sequential_price": pipelined})
+                                "pipelined_vs_sequential_price": pipelined,
+                                "pipelined_launch": launch})
 
 
 if __name__ == "__main__":

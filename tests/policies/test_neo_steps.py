@@ -74,8 +74,11 @@ def test_the_choice_follows_the_predicted_rate(cm):
 def test_the_simulator_prices_the_policys_choice():
     """Every step with CPU decodes carries one mark; the mark is what the policy's predictor
     picks from the step's rows, and the simulator's price is that way's price."""
+    # The balance lifted: pipelining pays its launch cost (0.8 ms a layer) only with more CPU
+    # rows than the balance lets move here.
     args = EngineArgs(model="llama-3.1-8b", load_format="dummy", kv_policy="neo",
-                      kv_cache_gb=1.0, max_model_len=2048, swap_space=8.0, max_num_seqs=256)
+                      kv_cache_gb=1.0, max_model_len=2048, swap_space=8.0, max_num_seqs=256,
+                      neo_cpu_balance=0.0)
     engine = build_sim_engine(args, "a10g", record_steps=True)
     rng = random.Random(0)
     reqs = [(tuple(rng.randrange(100, 30000) for _ in range(rng.randint(20, 400))),

@@ -2,12 +2,12 @@
 the simulator runs it too): pipeline only when the GPU work the CPU attention can hide
 under covers it,
 
-    T_linear(b1) + T_pref + T_gdec >= T_cdec + T_launch
+    T_linear(b1) + T_pref + T_gdec >= T_cdec + layers x T_launch
 
 T_linear(b1): batch 1's (the CPU decodes') forward apart from attention, T_pref + T_gdec:
 batch 0's forward, from kvtier's cost model (calibrated when given one); T_cdec: the CPU
-attention's price (`price_cpu_rows`); T_launch: NEO's predictor's launch constant, the
-extra launches of splitting the batch. The rule gates pipelining; among the ways it allows,
+attention's price (`price_cpu_rows`); T_launch: NEO's predictor's launch constant a layer
+(neo/steps.py's LAUNCH_S), what splitting each layer costs. The rule gates pipelining; among the ways it allows,
 the step runs the one of the best predicted rate (neo/modes.py, priced by neo/steps.py).
 """
 
@@ -46,7 +46,8 @@ class PipelineRule:
         b0 = replace(batch0(shape, num_rows, num_host_tokens), num_sampled=0, items=())
         gpu_b0 = forward_s(cm, b0) if b0.num_reqs else 0.0
         cpu = self.price_cpu_rows(cm, num_host_tokens)
-        return forward_s(cm, linear_only(num_rows)) + gpu_b0 >= cpu + self.launch_s
+        launch = self.launch_s * cm.mc.num_layers
+        return forward_s(cm, linear_only(num_rows)) + gpu_b0 >= cpu + launch
 
 
 def step_shape(scheduled: Sequence[ScheduledRequest]) -> StepShape:

@@ -9,14 +9,17 @@ prices (torch-free: the policy chooses by them, the simulator prices the plan by
     batch 1's CPU attention runs under batch 0's whole layer on the GPU (neo/pipelined.py),
     and batch 1's linear layers around it cannot overlap it:
 
-        T = T_linear(b1) + max(T_gpu(b0), T_cdec) + T_launch
+        T = T_linear(b1) + max(T_gpu(b0), T_cdec) + layers x T_launch
 
   * GPU-only: batch 0 alone; the CPU decodes sit the step out (NEO's scheduler runs this
     when pipelining does not pay, kvtier/policies/neo/modes.py), T = T_gpu(b0).
 
 T_gpu(all rows) prices a CPU decode on the GPU as a decode of context 1: its linear layers
 run there, its attention does not. T_cdec: the CPU attention's price (`price_cpu_rows`);
-T_launch: NEO's predictor's launch constant, the extra launches of splitting the batch.
+T_launch: NEO's predictor's launch constant (lnch_T), charged per layer as NEO's predictor
+charges it: what splitting a layer into two sub-batches costs beyond their kernels (the H200's
+pipelined steps took 0.68 ms a layer beyond their price without it,
+results/calibration/host_rows_h200.json, `pipelined_launch`).
 A plan marks the way it chose with one item (SequentialCpuDecodes, PipelinedCpuDecodes:
 their count is batch 1's rows), whose step hook prices the step the same way.
 """
@@ -33,7 +36,7 @@ from kvtier.costmodel.shape import StepShape
 from kvtier.policies.host_resident import kv_bytes_per_token
 from kvtier.policies.host_resident.balance import forward_s
 
-LAUNCH_S = 0.8e-3  # NEO's lnch_T (NEO-MLSys25/NEO's predictor)
+LAUNCH_S = 0.8e-3  # NEO's lnch_T, a layer (NEO-MLSys25/NEO's predictor)
 CPU_ROWS_KIND = "neo_cpu_rows"  # CpuRowsItem's kind: its count is the rows' context tokens
 _GPU_FORWARD_PARTS = ("forward", "layers", "head", "attn_tail")  # by the cost model's path
 
@@ -111,7 +114,8 @@ class StepPrices:
         for k in _GPU_FORWARD_PARTS:
             parts.pop(k, None)
         parts["forward"] = forward_s(cm, linear_only(num_rows)) + b0
-        parts["items"] = parts.get("items", 0.0) + self.launch_s + max(0.0, cpu - b0)
+        launch = self.launch_s * cm.mc.num_layers
+        parts["items"] = parts.get("items", 0.0) + launch + max(0.0, cpu - b0)
         return replace(gpu, executor_s=sum(parts.values()), parts=parts, graph=False,
                        piecewise=False)
 
