@@ -52,9 +52,9 @@ class HostTierArgs:
     # the kernel takes SMs from it (results/kernels/host_page_io_h200_runtime.json).
     hicache_io_backend: str = IOBackend.DIRECT.value
     hicache_mem_layout: str | None = None
-    # A host hit of fewer token blocks is computed: a load costs a fixed ~1-2 ms a request
-    # on the H200, so it loses below ~100-200 tokens and wins from 256
-    # (results/policies/strata_breakeven_measured_h200.json).
+    # A host hit of fewer token blocks is computed: a load has a fixed cost a request on the
+    # H200 that computing a short prefix undercuts; measured, loading loses at 64 tokens and
+    # wins from 256 (results/policies/strata_breakeven_measured_h200.json).
     hicache_min_load_blocks: int = 8
     hicache_loading_bound: float = DEFAULT_LOADING_BOUND  # 0: no bound
     hicache_delayed_hits: bool = True  # wait for a prefix another request is computing

@@ -18,7 +18,7 @@ T_gpu(all rows) prices a CPU decode on the GPU as a decode of context 1: its lin
 run there, its attention does not. T_cdec: the CPU attention's price (`price_cpu_rows`);
 T_launch: NEO's predictor's launch constant (lnch_T), charged per layer as NEO's predictor
 charges it: what splitting a layer into two sub-batches costs beyond their kernels (the H200's
-pipelined steps took 0.68 ms a layer beyond their price without it,
+pipelined steps took about that a layer beyond their price without it,
 results/calibration/host_rows_h200.json, `pipelined_launch`).
 A plan marks the way it chose with one item (SequentialCpuDecodes, PipelinedCpuDecodes:
 their count is batch 1's rows), whose step hook prices the step the same way.
