@@ -17,6 +17,9 @@ export PYTHONUNBUFFERED=1 KVTIER_GIT_COMMIT=${KVTIER_GIT_COMMIT:-unknown}
 W8=.carry/sharegpt_llama31_1000.json         # 1,000 ShareGPT prompts, llama-3.1-8b tokens
 W13=.carry/sharegpt_llama2-13b_1000.json     # the fidelity trace's prompts, llama-2-13b
 WMT=.carry/sharegpt_multiturn_llama31_600.json  # 600 turns of ShareGPT conversations (follow-ups)
+# The same for llama-2-13b: kvtier bench --model llama-2-13b --load-format dummy --workload
+# sharegpt-multiturn --num-prompts 600 --max-model-len 4096 --save-workload FILE --prepare-only
+WMT13=.carry/sharegpt_multiturn_llama2-13b_600.json
 CALIB13=results/calibration/calib_h200_llama-2-13b.json
 
 out() {  # SUBJECT NAME: the path a part writes NAME to
@@ -265,6 +268,10 @@ part() {
   strata-multiturn)  # the same four variants on multi-turn ShareGPT (the 600-turn file's first 400 turns, 4 conversations/s, 1 s think time), 4 GiB GPU pool, 50 s windows
     strata prepared strata_multiturn_h200.json --dataset-path $WMT --num-prompts 400 \
       --arrivals poisson --rate 4 --max-model-len 8192 --kv-cache-gb 4 --max-duration 50 ;;
+  strata-multiturn-13b)  # the four variants on multi-turn ShareGPT with llama-2-13b (2 conversations/s: 4 overload it), 20 GiB pool, 56 GiB host, 50 s windows
+    strata prepared strata_multiturn_13b_h200.json --model llama-2-13b --dataset-path $WMT13 \
+      --num-prompts 400 --arrivals poisson --rate 2 --max-model-len 4096 --kv-cache-gb 20 \
+      --host-gib 56 --max-duration 50 ;;
   strata-write-policies)  # L-Eval shuffled, 8B: (c) under each write policy, 45 s windows
     strata leval strata_write_policies_h200.json --dataset-path .carry/leval_paper_assistant.jsonl \
       --leval-order shuffled --leval-max-document-tokens 8000 --num-prompts 69 --arrivals poisson \
