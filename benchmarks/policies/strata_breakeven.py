@@ -49,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the prefill's chunk (default: the engine's)")
     p.add_argument("--out", default="results/policies/strata_breakeven_h200.json")
     p.add_argument("--plot", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--measured", default="results/policies/strata_breakeven_measured_h200.json",
+                   help="bench_strata_breakeven's result, drawn beside its model (if present)")
     return p.parse_args(argv)
 
 
@@ -114,7 +116,20 @@ def model_result(model: str, args: argparse.Namespace) -> dict[str, Any]:
             "crossover_tokens": {k: crossover(rows, k) for k in keys}, "rows": rows}
 
 
-def plot(results: dict[str, dict], path: Path) -> None:
+def measured_ratios(path: str) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """{model: {io backend: [(tokens, miss / host hit)]}} of a measured break-even, or {}."""
+    import json
+
+    if not path or not Path(path).exists():
+        return {}
+    with open(path) as f:
+        m = json.load(f)
+    return {m["model"]: {b: [(r["tokens"], r["miss_over_host_hit"]) for r in res["rows"]]
+                         for b, res in m["io_backends"].items()}}
+
+
+def plot(results: dict[str, dict], path: Path,
+         measured: dict[str, dict[str, list[tuple[int, float]]]] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -128,6 +143,9 @@ def plot(results: dict[str, dict], path: Path) -> None:
                            ("request_speedup_kernel", "request: miss / hit (kernel)"),
                            ("request_speedup_direct", "request: miss / hit (direct)")):
             ax.plot(xs, [r[key] for r in res["rows"]], marker="o", ms=3, label=label)
+        for backend, pts in (measured or {}).get(model, {}).items():
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="x", ms=7, ls=":",
+                    label=f"request, measured on the H200: miss / hit ({backend})")
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set(xscale="log", yscale="log", xlabel="cached prefix (tokens)",
                ylabel="x (> 1: loading pays)", title=f"{model}, H200 cost model")
@@ -146,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     write_result(args.out, {"gpu": args.gpu, "question_tokens": args.question_tokens,
                             "lengths": list(LENGTHS), "models": results})
     if args.plot:
-        plot(results, Path(args.out).with_suffix(".png"))
+        plot(results, Path(args.out).with_suffix(".png"), measured_ratios(args.measured))
 
 
 if __name__ == "__main__":
