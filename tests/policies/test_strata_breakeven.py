@@ -76,3 +76,13 @@ def test_an_unmeasured_profile_prices_the_copy_alone():
     mc, _ = resolve_model_config("llama-3.1-8b", "dummy")
     cm = CostModel(mc, get_hardware("a100"), None, CostModelConfig(block_bytes=256 << 10))
     assert price_host_loads(cm, 8) == copy_seconds(cm, 8, True)
+
+
+def test_the_models_plot_reads_the_measured_break_even_and_nothing_when_absent(tmp_path):
+    from benchmarks.policies.strata_breakeven import measured_ratios
+
+    got = measured_ratios(str(ROOT / "results/policies/strata_breakeven_measured_h200.json"))
+    (model, backends), = got.items()
+    assert model == "llama-3.1-8b" and set(backends) == {"direct", "kernel"}
+    assert [n for n, _ in backends["direct"]] == list(bench_strata_breakeven.LENGTHS)
+    assert measured_ratios(str(tmp_path / "none.json")) == {}
