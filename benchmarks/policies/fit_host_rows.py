@@ -44,8 +44,13 @@ SOURCES = (
      "results/calibration/calib_h200_llama-3.1-8b.json"),
     ("results/policies/host_resident_13b_h200.json",
      "results/calibration/calib_h200_llama-2-13b.json"),
+    ("results/policies/host_resident_long_h200.json",
+     "results/calibration/calib_h200_llama-3.1-8b.json"),
 )
-MECHANISM_OF = {"neo:off": HostAttention.CPU_ROUND_TRIP, "directkv": HostAttention.ZERO_COPY}
+# The runs' policies by the way their host rows attend (`@0`: the balance lifted, so they
+# move; the long-context run's).
+MECHANISM_OF = {"neo:off": HostAttention.CPU_ROUND_TRIP, "neo@0": HostAttention.CPU_ROUND_TRIP,
+                "directkv": HostAttention.ZERO_COPY, "directkv@0": HostAttention.ZERO_COPY}
 CHECKED = {"neo": HostAttention.CPU_ROUND_TRIP}  # priced with the fit, not fit
 MIN_TOKEN_SPREAD = 1.5  # the largest host tokens over the smallest, to fit a rate
 
@@ -80,7 +85,7 @@ def cost_model_of(result: dict[str, Any], calibration: str):
     prompt, output = result["prompt"], result["output"]
     engine = build_sim_engine(EngineArgs(
         model=result["model"], load_format="dummy", kv_policy="recompute",
-        num_gpu_blocks=16384, max_model_len=prompt + output, max_num_seqs=32,
+        num_gpu_blocks=max(16384, 16 * (prompt + output)), max_model_len=prompt + output, max_num_seqs=32,
         max_num_batched_tokens=max(2048, prompt)), "h200", calibration)
     return engine.executor.cost_model
 
