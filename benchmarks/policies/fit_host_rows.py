@@ -13,7 +13,7 @@ rows' cost, fit as
 over the medians of steps of one shape (run, rows, scheduled requests), each weighted by its
 number of steps. Only a shape's decode-only steps count: those within twice its fastest
 (a step that also ran a prefill chunk, or compiled, takes far longer). A mechanism
-whose runs never vary the host tokens enough (NEO's ran one host row) keeps the profile's
+whose runs never vary the host tokens enough keeps the profile's
 rate and fits only layer_s. NEO's pipelined steps are priced with the fit and reported as a
 check (beside the sequential price), and what they took beyond their pipelined price without
 NEO's launch constant is fit as that constant per layer (NEO's predictor charges its lnch_T
