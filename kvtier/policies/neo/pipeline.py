@@ -7,8 +7,9 @@ under covers it,
 T_linear(b1): batch 1's (the CPU decodes') forward apart from attention, T_pref + T_gdec:
 batch 0's forward, from kvtier's cost model (calibrated when given one); T_cdec: the CPU
 attention's price (`price_cpu_rows`); T_launch: NEO's predictor's launch constant a layer
-(neo/steps.py's LAUNCH_S), what splitting each layer costs. The rule gates pipelining; among the ways it allows,
-the step runs the one of the best predicted rate (neo/modes.py, priced by neo/steps.py).
+(neo/steps.py's LAUNCH_S), what splitting each layer costs. The rule gates pipelining;
+among the ways it allows, the step runs the one of the best predicted rate (neo/modes.py,
+priced by neo/steps.py).
 """
 
 from __future__ import annotations
