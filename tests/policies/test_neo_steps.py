@@ -55,6 +55,30 @@ def test_a_pipelined_step_costs_less_than_sequential_and_no_less_than_either_sid
     assert pipelined >= cpu + cm.predict(linear_only(rows)).parts["forward"]
 
 
+def test_the_launch_constant_is_paid_once_a_layer_in_a_pipelined_step_only(cm):
+    """NEO's predictor charges lnch_T per layer (so does the H200's fit of its steps)."""
+    shape = step(4, 2048, 16, 2048, 2048)
+    free = StepPrices(cm, launch_s=0.0)
+    priced = StepPrices(cm)
+    layers = cm.mc.num_layers
+    assert priced.seconds(shape, 4, 4 * 2048, StepMode.PIPELINED) == pytest.approx(
+        free.seconds(shape, 4, 4 * 2048, StepMode.PIPELINED) + layers * priced.launch_s)
+    for mode in (StepMode.SEQUENTIAL, StepMode.GPU_ONLY):
+        assert priced.seconds(shape, 4, 4 * 2048, mode) == free.seconds(shape, 4, 4 * 2048, mode)
+    # The rule gates by the same cost: as CPU rows are added beside an 8K prefill, the rule
+    # without the launches holds for some rows more than the rule with them.
+    rule_free = PipelineRule(cm, price_cpu_rows, launch_s=0.0)
+    rule = PipelineRule(cm, price_cpu_rows)
+
+    def with_cpu(n: int) -> StepShape:
+        return step(n, 2048, 16, 2048, 8192)
+
+    holds = [(rule.holds(with_cpu(n), n, n * 2048), rule_free.holds(with_cpu(n), n, n * 2048))
+             for n in range(1, 65)]
+    assert holds[0] == (True, True) and holds[-1] == (False, False)
+    assert (False, True) in holds and (True, False) not in holds
+
+
 def test_the_choice_follows_the_predicted_rate(cm):
     choice = ModeChoice(StepPrices(cm), PipelineRule(cm, price_cpu_rows))
     # Many CPU decodes whose attention a long prefill hides: pipelined.
