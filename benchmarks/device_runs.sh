@@ -184,6 +184,9 @@ part() {
   bf16-agreement)  # how far bf16 moves each policy's tokens from full caching's
     timeout 120 python3 -m benchmarks.policies.bench_bf16_agreement \
       --out "$(out policies bf16_agreement_h200.json)" 2>&1 | grep -E "^(float32|bfloat16)" ;;
+  calibrate-8b)  # the cost model's llama-3.1-8b profile of this machine (the committed one predates pinned swap copies: its swap curve reads 1-5 GB/s)
+    timeout 330 python3 -m kvtier.cli profile llama-3.1-8b \
+      --out "$(out calibration calib_h200_llama-3.1-8b.json)" 2>&1 | tail -5 ;;
   calibrate-13b)  # the cost model's llama-2-13b profile of this machine
     timeout 330 python3 -m kvtier.cli profile llama-2-13b \
       --out "$(out calibration calib_h200_llama-2-13b.json)" 2>&1 | tail -5 ;;

@@ -98,8 +98,9 @@ class Calibration:
     loop: LoopParams
     copy_out: CopyCost  # the runner's swap-out path, affine summary: alpha*bytes + beta
     copy_in: CopyCost
-    # What the cost model uses: measured seconds of one swap call over its block count (the
-    # runner stages through freshly allocated pageable memory, which is far from affine).
+    # What the cost model uses: measured seconds of one swap call over its block count (not
+    # affine: small calls are dominated by their fixed costs). A calibration made before the
+    # runner copied pinned pages, runs of blocks as one copy, holds that older path's times.
     copy_out_blocks: Curve | None = None
     copy_in_blocks: Curve | None = None
     memory: dict[str, float] = field(default_factory=dict)  # measured pool sizing inputs
