@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output", type=int, default=128, help="tokens generated per request")
     p.add_argument("--gpu-blocks", type=int, default=None,
                    help="device pool blocks (default: --caps of what the batch needs)")
+    p.add_argument("--host-blocks", type=int, default=None,
+                   help="host pool blocks (default: the whole batch and one request more; "
+                        "long contexts may need less than that can pin)")
     p.add_argument("--caps", default="0.5",
                    help="device pools as fractions of what the batch needs, each a run of "
                         "every policy (where NEO's gain vanishes)")
@@ -94,7 +97,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def pool_sizes(args: argparse.Namespace, cap: float = 0.5) -> tuple[int, int, int]:
     """(device blocks, host blocks, layer groups): the device pool holds `cap` of the batch
-    unless --gpu-blocks says otherwise; the host pool holds all of it."""
+    unless --gpu-blocks says otherwise; the host pool holds all of it unless --host-blocks
+    says otherwise."""
     from kvtier.kv.manager import cdiv
     from kvtier.model.loader import resolve_model_config
 
@@ -102,7 +106,8 @@ def pool_sizes(args: argparse.Namespace, cap: float = 0.5) -> tuple[int, int, in
     groups = cdiv(mc.num_layers, min(4, mc.num_layers))
     per_request = groups * cdiv(args.prompt + args.output, 16)
     need = args.requests * per_request
-    return args.gpu_blocks or int(need * cap), need + per_request, groups
+    return (args.gpu_blocks or int(need * cap), args.host_blocks or need + per_request,
+            groups)
 
 
 def policy_flags(args: argparse.Namespace, policy: str) -> tuple[str, dict[str, Any]]:
