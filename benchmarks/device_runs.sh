@@ -221,8 +221,9 @@ part() {
     pytest_gpu "gpu_tests_host_page_io_$KVTIER_GIT_COMMIT" 200 tests/kernels/test_kernel_host_page_io.py
     timeout 300 python3 -m benchmarks.kernels.bench_host_page_io \
       --out "$(out kernels host_page_io_h200.json)" 2>&1 | tail -6 ;;
-  host-decode-attention)  # DirectKV's zero-copy decode attention over pinned host pages vs PCIe H2D; its GPU tests
-    pytest_gpu "gpu_tests_host_decode_attention_$KVTIER_GIT_COMMIT" 200 tests/kernels/test_host_decode_attention.py
+  host-decode-attention)  # DirectKV's zero-copy decode attention over pinned host pages vs PCIe H2D; its GPU tests and both systems' engine runs on the GPU (fp32 = GPU-only)
+    pytest_gpu "gpu_tests_host_decode_attention_$KVTIER_GIT_COMMIT" 200 tests/kernels/test_host_decode_attention.py \
+      tests/policies/test_host_resident_engine.py
     timeout 380 python3 -m benchmarks.kernels.bench_host_decode_attention \
       --out "$(out kernels host_decode_attention_h200.json)" 2>&1 | tail -16 ;;
   cpu-attention)  # NEO's CPU decode attention on the host's cores: 16 threads with the thread / work-split / prefetch sweeps and the compute-only rate; 15 threads; 16 with huge pages; 16 bound to CPUs

@@ -22,7 +22,9 @@ class ExternalRows(Protocol):
     (a memory system keeps it elsewhere, e.g. in host memory): the system stores their new
     K/V and computes their attention itself. The backend calls `forward` once per layer
     before its own work, then skips those rows (their slots are < 0: no KV write into the
-    device pool; the decode kernel runs over rows [num_rows, num_decodes))."""
+    device pool; the decode kernel runs over rows [num_rows, num_decodes)), and `join` once
+    its own rows are attended: a system attending beside the backend's work (on a side
+    stream) makes its rows of `out` final there."""
 
     num_rows: int
 
@@ -36,6 +38,10 @@ class ExternalRows(Protocol):
         out: torch.Tensor,  # [num_tokens, num_heads, head_dim]: fill rows [0, num_rows)
         rope: Rope | None,  # given: q and k are not rotated yet (rotate rows [0, num_rows))
     ) -> None: ...
+
+    def join(self, layer_idx: int) -> None:
+        """Rows [0, num_rows) of the layer's `out` are complete once this returns (on the
+        current stream's order: later work on it sees them)."""
 
 
 class AttentionBackend(Protocol):

@@ -87,4 +87,6 @@ class TorchAttentionBackend:
             kb, vb = gather_kv(layer_cache, meta.block_tables[group, b, :nb].long(), seq_len)
             out[start : start + q_len] = attend(q[start : start + q_len], kb, vb, scale)
             start += q_len
+        if meta.external is not None:
+            meta.external.join(layer_idx)
         return out

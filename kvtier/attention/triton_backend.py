@@ -104,4 +104,6 @@ class TritonAttentionBackend:
                 q, layer_cache, prefill_tables, step.prefill_lens, step.prefill_starts, scale,
                 num_tokens=n - nd, q_base=nd, out=out,
             )
+        if meta.external is not None:
+            meta.external.join(layer_idx)
         return out

@@ -43,6 +43,9 @@ class Recorder:
         self.calls.append((layer_idx, rope is not None))
         out[:1] = 7.0  # the system's answer for its row
 
+    def join(self, layer_idx):
+        self.calls.append((layer_idx, "join"))
+
 
 def backends():
     out = [pytest.param(TorchAttentionBackend(), id="torch")]
@@ -65,7 +68,8 @@ def test_external_rows_are_the_systems_and_the_rest_are_unchanged(backend):
     m.external = ext = Recorder()
     hooked_cache = cache.clone()
     hooked = backend.forward(0, q, k, v, hooked_cache, m, D ** -0.5, rope=rope)
-    assert ext.calls == [(0, backend.fuses_rotary)]  # rope handed over only if not applied
+    # rope handed over only if not applied; joined once the backend's own rows are done
+    assert ext.calls == [(0, backend.fuses_rotary), (0, "join")]
     assert torch.equal(hooked[:1], torch.full_like(hooked[:1], 7.0))
     torch.testing.assert_close(hooked[1:], plain[1:])
     block, off = divmod(SLOTS[0], BS)

@@ -144,3 +144,13 @@ def test_the_simulator_makes_the_real_engines_decisions(policy, monkeypatch):
     assert any(real_moves), "the workload must move requests to the host"
     assert {rid: len(t) for rid, t in sim_out.items()} == lengths
     assert sim_plans == real_plans and moves[-1] == real_moves
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("policy", ["neo", "directkv"])
+def test_on_the_gpu_greedy_outputs_equal_gpu_only_in_fp32(policy):
+    """The GPU path: DirectKV's rows through its zero-copy kernel on a side stream beside
+    the backend's own rows, NEO's through the C++ kernel on its worker thread."""
+    reference, _, _ = run("recompute", device="cuda", num_gpu_blocks=256)
+    outputs, _, host_steps = run(policy, device="cuda")
+    assert host_steps > 0 and outputs == reference

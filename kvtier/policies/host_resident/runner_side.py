@@ -71,7 +71,12 @@ class HostRowsAttention(ABC):
     def layer(self, group: int, pages: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
               v: torch.Tensor, scale: float, out: torch.Tensor) -> None:
         """Store k/v ([n, Hkv, D]) at the group's slots of `pages` ([P, 2, Hkv, bs, D]),
-        then write attention of q ([n, Hq, D]) over the rows' whole host context into out."""
+        then write attention of q ([n, Hq, D]) over the rows' whole host context into out
+        (final by `join`)."""
+
+    def join(self, layer_idx: int) -> None:
+        """The layer's rows are final when `layer` returns, unless a system runs them
+        beside the backend's work."""
 
 
 class HostResidentSource(ABC):
