@@ -24,6 +24,18 @@ def test_its_flags_parse_into_its_options():
                    ).create_engine_config()
 
 
+def test_the_side_stream_flag_is_on_by_default_and_only_for_directkv():
+    parse = build_parser().parse_args
+    on = parse(["generate", "tiny-llama", "hi", "--kv-policy", "directkv"])
+    off = parse(["generate", "tiny-llama", "hi", "--kv-policy", "directkv",
+                 "--no-directkv-side-stream"])
+    assert EngineArgs.from_cli_args(on).create_engine_config().policy_options.side_stream
+    assert not EngineArgs.from_cli_args(off).create_engine_config().policy_options.side_stream
+    with pytest.raises(ConfigError, match="--directkv-side-stream"):
+        EngineArgs(model="tiny-llama", kv_policy="neo", directkv_side_stream=False
+                   ).create_engine_config()
+
+
 def test_a_host_pool_of_nothing_is_refused():
     from kvtier.entrypoints.llm import LLM
 

@@ -147,10 +147,14 @@ def test_the_simulator_makes_the_real_engines_decisions(policy, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("policy", ["neo", "directkv"])
-def test_on_the_gpu_greedy_outputs_equal_gpu_only_in_fp32(policy):
+@pytest.mark.parametrize("policy,flags", [("neo", {}), ("directkv", {}),
+                                          ("directkv", {"directkv_side_stream": False})])
+def test_on_the_gpu_greedy_outputs_equal_gpu_only_in_fp32(policy, flags):
     """The GPU path: DirectKV's rows through its zero-copy kernel on a side stream beside
-    the backend's own rows, NEO's through the C++ kernel on its worker thread."""
+    the backend's own rows (and in line), NEO's through the C++ kernel on its worker."""
     reference, _, _ = run("recompute", device="cuda", num_gpu_blocks=256)
-    outputs, _, host_steps = run(policy, device="cuda")
+    outputs, engine, host_steps = run(policy, device="cuda", **flags)
     assert host_steps > 0 and outputs == reference
+    if policy == "directkv":
+        side = engine.executor.external.side
+        assert (side is not None) is flags.get("directkv_side_stream", True)

@@ -51,11 +51,16 @@ class DirectKVArgs(HostResidentArgs):
                                        "its host reads add to the steps it still runs stays "
                                        "<= this times recomputing it (else the scheduler "
                                        "preempts); 0: no limit"})
+    side_stream: bool = field(
+        default=True, metadata={"help": "directkv: on a GPU the host rows run on a side "
+                                        "stream beside the device rows' attention (off: in "
+                                        "line before it)"})
 
 
 @dataclass(frozen=True)
 class DirectKVOptions(HostResidentOptions):
     balance: float = 1.0  # host_resident/balance.py's factor; 0: no limit
+    side_stream: bool = True  # runner_side.py's SideStream on a GPU
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -79,7 +84,8 @@ class DirectKVSystem(HostResidentSystem):
 
     def options(self, args: SystemArgs, config: EngineConfig) -> DirectKVOptions:
         assert isinstance(args, DirectKVArgs)
-        return DirectKVOptions(**self.shared_options(args, config), balance=args.balance)
+        return DirectKVOptions(**self.shared_options(args, config), balance=args.balance,
+                               side_stream=args.side_stream)
 
     def after_pools(self, config: EngineConfig, ctx: AssemblyContext) -> EngineConfig:
         """The balance priced by the simulator's cost model or the real engine's own."""
@@ -95,7 +101,9 @@ class DirectKVSystem(HostResidentSystem):
     def make_source(self, runner: Any):
         from kvtier.policies.directkv.runner_side import DirectKVSource
 
-        return DirectKVSource(runner, ZeroCopyRowsItem)
+        opts = runner.config.policy_options
+        assert isinstance(opts, DirectKVOptions)
+        return DirectKVSource(runner, ZeroCopyRowsItem, opts.side_stream)
 
 
 register_item(ZeroCopyRowsItem, run=run_rows, price=price_zero_copy_rows)

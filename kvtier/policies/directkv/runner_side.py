@@ -90,10 +90,11 @@ class SideStream:
 
 
 class DirectKVSource(HostResidentSource):
-    def __init__(self, runner: Any, rows_item: type[HostRows]):
+    def __init__(self, runner: Any, rows_item: type[HostRows], side_stream: bool = True):
         super().__init__(runner, rows_item)
         self.device = runner.device
-        self.side = SideStream(self.device) if self.device.type == "cuda" else None
+        self.side = (SideStream(self.device) if side_stream and self.device.type == "cuda"
+                     else None)
 
     def attention(self, layout: HostRowsLayout) -> ZeroCopyRows:
         r = self.runner

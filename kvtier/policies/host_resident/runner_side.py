@@ -74,9 +74,10 @@ class HostRowsAttention(ABC):
         then write attention of q ([n, Hq, D]) over the rows' whole host context into out
         (final by `join`)."""
 
-    def join(self, layer_idx: int) -> None:
+    def join(self, layer_idx: int) -> None:  # noqa: B027 - a hook most systems need not fill
         """The layer's rows are final when `layer` returns, unless a system runs them
         beside the backend's work."""
+        return None
 
 
 class HostResidentSource(ABC):
