@@ -65,3 +65,13 @@ def test_without_the_kernel_module_the_adapter_says_so_once(caplog, monkeypatch)
         assert sum("absent" in r.message for r in caplog.records) == 1
     finally:
         adapter._kernel.cache_clear()
+
+
+def test_the_host_resident_bench_spells_each_systems_mode():
+    from benchmarks.policies.bench_host_resident import parse_args, policy_flags
+
+    args = parse_args([])
+    assert policy_flags(args, "directkv:inline@0") == (
+        "directkv", {"directkv_side_stream": False, "directkv_balance": 0.0})
+    assert policy_flags(args, "neo:off") == ("neo", {"neo_pipeline": "off"})
+    assert policy_flags(args, "swap") == ("swap", {})
