@@ -11,8 +11,12 @@ import random
 
 import pytest
 
+from kvtier.cli import build_parser
+from kvtier.config import ConfigError
 from kvtier.engine.args import EngineArgs
 from kvtier.engine.llm_engine import LLMEngine
+from kvtier.policies.directkv import DirectKVOptions
+from kvtier.policies.neo import NeoOptions
 from kvtier.sampling_params import SamplingParams
 from kvtier.sim.engine import build_sim_engine
 
@@ -144,6 +148,36 @@ def test_the_simulator_makes_the_real_engines_decisions(policy, monkeypatch):
     assert any(real_moves), "the workload must move requests to the host"
     assert {rid: len(t) for rid, t in sim_out.items()} == lengths
     assert sim_plans == real_plans and moves[-1] == real_moves
+
+
+# Each system's balance factor: (policy, its flag's dest, the options field, another system).
+BALANCES = [("neo", "neo_cpu_balance", "cpu_balance", "directkv"),
+            ("directkv", "directkv_balance", "balance", "neo")]
+OPTIONS = {"neo": NeoOptions, "directkv": DirectKVOptions}
+
+
+@pytest.mark.parametrize("policy,dest,field,other", BALANCES)
+def test_balance_zero_lifts_the_limit(policy, dest, field, other, gpu_only):
+    outputs, engine, host_steps = run(policy, **{dest: 0.0})
+    placement = engine.scheduler.policy
+    assert placement.options.balance_rule is None and placement.num_refused_by_system == 0
+    assert placement.num_moved_out > 0 and host_steps > 5
+    assert outputs == gpu_only
+
+
+@pytest.mark.parametrize("policy,dest,field,other", BALANCES)
+def test_the_balance_flag_parses_and_bad_values_are_refused(policy, dest, field, other):
+    flag = "--" + dest.replace("_", "-")
+    ns = build_parser().parse_args(["generate", "tiny-llama", "hi", "--kv-policy", policy,
+                                    flag, "0.5"])
+    options = EngineArgs.from_cli_args(ns).create_engine_config().policy_options
+    assert isinstance(options, OPTIONS[policy]) and getattr(options, field) == 0.5
+    default = EngineArgs(model="tiny-llama", kv_policy=policy).create_engine_config()
+    assert getattr(default.policy_options, field) == 1.0
+    with pytest.raises(ConfigError, match=flag):
+        EngineArgs(model="tiny-llama", kv_policy=policy, **{dest: -1.0}).create_engine_config()
+    with pytest.raises(ConfigError, match=flag):
+        EngineArgs(model="tiny-llama", kv_policy=other, **{dest: 0.5}).create_engine_config()
 
 
 @pytest.mark.gpu
