@@ -40,6 +40,13 @@ from kvtier.costmodel.shape import StepShape
 RowsPrice = Callable[[Any, int], float]  # (cost model, host context tokens) -> seconds
 
 
+def last_token(req: Request, max_model_len: int = 0) -> int:
+    """How many tokens the request holds at its end: prompt + max_tokens, at most
+    max_model_len (0: no cap)."""
+    end = req.num_prompt_tokens + req.max_tokens
+    return min(end, max_model_len) if max_model_len else end
+
+
 def forward_s(cost_model: Any, shape: StepShape) -> float:
     """The forward's seconds of a step of this shape (its GPU work, without sampling)."""
     cost = cost_model.predict(shape)
@@ -110,10 +117,7 @@ class HostBalance:
 
     def remaining_steps(self, req: Request) -> int:
         """Decode steps the request still runs (at most: it may come back sooner)."""
-        end = req.num_prompt_tokens + req.max_tokens
-        if self.max_model_len:
-            end = min(end, self.max_model_len)
-        return max(1, end - req.num_computed_tokens)
+        return max(1, last_token(req, self.max_model_len) - req.num_computed_tokens)
 
     def recompute_s(self, ctx: int) -> float:
         """Preempting instead: its context recomputed as prefill chunks within the budget."""

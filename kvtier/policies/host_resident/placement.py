@@ -35,6 +35,7 @@ from kvtier.core.plan import ScheduledRequest
 from kvtier.core.request import Request
 from kvtier.kv.manager import KVCacheManager, cdiv
 from kvtier.policies.base import KVPolicy, Preemption, drop_kv
+from kvtier.policies.host_resident.balance import last_token
 from kvtier.policies.host_resident.items import HostRows, MoveToDevice, MoveToHost
 from kvtier.policies.host_resident.options import HostResidentOptions
 
@@ -144,9 +145,7 @@ class HostResidentPolicy(KVPolicy):
 
     def _life_blocks(self, req: Request, kv: KVCacheManager) -> int:
         """Blocks of every layer group the request holds at its last token."""
-        end = len(req.prompt_token_ids) + req.max_tokens
-        if self.options.max_model_len:
-            end = min(end, self.options.max_model_len)
+        end = last_token(req, self.options.max_model_len)
         return kv.num_groups * cdiv(max(end, req.num_computed_tokens + 1), kv.block_size)
 
     def _host_growth(self, running: list[Request], kv: KVCacheManager) -> int:
