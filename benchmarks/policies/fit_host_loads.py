@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 from typing import Any
 
 from benchmarks.common import write_result
-from benchmarks.policies.strata_breakeven import cost_model
+from benchmarks.policies.strata_breakeven import cost_model, hit_pages
 from kvtier.offload.items import copy_seconds
 
 MEASURED = "results/policies/strata_breakeven_measured_h200.json"
@@ -58,16 +57,11 @@ def main(argv: list[str] | None = None) -> None:
     model = measured["model"]
     cm, config = cost_model(model, argparse.Namespace(gpu="h200", calibration=True,
                                                       max_num_batched_tokens=None))
-    groups = config.cache.num_layer_groups(config.model_config.num_layers)
-
-    def pages(tokens: int) -> int:
-        return math.ceil(tokens / config.cache.block_size) * groups
-
     fits = {}
     for backend, res in measured["io_backends"].items():
         direct = backend == "direct"
         fits[backend] = fit_backend(
-            res["rows"], lambda n, d=direct: copy_seconds(cm, pages(n), True, direct=d),
+            res["rows"], lambda n, d=direct: copy_seconds(cm, hit_pages(config, n), True, direct=d),
             args.max_tokens)
         print(f"{backend:7s}: {1e3 * fits[backend]['step_fixed_s']:.2f} ms a loading step")
     write_result(args.out, {"measured": args.measured, "model": model,

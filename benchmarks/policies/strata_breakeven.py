@@ -76,9 +76,15 @@ def prefill_seconds(cm: CostModel, tokens: int, start: int, chunk: int) -> float
     return total
 
 
-def row(cm: CostModel, config: Any, length: int, question: int) -> dict[str, float]:
+def hit_pages(config: Any, length: int) -> int:
+    """Host pages a hit of `length` tokens loads: one per token block and layer group."""
     cache = config.cache
-    pages = math.ceil(length / cache.block_size) * cache.num_layer_groups(config.model_config.num_layers)
+    return math.ceil(length / cache.block_size) * cache.num_layer_groups(
+        config.model_config.num_layers)
+
+
+def row(cm: CostModel, config: Any, length: int, question: int) -> dict[str, float]:
+    pages = hit_pages(config, length)
     chunk = config.scheduler.max_num_batched_tokens
     kernel, direct = price_host_loads(cm, pages), price_host_loads_direct(cm, pages)
     recompute = prefill_seconds(cm, length, 0, chunk)
