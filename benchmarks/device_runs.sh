@@ -170,10 +170,10 @@ part() {
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 580 python3 -m benchmarks.policies.bench_host_resident \
       --model llama-2-13b --requests 16 --caps 0.75 --policies neo,directkv,swap,recompute \
       --out "$(out policies host_resident_13b_h200.json)" 2>&1 | tail -6 ;;
-  host-resident-long)  # long contexts (DirectKV's case): 8 requests of 32,768 + 128 tokens at a device pool of 0.8 of the batch (two must leave it): directkv (balance lifted: side stream and in line; default balance), neo (lifted), swap, recompute
+  host-resident-long)  # long contexts (DirectKV's case): 8 requests of 32,768 + 128 tokens at a device pool of 0.8 of the batch (two must leave it): directkv (balance lifted: in line and on the side stream; default balance), neo (lifted), swap, recompute
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 580 python3 -m benchmarks.policies.bench_host_resident \
       --requests 8 --prompt 32768 --output 128 --max-num-seqs 8 --caps 0.8 \
-      --policies directkv@0,directkv:inline@0,directkv,neo@0,swap,recompute \
+      --policies directkv@0,directkv:side@0,directkv,neo@0,swap,recompute \
       --out "$(out policies host_resident_long_h200.json)" 2>&1 | tail -9 ;;
   host-resident-128k)  # 128K contexts: 3 requests of 130,816 + 128 tokens (16 GiB of KV each) at 0.75 of the batch, a 32 GiB host pool (64 would not pin): directkv (lifted, default), swap, recompute
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 580 python3 -m benchmarks.policies.bench_host_resident \
@@ -189,11 +189,11 @@ part() {
   bf16-agreement)  # how far bf16 moves each policy's tokens from full caching's
     timeout 120 python3 -m benchmarks.policies.bench_bf16_agreement \
       --out "$(out policies bf16_agreement_h200.json)" 2>&1 | grep -E "^(float32|bfloat16)" ;;
-  calibrate-8b)  # the cost model's llama-3.1-8b profile of this machine (the committed one predates pinned swap copies: its swap curve reads 1-5 GB/s)
-    timeout 330 python3 -m kvtier.cli profile llama-3.1-8b \
+  calibrate-8b)  # the cost model's llama-3.1-8b profile of this machine (kvtier.profiler.calibrate: `kvtier profile` without the CLI, whose serve flags import uvicorn, absent there)
+    timeout 330 python3 -m kvtier.profiler.calibrate llama-3.1-8b \
       --out "$(out calibration calib_h200_llama-3.1-8b.json)" 2>&1 | tail -5 ;;
   calibrate-13b)  # the cost model's llama-2-13b profile of this machine
-    timeout 330 python3 -m kvtier.cli profile llama-2-13b \
+    timeout 330 python3 -m kvtier.profiler.calibrate llama-2-13b \
       --out "$(out calibration calib_h200_llama-2-13b.json)" 2>&1 | tail -5 ;;
   fidelity-trace)  # the real half of the simulator-fidelity trace
     fidelity_real fidelity_real_h200.json ;;

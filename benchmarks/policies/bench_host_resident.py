@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda", help="cuda | cpu (cpu: a smoke run only)")
     p.add_argument("--policies", default=",".join(POLICIES),
                    help="kv policies; neo:on / neo:off / neo:auto set --neo-pipeline, "
-                        "directkv:inline runs the host rows without the side stream")
+                        "directkv:side runs the host rows on a side stream")
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--prompt", type=int, default=2048, help="prompt tokens per request")
     p.add_argument("--output", type=int, default=128, help="tokens generated per request")
@@ -113,12 +113,12 @@ def pool_sizes(args: argparse.Namespace, cap: float = 0.5) -> tuple[int, int, in
 
 def policy_flags(args: argparse.Namespace, policy: str) -> tuple[str, dict[str, Any]]:
     """`name[:mode][@balance]` -> (--kv-policy, its engine flags); the mode is neo's
-    --neo-pipeline, or `inline` for directkv (--no-directkv-side-stream)."""
+    --neo-pipeline, or `side` for directkv (--directkv-side-stream)."""
     spec, _, balance = policy.partition("@")
     name, _, mode = spec.partition(":")
     extra: dict[str, Any] = {}
     if mode:
-        extra = ({"directkv_side_stream": False} if (name, mode) == ("directkv", "inline")
+        extra = ({"directkv_side_stream": True} if (name, mode) == ("directkv", "side")
                  else {"neo_pipeline": mode})
     if balance:
         extra[{"neo": "neo_cpu_balance", "directkv": "directkv_balance"}[name]] = float(balance)

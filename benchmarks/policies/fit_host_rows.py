@@ -37,20 +37,24 @@ from benchmarks.common import write_result
 from kvtier.costmodel.hardware import HostAttention, HostAttentionCost, get_hardware
 from kvtier.costmodel.shape import StepShape
 
-# (result file, calibration of its model): the runs the fit reads.
-SOURCES = (
-    ("results/policies/host_resident_h200.json", "results/calibration/calib_h200_llama-3.1-8b.json"),
-    ("results/policies/host_resident_gpu_only_h200.json",
-     "results/calibration/calib_h200_llama-3.1-8b.json"),
-    ("results/policies/host_resident_13b_h200.json",
-     "results/calibration/calib_h200_llama-2-13b.json"),
-    ("results/policies/host_resident_long_h200.json",
-     "results/calibration/calib_h200_llama-3.1-8b.json"),
-)
 # The runs' policies by the way their host rows attend (`@0`: the balance lifted, so they
-# move; the long-context run's).
-MECHANISM_OF = {"neo:off": HostAttention.CPU_ROUND_TRIP, "neo@0": HostAttention.CPU_ROUND_TRIP,
-                "directkv": HostAttention.ZERO_COPY, "directkv@0": HostAttention.ZERO_COPY}
+# move), in line: until 00eb3a4's long run DirectKV's rows ran in line by default; in that
+# run its `directkv@0` ran them on the side stream (then the default), `directkv:inline@0`
+# in line.
+IN_LINE = {"neo:off": HostAttention.CPU_ROUND_TRIP, "neo@0": HostAttention.CPU_ROUND_TRIP,
+           "directkv": HostAttention.ZERO_COPY, "directkv@0": HostAttention.ZERO_COPY}
+LONG_RUN = {"neo@0": HostAttention.CPU_ROUND_TRIP,
+            "directkv:inline@0": HostAttention.ZERO_COPY}
+CAL_8B = "results/calibration/calib_h200_llama-3.1-8b.json"
+# (result file, calibration of its model, its policies fit): the runs the fit reads.
+SOURCES = (
+    ("results/policies/host_resident_h200.json", CAL_8B, IN_LINE),
+    ("results/policies/host_resident_gpu_only_h200.json", CAL_8B, IN_LINE),
+    ("results/policies/host_resident_13b_h200.json",
+     "results/calibration/calib_h200_llama-2-13b.json", IN_LINE),
+    ("results/policies/host_resident_long_h200.json", CAL_8B, LONG_RUN),
+)
+MECHANISM_OF = {**IN_LINE, **LONG_RUN}
 CHECKED = {"neo": HostAttention.CPU_ROUND_TRIP}  # priced with the fit, not fit
 MIN_TOKEN_SPREAD = 1.5  # the largest host tokens over the smallest, to fit a rate
 
@@ -198,8 +202,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--out", default=None, help="result JSON")
     args = p.parse_args(argv)
-    groups = [g for path, calib in SOURCES for g in groups_of(path, calib, MECHANISM_OF)]
-    checks = [g for path, calib in SOURCES for g in groups_of(path, calib, CHECKED)]
+    groups = [g for path, calib, fit_ in SOURCES for g in groups_of(path, calib, fit_)]
+    checks = [g for path, calib, _ in SOURCES for g in groups_of(path, calib, CHECKED)]
     mechanisms: dict[str, Any] = {}
     for mechanism in HostAttention:
         mine = [g for g in groups if MECHANISM_OF[g.policy] is mechanism]
@@ -227,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"neo pipelined: {1e3 * launch['layer_s']:.3f} ms a layer beyond its price "
           f"(NEO's lnch_T: 0.8)")
     if args.out:
-        write_result(args.out, {"sources": [s for s, _ in SOURCES], "mechanisms": mechanisms,
+        write_result(args.out, {"sources": [s for s, _, _ in SOURCES], "mechanisms": mechanisms,
                                 "pipelined_vs_sequential_price": pipelined,
                                 "pipelined_launch": launch})
 
