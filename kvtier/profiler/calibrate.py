@@ -113,6 +113,7 @@ def profile_meta(engine: LLMEngine, hardware: str) -> dict:
         "piecewise_graphs": bool(c.piecewise_graphs),
         "piecewise_captured": bool(runner.piecewise is not None and runner.piecewise.graphs),
         "device": str(runner.device), "dtype": str(runner.dtype),
+        "async_scheduling": bool(c.scheduler.async_scheduling),
     }
 
 
@@ -251,7 +252,10 @@ def add_profile_parser(subparsers) -> None:
 
 
 def run_profile(args: argparse.Namespace) -> int:
-    eargs = EngineArgs.from_cli_args(args)
+    # Synchronous steps: the host terms are fitted to each serving step's wall, launch to
+    # result, which under async scheduling also spans the next step's scheduling and launch
+    # (the simulator prices synchronous steps).
+    eargs = replace(EngineArgs.from_cli_args(args), async_scheduling=False)
     hardware = detect_hardware() if args.hardware == "auto" else args.hardware
     t0 = time.perf_counter()
     engine = LLMEngine.from_engine_args(eargs)

@@ -123,13 +123,32 @@ def _model(calib: Calibration, meta: dict) -> CostModel:
                                      max_num_batched_tokens=meta["max_num_batched_tokens"]))
 
 
-def fit_calibration(raw: dict[str, Any], environment: dict | None = None) -> Calibration:
+def host_steps(raw: dict[str, Any], source: str = "auto") -> list[dict]:
+    """The steps the host terms are fitted to: the serving trace's where it ran synchronously
+    (`auto`, or `serving`), else the sweep steps. An asynchronous trace's walls run from a
+    step's launch to its result, across the next step's scheduling: not one step's time.
+    Traces from before the meta said so show it in their gaps: a step launched before the
+    previous one's result was read leaves a negative one."""
+    serving = raw.get("serving_steps")
+    if source == "sweep" or not serving:
+        return raw["steps"]
+    overlapped = any((st.get("loop_s") or 0.0) < 0 for st in serving)
+    if raw["meta"].get("async_scheduling") or overlapped:
+        raise ValueError("the serving trace ran with async scheduling: its walls are not "
+                         "step times; refit with --host-steps sweep")
+    return serving
+
+
+def fit_calibration(raw: dict[str, Any], environment: dict | None = None,
+                    host_source: str = "auto") -> Calibration:
     meta = raw["meta"]
     shapes = Shapes.of(meta_model_config(meta))
     prefill, prefill_err = fit_prefill(raw["attn_prefill"], shapes)
     copy_out, out_err = fit_copy(raw["copies"]["out"], meta["block_bytes"])
     copy_in, in_err = fit_copy(raw["copies"]["in"], meta["block_bytes"])
-    serving_loop = serving_loop_rows(raw.get("serving_steps") or [])
+    fitted_on = host_steps(raw, host_source)
+    serving = fitted_on is not raw["steps"]
+    serving_loop = serving_loop_rows(fitted_on if serving else [])
     loop_source = raw.get("loop")
     if len(serving_loop) >= 3:
         loop_source = serving_loop
@@ -153,8 +172,7 @@ def fit_calibration(raw: dict[str, Any], environment: dict | None = None) -> Cal
     piece = piece_layer_s(calib, make, raw["steps"])
     if piece is not None:
         calib = replace(calib, host=replace(calib.host, piece_layer_s=piece))
-    serving = raw.get("serving_steps")
-    host, host_report = fit_host(calib, make, serving or raw["steps"])
+    host, host_report = fit_host(calib, make, fitted_on)
     report = {"host_launches": launch_params(raw.get("host_launches")), "piece_layer_s": piece,
               "attn_prefill_mape": prefill_err, "copy_out_affine_mape": out_err,
               "copy_in_affine_mape": in_err, "loop_mape": loop_err,
@@ -171,12 +189,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description="refit a calibration from its raw measurements")
     ap.add_argument("calibration")
     ap.add_argument("--out", help="where to write (default: in place)")
+    ap.add_argument("--host-steps", choices=("auto", "serving", "sweep"), default="auto",
+                    help="fit the host terms to the serving trace (auto: where it ran "
+                         "synchronously) or to the sweep steps")
     args = ap.parse_args()
     old = Calibration.load(args.calibration)
     env = dict(old.environment)
-    env["refit"] = "python -m kvtier.profiler.fit (the fit of kvtier commit {})".format(
-        git_info()["commit"])
-    new = fit_calibration(old.raw, env)
+    env["refit"] = "python -m kvtier.profiler.fit --host-steps {} (the fit of kvtier commit {})".format(
+        args.host_steps, git_info()["commit"])
+    new = fit_calibration(old.raw, env, args.host_steps)
     new.save(args.out or args.calibration)
     print(new.fit_report)
 
