@@ -123,20 +123,21 @@ def _model(calib: Calibration, meta: dict) -> CostModel:
                                      max_num_batched_tokens=meta["max_num_batched_tokens"]))
 
 
-def host_steps(raw: dict[str, Any], source: str = "auto") -> list[dict]:
-    """The steps the host terms are fitted to: the serving trace's where it ran synchronously
-    (`auto`, or `serving`), else the sweep steps. An asynchronous trace's walls run from a
-    step's launch to its result, across the next step's scheduling: not one step's time.
+def host_steps(raw: dict[str, Any], source: str = "auto") -> tuple[list[dict], bool]:
+    """The steps the host terms are fitted to, and whether they are the serving trace's
+    (`auto` or `serving`: where it ran synchronously), else the sweep steps. An asynchronous
+    trace's walls run from a step's launch to its result, across the next step's scheduling:
+    not one step's time.
     Traces from before the meta said so show it in their gaps: a step launched before the
     previous one's result was read leaves a negative one."""
     serving = raw.get("serving_steps")
     if source == "sweep" or not serving:
-        return raw["steps"]
+        return raw["steps"], False
     overlapped = any((st.get("loop_s") or 0.0) < 0 for st in serving)
     if raw["meta"].get("async_scheduling") or overlapped:
         raise ValueError("the serving trace ran with async scheduling: its walls are not "
                          "step times; refit with --host-steps sweep")
-    return serving
+    return serving, True
 
 
 def fit_calibration(raw: dict[str, Any], environment: dict | None = None,
@@ -146,8 +147,7 @@ def fit_calibration(raw: dict[str, Any], environment: dict | None = None,
     prefill, prefill_err = fit_prefill(raw["attn_prefill"], shapes)
     copy_out, out_err = fit_copy(raw["copies"]["out"], meta["block_bytes"])
     copy_in, in_err = fit_copy(raw["copies"]["in"], meta["block_bytes"])
-    fitted_on = host_steps(raw, host_source)
-    serving = fitted_on is not raw["steps"]
+    fitted_on, serving = host_steps(raw, host_source)
     serving_loop = serving_loop_rows(fitted_on if serving else [])
     loop_source = raw.get("loop")
     if len(serving_loop) >= 3:

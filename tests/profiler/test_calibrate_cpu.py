@@ -33,6 +33,7 @@ def test_profile_tiny_model_on_cpu(tmp_path):
     assert calib.attn_decode_graph.rows and calib.attn_decode_eager.rows
     assert calib.raw["steps"] and calib.raw["copies"]["out"] and calib.raw["loop"]
     assert calib.fit_report["host_fitted_on"] == "serving steps"
+    assert calib.raw["meta"]["async_scheduling"] is False  # walls of one step each
     assert calib.fit_report["steps"]["num_steps"] == len(calib.raw["serving_steps"]) > 6
     assert calib.fit_report["sweep_steps_check"]["num_steps"] == len(calib.raw["steps"])
     assert calib.environment["torch"]

@@ -89,6 +89,25 @@ def test_the_loop_is_fitted_to_the_serving_trace_gaps_when_recorded():
         "loop_fitted_on"] == "the simulated engine's loop"
 
 
+@pytest.mark.parametrize("mark", ["meta", "gaps"])
+def test_an_asynchronous_serving_trace_is_not_fitted_to(mark):
+    """Under async scheduling a step's wall runs from its launch to its result, across the
+    next step's launch: the fit refuses such walls (flagged in the meta, or shown by
+    overlapping records' negative gaps) and fits the sweep steps when asked to."""
+    sweep = synthetic_steps()
+    slow = [dict(st, wall_s=3 * st["wall_s"], loop_s=-1e-3 if mark == "gaps" else 1e-4)
+            for st in synthetic_steps(seed=5)]
+    raw = dict(raw_measurements(sweep), serving_steps=slow)
+    if mark == "meta":
+        raw["meta"] = dict(raw["meta"], async_scheduling=True)
+    with pytest.raises(ValueError, match="--host-steps sweep"):
+        fit_calibration(raw)
+    calib = fit_calibration(raw, host_source="sweep")
+    assert calib.fit_report["host_fitted_on"] == "sweep steps"
+    assert calib.fit_report["loop_fitted_on"] == "the simulated engine's loop"
+    assert calib.host.graph_s == pytest.approx(HOST.graph_s, rel=1e-4)
+
+
 def test_graph_steps_longest_context_tail_is_fitted():
     # Graph steps whose contexts are uneven (longest > mean) took 30 ns a layer per token
     # of the difference longer than their grid point: the fit finds that and leaves the
