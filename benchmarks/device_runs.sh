@@ -170,10 +170,10 @@ part() {
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 580 python3 -m benchmarks.policies.bench_host_resident \
       --model llama-2-13b --requests 16 --caps 0.75 --policies neo,directkv,swap,recompute \
       --out "$(out policies host_resident_13b_h200.json)" 2>&1 | tail -6 ;;
-  host-resident-long)  # long contexts (DirectKV's case): 8 requests of 32,768 + 128 tokens at a device pool of 0.8 of the batch (two must leave it): directkv (balance lifted: in line and on the side stream; default balance), neo (lifted), swap, recompute
+  host-resident-long)  # long contexts (DirectKV's case): 8 requests of 32,768 + 128 tokens at a device pool of 0.8 of the batch (two must leave it): directkv (balance lifted: in line and on the side stream, each with its tokens/s without one-off steps, since the first run pays the kernel compiles; default balance), neo (lifted), swap, recompute
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 580 python3 -m benchmarks.policies.bench_host_resident \
       --requests 8 --prompt 32768 --output 128 --max-num-seqs 8 --caps 0.8 \
-      --policies directkv@0,directkv:side@0,directkv,neo@0,swap,recompute \
+      --policies directkv:inline@0,directkv@0,directkv,neo@0,swap,recompute \
       --out "$(out policies host_resident_long_h200.json)" 2>&1 | tail -9 ;;
   host-resident-128k)  # 128K contexts: 3 requests of 130,816 + 128 tokens (16 GiB of KV each) at 0.75 of the batch, a 32 GiB host pool (64 would not pin): directkv (lifted, default), swap, recompute
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 580 python3 -m benchmarks.policies.bench_host_resident \

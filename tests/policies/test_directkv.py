@@ -24,15 +24,15 @@ def test_its_flags_parse_into_its_options():
                    ).create_engine_config()
 
 
-def test_the_side_stream_flag_is_off_by_default_and_only_for_directkv():
+def test_the_side_stream_flag_is_on_by_default_and_only_for_directkv():
     parse = build_parser().parse_args
-    off = parse(["generate", "tiny-llama", "hi", "--kv-policy", "directkv"])
-    on = parse(["generate", "tiny-llama", "hi", "--kv-policy", "directkv",
-                "--directkv-side-stream"])
+    on = parse(["generate", "tiny-llama", "hi", "--kv-policy", "directkv"])
+    off = parse(["generate", "tiny-llama", "hi", "--kv-policy", "directkv",
+                 "--no-directkv-side-stream"])
     assert EngineArgs.from_cli_args(on).create_engine_config().policy_options.side_stream
     assert not EngineArgs.from_cli_args(off).create_engine_config().policy_options.side_stream
     with pytest.raises(ConfigError, match="--directkv-side-stream"):
-        EngineArgs(model="tiny-llama", kv_policy="neo", directkv_side_stream=True
+        EngineArgs(model="tiny-llama", kv_policy="neo", directkv_side_stream=False
                    ).create_engine_config()
 
 
@@ -71,7 +71,7 @@ def test_the_host_resident_bench_spells_each_systems_mode():
     from benchmarks.policies.bench_host_resident import parse_args, policy_flags
 
     args = parse_args([])
-    assert policy_flags(args, "directkv:side@0") == (
-        "directkv", {"directkv_side_stream": True, "directkv_balance": 0.0})
+    assert policy_flags(args, "directkv:inline@0") == (
+        "directkv", {"directkv_side_stream": False, "directkv_balance": 0.0})
     assert policy_flags(args, "neo:off") == ("neo", {"neo_pipeline": "off"})
     assert policy_flags(args, "swap") == ("swap", {})

@@ -182,13 +182,13 @@ def test_the_balance_flag_parses_and_bad_values_are_refused(policy, dest, field,
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("policy,flags", [("neo", {}), ("directkv", {}),
-                                          ("directkv", {"directkv_side_stream": True})])
+                                          ("directkv", {"directkv_side_stream": False})])
 def test_on_the_gpu_greedy_outputs_equal_gpu_only_in_fp32(policy, flags):
-    """The GPU path: DirectKV's rows through its zero-copy kernel in line (and on a side
-    stream beside the backend's own rows), NEO's through the C++ kernel on its worker."""
+    """The GPU path: DirectKV's rows through its zero-copy kernel on a side stream beside
+    the backend's own rows (and in line), NEO's through the C++ kernel on its worker."""
     reference, _, _ = run("recompute", device="cuda", num_gpu_blocks=256)
     outputs, engine, host_steps = run(policy, device="cuda", **flags)
     assert host_steps > 0 and outputs == reference
     if policy == "directkv":
         side = engine.executor.external.side
-        assert (side is not None) is flags.get("directkv_side_stream", False)
+        assert (side is not None) is flags.get("directkv_side_stream", True)

@@ -51,19 +51,16 @@ class DirectKVArgs(HostResidentArgs):
                                        "its host reads add to the steps it still runs stays "
                                        "<= this times recomputing it (else the scheduler "
                                        "preempts); 0: no limit"})
-    # Off by default: on the H200 the side stream slowed the host reads more than it hid
-    # (results/policies/host_resident_long_h200.json: its directkv@0 ran on the side stream,
-    # then the default, its directkv:inline@0 in line).
     side_stream: bool = field(
-        default=False, metadata={"help": "directkv: on a GPU run the host rows on a side "
-                                         "stream beside the device rows' attention (default: "
-                                         "in line before it)"})
+        default=True, metadata={"help": "directkv: on a GPU the host rows run on a side "
+                                        "stream beside the device rows' attention (off: in "
+                                        "line before it)"})
 
 
 @dataclass(frozen=True)
 class DirectKVOptions(HostResidentOptions):
     balance: float = 1.0  # host_resident/balance.py's factor; 0: no limit
-    side_stream: bool = False  # runner_side.py's SideStream on a GPU
+    side_stream: bool = True  # runner_side.py's SideStream on a GPU
 
     def __post_init__(self) -> None:
         super().__post_init__()

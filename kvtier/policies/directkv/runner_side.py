@@ -90,7 +90,7 @@ class SideStream:
 
 
 class DirectKVSource(HostResidentSource):
-    def __init__(self, runner: Any, rows_item: type[HostRows], side_stream: bool = False):
+    def __init__(self, runner: Any, rows_item: type[HostRows], side_stream: bool = True):
         super().__init__(runner, rows_item)
         self.device = runner.device
         self.side = (SideStream(self.device) if side_stream and self.device.type == "cuda"
