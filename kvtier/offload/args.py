@@ -32,8 +32,9 @@ GiB = 2**30
 DEFAULT_RATIO = 2.0  # SGLang's --hicache-ratio default
 # A loading bound (balanced batches, docs/HOST_TIER.md): a step loads at most this many
 # times the tokens it computes (SGLang's hybrid admission caps load/compute at 4.0).
-# The simulator's sweep finds no better value (a deferred load costs the same a step later):
-# results/policies/strata_loading_bound_sim_h200.json
+# Measured on the H200, bounds 0-8 gave the same TTFT (few host hits to limit there):
+# results/policies/strata_loading_bound_h200.json; the simulator's sweeps find no value
+# better on every workload (results/policies/strata_loading_bound*_sim_h200.json).
 DEFAULT_LOADING_BOUND = 4.0
 
 _LAYOUTS = {"head_major": HostPageLayout.HEAD_MAJOR, "page_head": HostPageLayout.HEAD_MAJOR,
