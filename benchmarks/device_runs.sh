@@ -277,9 +277,10 @@ part() {
   strata-multiturn)  # the same four variants on multi-turn ShareGPT (the 600-turn file's first 400 turns, 4 conversations/s, 1 s think time), 4 GiB GPU pool, 50 s windows
     strata prepared strata_multiturn_h200.json --dataset-path $WMT --num-prompts 400 \
       --arrivals poisson --rate 4 --max-model-len 8192 --kv-cache-gb 4 --max-duration 50 ;;
-  strata-multiturn-13b)  # the four variants on multi-turn ShareGPT with llama-2-13b (2 conversations/s: 4 overload it), 20 GiB pool, 56 GiB host, 50 s windows
-    strata prepared strata_multiturn_13b_h200.json --model llama-2-13b --dataset-path $WMT13 \
-      --num-prompts 400 --arrivals poisson --rate 2 --max-model-len 4096 --kv-cache-gb 20 \
+  strata-multiturn-13b)  # the four variants on multi-turn ShareGPT with llama-2-13b ($STRATA_RATE conversations/s, default 2, which overloads it too: 1 for the next run), 20 GiB pool, 56 GiB host, 50 s windows
+    strata prepared "strata_multiturn_13b${STRATA_RATE:+_rate$STRATA_RATE}_h200.json" --model llama-2-13b \
+      --dataset-path $WMT13 --num-prompts 400 --arrivals poisson --rate "${STRATA_RATE:-2}" \
+      --max-model-len 4096 --kv-cache-gb 20 \
       --host-gib 56 --max-duration 50 ;;
   strata-write-policies)  # L-Eval shuffled, 8B: (c) under each write policy, 45 s windows
     strata leval strata_write_policies_h200.json --dataset-path .carry/leval_paper_assistant.jsonl \
