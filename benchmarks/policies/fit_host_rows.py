@@ -17,7 +17,8 @@ whose runs never vary the host tokens enough keeps the profile's
 rate and fits only layer_s. NEO's pipelined steps are priced with the fit and reported as a
 check (beside the sequential price), and what they took beyond their pipelined price without
 NEO's launch constant is fit as that constant per layer (NEO's predictor charges its lnch_T
-per layer; neo/steps.py's LAUNCH_S).
+per layer; neo/steps.py's LAUNCH_S). That check prices the CPU rows with the h200 profile's
+cost, so after the profile takes a new fit, run this once more for its `pipelined_launch`.
 
   python -m benchmarks.policies.fit_host_rows --out results/calibration/host_rows_h200.json
 """
@@ -38,9 +39,9 @@ from kvtier.costmodel.hardware import HostAttention, HostAttentionCost, get_hard
 from kvtier.costmodel.shape import StepShape
 
 # The runs' policies by the way their host rows attend (`@0`: the balance lifted, so they
-# move), in line: until 00eb3a4's long run DirectKV's rows ran in line by default; in that
-# run its `directkv@0` ran them on the side stream (then the default), `directkv:inline@0`
-# in line.
+# move), in line: the runs before the side stream existed ran DirectKV's rows in line; in the
+# long run of 00eb3a4 `directkv@0` ran them on the side stream (the default since), and
+# `directkv:inline@0` in line.
 IN_LINE = {"neo:off": HostAttention.CPU_ROUND_TRIP, "neo@0": HostAttention.CPU_ROUND_TRIP,
            "directkv": HostAttention.ZERO_COPY, "directkv@0": HostAttention.ZERO_COPY}
 LONG_RUN = {"neo@0": HostAttention.CPU_ROUND_TRIP,
@@ -54,7 +55,6 @@ SOURCES = (
      "results/calibration/calib_h200_llama-2-13b.json", IN_LINE),
     ("results/policies/host_resident_long_h200.json", CAL_8B, LONG_RUN),
 )
-MECHANISM_OF = {**IN_LINE, **LONG_RUN}
 CHECKED = {"neo": HostAttention.CPU_ROUND_TRIP}  # priced with the fit, not fit
 MIN_TOKEN_SPREAD = 1.5  # the largest host tokens over the smallest, to fit a rate
 
@@ -65,6 +65,7 @@ class StepGroup:
 
     source: str
     policy: str
+    mechanism: HostAttention
     cap: float
     rows: int
     scheduled: int
@@ -140,7 +141,7 @@ def groups_of(path: str, calibration: str, policies: dict[str, HostAttention]) -
                 continue
             tokens = statistics.fmean(s["host_context_tokens"] for s in kept)
             out.append(StepGroup(
-                path, run["policy"], run["cap"], rows, scheduled, len(kept), tokens,
+                path, run["policy"], mechanism, run["cap"], rows, scheduled, len(kept), tokens,
                 statistics.median(s["step_s"] for s in kept),
                 gpu_seconds(cm, scheduled, rows, tokens, mechanism), cm.mc.num_layers,
                 cm.mc.kv_bytes_per_token(2),
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     checks = [g for path, calib, _ in SOURCES for g in groups_of(path, calib, CHECKED)]
     mechanisms: dict[str, Any] = {}
     for mechanism in HostAttention:
-        mine = [g for g in groups if MECHANISM_OF[g.policy] is mechanism]
+        mine = [g for g in groups if g.mechanism is mechanism]
         cost, rate_fit = fit(mine, mechanism)
         rows = residuals(mine, cost)
         mechanisms[mechanism.value] = {
