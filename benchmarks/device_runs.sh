@@ -221,6 +221,19 @@ part() {
     pytest_gpu "gpu_tests_host_page_io_$KVTIER_GIT_COMMIT" 200 tests/kernels/test_kernel_host_page_io.py
     timeout 300 python3 -m benchmarks.kernels.bench_host_page_io \
       --out "$(out kernels host_page_io_h200.json)" 2>&1 | tail -6 ;;
+  host-page-io-launch)  # the I/O kernel's launch shape (programs x warps, paced to a GB/s, tile bytes) against its cost to a concurrent 8K prefill, 16-token pages, the copy engine beside; the kernel's GPU tests
+    pytest_gpu "gpu_tests_host_page_io_$KVTIER_GIT_COMMIT" 200 tests/kernels/test_kernel_host_page_io.py
+    timeout 400 python3 -m benchmarks.kernels.bench_host_page_io_launch --reps 7 \
+      --out "$(out kernels "host_page_io_launch_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -44 ;;
+  cpu-attention-splits)  # NEO's CPU attention at 1x8192 and 8x4096, 16 threads: the work split (pages a split) by the prefetch distance, 30 calls a median
+    local s c=$KVTIER_GIT_COMMIT
+    export TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext
+    for s in 0 4 16 32; do
+      timeout 100 python3 -m benchmarks.kernels.bench_cpu_attention --threads 16 \
+        --shapes 1x8192,8x4096 --no-sdpa --thread-sweep '' --sweep-shapes 2 --iters 30 \
+        --tunings -/t0/1,-/t0/2,-/t0/4,-/t2/2,-/t2/4 $([ $s -gt 0 ] && echo --pages-per-split $s) \
+        --out "$(out kernels "cpu_attention_h200_split${s}_$c.json")" 2>&1 | tail -3
+    done ;;
   host-decode-attention)  # DirectKV's zero-copy decode attention over pinned host pages vs PCIe H2D; its GPU tests and both systems' engine runs on the GPU (fp32 = GPU-only)
     pytest_gpu "gpu_tests_host_decode_attention_$KVTIER_GIT_COMMIT" 200 tests/kernels/test_host_decode_attention.py \
       tests/policies/test_host_resident_engine.py

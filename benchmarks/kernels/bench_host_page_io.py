@@ -258,12 +258,14 @@ def _issue_on(stream: torch.cuda.Stream, fn: Callable[[], None], repeats: int,
 
 
 def concurrent_row(p: Pools, clock: Clock, prefill: Callable[[], None], prefill_alone_s: float,
-                   backend: str, programs: int | None, to_host: bool) -> dict[str, Any]:
+                   backend: str, programs: int | None, to_host: bool,
+                   fn: Callable[[], None] | None = None) -> dict[str, Any]:
     """The prefill on the main stream while a second thread issues the transfer, repeated
     for about as long, on a side stream (as a scheduler thread would issue loads): the
     engine's prefill blocks its caller until the token is out, and the direct variants spend
-    host time issuing, so neither can wait for the other."""
-    fn = transfer(p, backend, to_host, programs or 1)
+    host time issuing, so neither can wait for the other. `fn`: the transfer, when it is
+    not `transfer(p, backend, to_host, programs)`'s."""
+    fn = fn or transfer(p, backend, to_host, programs or 1)
     one = clock.median(fn)
     repeats = max(1, round(prefill_alone_s / one))
     side = torch.cuda.Stream() if clock.cuda else None

@@ -39,7 +39,13 @@ import torch
 import triton
 import triton.language as tl
 
-from kvtier.kernels.launch import check, check_last_dim_contiguous, next_pow2, upcast
+from kvtier.kernels.launch import (
+    check,
+    check_last_dim_contiguous,
+    interpreting,
+    next_pow2,
+    upcast,
+)
 
 NUM_WARPS = 32  # 1024 threads a program, the shape the published I/O kernels use
 # Two programs move 16-token pages within 1.2 % of four's rate alone, both ways, and slow a
@@ -87,10 +93,25 @@ def _tile_ids(src_ids_ptr, dst_ids_ptr, row, num_rows, ROWS_PER_PAGE: tl.constex
 
 
 @triton.jit
+def _global_ns():
+    """The GPU's global nanosecond timer (PTX %globaltimer); impure, so never hoisted."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _wait_until(deadline):
+    now = _global_ns()
+    while now < deadline:
+        now = _global_ns()
+
+
+@triton.jit
 def _copy_rows_kernel(
     src_ptr, src_ids_ptr, s_page, s_f, s_kv, s_r1, s_r2,  # [*, F, 2, R1, R2, D] view
     dst_ptr, dst_ids_ptr, d_page, d_f, d_kv, d_r1, d_r2,  # same dims, other pool
     num_rows,  # len(ids) * ROWS_PER_PAGE
+    ns_per_tile,  # > 0: a program starts its k-th tile no sooner than k x this after its first
     R1: tl.constexpr, R2: tl.constexpr, ROWS_PER_PAGE: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, TILE_ROWS: tl.constexpr, UPCAST: tl.constexpr,
 ):
@@ -100,7 +121,12 @@ def _copy_rows_kernel(
     d = tl.arange(0, D_PAD)
     src_id, dst_id = _tile_ids(src_ids_ptr, dst_ids_ptr, pid * TILE_ROWS + rows, num_rows,
                                ROWS_PER_PAGE)
+    t0 = tl.full((), 0, tl.int64)
+    if ns_per_tile > 0:
+        t0 = _global_ns()
     for start in tl.range(pid * TILE_ROWS, num_rows, step):
+        if ns_per_tile > 0:  # paced: see `paced_gbps` in _launch
+            _wait_until(t0 + ((start - pid * TILE_ROWS) // step).to(tl.int64) * ns_per_tile)
         row = start + rows
         row_ok = row < num_rows
         r = row % ROWS_PER_PAGE  # row within the page, host order: (f, kv, r1, r2)
@@ -159,9 +185,16 @@ def _check_ids(src: torch.Tensor, dst: torch.Tensor, device: torch.device) -> No
 
 
 def _launch(src: torch.Tensor, src_ids: torch.Tensor, dst: torch.Tensor, dst_ids: torch.Tensor,
-            num_programs: int, tile_bytes: int) -> None:
-    """src and dst: [*, F, 2, R1, R2, D] views in host-page order."""
+            num_programs: int, tile_bytes: int, num_warps: int = NUM_WARPS,
+            paced_gbps: float | None = None) -> None:
+    """src and dst: [*, F, 2, R1, R2, D] views in host-page order. `paced_gbps`: the programs
+    together issue tiles no faster than this (each spins on the GPU's timer before a tile
+    that would run ahead), so a copy does not queue more over PCIe than the link drains;
+    under the interpreter, which has no timer, the copy runs unpaced (pacing is timing
+    only: the bytes moved are the same)."""
     check(num_programs >= 1, lambda: f"num_programs must be >= 1, got {num_programs}")
+    check(paced_gbps is None or paced_gbps > 0,
+          lambda: f"paced_gbps must be > 0, got {paced_gbps}")
     n = src_ids.shape[0]
     if n == 0:
         return
@@ -174,10 +207,13 @@ def _launch(src: torch.Tensor, src_ids: torch.Tensor, dst: torch.Tensor, dst_ids
     programs = min(num_programs, num_tiles)
     check((num_tiles + programs) * tile_rows < 2**31,  # row indices are int32
           lambda: f"{n} pages of {rows_per_page} rows: too many for one launch")
+    ns_per_tile = 0
+    if paced_gbps is not None and not interpreting():  # bytes / (GB/s) = ns
+        ns_per_tile = max(1, round(tile_rows * d * src.element_size() * programs / paced_gbps))
     _copy_rows_kernel[(programs,)](
         src, src_ids, *src.stride()[:5], dst, dst_ids, *dst.stride()[:5], n * rows_per_page,
-        R1=r1, R2=r2, ROWS_PER_PAGE=rows_per_page, HEAD_DIM=d, D_PAD=d_pad,
-        TILE_ROWS=tile_rows, UPCAST=upcast(src.dtype), num_warps=NUM_WARPS,
+        ns_per_tile, R1=r1, R2=r2, ROWS_PER_PAGE=rows_per_page, HEAD_DIM=d, D_PAD=d_pad,
+        TILE_ROWS=tile_rows, UPCAST=upcast(src.dtype), num_warps=num_warps,
     )
 
 
@@ -188,13 +224,15 @@ def gather_to_host(
     host_pages: torch.Tensor,  # [n] int, on gpu_kv's device; distinct
     layout: HostPageLayout = HostPageLayout.HEAD_MAJOR,
     num_programs: int = DEFAULT_NUM_PROGRAMS, tile_bytes: int = DEFAULT_TILE_BYTES,
+    *, num_warps: int = NUM_WARPS, paced_gbps: float | None = None,
 ) -> None:
     """D2H, one launch: host page host_pages[i] = device block gpu_blocks[i], on the current
     stream. Ids are not range-checked here (that would cost a sync): HostPageIO checks them
     on the host."""
     check_pools(gpu_kv, host_kv, layout)
     _check_ids(gpu_blocks, host_pages, gpu_kv.device)
-    _launch(host_order(gpu_kv, layout), gpu_blocks, host_kv, host_pages, num_programs, tile_bytes)
+    _launch(host_order(gpu_kv, layout), gpu_blocks, host_kv, host_pages, num_programs, tile_bytes,
+            num_warps, paced_gbps)
 
 
 def scatter_to_gpu(
@@ -204,11 +242,13 @@ def scatter_to_gpu(
     gpu_blocks: torch.Tensor,  # [n] int, on gpu_kv's device; distinct
     layout: HostPageLayout = HostPageLayout.HEAD_MAJOR,
     num_programs: int = DEFAULT_NUM_PROGRAMS, tile_bytes: int = DEFAULT_TILE_BYTES,
+    *, num_warps: int = NUM_WARPS, paced_gbps: float | None = None,
 ) -> None:
     """H2D, one launch: device block gpu_blocks[i] = host page host_pages[i]."""
     check_pools(gpu_kv, host_kv, layout)
     _check_ids(host_pages, gpu_blocks, gpu_kv.device)
-    _launch(host_kv, host_pages, host_order(gpu_kv, layout), gpu_blocks, num_programs, tile_bytes)
+    _launch(host_kv, host_pages, host_order(gpu_kv, layout), gpu_blocks, num_programs, tile_bytes,
+            num_warps, paced_gbps)
 
 
 def gather_to_host_ref(gpu_kv: torch.Tensor, host_kv: torch.Tensor, gpu_blocks: torch.Tensor,

@@ -2,7 +2,8 @@
 Triton lowers it to PTX and runs its bundled ptxas, which refuses cache-hint combinations PTX
 does not allow. Run as `python -m tests.kernels.sm90_compile` without TRITON_INTERPRET (the
 interpreter replaces the kernels by Python functions); prints one JSON object: the ptxas
-error if any, and the kernel's global load/store instructions."""
+error if any, the kernel's global load/store instructions, and whether it reads the global
+timer (the paced path)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ def main() -> None:
             continue
         lines = [ln.strip() for ln in ptx.splitlines()]
         out[elem] = {"loads": [ln for ln in lines if " ld.global" in ln],
-                     "stores": [ln for ln in lines if " st.global" in ln]}
+                     "stores": [ln for ln in lines if " st.global" in ln],
+                     "reads_global_timer": any("%globaltimer" in ln for ln in lines)}
     print(json.dumps(out))
 
 

@@ -102,6 +102,54 @@ def test_scatter_matches_reference(layout, dtype, num_programs, tile_bytes):
     assert torch.equal(expected[dst.to(DEVICE)].cpu(), block_order(host_kv, layout)[src])
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_paced_copies_with_fewer_warps_match_reference(layout):
+    """Pacing and the warp count change when tiles are issued, never what is moved (under
+    the interpreter, which has no timer, the copy runs unpaced)."""
+    gpu_kv, host_kv = pools(9, 8, layout, torch.bfloat16)
+    src, dst = id_lists(6, 9, 8, seed=11)
+    expected = host_kv.clone()
+    gather_to_host_ref(gpu_kv, expected, src, dst, layout)
+    gather_to_host(gpu_kv, host_kv, src.to(DEVICE), dst.to(DEVICE), layout, num_programs=3,
+                   tile_bytes=128, num_warps=4, paced_gbps=5.0)
+    sync()
+    assert torch.equal(host_kv, expected)
+    want, blocks = gpu_kv.clone(), torch.tensor([0, 4, 7, 8, 2, 5])
+    scatter_to_gpu_ref(host_kv, want, dst, blocks, layout)
+    scatter_to_gpu(host_kv, gpu_kv, dst.to(DEVICE), blocks.to(DEVICE), layout, num_programs=2,
+                   tile_bytes=256, paced_gbps=5.0)
+    sync()
+    assert torch.equal(gpu_kv, want)
+
+
+def test_pacing_rate_must_be_positive():
+    gpu_kv, host_kv = pools(3, 3, HostPageLayout.HEAD_MAJOR, torch.float32)
+    ids = torch.tensor([0, 1], device=DEVICE)
+    with pytest.raises(ValueError, match="paced_gbps must be > 0"):
+        gather_to_host(gpu_kv, host_kv, ids, ids, paced_gbps=0.0)
+
+
+@gpu
+def test_gpu_paced_copy_runs_no_faster_than_its_rate():
+    """64 MiB paced at 8 GB/s cannot take less than 8.4 ms (unpaced it takes ~1.3)."""
+    gpu_kv, host_kv = pools(256, 256, HostPageLayout.HEAD_MAJOR, torch.bfloat16, f=4, bs=16,
+                            h=8, d=128)
+    ids = torch.arange(256, device=DEVICE)
+    nbytes = gpu_kv.numel() * gpu_kv.element_size()
+    expected = host_kv.clone()
+    gather_to_host_ref(gpu_kv, expected, ids, ids)
+    times = []
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        gather_to_host(gpu_kv, host_kv, ids, ids, num_programs=4, paced_gbps=8.0)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    assert min(times) >= 0.99 * nbytes / 8e9, times
+    assert torch.equal(host_kv, expected)
+
+
 def test_head_major_page_holds_per_head_tiles():
     """HEAD_MAJOR: page[f, kv, h] is block[f, kv, :, h], a contiguous [block_size, D] tile."""
     gpu_kv, host_kv = pools(3, 2, HostPageLayout.HEAD_MAJOR, torch.float32, h=3, d=4)
@@ -296,3 +344,4 @@ def test_kernel_compiles_for_sm90_with_valid_cache_hints():
         assert data_loads and all("L1::evict_first" in ln and ".cg" not in ln
                                   for ln in data_loads), data_loads
         assert asm["stores"] and all("st.global.cs." in ln for ln in asm["stores"]), asm["stores"]
+        assert asm["reads_global_timer"], "the paced path's %globaltimer read is missing"
