@@ -19,7 +19,6 @@ and the copy engine (batch/run) as the reference, all in one process.
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
