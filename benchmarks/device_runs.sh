@@ -231,7 +231,7 @@ part() {
     for s in 0 4 16 32; do
       timeout 100 python3 -m benchmarks.kernels.bench_cpu_attention --threads 16 \
         --shapes 1x8192,8x4096 --no-sdpa --thread-sweep '' --sweep-shapes 2 --iters 30 \
-        --tunings -/t0/1,-/t0/2,-/t0/4,-/t2/2,-/t2/4 $([ $s -gt 0 ] && echo --pages-per-split $s) \
+        --tunings=-/t0/1,-/t0/2,-/t0/4,-/t2/2,-/t2/4 $([ $s -gt 0 ] && echo --pages-per-split $s) \
         --out "$(out kernels "cpu_attention_h200_split${s}_$c.json")" 2>&1 | tail -3
     done ;;
   host-decode-attention)  # DirectKV's zero-copy decode attention over pinned host pages vs PCIe H2D; its GPU tests and both systems' engine runs on the GPU (fp32 = GPU-only)
