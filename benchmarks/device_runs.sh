@@ -303,8 +303,9 @@ part() {
     strata leval strata_loading_bound_h200.json --dataset-path .carry/leval_paper_assistant.jsonl \
       --leval-order shuffled --leval-max-document-tokens 8000 --num-prompts 69 --arrivals poisson \
       --rate 1 --variants d --loading-bounds 0,2,4,8 ;;
-  strata-goodput)  # L-Eval shuffled, 8B: (a) and (c) with their throughput at the 2 s TTFT SLO (rates 1, 1.4, 1.8; 45 s windows)
-    STRATA_VARIANTS=a,c strata leval strata_goodput_leval_h200.json \
+  strata-goodput)  # L-Eval shuffled, 8B: one variant ($STRATA_VARIANTS, default a; then c) with its throughput at the 2 s TTFT SLO (rates 1, 1.4, 1.8; 45 s windows). One variant a call: four 45 s runs each, a start-up each, so both overran 590 s (d22b452)
+    local v=${STRATA_VARIANTS:-a}
+    STRATA_VARIANTS=$v strata leval "strata_goodput_leval_${v//,/}_h200.json" \
       --dataset-path .carry/leval_paper_assistant.jsonl --leval-order shuffled \
       --leval-max-document-tokens 8000 --num-prompts 69 --arrivals poisson --rate 1 \
       --goodput-sweep --sweep-rates 1,1.4,1.8 ;;
