@@ -61,6 +61,19 @@ CPU_ATTENTION_BYTES_PER_S = 35e9
 
 
 @dataclass(frozen=True)
+class BesideForward:
+    """What a copy running beside a forward adds to that forward's time, per byte it moves
+    each way: the copy holds no stream the forward waits on, but shares the GPU with it (a
+    kernel's SMs and memory traffic; the copy engine's queue with the forward's own uploads)."""
+
+    h2d_s_per_byte: float = 0.0
+    d2h_s_per_byte: float = 0.0
+
+    def seconds(self, num_bytes: int, to_device: bool) -> float:
+        return num_bytes * (self.h2d_s_per_byte if to_device else self.d2h_s_per_byte)
+
+
+@dataclass(frozen=True)
 class HardwareProfile:
     name: str
     memory_bytes: int  # what torch reports as the device's total memory
@@ -79,6 +92,9 @@ class HardwareProfile:
     # (staging, the layer groups' events, the forward's waits on the copy stream); fitted
     # end to end, absent (0) on a profile never measured.
     host_load_step_s: dict[CopyMechanism, float] = field(default_factory=dict)
+    # A host-tier copy no layer waits for (a backup, a prefetch) slows the forward beside it
+    # by this much per byte; fitted, absent (nothing) on a profile never measured.
+    beside_forward: dict[CopyMechanism, BesideForward] = field(default_factory=dict)
 
     def host_attention_cost(self, mechanism: HostAttention) -> HostAttentionCost:
         """The fitted cost, else the bytes at the mechanism's rate: zero-copy reads at the
@@ -126,6 +142,9 @@ def _h200() -> HardwareProfile:
         # Fit from the measured break-even: results/calibration/host_loads_h200.json.
         host_load_step_s={CopyMechanism.KERNEL_GATHER: 0.955e-3,
                           CopyMechanism.MEMCPY_BATCH: 2.19e-3},
+        # Fit beside the engine's 8K prefill: results/calibration/beside_forward_h200.json.
+        beside_forward={CopyMechanism.KERNEL_GATHER: BesideForward(3.06e-12, 3.19e-12),
+                        CopyMechanism.MEMCPY_BATCH: BesideForward(17.87e-12, 1.84e-12)},
     )
 
 

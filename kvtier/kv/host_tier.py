@@ -260,7 +260,8 @@ class HostTier(PrefixTier):
         self._ready, self._fresh = self._fresh, {}
         items: list[PlanItem] = []
         store_cls = DIRECT[HostStore] if self.config.direct else HostStore
-        for urgent, cls in ((True, store_cls), (False, HostBackup)):
+        backup_cls = DIRECT[HostBackup] if self.config.direct else HostBackup
+        for urgent, cls in ((True, store_cls), (False, backup_cls)):
             pairs = [v for h, v in self._stores.items() if (h in self._urgent) is urgent]
             if pairs:
                 items.append(cls(tuple(b for ids, _ in pairs for b in ids),
@@ -290,7 +291,8 @@ class HostTier(PrefixTier):
                 kv.gpu.free(list(ids))
         self._prefetched = []
         self.stats.loaded_pages += len(blocks)
-        return HostPrefetch(gpu_blocks=tuple(blocks), host_pages=tuple(pages))
+        cls = DIRECT[HostPrefetch] if self.config.direct else HostPrefetch
+        return cls(gpu_blocks=tuple(blocks), host_pages=tuple(pages))
 
     def reset(self, kv: KVCacheManager) -> None:
         """Drop every host copy (the device tier's reset; no request holds blocks)."""

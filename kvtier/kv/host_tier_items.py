@@ -73,5 +73,17 @@ class HostLoadDirect(HostLoad):
     kind: ClassVar[str] = "host_load_direct"
 
 
-# The kernel's item class -> the copy engine's (the backups and prefetches are not priced).
-DIRECT = {HostStore: HostStoreDirect, HostLoad: HostLoadDirect}
+@dataclass(frozen=True, slots=True)
+class HostBackupDirect(HostBackup):
+    kind: ClassVar[str] = "host_backup_direct"
+
+
+@dataclass(frozen=True, slots=True)
+class HostPrefetchDirect(HostPrefetch):
+    kind: ClassVar[str] = "host_prefetch_direct"
+
+
+# The kernel's item class -> the copy engine's.
+DIRECT = {
+    HostStore: HostStoreDirect, HostLoad: HostLoadDirect, HostBackup: HostBackupDirect,
+    HostPrefetch: HostPrefetchDirect}

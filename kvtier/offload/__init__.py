@@ -7,25 +7,32 @@ docs/HOST_TIER.md."""
 from kvtier.core.items import register_item
 from kvtier.kv.host_tier_items import (
     HostBackup,
+    HostBackupDirect,
     HostLoad,
     HostLoadDirect,
     HostPrefetch,
+    HostPrefetchDirect,
     HostStore,
     HostStoreDirect,
 )
 from kvtier.offload.items import (
+    price_backups,
+    price_backups_direct,
     price_host_loads,
     price_host_loads_direct,
     price_host_stores,
     price_host_stores_direct,
-    price_in_background,
+    price_prefetches,
+    price_prefetches_direct,
     run_host_loads,
     run_host_stores,
 )
 
 register_item(HostStore, run=run_host_stores, price=price_host_stores)
-register_item(HostBackup, run=run_host_stores, price=price_in_background)
-register_item(HostPrefetch, run=run_host_loads, price=price_in_background)
+register_item(HostBackup, run=run_host_stores, price=price_backups)
+register_item(HostPrefetch, run=run_host_loads, price=price_prefetches)
 register_item(HostLoad, run=run_host_loads, price=price_host_loads)
 register_item(HostStoreDirect, run=run_host_stores, price=price_host_stores_direct)
 register_item(HostLoadDirect, run=run_host_loads, price=price_host_loads_direct)
+register_item(HostBackupDirect, run=run_host_stores, price=price_backups_direct)
+register_item(HostPrefetchDirect, run=run_host_loads, price=price_prefetches_direct)

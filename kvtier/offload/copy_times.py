@@ -6,7 +6,8 @@ host-tier items at the cost model's prices (items.py), and `HostTierMetrics` rea
 seconds, GB/s and load stalls from either:
 
   * copy seconds: every store and load, backups and prefetches included, at the
-    io-backend's curve (a backup or prefetch costs the step nothing but still crosses PCIe);
+    io-backend's curve (a backup or prefetch costs the step only what it slows the forward
+    beside it, but its whole copy crosses PCIe);
   * stall seconds: the loads the step's forward waits for (`HostLoad`): the cost model
     prices them as a serial part of the step, so all of their time is a wait.
 """
@@ -20,9 +21,11 @@ from kvtier.costmodel.model import StepCost
 from kvtier.costmodel.shape import StepShape
 from kvtier.kv.host_tier_items import (
     HostBackup,
+    HostBackupDirect,
     HostLoad,
     HostLoadDirect,
     HostPrefetch,
+    HostPrefetchDirect,
     HostStore,
     HostStoreDirect,
 )
@@ -38,30 +41,31 @@ class CopyTimes:
 
 @dataclass(frozen=True)
 class _Priced:
-    """How a kind's copies are timed. `direct` None: by the tier's io-backend (backups and
-    prefetches have no kind of their own per backend)."""
+    """How a kind's copies are timed: which way, by which io-backend's curve, and whether
+    the step's forward waits for them."""
 
     to_device: bool
-    direct: bool | None
-    stall: bool  # the step's forward waits for it
+    direct: bool
+    stall: bool
 
 
 _KINDS = {
     HostStore.kind: _Priced(False, False, False),
     HostStoreDirect.kind: _Priced(False, True, False),
-    HostBackup.kind: _Priced(False, None, False),
+    HostBackup.kind: _Priced(False, False, False),
+    HostBackupDirect.kind: _Priced(False, True, False),
     HostLoad.kind: _Priced(True, False, True),
     HostLoadDirect.kind: _Priced(True, True, True),
-    HostPrefetch.kind: _Priced(True, None, False),
+    HostPrefetch.kind: _Priced(True, False, False),
+    HostPrefetchDirect.kind: _Priced(True, True, False),
 }
 
 
 class PricedCopyTimer:
-    """Observes the simulated executor's steps (`SimulatedExecutor.observers`). `direct`:
-    the tier's io-backend is the copy engine (prices its backups and prefetches)."""
+    """Observes the simulated executor's steps (`SimulatedExecutor.observers`)."""
 
-    def __init__(self, cost_model: Any, direct: bool):
-        self.cost_model, self.direct = cost_model, direct
+    def __init__(self, cost_model: Any):
+        self.cost_model = cost_model
         self.times = CopyTimes()
 
     def observe(self, shape: StepShape, cost: StepCost) -> None:
@@ -70,8 +74,7 @@ class PricedCopyTimer:
             p = _KINDS.get(kind)
             if p is None or not count:
                 continue
-            direct = self.direct if p.direct is None else p.direct
-            s = copy_seconds(self.cost_model, count, p.to_device, direct)
+            s = copy_seconds(self.cost_model, count, p.to_device, p.direct)
             if p.to_device:
                 t.load_s += s
             else:

@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 from kvtier.config import ConfigError
-from kvtier.kernels.host_page_backends import IOBackend
 from kvtier.kv.host_tier import HostTier
 from kvtier.kv.manager import KVCacheManager
 from kvtier.offload.args import HostTierArgs, HostTierOptions
@@ -50,8 +49,7 @@ def enable_host_tier(engine: Any, args: HostTierArgs) -> HostTier:
     if hasattr(executor, "copies"):  # the model runner (the simulator has no pools)
         attach_runner(executor, options)
     elif hasattr(executor, "observers"):  # the simulator: copy times at the items' prices
-        executor.observers.append(PricedCopyTimer(
-            executor.cost_model, direct=options.io.backend is IOBackend.DIRECT))
+        executor.observers.append(PricedCopyTimer(executor.cost_model))
     tier = attach_index(kv, options)
     engine.scheduler.admission_gate = CacheAwareAdmission(
         kv, tier, options.loading_bound, options.delayed_hits, options.prefetch)

@@ -58,12 +58,34 @@ def _load_step_s(cost_model: Any, mechanism: CopyMechanism, count: int) -> float
     return cost_model.hw.host_load_step_s.get(mechanism, 0.0) if count else 0.0
 
 
-def price_in_background(cost_model: Any, count: int) -> float:
-    """Backups and prefetches: none of the step's time. The runner issues them after the
-    step's loads and the forward waits for no event of theirs; the next step's copies
-    wait for them first, which the cost model does not price (it assumes they end
-    within a step: a step of a long forward, as bubble filling wants)."""
-    return 0.0
+def _beside_forward(cost_model: Any, count: int, to_device: bool,
+                    mechanism: CopyMechanism) -> float:
+    """Backups and prefetches: the runner issues them after the step's loads and the
+    forward waits for no event of theirs, but they run beside it and slow it by the
+    profile's measured cost per byte (`HardwareProfile.beside_forward`; none on a profile
+    without one). The next step's copies wait for them first, which the cost model does not
+    price (it assumes they end within a step: a step of a long forward, as bubble filling
+    wants)."""
+    cost = cost_model.hw.beside_forward.get(mechanism)
+    if cost is None or not count:
+        return 0.0
+    return cost.seconds(cost_model.config.block_bytes * count, to_device)
+
+
+def price_backups(cost_model: Any, count: int) -> float:
+    return _beside_forward(cost_model, count, False, CopyMechanism.KERNEL_GATHER)
+
+
+def price_backups_direct(cost_model: Any, count: int) -> float:
+    return _beside_forward(cost_model, count, False, CopyMechanism.MEMCPY_BATCH)
+
+
+def price_prefetches(cost_model: Any, count: int) -> float:
+    return _beside_forward(cost_model, count, True, CopyMechanism.KERNEL_GATHER)
+
+
+def price_prefetches_direct(cost_model: Any, count: int) -> float:
+    return _beside_forward(cost_model, count, True, CopyMechanism.MEMCPY_BATCH)
 
 
 def price_host_loads(cost_model: Any, count: int) -> float:
