@@ -1,7 +1,7 @@
 """What a host-tier copy running beside a forward adds to that forward, per byte it moves,
 fit from bench_host_page_io_launch's rows (the engine's 8K prefill alone and beside repeated
 16-token-page transfers): the prefill's extra seconds over the bytes the copies moved while
-it ran. One figure per io-backend and direction, each the backend's launch as the host tier
+it ran, the mean over the runs given. One figure per io-backend and direction, each the backend's launch as the host tier
 makes it (the kernel at its default program count, the copy engine's batch call with a piece
 per run). The cost model prices a step's backups and prefetches (the copies no layer waits
 for) at these (kvtier/offload/items.py); the hardware profile holds them.
@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from typing import Any
 
 from benchmarks.common import write_result
 from kvtier.kernels.host_page_io import DEFAULT_NUM_PROGRAMS, DEFAULT_TILE_BYTES, NUM_WARPS
 
-MEASURED = "results/kernels/host_page_io_launch_h200_2400594.json"
+MEASURED = ["results/kernels/host_page_io_launch_h200_2400594.json",
+            "results/kernels/host_page_io_launch_h200_df41f24.json"]
 # The host tier's launches: bench_host_page_io_launch's variant names.
 VARIANTS = {"kernel": f"p{DEFAULT_NUM_PROGRAMS}w{NUM_WARPS}t{DEFAULT_TILE_BYTES // 1024}",
             "direct": "batch/run"}
@@ -26,7 +28,8 @@ VARIANTS = {"kernel": f"p{DEFAULT_NUM_PROGRAMS}w{NUM_WARPS}t{DEFAULT_TILE_BYTES 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--measured", default=MEASURED, help="bench_host_page_io_launch's result")
+    p.add_argument("--measured", nargs="+", default=MEASURED,
+                   help="bench_host_page_io_launch's results (the fit: their mean)")
     p.add_argument("--out", required=True)
     return p.parse_args(argv)
 
@@ -41,26 +44,32 @@ def seconds_per_byte(row: dict[str, Any]) -> dict[str, float]:
             "s_per_byte": (with_s - alone_s) / moved}
 
 
-def fit(measured: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    rows = {(r["variant"], r["direction"]): r for r in measured["rows"]}
+def fit(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per io-backend and direction: each run's figure and their mean (`s_per_byte`)."""
+    tables = [{(r["variant"], r["direction"]): r for r in run["rows"]} for run in runs]
     out: dict[str, dict[str, Any]] = {}
     for backend, variant in VARIANTS.items():
         out[backend] = {"variant": variant}
         for direction in ("h2d", "d2h"):
-            out[backend][direction] = seconds_per_byte(rows[(variant, direction)])
+            each = [seconds_per_byte(rows[(variant, direction)]) for rows in tables]
+            out[backend][direction] = {
+                "runs": each, "s_per_byte": statistics.fmean(e["s_per_byte"] for e in each)}
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    with open(args.measured) as f:
-        measured = json.load(f)
-    fits = fit(measured)
+    runs = []
+    for path in args.measured:
+        with open(path) as f:
+            runs.append(json.load(f))
+    fits = fit(runs)
     for backend, f in fits.items():
         print(f"{backend:7s} ({f['variant']}): H2D {f['h2d']['s_per_byte'] * 1e12:.2f} ms/GB, "
               f"D2H {f['d2h']['s_per_byte'] * 1e12:.2f} ms/GB beside the forward")
-    write_result(args.out, {"measured": args.measured, "prefill": measured["prefill"],
-                            "prefill_ms_alone": measured["prefill_ms_alone"],
+    write_result(args.out, {"measured": args.measured,
+                            "prefill": [run["prefill"] for run in runs],
+                            "prefill_ms_alone": [run["prefill_ms_alone"] for run in runs],
                             "io_backends": fits})
 
 

@@ -41,10 +41,27 @@ def test_the_fit_is_the_extra_time_over_the_bytes_moved_beside_the_prefill():
     assert fit_beside_forward.seconds_per_byte(row)["bytes_beside"] == pytest.approx(40e9 * 0.22)
 
 
+def test_the_fit_is_the_mean_of_the_runs_for_the_tiers_own_launches():
+    def run(extra_ms: float) -> dict:
+        rows = [{"variant": v, "direction": d, "prefill_ms_alone": 100.0,
+                 "prefill_ms_with": 100.0 + extra_ms, "copy_GBps": 10.0,
+                 "copy_span_over_prefill": 1.0}
+                for v in fit_beside_forward.VARIANTS.values() for d in ("h2d", "d2h")]
+        rows.append({**rows[0], "variant": "p9w4t64", "prefill_ms_with": 900.0})  # not ours
+        return {"rows": rows}
+
+    fits = fit_beside_forward.fit([run(1.0), run(3.0)])
+    for backend in ("kernel", "direct"):
+        for d in ("h2d", "d2h"):
+            each = [r["s_per_byte"] for r in fits[backend][d]["runs"]]
+            assert each == pytest.approx([1e-3 / (10e9 * 0.101), 3e-3 / (10e9 * 0.103)])
+            assert fits[backend][d]["s_per_byte"] == pytest.approx(sum(each) / 2)
+
+
 @pytest.mark.parametrize("backend,mechanism", [("kernel", CopyMechanism.KERNEL_GATHER),
                                                ("direct", CopyMechanism.MEMCPY_BATCH)])
 def test_the_h200_profile_holds_the_fit(backend, mechanism):
-    fit = json.loads(FIT.read_text())["io_backends"][backend]
+    fit = json.loads(FIT.read_text())["io_backends"][backend]  # the runs' mean
     cost = get_hardware("h200").beside_forward[mechanism]
     assert cost.h2d_s_per_byte == pytest.approx(fit["h2d"]["s_per_byte"], rel=5e-3)
     assert cost.d2h_s_per_byte == pytest.approx(fit["d2h"]["s_per_byte"], rel=5e-3)
