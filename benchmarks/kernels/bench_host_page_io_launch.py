@@ -2,11 +2,12 @@
 26 item 3's "< 5 % slowdown of a concurrent 8K-token prefill" at >= 90 % of PCIe).
 
 bench_host_page_io measured the kernel's stores (D2H) slowing the prefill far more than its
-program count explains (16-token pages: 1 program +4 %, 2 +12 %, 4 +42 %;
-results/kernels/host_page_io_h200_runtime.json), while the copy engine moves the same bytes
-at +1 %. The suspicion: stores the SMs issue to host memory faster than PCIe drains them
-back up inside the GPU, where the prefill's own traffic waits behind them. This sweep tests
-it at 16-token pages, both directions, each variant alone and beside the prefill:
+program count explains, and far more than the copy engine moving the same bytes
+(results/kernels/host_page_io_h200_runtime.json). The suspicion: stores the SMs issue to
+host memory faster than PCIe drains them back up inside the GPU, where the prefill's own
+traffic waits behind them. This sweep tests it at 16-token pages, both directions, each
+variant alone and beside the prefill (what it found: docs/RESULTS.md, "The hierarchy's
+first kernels"):
   programs x warps   fewer threads a program (fewer stores in flight per SM)
   paced              the programs together issue tiles no faster than a set GB/s
                      (host_page_io's `paced_gbps`: each spins on the GPU's timer)
