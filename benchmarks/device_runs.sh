@@ -192,6 +192,9 @@ part() {
   calibrate-8b)  # the cost model's llama-3.1-8b profile of this machine (kvtier.profiler.calibrate: `kvtier profile` without the CLI, whose serve flags import uvicorn, absent there)
     timeout 330 python3 -m kvtier.profiler.calibrate llama-3.1-8b \
       --out "$(out calibration calib_h200_llama-3.1-8b.json)" 2>&1 | tail -5 ;;
+  calibrate-8b-long)  # the llama-3.1-8b profile at max_model_len 32,896: its decode grid reaches 32K contexts (the long-context runs' sims want it; graph splits then follow that length)
+    timeout 400 python3 -m kvtier.profiler.calibrate llama-3.1-8b --max-model-len 32896 \
+      --out "$(out calibration calib_h200_llama-3.1-8b_32k.json)" 2>&1 | tail -5 ;;
   calibrate-13b)  # the cost model's llama-2-13b profile of this machine
     timeout 330 python3 -m kvtier.profiler.calibrate llama-2-13b \
       --out "$(out calibration calib_h200_llama-2-13b.json)" 2>&1 | tail -5 ;;

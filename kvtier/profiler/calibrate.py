@@ -58,7 +58,11 @@ GEMM_ROWS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 19
 ELEMENTWISE_TOKENS = [1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
 SAMPLE_ROWS = [1, 4, 16, 64, 128, 256]
 DECODE_BATCHES = [1, 4, 16, 32, 64, 128, 256]
-DECODE_CONTEXTS = [64, 256, 512, 1024, 2048, 4096]
+# Past the largest context the cost model extrapolates proportionally, which at a few rows
+# (not yet bandwidth-bound at 2,048 tokens) prices 8K contexts about twice their marginal
+# cost (docs/RESULTS.md, the host tier's simulator against the H200): a profile made with a
+# larger --max-model-len measures the long ones too (the points whose KV fits the pool).
+DECODE_CONTEXTS = [64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
 COPY_BLOCKS = [1, 4, 16, 64, 256]
 QUICK = {"gemm": [1, 8, 64], "tokens": [1, 16, 64], "sample": [1, 8], "batches": [1, 4],
          "contexts": [16, 64], "copies": [1, 4]}
