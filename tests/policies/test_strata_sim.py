@@ -83,10 +83,14 @@ def test_simulated_copies_are_timed_at_the_profiles_curves(io_backend):
             per_page = curves[CopyMechanism.KERNEL_GATHER].alpha_s_per_byte * page
         assert rate == pytest.approx(page / per_page / 1e9, rel=0.01)
 
-def test_simulated_prefetches_take_copy_time_but_no_stall():
+@pytest.mark.parametrize("io_backend", ["kernel", "direct"])
+def test_simulated_prefetches_take_copy_time_but_no_stall(io_backend):
     """Bubble filling: a host hit loaded while another request runs crosses PCIe (copy
-    seconds) in the step's background (no stall); the loads the forward waits for do."""
-    e, _ = _run(HostTierArgs(kv_offloading_size=16.0, hicache_io_backend="kernel",
+    seconds) in the step's background (no stall); the loads the forward waits for do. Each
+    io-backend's copies come as its own kinds, priced at its own curve."""
+    direct = io_backend == "direct"
+    suffix = "_direct" if direct else ""
+    e, _ = _run(HostTierArgs(kv_offloading_size=16.0, hicache_io_backend=io_backend,
                              hicache_prefetch=True))
     before = e.get_stats().host_tier
     assert before is not None and before.prefetched_tokens == 0
@@ -96,7 +100,10 @@ def test_simulated_prefetches_take_copy_time_but_no_stall():
         e.step()
     m = e.get_stats().host_tier
     assert m is not None and m.prefetched_tokens > 0
-    prefetch = _priced(e, {"host_prefetch"}, True, False)
+    prefetch = _priced(e, {"host_prefetch" + suffix}, True, direct)
     assert prefetch > 0
-    assert m.load_seconds == pytest.approx(_priced(e, {"host_load"}, True, False) + prefetch)
+    loads = _priced(e, {"host_load" + suffix}, True, direct)
+    assert m.load_seconds == pytest.approx(loads + prefetch)
     assert m.load_stall_seconds == pytest.approx(m.load_seconds - prefetch)
+    other = "host_prefetch" if direct else "host_prefetch_direct"
+    assert not any(k == other for s in e.executor.steps for k, _ in s.shape.items)
