@@ -195,6 +195,8 @@ def _launch(src: torch.Tensor, src_ids: torch.Tensor, dst: torch.Tensor, dst_ids
     check(num_programs >= 1, lambda: f"num_programs must be >= 1, got {num_programs}")
     check(paced_gbps is None or paced_gbps > 0,
           lambda: f"paced_gbps must be > 0, got {paced_gbps}")
+    check(num_warps in (1, 2, 4, 8, 16, 32),
+          lambda: f"num_warps must be a power of 2 up to 32, got {num_warps}")
     n = src_ids.shape[0]
     if n == 0:
         return

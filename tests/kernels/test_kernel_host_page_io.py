@@ -122,11 +122,13 @@ def test_paced_copies_with_fewer_warps_match_reference(layout):
     assert torch.equal(gpu_kv, want)
 
 
-def test_pacing_rate_must_be_positive():
+def test_pacing_rate_and_warps_are_checked():
     gpu_kv, host_kv = pools(3, 3, HostPageLayout.HEAD_MAJOR, torch.float32)
     ids = torch.tensor([0, 1], device=DEVICE)
     with pytest.raises(ValueError, match="paced_gbps must be > 0"):
         gather_to_host(gpu_kv, host_kv, ids, ids, paced_gbps=0.0)
+    with pytest.raises(ValueError, match="num_warps must be a power of 2"):
+        scatter_to_gpu(host_kv, gpu_kv, ids, ids, num_warps=3)
 
 
 @gpu
