@@ -84,6 +84,14 @@ class StepCost:
     def total_s(self) -> float:
         return self.executor_s + self.loop_s
 
+    @property
+    def overlapped_s(self) -> float:
+        """The step under async scheduling: the engine schedules, prepares and launches it
+        (its `host` part and the loop) while the previous step's kernels run, so it takes
+        the larger of that host time and its device time rather than their sum."""
+        host = self.parts.get("host", 0.0)
+        return max(self.executor_s - host, host + self.loop_s)
+
 
 class CostModel:
     def __init__(self, mc: ModelConfig, hw: HardwareProfile, calib: Calibration | None = None,

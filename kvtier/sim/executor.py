@@ -37,9 +37,13 @@ class StepObserver(Protocol):
 class SimulatedExecutor(SyncExecutor):
     def __init__(self, cost_model: CostModel, clock: VirtualClock, token_id: int,
                  eos_token_id: int | None = None, output_lens: Mapping[str, int] | None = None,
-                 record: bool = False, captures_hidden: bool = False):
+                 record: bool = False, captures_hidden: bool = False,
+                 overlap_host: bool = False):
         """`token_id` must be no end-of-sequence or stop id; `output_lens` (request id ->
-        output tokens) needs `eos_token_id`, and only ends requests that do not ignore eos."""
+        output tokens) needs `eos_token_id`, and only ends requests that do not ignore eos.
+        `overlap_host`: price each step as async scheduling runs it (`StepCost.overlapped_s`:
+        its host time beside the previous step's device time); the engine's decisions stay
+        those of synchronous steps."""
         if output_lens is not None and eos_token_id is None:
             raise ValueError("output_lens needs an eos_token_id to end requests with")
         self.cost_model, self.clock, self.token_id = cost_model, clock, token_id
@@ -50,14 +54,16 @@ class SimulatedExecutor(SyncExecutor):
         self.steps: list[SimStep] = []
         self.busy_s = 0.0
         self.observers: list[StepObserver] = []
+        self.overlap_host = overlap_host
 
     def execute(self, plan: StepPlan) -> StepResult:
         shape = StepShape.from_plan(plan, self.captures_hidden)
         cost = self.cost_model.predict(shape)
         if self.record:
             self.steps.append(SimStep(self.clock.now(), shape, cost))
-        self.clock.advance(cost.total_s)
-        self.busy_s += cost.total_s
+        seconds = cost.overlapped_s if self.overlap_host else cost.total_s
+        self.clock.advance(seconds)
+        self.busy_s += seconds
         for observer in self.observers:
             observer.observe(shape, cost)
         sampled = {sr.request_id: self._token(sr.request_id, sr.num_output_tokens)

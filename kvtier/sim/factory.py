@@ -93,9 +93,11 @@ class SimFactory:
 
     def __init__(self, hw: HardwareProfile, calib: Calibration | None, num_gpus: int,
                  clock: VirtualClock, output_lens: Mapping[str, int] | None = None,
-                 record_steps: bool = False, plan_for: HardwareProfile | None = None):
+                 record_steps: bool = False, plan_for: HardwareProfile | None = None,
+                 overlap_host: bool = False):
         self.hw, self.calib, self.num_gpus, self.clock = hw, calib, num_gpus, clock
         self.output_lens, self.record_steps, self.plan_for = output_lens, record_steps, plan_for
+        self.overlap_host = overlap_host  # steps priced as async scheduling overlaps them
         self._cost: CostModel | None = None
 
     def check(self, config: EngineConfig) -> None:
@@ -117,7 +119,8 @@ class SimFactory:
         mc = config.model_config
         eos = tuple(tokenizer.eos_token_ids) + tuple(mc.eos_token_ids)
         return SimulatedExecutor(self._cost, self.clock, ordinary_token(eos, mc.vocab_size),
-                                 eos[0] if eos else None, self.output_lens, self.record_steps)
+                                 eos[0] if eos else None, self.output_lens, self.record_steps,
+                                 overlap_host=self.overlap_host)
 
     def allocate(self, executor: Any, num_gpu_blocks: int, num_host_blocks: int,
                  reserved_blocks: int) -> None:
