@@ -36,8 +36,6 @@ else a graph replay after all copies (serial, as without overlap).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from kvtier.config import ModelConfig
 from kvtier.core.graph_sizes import graph_batch_sizes, piecewise_sizes
 from kvtier.core.items import kind_named, step_pricer
@@ -64,33 +62,13 @@ from kvtier.costmodel.overlap import (
 )
 from kvtier.costmodel.settings import CostModelConfig, engine_cost_config
 from kvtier.costmodel.shape import StepShape
+from kvtier.costmodel.step_cost import StepCost
 
 __all__ = ["CostModel", "CostModelConfig", "StepCost", "engine_cost_config"]
 
 _LAYER_GEMMS = ("qkv", "o", "gate_up", "down")
 DECODE_LAUNCHES = 3  # kv_write, split-K attention, merge of the splits
 PREFILL_LAUNCHES = 2  # kv_write, varlen attention
-
-
-@dataclass(frozen=True)
-class StepCost:
-    executor_s: float  # what ModelRunner.execute takes
-    loop_s: float  # the engine loop around it
-    graph: bool
-    parts: dict[str, float] = field(default_factory=dict)
-    piecewise: bool = False  # priced as a piecewise-graph step
-
-    @property
-    def total_s(self) -> float:
-        return self.executor_s + self.loop_s
-
-    @property
-    def overlapped_s(self) -> float:
-        """The step under async scheduling: the engine schedules, prepares and launches it
-        (its `host` part and the loop) while the previous step's kernels run, so it takes
-        the larger of that host time and its device time rather than their sum."""
-        host = self.parts.get("host", 0.0)
-        return max(self.executor_s - host, host + self.loop_s)
 
 
 class CostModel:

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvtier.costmodel.model import StepCost
 from kvtier.costmodel.shape import StepShape
+from kvtier.costmodel.step_cost import StepCost
 from kvtier.kv.host_tier_items import (
     HostBackup,
     HostBackupDirect,

@@ -15,8 +15,9 @@ from typing import Protocol
 
 from kvtier.core.executor import SyncExecutor
 from kvtier.core.plan import StepPlan, StepResult
-from kvtier.costmodel.model import CostModel, StepCost
+from kvtier.costmodel.model import CostModel
 from kvtier.costmodel.shape import StepShape
+from kvtier.costmodel.step_cost import StepCost
 from kvtier.sim.clock import VirtualClock
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvtier.costmodel.model import StepCost
+from kvtier.costmodel.step_cost import StepCost
 from kvtier.engine.args import EngineArgs
 from kvtier.sampling_params import SamplingParams
 from kvtier.sim import build_sim_engine
