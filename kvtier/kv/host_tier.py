@@ -47,7 +47,7 @@ from kvtier.core.request import Request
 from kvtier.kv.block_hash import BlockHash
 from kvtier.kv.block_pool import BlockPool
 from kvtier.kv.hooks import PrefixTier
-from kvtier.kv.host_tier_items import DIRECT, HostBackup, HostLoad, HostPrefetch, HostStore
+from kvtier.kv.host_tier_items import HostBackup, HostLoad, HostPrefetch, HostStore, item_class
 
 if TYPE_CHECKING:
     from kvtier.kv.manager import KVCacheManager
@@ -205,7 +205,7 @@ class HostTier(PrefixTier):
         ids = kv.allocate_evicting(need)  # group-major, as allocate_slots lays them out
         blocks = [tuple(ids[k * n + j] for k in range(g)) for j in range(n)]
         pages = [index[h] for h in hit]
-        load_cls = DIRECT[HostLoad] if self.config.direct else HostLoad
+        load_cls = item_class(HostLoad, self.config.direct)
         self._loads[req.request_id] = (first, load_cls(
             req.request_id, tuple(p[k] for p in pages for k in range(g)),
             tuple(b[k] for b in blocks for k in range(g)), tuple(range(g)) * n))
@@ -259,9 +259,9 @@ class HostTier(PrefixTier):
                 self._store(h, ids)
         self._ready, self._fresh = self._fresh, {}
         items: list[PlanItem] = []
-        store_cls = DIRECT[HostStore] if self.config.direct else HostStore
-        backup_cls = DIRECT[HostBackup] if self.config.direct else HostBackup
-        for urgent, cls in ((True, store_cls), (False, backup_cls)):
+        direct = self.config.direct
+        for urgent, cls in ((True, item_class(HostStore, direct)),
+                            (False, item_class(HostBackup, direct))):
             pairs = [v for h, v in self._stores.items() if (h in self._urgent) is urgent]
             if pairs:
                 items.append(cls(tuple(b for ids, _ in pairs for b in ids),
@@ -291,7 +291,7 @@ class HostTier(PrefixTier):
                 kv.gpu.free(list(ids))
         self._prefetched = []
         self.stats.loaded_pages += len(blocks)
-        cls = DIRECT[HostPrefetch] if self.config.direct else HostPrefetch
+        cls = item_class(HostPrefetch, self.config.direct)
         return cls(gpu_blocks=tuple(blocks), host_pages=tuple(pages))
 
     def reset(self, kv: KVCacheManager) -> None:

@@ -7,7 +7,7 @@ so the cost model prices each io-backend with its own curve."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from kvtier.core.items import PlanItem
 
@@ -84,6 +84,14 @@ class HostPrefetchDirect(HostPrefetch):
 
 
 # The kernel's item class -> the copy engine's.
-DIRECT = {
+_DIRECT: dict[type[PlanItem], type[PlanItem]] = {
     HostStore: HostStoreDirect, HostLoad: HostLoadDirect, HostBackup: HostBackupDirect,
     HostPrefetch: HostPrefetchDirect}
+
+_Item = TypeVar("_Item", bound=PlanItem)
+
+
+def item_class(cls: type[_Item], direct: bool) -> type[_Item]:
+    """The class of a copy item as the io-backend makes it: the copy engine's own kind
+    (`direct`), else the kernel's."""
+    return _DIRECT[cls] if direct else cls  # type: ignore[return-value]
