@@ -228,6 +228,13 @@ part() {
     pytest_gpu "gpu_tests_host_page_io_$KVTIER_GIT_COMMIT" 200 tests/kernels/test_kernel_host_page_io.py
     timeout 400 python3 -m benchmarks.kernels.bench_host_page_io_launch --reps 7 \
       --out "$(out kernels "host_page_io_launch_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -44 ;;
+  host-page-io-clocks)  # why a concurrent copy slows the 8K prefill: 6 variants beside the engine's prefill and beside the GEMM+SDPA stand-in (no inputs of its own to copy in), the board's SM clock and power sampled (NVML, 20 ms)
+    local pf
+    for pf in engine stand-in; do
+      timeout 200 python3 -m benchmarks.kernels.bench_host_page_io_launch --reps 7 --prefill $pf \
+        --variants p1w32t64,p2w32t64,p4w32t64,p4w32t64@50,p4w32t16@45,batch/run \
+        --out "$(out kernels "host_page_io_clocks_${pf}_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -14
+    done ;;
   cpu-attention-splits)  # NEO's CPU attention at 1x8192 and 8x4096, 16 threads: the work split (pages a split) by the prefetch distance, 30 calls a median
     local s c=$KVTIER_GIT_COMMIT
     export TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext

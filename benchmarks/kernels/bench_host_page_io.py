@@ -47,6 +47,7 @@ import torch
 
 from benchmarks.common import time_once, write_result
 from benchmarks.kernels.concurrent_prefill import make_prefill
+from kvtier.bench.gpu_monitor import GpuMonitor, GpuSummary
 from kvtier.kernels.host_page_backends import DirectVia, copy_pages_direct
 from kvtier.kernels.host_page_io import (
     HostPageLayout,
@@ -257,19 +258,43 @@ def _issue_on(stream: torch.cuda.Stream, fn: Callable[[], None], repeats: int,
         end.record()
 
 
+def slowdown_during_copy_pct(alone_s: float, with_s: float, span_s: float) -> float:
+    """The prefill's slowdown while the copy ran beside it: both start together, the part of
+    the prefill past the copy's end runs at its own speed, so the work done during the copy
+    is `alone - (with - overlap)`. Where the copy spans less of the prefill than it, the
+    plain slowdown dilutes this."""
+    overlap = min(span_s, with_s)
+    progress = alone_s - (with_s - overlap)
+    return 100 * (overlap / progress - 1) if progress > 0 else math.inf
+
+
+def board_stats(summary: GpuSummary | None) -> dict[str, float]:
+    """Median SM clock and power of the samples (why a compute-bound prefill slows: the
+    700 W cap lowers the clock), empty without NVML."""
+    if summary is None or not summary.samples:
+        return {}
+    return {"sm_clock_mhz_median": statistics.median(s.sm_clock_mhz for s in summary.samples),
+            "power_w_median": statistics.median(s.power_w for s in summary.samples),
+            "board_samples": len(summary.samples)}
+
+
 def concurrent_row(p: Pools, clock: Clock, prefill: Callable[[], None], prefill_alone_s: float,
                    backend: str, programs: int | None, to_host: bool,
-                   fn: Callable[[], None] | None = None) -> dict[str, Any]:
+                   fn: Callable[[], None] | None = None,
+                   monitor: GpuMonitor | None = None) -> dict[str, Any]:
     """The prefill on the main stream while a second thread issues the transfer, repeated
     for about as long, on a side stream (as a scheduler thread would issue loads): the
     engine's prefill blocks its caller until the token is out, and the direct variants spend
     host time issuing, so neither can wait for the other. `fn`: the transfer, when it is
-    not `transfer(p, backend, to_host, programs)`'s."""
+    not `transfer(p, backend, to_host, programs)`'s. `monitor`: samples the board's clock and
+    power over the concurrent runs."""
     fn = fn or transfer(p, backend, to_host, programs or 1)
     one = clock.median(fn)
     repeats = max(1, round(prefill_alone_s / one))
     side = torch.cuda.Stream() if clock.cuda else None
     prefill_s, copy_s = [], []
+    if monitor is not None:
+        monitor.start()
     for _ in range(max(2, clock.reps - 2)):  # each rep is a whole prefill: fewer of them
         clock.sync()
         if side is None:  # the CPU smoke run: one after the other
@@ -286,13 +311,16 @@ def concurrent_row(p: Pools, clock: Clock, prefill: Callable[[], None], prefill_
         torch.cuda.synchronize()
         prefill_s.append(ev[0].elapsed_time(ev[1]) / 1e3)
         copy_s.append(ev[2].elapsed_time(ev[3]) / 1e3)
+    board = board_stats(monitor.stop() if monitor is not None else None)
     with_s, span = statistics.median(prefill_s), statistics.median(copy_s)
     return {"page_tokens": p.page_tokens, "direction": "d2h" if to_host else "h2d",
             "backend": backend, "programs": programs, "repeats": repeats,
             "prefill_ms_alone": prefill_alone_s * 1e3, "prefill_ms_with": with_s * 1e3,
             "slowdown_pct": 100 * (with_s / prefill_alone_s - 1),
             "copy_GBps": repeats * p.nbytes / span / 1e9,
-            "copy_span_over_prefill": span / with_s}
+            "copy_span_over_prefill": span / with_s,
+            "slowdown_during_copy_pct": slowdown_during_copy_pct(prefill_alone_s, with_s, span),
+            **board}
 
 
 def summary(rows: list[dict], concurrent: list[dict], pcie: dict[str, float]) -> dict[str, Any]:

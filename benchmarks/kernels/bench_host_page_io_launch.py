@@ -12,14 +12,21 @@ first kernels"):
   paced              the programs together issue tiles no faster than a set GB/s
                      (host_page_io's `paced_gbps`: each spins on the GPU's timer)
   tile bytes         smaller bursts between the pacing points
-and the copy engine (batch/run) as the reference, all in one process.
+and the copy engine (batch/run) as the reference, all in one process. Where NVML is there the
+board's SM clock and power are sampled beside the prefill alone and each concurrent run
+(does the copy cost the prefill clock under the power cap?), and each row also gives the
+slowdown while the copy ran (`slowdown_during_copy_pct`: the plain slowdown is diluted where the
+copy spans less than the prefill). --variants picks rows by name, --prefill stand-in runs the
+GEMM+SDPA stand-in (no host-to-device inputs of its own: a copy-engine queue cannot hold it up).
 
   python -m benchmarks.kernels.bench_host_page_io_launch --out results/kernels/host_page_io_launch_h200.json
+  python -m benchmarks.kernels.bench_host_page_io_launch --variants p2w32t64,p4w32t64,p4w32t64@50,batch/run --out ...
   TRITON_INTERPRET=1 python -m benchmarks.kernels.bench_host_page_io_launch --cpu-smoke --out /tmp/x.json
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -29,6 +36,7 @@ import torch
 from benchmarks.common import write_result
 from benchmarks.kernels import bench_host_page_io as io
 from benchmarks.kernels.concurrent_prefill import make_prefill
+from kvtier.bench.gpu_monitor import GpuMonitor
 from kvtier.kernels.host_page_io import HostPageLayout, gather_to_host, scatter_to_gpu
 
 PAGE_TOKENS = 16
@@ -67,7 +75,8 @@ def kernel_transfer(p: io.Pools, launch: Launch, to_host: bool):
 
 
 def rows_for(p: io.Pools, clock: io.Clock, prefill, prefill_alone_s: float,
-             pcie: dict[str, float], launches: tuple[Launch, ...]) -> list[dict[str, Any]]:
+             pcie: dict[str, float], launches: tuple[Launch, ...], wanted: set[str] | None,
+             monitor: GpuMonitor | None) -> list[dict[str, Any]]:
     rows = []
     for to_host in (False, True):
         ceiling = pcie["d2h_GBps" if to_host else "h2d_GBps"]
@@ -75,10 +84,13 @@ def rows_for(p: io.Pools, clock: io.Clock, prefill, prefill_alone_s: float,
                     for launch in launches]
         variants.append(("batch/run", None, io.transfer(p, "batch/run", to_host)))
         for name, launch, fn in variants:
+            if wanted is not None and name not in wanted:
+                continue
             alone = p.nbytes / clock.median(fn) / 1e9
             row = io.concurrent_row(p, clock, prefill, prefill_alone_s,
                                     "kernel" if launch else name,
-                                    launch.programs if launch else None, to_host, fn)
+                                    launch.programs if launch else None, to_host, fn,
+                                    monitor)
             row.update(variant=name, launch=asdict(launch) if launch else None,
                        alone_GBps=alone, alone_pct_of_pcie=100 * alone / ceiling,
                        with_prefill_pct_of_pcie=100 * row["copy_GBps"] / ceiling,
@@ -86,13 +98,34 @@ def rows_for(p: io.Pools, clock: io.Clock, prefill, prefill_alone_s: float,
                                       and row["slowdown_pct"] < io.TARGET_SLOWDOWN_PCT))
             rows.append(row)
             print(f"  {row['direction']} {name:<16} alone {alone:5.1f} GB/s, with prefill "
-                  f"{row['copy_GBps']:5.1f} GB/s, prefill +{row['slowdown_pct']:.1f} %"
+                  f"{row['copy_GBps']:5.1f} GB/s, prefill +{row['slowdown_pct']:.1f} % "
+                  f"(+{row['slowdown_during_copy_pct']:.1f} % during the copy)"
                   f"{'  (meets both)' if row['meets_targets'] else ''}")
     return rows
 
 
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """bench_host_page_io's options, and --variants (names, comma-separated; default all)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--variants", default=None)
+    own, rest = pre.parse_known_args(argv)
+    args = io.parse_args(rest)
+    args.variants = own.variants
+    return args
+
+
+def prefill_board(monitor: GpuMonitor | None, clock: io.Clock, prefill) -> dict[str, float]:
+    """The board's clock and power over the prefill alone (the rows' reference)."""
+    if monitor is None:
+        return {}
+    monitor.start()
+    for _ in range(max(2, clock.reps - 2)):
+        clock.span(prefill)
+    return io.board_stats(monitor.stop())
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = io.parse_args(argv)
+    args = parse_args(argv)
     t_start = time.perf_counter()
     device = torch.device("cpu" if args.cpu_smoke else "cuda")
     torch.manual_seed(0)
@@ -104,12 +137,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     prefill_alone = clock.median(prefill)
     p = io.make_pools(g, PAGE_TOKENS, args, device)
     launches = LAUNCHES[:2] if args.cpu_smoke else LAUNCHES
-    rows = rows_for(p, clock, prefill, prefill_alone, pcie, launches)
+    wanted = set(args.variants.split(",")) if args.variants else None
+    unknown = (wanted or set()) - {x.name for x in LAUNCHES} - {"batch/run"}
+    if unknown:
+        raise SystemExit(f"unknown --variants {sorted(unknown)}: names are "
+                         f"{', '.join(x.name for x in LAUNCHES)}, batch/run")
+    monitor = GpuMonitor.create(interval_s=0.02) if clock.cuda else None
+    board = prefill_board(monitor, clock, prefill)
+    if board:
+        print(f"prefill alone: SM clock {board['sm_clock_mhz_median']:.0f} MHz, "
+              f"{board['power_w_median']:.0f} W")
+    rows = rows_for(p, clock, prefill, prefill_alone, pcie, launches, wanted, monitor)
     best = {d: [r["variant"] for r in rows if r["direction"] == d and r["meets_targets"]]
             for d in ("h2d", "d2h")}
     result = {"geometry": {**vars(g), "dtype": str(g.dtype)}, "args": vars(args),
               "page_tokens": PAGE_TOKENS, "pcie": pcie, "prefill": prefill_kind,
-              "prefill_ms_alone": prefill_alone * 1e3, "rows": rows,
+              "prefill_ms_alone": prefill_alone * 1e3, "prefill_board_alone": board,
+              "rows": rows,
               "variants_meeting_targets": best, "wall_s": time.perf_counter() - t_start}
     write_result(args.out, result)
     return result

@@ -32,3 +32,25 @@ def test_cpu_smoke_sweep_writes_a_row_per_variant_and_direction(tmp_path):
 def test_launch_names_say_programs_warps_tile_and_pace():
     assert bench.Launch(4, 8, 45.0, 16).name == "p4w8t16@45"
     assert bench.Launch(2).name == "p2w32t64"
+
+
+@pytest.mark.skipif(not interpreting(), reason="the smoke run needs TRITON_INTERPRET=1")
+def test_variants_pick_rows_by_name_and_unknown_names_are_refused(tmp_path):
+    out = tmp_path / "launch.json"
+    bench.main(["--cpu-smoke", "--variants", "batch/run", "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["direction"], r["variant"]) for r in rows] == [("h2d", "batch/run"),
+                                                              ("d2h", "batch/run")]
+    with pytest.raises(SystemExit, match="unknown --variants"):
+        bench.main(["--cpu-smoke", "--variants", "p3w7", "--out", str(out)])
+
+
+def test_slowdown_during_the_copy_undoes_the_dilution_of_a_short_copy():
+    from benchmarks.kernels.bench_host_page_io import slowdown_during_copy_pct
+
+    # A 100 ms prefill beside a copy of 50 ms that halves its speed: 25 ms of work are done
+    # in the copy's 50 ms, the other 75 ms after it (125 ms: +25 % overall, +100 % during).
+    assert slowdown_during_copy_pct(0.100, 0.125, 0.050) == pytest.approx(100.0)
+    # A copy that outlasts the prefill: the whole prefill ran beside it.
+    assert slowdown_during_copy_pct(0.100, 0.110, 0.200) == pytest.approx(10.0)
+    assert slowdown_during_copy_pct(0.100, 0.100, 0.030) == pytest.approx(0.0)
