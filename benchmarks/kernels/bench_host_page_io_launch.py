@@ -66,12 +66,13 @@ LAUNCHES = (
 
 def kernel_transfer(p: io.Pools, launch: Launch, to_host: bool):
     hm, tile = HostPageLayout.HEAD_MAJOR, launch.tile_kib * 1024
-    kw = {"num_warps": launch.warps, "paced_gbps": launch.paced_gbps}
+    warps, pace = launch.warps, launch.paced_gbps
     if to_host:
         return lambda: gather_to_host(p.gpu_kv, p.host_head_major, p.gpu_ids_dev,
-                                      p.host_ids_dev, hm, launch.programs, tile, **kw)
+                                      p.host_ids_dev, hm, launch.programs, tile,
+                                      num_warps=warps, paced_gbps=pace)
     return lambda: scatter_to_gpu(p.host_head_major, p.gpu_kv, p.host_ids_dev, p.gpu_ids_dev,
-                                  hm, launch.programs, tile, **kw)
+                                  hm, launch.programs, tile, num_warps=warps, paced_gbps=pace)
 
 
 def rows_for(p: io.Pools, clock: io.Clock, prefill, prefill_alone_s: float,
@@ -80,8 +81,8 @@ def rows_for(p: io.Pools, clock: io.Clock, prefill, prefill_alone_s: float,
     rows = []
     for to_host in (False, True):
         ceiling = pcie["d2h_GBps" if to_host else "h2d_GBps"]
-        variants = [(launch.name, launch, kernel_transfer(p, launch, to_host))
-                    for launch in launches]
+        variants: list[tuple[str, Launch | None, Any]] = [
+            (launch.name, launch, kernel_transfer(p, launch, to_host)) for launch in launches]
         variants.append(("batch/run", None, io.transfer(p, "batch/run", to_host)))
         for name, launch, fn in variants:
             if wanted is not None and name not in wanted:
