@@ -235,6 +235,12 @@ part() {
         --variants p1w32t64,p2w32t64,p4w32t64,p4w32t64@50,p4w32t16@45,batch/run \
         --out "$(out kernels "host_page_io_clocks_${pf}_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -14
     done ;;
+  prefill-copy-trace)  # where the engine's prefill waits beside the copy engine's batched copies (H2D, then D2H): torch.profiler, alone and beside, each host thread's longest calls and the GPU's gaps
+    local dir
+    for dir in "" --to-host; do
+      timeout 150 python3 -m benchmarks.kernels.trace_prefill_beside_copy $dir --reps 5 \
+        --out "$(out kernels "trace_prefill_beside_copy${dir:+_d2h}_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -6
+    done ;;
   cpu-attention-splits)  # NEO's CPU attention at 1x8192 and 8x4096, 16 threads: the work split (pages a split) by the prefetch distance, 30 calls a median
     local s c=$KVTIER_GIT_COMMIT
     export TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext
