@@ -39,17 +39,37 @@ class LEvalRecord:
 
 
 def load_leval(path: Path | str) -> list[LEvalRecord]:
+    """Every record of an L-Eval task file (one JSON object a line with `input`,
+    `instructions` and `outputs`); a malformed line is named with its number."""
     records = []
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            instructions, outputs = row["instructions"], row["outputs"]
-            if len(instructions) != len(outputs):
-                raise ValueError(f"{path}:{line_no}: {len(instructions)} instructions, {len(outputs)} outputs")
-            records.append(LEvalRecord(row["input"], tuple(instructions), tuple(outputs)))
+            if line.strip():
+                records.append(_record(line, f"{path}:{line_no}"))
+    if not records:
+        raise ValueError(f"{path}: no L-Eval records (one JSON object a line)")
     return records
+
+
+def _record(line: str, where: str) -> LEvalRecord:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: not JSON ({e.msg} at column {e.colno})") from None
+    missing = [k for k in ("input", "instructions", "outputs")
+               if not isinstance(row, dict) or k not in row]
+    if missing:
+        raise ValueError(f"{where}: an L-Eval record needs 'input', 'instructions' and "
+                         f"'outputs'; missing {missing}")
+    document, instructions, outputs = row["input"], row["instructions"], row["outputs"]
+    if not isinstance(document, str) or not all(
+            isinstance(x, list) and all(isinstance(t, str) for t in x)
+            for x in (instructions, outputs)):
+        raise ValueError(f"{where}: 'input' must be a string, 'instructions' and 'outputs' "
+                         f"lists of strings")
+    if len(instructions) != len(outputs):
+        raise ValueError(f"{where}: {len(instructions)} instructions, {len(outputs)} outputs")
+    return LEvalRecord(document, tuple(instructions), tuple(outputs))
 
 
 def sample_leval(

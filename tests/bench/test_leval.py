@@ -68,3 +68,25 @@ def test_shared_paper_assistant(shared_data, word_tokenizer):
     reqs = sample_leval(records, word_tokenizer, None, seed=0)
     assert len(reqs) == sum(len(r.instructions) for r in records)
     assert sum(r.prompt_len for r in reqs) / len(reqs) > 2000  # long-context documents
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"input": "d", "instructions": ["q"]}', r"le.jsonl:2: .*missing \['outputs'\]"),
+    ('{"input": "d", "instructions": "q", "outputs": "a"}', r"le.jsonl:2: .*lists of strings"),
+    ('{"input": "d", "instructions": ["q", "r"], "outputs": ["a"]}', r"le.jsonl:2: 2 instructions, 1"),
+    ('{"input": "d", ', r"le.jsonl:2: not JSON"),
+    ('["not", "a", "record"]', r"le.jsonl:2: .*missing"),
+])
+def test_a_malformed_line_is_named_by_its_number(tmp_path, line, message):
+    p = tmp_path / "le.jsonl"
+    p.write_text(json.dumps({"input": "d", "instructions": ["q"], "outputs": ["a"]}) + "\n"
+                 + line + "\n")
+    with pytest.raises(ValueError, match=message):
+        load_leval(p)
+
+
+def test_an_empty_file_is_refused(tmp_path):
+    p = tmp_path / "empty.jsonl"
+    p.write_text("\n\n")
+    with pytest.raises(ValueError, match="no L-Eval records"):
+        load_leval(p)
