@@ -8,9 +8,11 @@ Three ways to use it, as two orthogonal choices of `kvtier bench`:
 
 from __future__ import annotations
 
+import calendar
 import csv
+import re
+import time
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -53,12 +55,32 @@ class AzureTrace:
         return lengths, LengthReport(limits, clipped, OutsideAction.TRUNCATED)
 
 
+_STAMP = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:\.(\d+))?\s*"
+                    r"(Z|[+-]\d{2}:?\d{2})?")
+
+
 def _parse_timestamp(text: str) -> tuple[int, float]:
-    """(whole epoch seconds, fraction). The trace has 7 fractional digits: more than
-    datetime parses, and finer than a float64 of epoch seconds resolves."""
-    base, _, frac = text.strip().partition(".")
-    seconds = int(datetime.strptime(base, "%Y-%m-%d %H:%M:%S").timestamp())
+    """(whole epoch seconds, fraction). The 2023 traces have 7 fractional digits: more than
+    datetime parses, and finer than a float64 of epoch seconds resolves; the 2024 ones end in
+    a UTC offset (`+00:00`). A stamp without an offset is taken as UTC."""
+    m = _STAMP.fullmatch(text.strip())
+    if m is None:
+        raise ValueError(f"timestamp {text!r} is not 'YYYY-MM-DD HH:MM:SS[.fraction][offset]'")
+    day, clock, frac, zone = m.groups()
+    seconds = calendar.timegm(time.strptime(f"{day} {clock}", "%Y-%m-%d %H:%M:%S"))
+    if zone and zone != "Z":
+        sign = -1 if zone[0] == "+" else 1  # 12:00+02:00 is 10:00 UTC
+        digits = zone[1:].replace(":", "")
+        seconds += sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)
     return seconds, float("0." + frac) if frac else 0.0
+
+
+def _row(r: dict[str, str], path: Path | str, line: int) -> tuple[tuple[int, float], int, int]:
+    try:
+        return (_parse_timestamp(r["TIMESTAMP"]), int(r["ContextTokens"]),
+                int(r["GeneratedTokens"]))
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path}:{line}: {e}") from None
 
 
 def load_azure_trace(path: Path | str) -> AzureTrace:
@@ -69,13 +91,15 @@ def load_azure_trace(path: Path | str) -> AzureTrace:
     missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(rows[0])
     if missing:
         raise ValueError(f"{path}: missing columns {sorted(missing)}")
-    stamps = [_parse_timestamp(r["TIMESTAMP"]) for r in rows]
-    first = min(whole for whole, _ in stamps)
-    ts = np.array([(whole - first) + frac for whole, frac in stamps])
+    parsed = [_row(r, path, i) for i, r in enumerate(rows, 2)]  # line 1 is the header
+    first = min(whole for (whole, _), _, _ in parsed)
+    ts = np.array([(whole - first) + frac for (whole, frac), _, _ in parsed])
     order = np.argsort(ts, kind="stable")
     ts = ts[order]
-    ctx = np.array([int(r["ContextTokens"]) for r in rows])[order]
-    gen = np.array([int(r["GeneratedTokens"]) for r in rows])[order]
+    ctx = np.array([c for _, c, _ in parsed])[order]
+    gen = np.array([g for _, _, g in parsed])[order]
+    if (ctx < 0).any() or (gen < 0).any():
+        raise ValueError(f"{path}: negative token counts")
     return AzureTrace(ts - ts[0], ctx, gen)
 
 

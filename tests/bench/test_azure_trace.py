@@ -68,3 +68,26 @@ def test_shared_conversation_trace(shared_data):
     assert cv > 1  # burstier than Poisson
     assert t.context_tokens.mean() == pytest.approx(1155, rel=0.01)
     assert t.generated_tokens.mean() == pytest.approx(211, rel=0.01)
+
+
+def test_the_2024_traces_utc_offsets_and_stamps_without_a_fraction(tmp_path):
+    p = tmp_path / "t24.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                 "2024-05-10 00:00:00.009930+00:00,100,10\n"
+                 "2024-05-10 00:00:01+00:00,200,20\n"
+                 "2024-05-10 02:00:02.5+02:00,300,30\n")  # 00:00:02.5 UTC
+    trace = load_azure_trace(p)
+    assert trace.timestamps_s.tolist() == pytest.approx([0.0, 0.99007, 2.49007])
+    assert trace.context_tokens.tolist() == [100, 200, 300]
+
+
+def test_a_bad_row_is_named_by_its_line(tmp_path):
+    p = tmp_path / "bad.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                 "2023-11-16 18:15:46.6805900,374,44\n"
+                 "yesterday,396,109\n")
+    with pytest.raises(ValueError, match=r"bad.csv:3: timestamp 'yesterday'"):
+        load_azure_trace(p)
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,many,44\n")
+    with pytest.raises(ValueError, match=r"bad.csv:2: invalid literal"):
+        load_azure_trace(p)
