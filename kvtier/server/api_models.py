@@ -258,3 +258,29 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+# --------------------------------------------------------------------------- vLLM utilities
+class TokenizeRequest(_Request):
+    """vLLM's two shapes in one: `prompt` (completions) or `messages` (chat)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    add_special_tokens: bool = True  # completions: False leaves out a leading BOS
+    add_generation_prompt: bool = True  # chat: the assistant header after the messages
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int | None
+    tokens: list[int]
+
+
+class DetokenizeRequest(_Request):
+    model: str | None = None
+    tokens: list[Int]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str

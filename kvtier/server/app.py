@@ -15,9 +15,13 @@ from kvtier.server.api_models import (
     ChatCompletionResponse,
     CompletionRequest,
     CompletionResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
     ErrorResponse,
     ModelCard,
     ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
 )
 from kvtier.server.async_engine import AsyncEngine
 from kvtier.server.errors import error_response, install_error_handlers
@@ -33,6 +37,7 @@ from kvtier.server.reset import (
 from kvtier.server.serving_chat import create_chat_completion
 from kvtier.server.serving_completions import create_completion
 from kvtier.server.state import DEFAULT_MAX_TOKENIZE_QUEUE_CHARS, ServerState
+from kvtier.server.tokenize_api import detokenize_response, tokenize_response, version
 
 DEFAULT_MAX_WAITING_REQUESTS = 256
 DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 2**20
@@ -145,7 +150,8 @@ def _add_middleware(app: FastAPI, state: ServerState, max_request_body_bytes: in
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_body_bytes)
     app.add_middleware(AdmissionMiddleware, refusal=state.refusal)  # before the body is read
     if api_key:
-        protected = ("/v1", RESET_PREFIX_CACHE_PATH) + (("/metrics",) if metrics_need_key else ())
+        protected = ("/v1", "/tokenize", "/detokenize", RESET_PREFIX_CACHE_PATH) + (
+            ("/metrics",) if metrics_need_key else ())
         app.add_middleware(APIKeyMiddleware, api_key=api_key, protected=protected)  # outermost: first
 
 
@@ -160,11 +166,39 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     async def chat_completions(req: ChatCompletionRequest, raw: Request) -> Any:
         return await create_chat_completion(state, req, raw)
 
+    def card(name: str) -> ModelCard:
+        return ModelCard(id=name, root=state.served_model_names[0],
+                         max_model_len=state.limits.max_model_len)
+
     @app.get("/v1/models", response_model=ModelList, responses={401: _ERRORS[401]})
     async def models() -> ModelList:
-        max_len = state.limits.max_model_len
-        root = state.served_model_names[0]
-        return ModelList(data=[ModelCard(id=n, root=root, max_model_len=max_len) for n in state.served_model_names])
+        return ModelList(data=[card(n) for n in state.served_model_names])
+
+    # OpenAI's "retrieve model" (the official client's models.retrieve); `:path` since
+    # served names may hold slashes ("meta-llama/Llama-3.1-8B").
+    @app.get("/v1/models/{model:path}", response_model=ModelCard,
+             responses={401: _ERRORS[401], 404: _ERRORS[404]})
+    async def model(model: str) -> ModelCard:
+        return card(state.resolve_model(model))
+
+    @app.post("/tokenize", response_model=TokenizeResponse,
+              responses={k: _ERRORS[k] for k in (400, 401, 404, 503)})
+    async def tokenize(req: TokenizeRequest) -> TokenizeResponse:
+        return await tokenize_response(state, req)
+
+    @app.post("/detokenize", response_model=DetokenizeResponse,
+              responses={k: _ERRORS[k] for k in (400, 401, 404, 503)})
+    async def detokenize(req: DetokenizeRequest) -> DetokenizeResponse:
+        return await detokenize_response(state, req)
+
+    @app.get("/version")
+    async def server_version() -> dict[str, Any]:
+        return version()
+
+    @app.get("/ping", responses={503: _ERRORS[503]})
+    @app.post("/ping", include_in_schema=False)
+    async def ping() -> Response:  # vLLM's (SageMaker's) liveness probe: /health's answer
+        return await health()
 
     @app.get("/health", responses={503: _ERRORS[503]})
     @app.head("/health", include_in_schema=False)

@@ -56,7 +56,7 @@ def _check_text(text: str, param: str) -> None:
         raise _bad(f"{param} is not valid Unicode text: {exc.reason}", param) from None
 
 
-def _encode(tokenizer: Any, text: str, param: str) -> list[int]:
+def encode_text(tokenizer: Any, text: str, param: str) -> list[int]:
     _check_text(text, param)
     try:
         return list(tokenizer.encode(text))
@@ -65,7 +65,7 @@ def _encode(tokenizer: Any, text: str, param: str) -> list[int]:
         raise _bad(f"{param} could not be tokenized: {exc}", param) from None
 
 
-def _check_ids(ids: list[int], limits: ServingLimits, param: str) -> list[int]:
+def check_ids(ids: list[int], limits: ServingLimits, param: str) -> list[int]:
     for tok in ids:
         if not 0 <= tok < limits.vocab_size:
             raise _bad(f"{param}: token id {tok} is outside [0, {limits.vocab_size})", param)
@@ -117,16 +117,16 @@ def completion_prompts(req: CompletionRequest, tokenizer: Any, limits: ServingLi
     """Token ids of every prompt of a completions request (str, [str], [int] or [[int]])."""
     prompt = req.prompt
     if isinstance(prompt, str):
-        return [_encode(tokenizer, prompt, "prompt")]
+        return [encode_text(tokenizer, prompt, "prompt")]
     if all(isinstance(p, int) for p in prompt):
-        return [_check_ids([int(p) for p in prompt], limits, "prompt")]  # type: ignore[arg-type]
+        return [check_ids([int(p) for p in prompt], limits, "prompt")]  # type: ignore[arg-type]
     prompts = []
     for i, p in enumerate(prompt):
         param = f"prompt.{i}"
         if isinstance(p, str):
-            prompts.append(_encode(tokenizer, p, param))
+            prompts.append(encode_text(tokenizer, p, param))
         elif isinstance(p, list):
-            prompts.append(_check_ids(list(p), limits, param))
+            prompts.append(check_ids(list(p), limits, param))
     return prompts
 
 
@@ -143,7 +143,7 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer: Any, limits: ServingLimit
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
     except Exception as exc:  # templates raise on conversations they do not accept
         raise _bad(f"messages do not fit the model's chat template: {exc}", "messages") from None
-    return _check_ids(list(ids), limits, "messages")
+    return check_ids(list(ids), limits, "messages")
 
 
 def check_lengths(
