@@ -114,6 +114,7 @@ def build_app(
     app.state.server = state
     install_error_handlers(app)
     _add_routes(app, state)
+    _add_utility_routes(app, state)
     app.openapi = openapi_without_422(app)  # type: ignore[method-assign]
     _add_middleware(app, state, max_request_body_bytes, api_key, metrics_need_key)
     return app
@@ -181,6 +182,32 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     async def model(model: str) -> ModelCard:
         return card(state.resolve_model(model))
 
+    @app.get("/health", responses={503: _ERRORS[503]})
+    @app.head("/health", include_in_schema=False)
+    async def health() -> Response:
+        return _health(state)
+
+    @app.post(RESET_PREFIX_CACHE_PATH, response_model=ResetPrefixCacheResponse,
+              responses={401: _ERRORS[401], 409: _ERRORS[409], 503: _ERRORS[503]})
+    async def reset_prefix_cache() -> Any:
+        return await reset_prefix_cache_response(state.async_engine)
+
+    # HEAD too (unlisted): load generators probe /metrics and /health with it.
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+    @app.head("/metrics", include_in_schema=False)
+    async def prometheus_metrics() -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+def _health(state: ServerState) -> Response:
+    if state.async_engine.is_healthy:
+        return JSONResponse({"status": "ok"})
+    return error_response(503, "the engine is not running", code="unavailable")
+
+
+def _add_utility_routes(app: FastAPI, state: ServerState) -> None:
+    """vLLM's endpoints beside the OpenAI API (`tokenize_api.py`)."""
+
     @app.post("/tokenize", response_model=TokenizeResponse,
               responses={k: _ERRORS[k] for k in (400, 401, 404, 503)})
     async def tokenize(req: TokenizeRequest) -> TokenizeResponse:
@@ -198,22 +225,4 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/ping", responses={503: _ERRORS[503]})
     @app.post("/ping", include_in_schema=False)
     async def ping() -> Response:  # vLLM's (SageMaker's) liveness probe: /health's answer
-        return await health()
-
-    @app.get("/health", responses={503: _ERRORS[503]})
-    @app.head("/health", include_in_schema=False)
-    async def health() -> Response:
-        if state.async_engine.is_healthy:
-            return JSONResponse({"status": "ok"})
-        return error_response(503, "the engine is not running", code="unavailable")
-
-    @app.post(RESET_PREFIX_CACHE_PATH, response_model=ResetPrefixCacheResponse,
-              responses={401: _ERRORS[401], 409: _ERRORS[409], 503: _ERRORS[503]})
-    async def reset_prefix_cache() -> Any:
-        return await reset_prefix_cache_response(state.async_engine)
-
-    # HEAD too (unlisted): load generators probe /metrics and /health with it.
-    @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
-    @app.head("/metrics", include_in_schema=False)
-    async def prometheus_metrics() -> Response:
-        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return _health(state)
