@@ -114,7 +114,6 @@ def build_app(
     app.state.server = state
     install_error_handlers(app)
     _add_routes(app, state)
-    _add_utility_routes(app, state)
     app.openapi = openapi_without_422(app)  # type: ignore[method-assign]
     _add_middleware(app, state, max_request_body_bytes, api_key, metrics_need_key)
     return app
@@ -197,6 +196,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.head("/metrics", include_in_schema=False)
     async def prometheus_metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    _add_utility_routes(app, state)
 
 
 def _health(state: ServerState) -> Response:
