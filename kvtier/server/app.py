@@ -30,6 +30,7 @@ from kvtier.server.middleware import AdmissionMiddleware, APIKeyMiddleware, Body
 from kvtier.server.openapi import openapi_without_422
 from kvtier.server.params import ServingLimits, max_token_chars
 from kvtier.server.reset import (
+    FLUSH_CACHE_PATH,
     RESET_PREFIX_CACHE_PATH,
     ResetPrefixCacheResponse,
     reset_prefix_cache_response,
@@ -150,7 +151,8 @@ def _add_middleware(app: FastAPI, state: ServerState, max_request_body_bytes: in
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_body_bytes)
     app.add_middleware(AdmissionMiddleware, refusal=state.refusal)  # before the body is read
     if api_key:
-        protected = ("/v1", "/tokenize", "/detokenize", RESET_PREFIX_CACHE_PATH) + (
+        protected = ("/v1", "/tokenize", "/detokenize", RESET_PREFIX_CACHE_PATH,
+                     FLUSH_CACHE_PATH) + (
             ("/metrics",) if metrics_need_key else ())
         app.add_middleware(APIKeyMiddleware, api_key=api_key, protected=protected)  # outermost: first
 
@@ -188,7 +190,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post(RESET_PREFIX_CACHE_PATH, response_model=ResetPrefixCacheResponse,
               responses={401: _ERRORS[401], 409: _ERRORS[409], 503: _ERRORS[503]})
-    async def reset_prefix_cache() -> Any:
+    @app.api_route(FLUSH_CACHE_PATH, methods=["GET", "POST"], include_in_schema=False)
+    async def reset_prefix_cache() -> Any:  # /flush_cache: SGLang's name for it
         return await reset_prefix_cache_response(state.async_engine)
 
     # HEAD too (unlisted): load generators probe /metrics and /health with it.

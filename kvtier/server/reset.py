@@ -1,4 +1,5 @@
-"""POST /reset_prefix_cache (vLLM's admin endpoint): drop every cached KV block.
+"""POST /reset_prefix_cache (vLLM's admin endpoint; SGLang's /flush_cache): drop every cached
+KV block.
 
 It runs on the engine's worker between two steps (`AsyncEngine.call`), never beside a step.
 While a request holds KV blocks the engine refuses, changing nothing (a running request
@@ -18,6 +19,7 @@ from kvtier.server.async_engine import AsyncEngine, EngineDeadError, ShuttingDow
 from kvtier.server.errors import error_response
 
 RESET_PREFIX_CACHE_PATH = "/reset_prefix_cache"
+FLUSH_CACHE_PATH = "/flush_cache"  # SGLang's name (GET or POST), the same answer
 
 
 class ResetPrefixCacheResponse(BaseModel):

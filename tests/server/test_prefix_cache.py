@@ -149,6 +149,16 @@ def test_reset_prefix_cache_while_a_request_runs_is_refused(live, client):
     assert httpx.post(live.base_url + "/reset_prefix_cache").status_code == 200
 
 
+@pytest.mark.parametrize("method", ["get", "post"])
+def test_sglangs_flush_cache_is_the_same_reset(live, client, method):
+    doc = _ids(10, 2 * BLOCK + 1)
+    _complete(client, doc)
+    assert_engine_clean(live)
+    resp = getattr(httpx, method)(live.base_url + "/flush_cache")
+    assert resp.status_code == 200 and resp.json() == {"reset": True}
+    assert live.call(lambda e: e.kv_manager.prefix_cache.num_cached_blocks) == 0
+
+
 def test_reset_prefix_cache_needs_the_api_key(tiny_model_dir):
     srv = start_server(build_app(make_engine(tiny_model_dir), api_key="sesame"))
     try:
@@ -157,6 +167,7 @@ def test_reset_prefix_cache_needs_the_api_key(tiny_model_dir):
         assert httpx.post(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
         ok = httpx.post(url, headers={"Authorization": "Bearer sesame"})
         assert ok.status_code == 200 and ok.json() == {"reset": True}
+        assert httpx.post(srv.base_url + "/flush_cache").status_code == 401
         assert httpx.get(srv.base_url + "/metrics").status_code == 200  # still open
     finally:
         srv.stop()
