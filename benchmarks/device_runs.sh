@@ -319,12 +319,12 @@ part() {
     strata leval strata_loading_bound_h200.json --dataset-path .carry/leval_paper_assistant.jsonl \
       --leval-order shuffled --leval-max-document-tokens 8000 --num-prompts 69 --arrivals poisson \
       --rate 1 --variants d --loading-bounds 0,2,4,8 ;;
-  strata-goodput)  # L-Eval shuffled, 8B: one variant ($STRATA_VARIANTS, default a; then c) with its throughput at the 2 s TTFT SLO (rates 1, 1.4, 1.8; 45 s windows). One variant a call: four 45 s runs each, a start-up each, so both overran 590 s (d22b452)
+  strata-goodput)  # L-Eval shuffled, 8B: one variant ($STRATA_VARIANTS, default a; then c) with its throughput at the 2 s TTFT SLO (rates $STRATA_SWEEP_RATES, default 1, 1.4, 1.8; 45 s windows; measured at d46327a: (c) kept the SLO at 1.8, so its next sweep goes higher). One variant a call: four 45 s runs each, a start-up each, so both overran 590 s (d22b452)
     local v=${STRATA_VARIANTS:-a}
     STRATA_VARIANTS=$v strata leval "strata_goodput_leval_${v//,/}_h200.json" \
       --dataset-path .carry/leval_paper_assistant.jsonl --leval-order shuffled \
       --leval-max-document-tokens 8000 --num-prompts 69 --arrivals poisson --rate 1 \
-      --goodput-sweep --sweep-rates 1,1.4,1.8 ;;
+      --goodput-sweep --sweep-rates "${STRATA_SWEEP_RATES:-1,1.4,1.8}" ;;
   strata-breakeven)  # where the host tier stops paying, measured: TTFT of a miss, a host hit and a device hit by prefix length (16 ... 16,384), both io-backends, beside the cost model's prediction
     timeout 280 python3 -m benchmarks.policies.bench_strata_breakeven \
       --out "$(out policies strata_breakeven_measured_h200.json)" 2>&1 | tail -13 ;;
