@@ -138,7 +138,7 @@ def run_host_args(run: Run, base: HostTierArgs, host_gib: float) -> HostTierArgs
 
 
 def run_variant(engine_args: EngineArgs, workload: Any, config: Any, simulate: bool,
-                args: argparse.Namespace) -> dict[str, Any]:
+                args: argparse.Namespace, name: str = "") -> dict[str, Any]:
     from kvtier.engine.llm_engine import LLMEngine
 
     if simulate:
@@ -153,8 +153,9 @@ def run_variant(engine_args: EngineArgs, workload: Any, config: Any, simulate: b
     result = run_once(factory, engine_args.kv_policy, workload, config, monitor=None)
     # Throughput at the SLO (--goodput-sweep): the highest rate a variant keeps the target
     # share of requests inside it, each probe the same requests at another rate.
+    # Its probes log as "<kv policy> @ rate": say which variant they belong to.
     goodput = (sweep_goodput(factory, engine_args.kv_policy, workload, config,
-                             lambda m: print(m, file=sys.stderr)).to_dict()
+                             lambda m: print(f"{name}{m}", file=sys.stderr)).to_dict()
                if config.sweep is not None else None)
     summary = summarize_run(result, config.slo).to_dict()
     last = result.steps[-1].stats if result.steps else None
@@ -211,7 +212,8 @@ def main(argv: list[str] | None = None) -> None:
         engine_args = replace(base, host_tier=run_host_args(run, base.host_tier, args.host_gib))
         name = run.label
         results[name] = {"label": VARIANTS[run.variant],
-                         **run_variant(engine_args, workload, config, args.simulate, args)}
+                         **run_variant(engine_args, workload, config, args.simulate, args,
+                                       f"{name} ")}
         s = results[name]["summary"]
         print(f"{name} {VARIANTS[run.variant]:>10}: TTFT p50 {_ttft(results[name], 'p50')} s, "
               f"{s['request_throughput']:.3f} req/s", file=sys.stderr)
