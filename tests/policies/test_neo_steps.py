@@ -130,3 +130,25 @@ def test_the_simulator_prices_the_policys_choice():
         modes.append(mode)
     assert modes.count(StepMode.PIPELINED) == policy.num_pipelined_steps > 0
     assert StepMode.SEQUENTIAL in modes and policy.num_gpu_only_steps > 0
+
+
+def test_the_forecast_seats_no_more_waiting_prompts_than_max_num_seqs():
+    from kvtier.core.request import Request
+    from kvtier.policies.neo.modes import forecast
+    from kvtier.sampling_params import SamplingParams
+
+    def req(rid: str, prompt: int, computed: int) -> Request:
+        return Request(rid, list(range(prompt)), SamplingParams(max_tokens=8), 8,
+                       num_computed_tokens=computed)
+
+    running = [req("h", 100, 100), req("g", 50, 50)]  # two decodes, "h" on the host
+    waiting = [req(f"w{i}", 20, 0) for i in range(6)]
+
+    def shape(seats):
+        return forecast(running, {"h"}, waiting, budget=4096, spare_blocks=10**6, block_size=16,
+                        num_groups=1, seats=seats)
+
+    unbounded, rows, tokens = shape(None)
+    assert (rows, tokens) == (1, 101) and len(unbounded.prefills) == 6
+    assert len(shape(5)[0].prefills) == 3  # 2 seats taken by the decodes
+    assert len(shape(2)[0].prefills) == 0 and shape(2)[0].num_decodes == 2

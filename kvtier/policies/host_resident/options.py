@@ -21,6 +21,8 @@ class HostResidentOptions(SystemOptions):
     max_model_len: int = 0
     # The scheduler's token budget: the prefill chunks a balance rule prices beside the rows.
     max_step_tokens: int = 8192
+    # The scheduler's seats (max_num_seqs): a step's rows at most, in forecasts of it.
+    max_step_seqs: int = 256
     # The system's priced limit on the moves (balance.py), set once a cost model is built.
     balance_rule: HostBalance | None = field(default=None, compare=False)
 

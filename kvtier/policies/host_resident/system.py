@@ -41,7 +41,8 @@ class HostResidentSystem(MemorySystem):
         """The HostResidentOptions fields every system fills alike."""
         return {"swap_in_fraction": args.swap_in_fraction,
                 "max_model_len": config.scheduler.max_model_len,
-                "max_step_tokens": config.scheduler.max_num_batched_tokens}
+                "max_step_tokens": config.scheduler.max_num_batched_tokens,
+                "max_step_seqs": config.scheduler.max_num_seqs}
 
     def check_unused_flags(self, args: SystemArgs) -> None:
         changed = [f.name for f in fields(args) if getattr(args, f.name) != f.default]

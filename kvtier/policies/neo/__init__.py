@@ -122,7 +122,7 @@ class NeoPolicy(HostResidentPolicy):
             return 0
         shape, rows, tokens = forecast(running, host, waiting, opts.max_step_tokens,
                                        -self._blocks_short(running, kv), kv.block_size,
-                                       kv.num_groups)
+                                       kv.num_groups, opts.max_step_seqs)
         if not rows or opts.choice.best(shape, rows, tokens, gpu_only=True) \
                 is not StepMode.GPU_ONLY:
             self._skips = {}

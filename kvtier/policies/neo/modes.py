@@ -52,12 +52,13 @@ class ModeChoice:
 
 
 def forecast(running: Sequence[Request], host: Collection[str], waiting: Iterable[Request],
-             budget: int, spare_blocks: int, block_size: int, num_groups: int
-             ) -> tuple[StepShape, int, int]:
+             budget: int, spare_blocks: int, block_size: int, num_groups: int,
+             seats: int | None = None) -> tuple[StepShape, int, int]:
     """(the step's shape, its CPU decodes, their context tokens) as the scheduler will
     likely make it: running requests in order within the token budget (a prefill's chunk
-    capped by it), then waiting prompts while the budget and `spare_blocks` free device
-    blocks last. Host-running requests lead `running`."""
+    capped by it), then waiting prompts while the budget, `spare_blocks` free device
+    blocks and the `seats` (max_num_seqs: rows a step, running ones included) last.
+    Host-running requests lead `running`."""
     num_rows = host_tokens = 0
     decodes: list[int] = []
     prefills: list[tuple[int, int]] = []
@@ -78,7 +79,12 @@ def forecast(running: Sequence[Request], host: Collection[str], waiting: Iterabl
         prefills.append((n, req.num_computed_tokens))
         sampled += n == remaining
         budget -= n
+    free_seats = None if seats is None else seats - len(running)
     for req in waiting:
+        if free_seats is not None:
+            if free_seats <= 0:
+                break
+            free_seats -= 1
         n = min(req.num_tokens - req.num_computed_tokens, budget)
         need = num_groups * cdiv(req.num_computed_tokens + n, block_size)
         if n <= 0 or need > spare_blocks:
