@@ -40,6 +40,10 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     name: str = "model"
+    # An active sliding window (Mistral's `sliding_window`, Qwen's with `use_sliding_window`):
+    # kvtier attends over the whole context, which equals the window's attention only while
+    # the context fits in it, so the engine caps max_model_len there (engine/args.py).
+    sliding_window: int | None = None
 
     @property
     def q_size(self) -> int:
@@ -77,6 +81,7 @@ class ModelConfig:
                 f"unsupported architecture {arch or '<none>'!r}; supported: "
                 + ", ".join(SUPPORTED_ARCHITECTURES)
             )
+        _check_supported_layers(cfg, arch)
         num_heads = cfg["num_attention_heads"]
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // num_heads
         eos = cfg.get("eos_token_id")
@@ -109,7 +114,26 @@ class ModelConfig:
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
             name=name,
+            sliding_window=_active_sliding_window(cfg, arch),
         )
+
+
+def _check_supported_layers(cfg: dict[str, Any], arch: str) -> None:
+    """What the Llama-family layers here cannot compute is refused, not approximated."""
+    act = cfg.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise ConfigError(f"{arch}: hidden_act {act!r} is not supported (only silu)")
+    if cfg.get("mlp_bias"):
+        raise ConfigError(f"{arch}: mlp_bias is not supported")
+
+
+def _active_sliding_window(cfg: dict[str, Any], arch: str) -> int | None:
+    window = cfg.get("sliding_window")
+    if not isinstance(window, int) or window <= 0:
+        return None
+    if arch.startswith("Qwen") and not cfg.get("use_sliding_window", False):
+        return None  # Qwen2/3 configs carry a window they do not use
+    return window
 
 
 @dataclass(frozen=True)

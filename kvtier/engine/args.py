@@ -4,15 +4,18 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Self
 
-from kvtier.config import CacheConfig, EngineConfig, SchedulerConfig
+from kvtier.config import CacheConfig, ConfigError, EngineConfig, ModelConfig, SchedulerConfig
 from kvtier.model.loader import resolve_model_config
 from kvtier.offload.args import HostTierArgs
 from kvtier.policies import get_system, policy_names
 from kvtier.policies.options import SystemArgs, arg_type
 from kvtier.policies.registry import policy_flag_defaults, system_args
+
+logger = logging.getLogger("kvtier")
 
 # The default cap on a prompt's chunk per step (--long-prefill-token-threshold): the largest
 # that kept the 8B's ITL p99 within the TPOT SLO on L-Eval documents, on the
@@ -95,7 +98,7 @@ class EngineArgsFields:
 
     def create_engine_config(self) -> EngineConfig:
         model_config, _ = resolve_model_config(self.model, self.load_format)
-        max_len = self.max_model_len or model_config.max_position_embeddings
+        max_len = _max_model_len(self.max_model_len, model_config)
         sched = SchedulerConfig(
             max_num_batched_tokens=self.max_num_batched_tokens
             or (8192 if self.enable_chunked_prefill else max(8192, max_len)),
@@ -205,3 +208,17 @@ class EngineArgs(EngineArgsFields):
             super().__setattr__(name, value)
 
 
+def _max_model_len(requested: int | None, mc: ModelConfig) -> int:
+    """--max-model-len, else the model's positions; with an active sliding window at most
+    the window (kvtier attends over the whole context: exact only within it)."""
+    window = mc.sliding_window
+    if window is None or (requested is not None and requested <= window):
+        return requested or mc.max_position_embeddings
+    if requested is not None:
+        raise ConfigError(f"--max-model-len {requested}: {mc.name} attends over a sliding "
+                          f"window of {window} tokens, which kvtier does not implement; "
+                          f"at most {window} (where the window holds the whole context)")
+    if mc.max_position_embeddings > window:
+        logger.warning("%s: max_model_len capped at its sliding window, %d tokens (kvtier "
+                       "attends over the whole context)", mc.name, window)
+    return min(window, mc.max_position_embeddings)

@@ -101,3 +101,43 @@ def test_llama3_rope_scaling_config_is_read(tmp_path):
     assert cfg.num_kv_heads == 8 and cfg.kv_bytes_per_token(2) == 128 * 1024
     (tmp_path / "config.json").write_text(json.dumps(preset_config("llama-2-13b")))
     assert ModelConfig.from_hf(preset_config("llama-2-13b")).kv_bytes_per_token(2) == 800 * 1024
+
+
+def _model_dir(tmp_path, name, **changes):
+    from kvtier.model.presets import preset_config
+
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({**preset_config("tiny-llama"), **changes}))
+    return str(d)
+
+
+def test_an_active_sliding_window_caps_max_model_len(tmp_path, caplog):
+    from kvtier.engine.args import EngineArgs
+
+    mistral = _model_dir(tmp_path, "mistral", architectures=["MistralForCausalLM"],
+                         sliding_window=64, max_position_embeddings=4096)
+    with caplog.at_level("WARNING", logger="kvtier"):
+        config = EngineArgs(model=mistral, load_format="dummy").create_engine_config()
+    assert config.scheduler.max_model_len == 64 and "sliding window" in caplog.text
+    assert EngineArgs(model=mistral, load_format="dummy",
+                      max_model_len=48).create_engine_config().scheduler.max_model_len == 48
+    with pytest.raises(ConfigError, match="sliding window of 64"):
+        EngineArgs(model=mistral, load_format="dummy", max_model_len=128).create_engine_config()
+    # Qwen configs carry a window they only use with use_sliding_window.
+    qwen = _model_dir(tmp_path, "qwen", architectures=["Qwen2ForCausalLM"], sliding_window=64,
+                      use_sliding_window=False, max_position_embeddings=4096)
+    assert EngineArgs(model=qwen, load_format="dummy").create_engine_config() \
+        .scheduler.max_model_len == 4096
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+    ({"mlp_bias": True}, "mlp_bias"),
+])
+def test_layers_the_model_cannot_compute_are_refused(tmp_path, changes, message):
+    from kvtier.engine.args import EngineArgs
+
+    path = _model_dir(tmp_path, "odd", **changes)
+    with pytest.raises(ConfigError, match=message):
+        EngineArgs(model=path, load_format="dummy").create_engine_config()
