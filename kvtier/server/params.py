@@ -182,9 +182,13 @@ def check_lengths(
 
 
 def _check_unsupported(req: _SamplingFields) -> None:
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(req, name) not in (None, 0.0):
-            raise _bad(f"{name} is not supported (only 0)", name, code="unsupported_value")
+    for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0),
+                          ("repetition_penalty", 1.0), ("min_p", 0.0)):
+        if getattr(req, name) not in (None, neutral):
+            raise _bad(f"{name} is not supported (only {neutral:g})", name,
+                       code="unsupported_value")
+    if req.logit_bias:
+        raise _bad("logit_bias is not supported", "logit_bias", code="unsupported_value")
     if isinstance(req, CompletionRequest):
         if req.echo:
             raise _bad("echo is not supported", "echo", code="unsupported_value")
