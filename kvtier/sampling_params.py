@@ -15,6 +15,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1  # -1: no top-k
+    min_p: float = 0.0  # vLLM's: drop tokens below min_p x the likeliest token's probability
     seed: int | None = None
     max_tokens: int | None = 16  # None: up to max_model_len
     min_tokens: int = 0
@@ -50,6 +51,8 @@ class SamplingParams:
             raise bad(f"temperature must be in [0, 100], got {self.temperature!r}")
         if not (0.0 < float(self.top_p) <= 1.0):
             raise bad(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not (0.0 <= float(self.min_p) <= 1.0):
+            raise bad(f"min_p must be in [0, 1], got {self.min_p!r}")
         if not isinstance(self.top_k, int) or (self.top_k < 1 and self.top_k != -1):
             raise bad(f"top_k must be -1 (off) or >= 1, got {self.top_k!r}")
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):

@@ -1,4 +1,4 @@
-"""Token sampling: greedy, temperature, top-k, top-p, seeds, min_tokens, logprobs.
+"""Token sampling: greedy, temperature, top-k, top-p, min-p, seeds, min_tokens, logprobs.
 
 Seeded requests draw from a generator seeded by (seed, output index), so a seeded request
 samples the same tokens whatever the batch, the step boundaries or the preemptions.
@@ -87,7 +87,12 @@ def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch
             logits[i][logits[i] < kth] = float("-inf")
         if p.top_p < 1.0:
             logits[i] = _top_p(logits[i], p.top_p)
-    return torch.softmax(logits, dim=-1)
+    probs = torch.softmax(logits, dim=-1)
+    for i, p in enumerate(params):
+        if p.min_p > 0.0:  # vLLM's order: after temperature, top-k and top-p
+            row = probs[i]
+            row[row < p.min_p * row.max()] = 0.0  # the race below needs no renormalising
+    return probs
 
 
 def _top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -183,7 +183,7 @@ def check_lengths(
 
 def _check_unsupported(req: _SamplingFields) -> None:
     for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0),
-                          ("repetition_penalty", 1.0), ("min_p", 0.0)):
+                          ("repetition_penalty", 1.0)):
         if getattr(req, name) not in (None, neutral):
             raise _bad(f"{name} is not supported (only {neutral:g})", name,
                        code="unsupported_value")
@@ -219,6 +219,7 @@ def sampling_params(
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
             top_k=-1 if req.top_k is None else req.top_k,
+            min_p=0.0 if req.min_p is None else req.min_p,
             seed=req.seed,
             max_tokens=max_tokens,
             min_tokens=req.min_tokens,

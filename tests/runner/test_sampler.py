@@ -43,3 +43,21 @@ def test_other_paths_sample_the_fp32_cast():
                                                                        got.token_ids))
         assert not set(banned) & set(got.token_ids)
     assert torch.equal(logits, kept)  # the banned ids went into the fp32 copy
+
+
+def test_min_p_never_draws_a_token_below_its_share_of_the_likeliest():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(400, 1)
+    params = SamplingParams(temperature=1.0, min_p=0.4)  # keeps p >= 0.2: tokens 0 and 1
+    drawn = set(sample(logits, _rows(params, 400)).token_ids)
+    assert drawn == {0, 1}
+    everything = set(sample(logits, _rows(SamplingParams(temperature=1.0), 400)).token_ids)
+    assert everything == {0, 1, 2, 3}
+
+
+def test_min_p_outside_zero_to_one_is_refused():
+    import pytest
+
+    from kvtier.sampling_params import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match="min_p"):
+        SamplingParams(min_p=1.5)
