@@ -249,8 +249,8 @@ def isolated_rows(p: Pools, clock: Clock, pcie: dict[str, float],
     return rows
 
 
-def _issue_on(stream: torch.cuda.Stream, fn: Callable[[], None], repeats: int,
-              start: torch.cuda.Event, end: torch.cuda.Event) -> None:
+def issue_on(stream: torch.cuda.Stream, fn: Callable[[], None], repeats: int,
+             start: torch.cuda.Event, end: torch.cuda.Event) -> None:
     with torch.cuda.stream(stream):
         start.record()
         for _ in range(repeats):
@@ -302,7 +302,7 @@ def concurrent_row(p: Pools, clock: Clock, prefill: Callable[[], None], prefill_
             copy_s.append(clock.span(lambda: [fn() for _ in range(repeats)]))
             continue
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
-        thread = threading.Thread(target=_issue_on, args=(side, fn, repeats, ev[2], ev[3]))
+        thread = threading.Thread(target=issue_on, args=(side, fn, repeats, ev[2], ev[3]))
         ev[0].record()
         thread.start()
         prefill()

@@ -81,16 +81,13 @@ def traced(fn) -> dict[str, Any]:
 
 
 def beside_copies(prefill, copy, repeats: int):
-    """prefill() on the main stream while a thread issues `repeats` copies on a side stream."""
+    """prefill() on the main stream while a thread issues `repeats` copies on a side stream,
+    as bench_host_page_io's concurrent rows run them (`issue_on`)."""
     side = torch.cuda.Stream()
 
-    def issue() -> None:
-        with torch.cuda.stream(side):
-            for _ in range(repeats):
-                copy()
-
     def run() -> None:
-        thread = threading.Thread(target=issue)
+        events = [torch.cuda.Event() for _ in range(2)]
+        thread = threading.Thread(target=io.issue_on, args=(side, copy, repeats, *events))
         thread.start()
         prefill()
         thread.join()

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtier.sampling_params import InvalidRequestError, SamplingParams
-from kvtier.server.api_models import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from kvtier.server.api_models import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    _SamplingFields,
+)
 from kvtier.server.errors import APIError
 
 logger = logging.getLogger(__name__)
@@ -131,8 +136,14 @@ def completion_prompts(req: CompletionRequest, tokenizer: Any, limits: ServingLi
 
 
 def chat_prompt(req: ChatCompletionRequest, tokenizer: Any, limits: ServingLimits) -> list[int]:
+    return chat_template_ids(req.messages, req.add_generation_prompt, tokenizer, limits)
+
+
+def chat_template_ids(chat: list[ChatMessage], add_generation_prompt: bool, tokenizer: Any,
+                      limits: ServingLimits) -> list[int]:
+    """The messages through the model's chat template, checked as a prompt."""
     messages = []
-    for i, msg in enumerate(req.messages):
+    for i, msg in enumerate(chat):
         text = msg.text()
         _check_text(text, f"messages.{i}.content")
         entry: dict[str, Any] = {"role": msg.role, "content": text}
@@ -140,7 +151,7 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer: Any, limits: ServingLimit
             entry["name"] = msg.name
         messages.append(entry)
     try:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
     except Exception as exc:  # templates raise on conversations they do not accept
         raise _bad(f"messages do not fit the model's chat template: {exc}", "messages") from None
     return check_ids(list(ids), limits, "messages")

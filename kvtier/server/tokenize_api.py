@@ -11,23 +11,20 @@ from __future__ import annotations
 from typing import Any
 
 from kvtier.server.api_models import (
-    ChatCompletionRequest,
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeRequest,
     TokenizeResponse,
 )
 from kvtier.server.errors import APIError
-from kvtier.server.params import chat_prompt, check_ids, encode_text
+from kvtier.server.params import chat_template_ids, check_ids, encode_text
 from kvtier.server.state import ServerState
 
 
 def _tokenize(req: TokenizeRequest, state: ServerState) -> list[int]:
     tok, limits = state.tokenizer, state.limits
     if req.messages is not None:
-        chat = ChatCompletionRequest(messages=req.messages,
-                                     add_generation_prompt=req.add_generation_prompt)
-        return chat_prompt(chat, tok, limits)
+        return chat_template_ids(req.messages, req.add_generation_prompt, tok, limits)
     assert req.prompt is not None
     ids = encode_text(tok, req.prompt, "prompt")
     bos = getattr(tok, "bos_token_id", None)
