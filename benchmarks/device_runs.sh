@@ -241,6 +241,22 @@ part() {
       timeout 150 python3 -m benchmarks.kernels.trace_prefill_beside_copy $dir --reps 5 \
         --out "$(out kernels "trace_prefill_beside_copy${dir:+_d2h}_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -6
     done ;;
+  prefill-kernel-trace)  # the same trace beside the Triton I/O kernel (2 programs), H2D then D2H: why it costs the engine's prefill about twice what it costs the stand-in
+    local dir
+    for dir in "" --to-host; do
+      timeout 150 python3 -m benchmarks.kernels.trace_prefill_beside_copy --variant kernel --programs 2 $dir --reps 5 \
+        --out "$(out kernels "trace_prefill_beside_kernel${dir:+_d2h}_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -6
+    done ;;
+  command-queue)  # how many asynchronous calls (page copies, batched copies, launches) the driver queues before the host blocks, and whether the queue is shared between streams
+    timeout 120 python3 -m benchmarks.kernels.probe_command_queue \
+      --out "$(out kernels "command_queue_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -6 ;;
+  host-attention-pool)  # DirectKV's kernel at 1 x 131072 and 1 x 32768 over a 4 GiB and a 32 GiB pinned pool (pages drawn over the whole pool): does the host pool's size, through address translation, set its read rate (the engine's 128K host rows read at 32.5 GB/s)
+    local tokens
+    for tokens in 1048576 8388608; do
+      timeout 200 python3 -m benchmarks.kernels.bench_host_decode_attention --shapes 1x131072,1x32768 \
+        --max-tokens $tokens --split-factors 2 --launches "" --reps 5 \
+        --out "$(out kernels "host_decode_attention_pool${tokens}_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -4
+    done ;;
   cpu-attention-splits)  # NEO's CPU attention at 1x8192 and 8x4096, 16 threads: the work split (pages a split) by the prefetch distance, 30 calls a median
     local s c=$KVTIER_GIT_COMMIT
     export TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext

@@ -1,4 +1,5 @@
-"""Where the engine's 8K prefill waits while the copy engine moves host pages beside it.
+"""Where the engine's 8K prefill waits while host pages move beside it (the copy engine's
+batched copies, or with --variant kernel the Triton I/O kernel).
 
 bench_host_page_io_launch found the copy engine's batched copies (batch/run) costing the
 engine's prefill +86 % loading (H2D) and +7 % storing, but +1.3 / +1.6 % beside the GEMM+SDPA
@@ -10,6 +11,7 @@ torch ops the host spent longest in (a blocking copy, a stream or event sync sho
 the time from the step's start to its first kernel on the GPU, and the GPU's idle gaps.
 
   python -m benchmarks.kernels.trace_prefill_beside_copy --out results/kernels/trace_prefill_beside_copy_h200.json
+  python -m benchmarks.kernels.trace_prefill_beside_copy --variant kernel --programs 2 --out ...
 """
 
 from __future__ import annotations
@@ -96,7 +98,8 @@ def beside_copies(prefill, copy, repeats: int):
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--variant", default="batch/run", choices=sorted(io.DIRECT))
+    ap.add_argument("--variant", default="batch/run", choices=sorted([*io.DIRECT, "kernel"]))
+    ap.add_argument("--programs", type=int, default=2, help="the kernel variant's programs")
     ap.add_argument("--to-host", action="store_true", help="D2H copies (default H2D)")
     ap.add_argument("--out", required=True)
     own, rest = ap.parse_known_args(argv)
@@ -110,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     prefill = EnginePrefill(args.model, args.layers_per_block, args.prefill_tokens, device)
     prefill_s = clock.median(prefill)
     p = io.make_pools(g, 16, args, device)
-    copy = io.transfer(p, own.variant, own.to_host)
+    copy = io.transfer(p, own.variant, own.to_host, own.programs)
     one = clock.median(copy)
     repeats = max(1, round(prefill_s / one))
     alone = traced(prefill)
@@ -119,7 +122,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for tid, calls in t["host_calls"].items():
             print(f"{name} thread {tid}{' (main)' if tid == t['main_thread'] else ''}: "
                   + ", ".join(f"{c['name']} {c['total_ms']:.1f} ms" for c in calls[:6]))
-    result = {"variant": own.variant, "direction": "d2h" if own.to_host else "h2d",
+    result = {"variant": own.variant,
+              "programs": own.programs if own.variant == "kernel" else None,
+              "direction": "d2h" if own.to_host else "h2d",
               "prefill_ms_median": prefill_s * 1e3, "copy_ms_one": one * 1e3,
               "repeats": repeats, "alone": alone, "beside": beside,
               "wall_s": time.perf_counter() - t_start}
