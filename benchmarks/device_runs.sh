@@ -250,6 +250,16 @@ part() {
   command-queue)  # how many asynchronous calls (page copies, batched copies, launches) the driver queues before the host blocks, and whether the queue is shared between streams
     timeout 120 python3 -m benchmarks.kernels.probe_command_queue \
       --out "$(out kernels "command_queue_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -6 ;;
+  command-queue-connections)  # the probe and the engine's prefill beside the copy engine's / the kernel's copies, with CUDA's default hardware connections and with CUDA_DEVICE_MAX_CONNECTIONS=32 (streams that share a connection share its queue)
+    local conns
+    for conns in default 32; do
+      ( [ "$conns" = default ] || export CUDA_DEVICE_MAX_CONNECTIONS=$conns
+        timeout 100 python3 -m benchmarks.kernels.probe_command_queue \
+          --out "$(out kernels "command_queue_conns_${conns}_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -6
+        timeout 150 python3 -m benchmarks.kernels.bench_host_page_io_launch --reps 7 --prefill engine \
+          --variants p2w32t64,batch/run \
+          --out "$(out kernels "host_page_io_conns_${conns}_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -8 )
+    done ;;
   host-attention-pool)  # DirectKV's kernel at 1 x 131072 and 1 x 32768 over a 4 GiB and a 32 GiB pinned pool (pages drawn over the whole pool): does the host pool's size, through address translation, set its read rate (the engine's 128K host rows read at 32.5 GB/s)
     local tokens
     for tokens in 1048576 8388608; do

@@ -10,7 +10,9 @@ until one takes longer than `--block-ms`; the number issued before is what fits.
 cudaMemcpyAsync of a 16-token page (H2D), the same pages in cudaMemcpyBatchAsync calls of
 `--batch` pieces, and an empty kernel launch. `cross_stream`: with the side stream's queue
 nearly full of copies, how many kernel launches the main stream still takes, which says
-whether the queue is the stream's own or shared.
+whether the queue is the stream's own or shared; `streams_sharing_main`: the same for each
+of `--streams` pool streams in turn (CUDA spreads streams over a few hardware connections,
+CUDA_DEVICE_MAX_CONNECTIONS of them, and two streams on one connection share its queue).
 
   python -m benchmarks.kernels.probe_command_queue --out results/kernels/command_queue_h200.json
 """
@@ -48,13 +50,43 @@ def issue_until_block(issue: Callable[[int], None], limit: int, block_s: float
             "issue_us_median": statistics.median(times) * 1e6}
 
 
-def held(stream: torch.cuda.Stream, probe: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def held(stream: torch.cuda.Stream, probe: Callable[[], dict[str, Any]],
+         cycles: int = HOLD_CYCLES) -> dict[str, Any]:
     """probe() while `stream` spins, then wait for everything to drain."""
     with torch.cuda.stream(stream):
-        torch.cuda._sleep(HOLD_CYCLES)
+        torch.cuda._sleep(cycles)
         out = probe()
     torch.cuda.synchronize()
     return out
+
+
+def fill_then_main(copy: Callable[[int], None], fits: int, block_s: float,
+                   tiny: torch.Tensor) -> dict[str, Any]:
+    """9/10 of a held stream's queue filled with copies, then launches on the default stream
+    until one blocks (3 x the queue's depth at most: past that it is not the same queue)."""
+    queued = int(fits * 0.9)
+    for i in range(queued):
+        copy(i)
+    with torch.cuda.stream(torch.cuda.default_stream()):
+        out = issue_until_block(lambda i: tiny.add_(1), 3 * fits, block_s)
+    return {**out, "side_copies_queued": queued}
+
+
+def sharing_main(streams: int, fits: int, host: int, dev: int, block_s: float,
+                 tiny: torch.Tensor) -> list[int]:
+    """Indices (in creation order) of new pool streams whose full queue blocks the default
+    stream's launches."""
+    shared = []
+    for k in range(streams):
+        s = torch.cuda.Stream()
+
+        def copy(i: int, s: torch.cuda.Stream = s) -> None:
+            off = (i % 4096) * PAGE_BYTES
+            cm.memcpy_each([dev + off], [host + off], [PAGE_BYTES], s.cuda_stream)
+        r = held(s, lambda: fill_then_main(copy, fits, block_s, tiny), HOLD_CYCLES // 4)
+        if r["calls_before_block"] is not None:
+            shared.append(k)
+    return shared
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -62,6 +94,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--limit", type=int, default=200_000, help="calls at most per kind")
     ap.add_argument("--batch", type=int, default=64, help="pieces a cudaMemcpyBatchAsync call")
     ap.add_argument("--block-ms", type=float, default=20.0)
+    ap.add_argument("--streams", type=int, default=16, help="pool streams checked for sharing")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -72,6 +105,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     h, d, block_s = host.data_ptr(), dev.data_ptr(), args.block_ms / 1e3
     side, idx = torch.cuda.Stream(), torch.cuda.current_device()
     tiny = torch.zeros(1, device="cuda")
+    tiny.add_(1)  # its kernel's module loaded now: a first launch may wait for the device
+    torch.cuda.synchronize()
 
     def one_copy(i: int) -> None:
         off = (i % pages) * PAGE_BYTES
@@ -92,14 +127,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows["memcpy_batch"]["pieces_a_call"] = args.batch
     fits = rows["memcpy_async"]["calls_before_block"]
     if fits:
-        def fill_then_main() -> dict[str, Any]:
-            for i in range(int(fits * 0.9)):
-                one_copy(i)
-            main_stream = torch.cuda.default_stream()
-            with torch.cuda.stream(main_stream):
-                return issue_until_block(lambda i: tiny.add_(1), args.limit, block_s)
-        rows["cross_stream"] = held(side, fill_then_main)
-        rows["cross_stream"]["side_copies_queued"] = int(fits * 0.9)
+        rows["cross_stream"] = held(side, lambda: fill_then_main(one_copy, fits, block_s, tiny))
+        rows["streams_sharing_main"] = sharing_main(args.streams, fits, h, d, block_s, tiny)
     for kind, r in rows.items():
         print(f"{kind}: {r}")
     result = {"page_bytes": PAGE_BYTES, "args": vars(args), "rows": rows}
