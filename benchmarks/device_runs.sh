@@ -94,8 +94,12 @@ tp_bench() {  # NAME TIMEOUT [flags...]: benchmarks/gpu_path/bench_tp.py
 
 before_after() {  # BEFORE: the old tree's figures and this tree's, alternating
   local b=$1 t0=$SECONDS i
-  # The old tree's module names: flat benchmarks/, before the subject folders.
+  # The old tree's module names: flat benchmarks/ (before the subject folders), unless
+  # BEFORE_LAYOUT=subject (a tree of this layout, e.g. the last commit's).
   local gpu_path_mod=benchmarks.bench_gpu_path offline_mod=benchmarks.bench_offline_throughput
+  if [ "${BEFORE_LAYOUT:-flat}" = subject ]; then
+    gpu_path_mod=benchmarks.gpu_path.bench_gpu_path offline_mod=benchmarks.offline.bench_offline_throughput
+  fi
   for i in 1 2; do
     [ $i -eq 2 ] && [ $((SECONDS - t0)) -gt 280 ] && break  # a second round only if it fits
     (cd "$b" && export KVTIER_GIT_COMMIT=${BEFORE_COMMIT:-before} && timeout 200 python3 -m $gpu_path_mod \
@@ -260,6 +264,13 @@ part() {
           --variants p2w32t64,batch/run \
           --out "$(out kernels "host_page_io_conns_${conns}_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -8 )
     done ;;
+  uva-uploads)  # step inputs and sampled tokens through their pinned buffers' UVA address (kvtier/kernels/uva_copy.py): its tests and the runner's on the GPU, then the engine's prefill beside the copy engine's and the kernel's page copies (was +86 % beside the copy engine's loads)
+    timeout 240 python3 -m pytest -q tests/kernels/test_kernel_uva_copy.py tests/runner/test_staging.py \
+      tests/runner/test_gpu_path.py -p no:cacheprovider 2>&1 | tail -4 > "$(out gpu_tests "uva_uploads_$KVTIER_GIT_COMMIT.txt")"
+    cat "$(out gpu_tests "uva_uploads_$KVTIER_GIT_COMMIT.txt")"
+    timeout 150 python3 -m benchmarks.kernels.bench_host_page_io_launch --reps 7 --prefill engine \
+      --variants p2w32t64,p4w32t64@50,batch/run \
+      --out "$(out kernels "host_page_io_uva_uploads_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -8 ;;
   host-attention-pool)  # DirectKV's kernel at 1 x 131072 and 1 x 32768 over a 4 GiB and a 32 GiB pinned pool (pages drawn over the whole pool): does the host pool's size, through address translation, set its read rate (the engine's 128K host rows read at 32.5 GB/s)
     local tokens
     for tokens in 1048576 8388608; do

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from kvtier.core.plan import PLACEHOLDER_TOKEN, ScheduledRequest, StepResult
+from kvtier.kernels.uva_copy import copy_bytes
 
 
 @dataclass
@@ -64,8 +65,13 @@ class DeviceTokens:
         buf = self._buffers[self._next]
         self._next ^= 1
         n = len(request_ids)
-        buf[:n].copy_(tokens, non_blocking=True)
         event = None
+        if self.device.type == "cuda" and tokens.dtype == buf.dtype and tokens.is_contiguous():
+            # Written through the pinned buffer's UVA address: the copy engine would queue
+            # this behind the host tier's stores (kvtier/kernels/uva_copy.py).
+            copy_bytes(buf[:n], tokens)
+        else:
+            buf[:n].copy_(tokens, non_blocking=True)
         if self.device.type == "cuda":
             event = torch.cuda.Event()
             event.record()

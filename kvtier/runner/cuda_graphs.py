@@ -100,18 +100,18 @@ class DecodeGraphs:
         if size is None:
             return None
         staging = self.runner.staging
-        host = staging.host
+        put = staging.put_into
         rows = staging.put(batch.rows)
-        self.input_ids[:b].copy_(host(batch.input_ids), non_blocking=True)
+        put(self.input_ids[:b], batch.input_ids)
         if fill_inputs is not None:
             fill_inputs(self.input_ids[:b])
-        self.positions[:b].copy_(host(batch.positions), non_blocking=True)
-        self.seq_lens[:b].copy_(host(batch.seq_lens.astype(np.int32)), non_blocking=True)
+        put(self.positions[:b], batch.positions)
+        put(self.seq_lens[:b], batch.seq_lens.astype(np.int32))
         # Padded rows (one token each) launch last, after the step's real rows.
         order = np.arange(size, dtype=np.int32)
         order[:b] = batch.decode_order
-        self.decode_order[:size].copy_(host(order), non_blocking=True)
-        self.slot_mapping[:, :b].copy_(host(batch.slots), non_blocking=True)
+        put(self.decode_order[:size], order)
+        put(self.slot_mapping[:, :b], batch.slots)
         self.block_tables[:, :b].copy_(self.runner.block_tables.gather_device(rows))
         if size > b:  # padded rows: one token over the scratch block
             self.seq_lens[b:size].fill_(1)

@@ -8,12 +8,18 @@ The engine has read step N's tokens before it prepares step N + 2 (async schedul
 one step ahead), so that wait finds the copies done; it guards other callers (the cost
 model's sweeps) that prepare batches back to back. An upload that does not fit in what is
 left of the step's buffer goes up from pageable memory as before.
+
+On the GPU the staged bytes go up by a small kernel reading them through their UVA address
+(kvtier/kernels/uva_copy.py), not by the copy engine: there they would queue behind any
+other stream's host-tier loads or swap-ins, and the step could not start until those were in.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+from kvtier.kernels.uva_copy import copy_bytes
 
 _ALIGN = 64  # bytes: every staged array starts on a cache line
 
@@ -49,19 +55,39 @@ class PinnedStaging:
 
     def host(self, a: np.ndarray) -> torch.Tensor:
         """A CPU tensor holding `a`'s values: a view of pinned memory when it fits."""
+        return self._stage(a)[0]
+
+    def _stage(self, a: np.ndarray) -> tuple[torch.Tensor, bool]:
+        """(a CPU tensor of `a`'s values, whether it is a view of the pinned buffer)."""
         a = np.ascontiguousarray(a)
         if not self._buffers:
-            return torch.from_numpy(a)
+            return torch.from_numpy(a), False
         buf = self._buffers[self._current]
         start = -(-self._offset // _ALIGN) * _ALIGN
         if start + a.nbytes > len(buf):
             self.num_fallbacks += 1
-            return torch.from_numpy(a)
+            return torch.from_numpy(a), False
         self._offset = start + a.nbytes
         dst = buf[start:self._offset].view(a.dtype).reshape(a.shape)
         dst[...] = a
-        return torch.from_numpy(dst)
+        return torch.from_numpy(dst), True
+
+    def _up(self, src: torch.Tensor) -> torch.Tensor:
+        dst = torch.empty(src.shape, dtype=src.dtype, device=self.device)
+        copy_bytes(dst, src)
+        return dst
 
     def put(self, a: np.ndarray) -> torch.Tensor:
-        """`a` on the device (a non-blocking copy from the staged values)."""
-        return self.host(a).to(self.device, non_blocking=True)
+        """`a` on the device, copied from the staged values on the current stream."""
+        src, pinned = self._stage(a)
+        return self._up(src) if pinned else src.to(self.device, non_blocking=True)
+
+    def put_into(self, dst: torch.Tensor, a: np.ndarray) -> None:
+        """dst (a device view of a's shape) = a, on the current stream."""
+        src, pinned = self._stage(a)
+        if not pinned:
+            dst.copy_(src, non_blocking=True)
+        elif dst.is_contiguous() and dst.dtype == src.dtype:
+            copy_bytes(dst, src)
+        else:  # strided or converted: on the device, by torch's copy kernel
+            dst.copy_(self._up(src))

@@ -51,3 +51,29 @@ def test_gpu_staging_falls_back_when_full() -> None:
     big = np.arange(100, dtype=np.int64)  # 800 bytes > 256
     assert s.put(big).cpu().tolist() == big.tolist()
     assert s.num_fallbacks == 1
+
+
+def test_cpu_put_into_writes_the_view() -> None:
+    s = PinnedStaging(torch.device("cpu"))
+    s.next_step()
+    dst = torch.zeros(2, 6, dtype=torch.int64)
+    s.put_into(dst[:, 1:4], np.arange(6, dtype=np.int64).reshape(2, 3))
+    assert dst.tolist() == [[0, 0, 1, 2, 0, 0], [0, 3, 4, 5, 0, 0]]
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_put_into_contiguous_strided_and_converted_views() -> None:
+    """Through the UVA copy when the view is contiguous and of the array's dtype, else up
+    first and then copied on the device: the values are the same either way."""
+    s = PinnedStaging(torch.device("cuda"), nbytes=4096)
+    s.next_step()
+    flat = torch.zeros(10, dtype=torch.int64, device="cuda")
+    table = torch.zeros(3, 8, dtype=torch.int64, device="cuda")
+    wide = torch.zeros(4, dtype=torch.int64, device="cuda")
+    s.put_into(flat[2:7], np.arange(5, dtype=np.int64))
+    s.put_into(table[:, 2:4], np.arange(6, dtype=np.int64).reshape(3, 2))
+    s.put_into(wide, np.array([1, -2, 3, 4], dtype=np.int32))
+    assert flat.tolist() == [0, 0, 0, 1, 2, 3, 4, 0, 0, 0]
+    assert table[:, 2:4].tolist() == [[0, 1], [2, 3], [4, 5]] and int(table.sum()) == 15
+    assert wide.tolist() == [1, -2, 3, 4] and s.num_fallbacks == 0
