@@ -72,18 +72,24 @@ def fill_then_main(copy: Callable[[int], None], fits: int, block_s: float,
     return {**out, "side_copies_queued": queued}
 
 
-def sharing_main(streams: int, fits: int, host: int, dev: int, block_s: float,
+def page_copier(stream: torch.cuda.Stream, host: int, dev: int, pages: int
+                ) -> Callable[[int], None]:
+    """copy(i): one cudaMemcpyAsync of page i (mod `pages`) host -> device on `stream`."""
+    def copy(i: int) -> None:
+        off = (i % pages) * PAGE_BYTES
+        cm.memcpy_each([dev + off], [host + off], [PAGE_BYTES], stream.cuda_stream)
+    return copy
+
+
+def sharing_main(streams: int, fits: int, host: int, dev: int, pages: int, block_s: float,
                  tiny: torch.Tensor) -> list[int]:
     """Indices (in creation order) of new pool streams whose full queue blocks the default
     stream's launches."""
     shared = []
     for k in range(streams):
         s = torch.cuda.Stream()
-
-        def copy(i: int, s: torch.cuda.Stream = s) -> None:
-            off = (i % 4096) * PAGE_BYTES
-            cm.memcpy_each([dev + off], [host + off], [PAGE_BYTES], s.cuda_stream)
-        r = held(s, lambda: fill_then_main(copy, fits, block_s, tiny), HOLD_CYCLES // 4)
+        copy = page_copier(s, host, dev, pages)
+        r = held(s, lambda c=copy: fill_then_main(c, fits, block_s, tiny), HOLD_CYCLES // 4)
         if r["calls_before_block"] is not None:
             shared.append(k)
     return shared
@@ -108,9 +114,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tiny.add_(1)  # its kernel's module loaded now: a first launch may wait for the device
     torch.cuda.synchronize()
 
-    def one_copy(i: int) -> None:
-        off = (i % pages) * PAGE_BYTES
-        cm.memcpy_each([d + off], [h + off], [PAGE_BYTES], side.cuda_stream)
+    one_copy = page_copier(side, h, d, pages)
 
     def batch_copy(i: int) -> None:
         offs = [((i * args.batch + j) % pages) * PAGE_BYTES for j in range(args.batch)]
@@ -128,7 +132,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     fits = rows["memcpy_async"]["calls_before_block"]
     if fits:
         rows["cross_stream"] = held(side, lambda: fill_then_main(one_copy, fits, block_s, tiny))
-        rows["streams_sharing_main"] = sharing_main(args.streams, fits, h, d, block_s, tiny)
+        rows["streams_sharing_main"] = sharing_main(args.streams, fits, h, d, pages, block_s, tiny)
     for kind, r in rows.items():
         print(f"{kind}: {r}")
     result = {"page_bytes": PAGE_BYTES, "args": vars(args), "rows": rows}

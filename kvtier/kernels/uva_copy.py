@@ -23,7 +23,7 @@ import triton.language as tl
 
 from kvtier.kernels.launch import check
 
-BLOCK = 1024  # 4-byte words a program moves: a step's inputs are a few to a few hundred KiB
+BLOCK = 1024  # words (or bytes) a program moves: a step's inputs are a few to a few hundred KiB
 
 
 @triton.jit
@@ -31,12 +31,6 @@ def _copy_words_kernel(src, dst, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
-
-
-def _words(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes as int32 words (4-byte multiples) or as bytes."""
-    flat = t.reshape(-1).view(torch.uint8)
-    return flat.view(torch.int32) if flat.numel() % 4 == 0 and t.data_ptr() % 4 == 0 else flat
 
 
 def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -48,9 +42,9 @@ def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
           lambda: f"copy_bytes: {dst.numel() * dst.element_size()} != {nbytes} bytes")
     if nbytes == 0:
         return
-    s, d = _words(src), _words(dst)
-    if s.dtype != d.dtype:  # one side not word-aligned: move bytes
-        s, d = src.reshape(-1).view(torch.uint8), dst.reshape(-1).view(torch.uint8)
+    s, d = src.reshape(-1).view(torch.uint8), dst.reshape(-1).view(torch.uint8)
+    if nbytes % 4 == 0 and src.data_ptr() % 4 == 0 and dst.data_ptr() % 4 == 0:
+        s, d = s.view(torch.int32), d.view(torch.int32)  # whole words: a quarter the lanes
     n = s.numel()
     _copy_words_kernel[(triton.cdiv(n, BLOCK),)](s, d, n, BLOCK=BLOCK)
 
