@@ -271,6 +271,19 @@ part() {
     timeout 150 python3 -m benchmarks.kernels.bench_host_page_io_launch --reps 7 --prefill engine \
       --variants p2w32t64,p4w32t64@50,batch/run \
       --out "$(out kernels "host_page_io_uva_uploads_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -8 ;;
+  sampled-uploads)  # a sampled batch (temperature > 0, no logprobs) on the device with its few uploads through the pinned staging, read back after the step: the sampler's and runner's GPU tests, the prefill traces (pageable copies counted), then the prefill beside the page copies as uva-uploads ran it
+    timeout 240 python3 -m pytest -q tests/runner/test_sampler.py tests/kernels/test_kernel_uva_copy.py \
+      tests/runner/test_staging.py tests/runner/test_gpu_path.py -p no:cacheprovider 2>&1 | tail -4 \
+      > "$(out gpu_tests "sampled_uploads_$KVTIER_GIT_COMMIT.txt")"
+    cat "$(out gpu_tests "sampled_uploads_$KVTIER_GIT_COMMIT.txt")"
+    local dir
+    for dir in "" --to-host; do
+      timeout 150 python3 -m benchmarks.kernels.trace_prefill_beside_copy $dir --reps 5 \
+        --out "$(out kernels "trace_prefill_beside_copy${dir:+_d2h}_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -3
+    done
+    timeout 150 python3 -m benchmarks.kernels.bench_host_page_io_launch --reps 7 --prefill engine \
+      --variants p2w32t64,p4w32t64@50,batch/run \
+      --out "$(out kernels "host_page_io_sampled_uploads_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -8 ;;
   uva-uploads-ab)  # the UVA copy's GPU tests, then the before-after of the tree in $BEFORE (the commit before the UVA uploads, this layout)
     timeout 60 python3 -m pytest -q tests/kernels/test_kernel_uva_copy.py -p no:cacheprovider 2>&1 | tail -2
     BEFORE_LAYOUT=subject before_after "${BEFORE:-.carry/before_head}" ;;

@@ -63,7 +63,18 @@ def gpu_timeline(events: list[Any]) -> dict[str, Any]:
     gaps = sorted(((b[0] - a[1], a[2], b[2]) for a, b in zip(spans, spans[1:])),
                   reverse=True)[:5]
     return {"gpu_events": len(spans), "span_ms": (spans[-1][1] - t0) / 1e3,
-            "largest_gaps": [{"us": g, "after": a[:60], "before": b[:60]} for g, a, b in gaps]}
+            "largest_gaps": [{"us": g, "after": a[:60], "before": b[:60]} for g, a, b in gaps],
+            "copies": copy_counts(spans)}
+
+
+def copy_counts(spans: list[tuple[float, float, str]]) -> dict[str, int]:
+    """The GPU's copies and memsets by kind: a pageable upload ("Pageable -> Device") goes
+    through the copy engine and queues behind other streams' copies."""
+    counts: dict[str, int] = {}
+    for _, _, name in spans:
+        if name.startswith(("Memcpy", "Memset")):
+            counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def traced(fn) -> dict[str, Any]:

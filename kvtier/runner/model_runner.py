@@ -49,7 +49,7 @@ from kvtier.runner.layer_inputs import LayerInputStore
 from kvtier.runner.piecewise_graphs import PiecewiseGraphs
 from kvtier.runner.plan_items import run_items
 from kvtier.runner.prefix_rows import copy_window, prefix_truncation, window_prefix_copies
-from kvtier.runner.sampler import SampleRow, plain_greedy, sample
+from kvtier.runner.sampler import SampleRow, plain_greedy, sample, sample_on_device, wants_logprobs
 from kvtier.runner.staging import PinnedStaging
 from kvtier.runner.startup import profile_activation_peak, warm_up_steps
 from kvtier.runner.swap_copies import SwapCopies, make_streams
@@ -246,15 +246,22 @@ class ModelRunner:
             return PendingStep(ready=StepResult(sampled={}))
         # C-level getters over the (up to max_num_seqs) scheduled requests.
         sampling = list(compress(plan.scheduled, map(_sample_flag, plan.scheduled)))
-        rows = list(map(self._sample_row, sampling))
-        ids = list(map(_request_id, sampling))
+        return self._sample(logits, list(map(self._sample_row, sampling)),
+                            list(map(_request_id, sampling)))
+
+    def _sample(self, logits: torch.Tensor, rows: list[SampleRow], ids: list[str]) -> PendingStep:
+        """The step's tokens kept on the device for the next step's placeholders; read back
+        later, without a sync here, unless logprobs are asked for (or under TP, whose ranks
+        take the driver's draws)."""
         tokens = self.async_tokens
-        if plain_greedy(rows):  # one argmax, read back later without a sync here
-            sampled = self.ops.argmax_rows(logits)
+        if plain_greedy(rows) or (self.tp is None and not wants_logprobs(rows)):
+            sampled = (self.ops.argmax_rows(logits) if plain_greedy(rows)
+                       else sample_on_device(logits, rows, self.staging.put))
             tokens.keep(ids, sampled)
             return tokens.copy_to_host(ids, sampled)
-        out = sample(logits, rows) if self.tp is None else self.tp.sample(logits, rows)
-        tokens.keep(ids, torch.tensor(out.token_ids, dtype=torch.int64, device=self.device))
+        out = (sample(logits, rows, self.staging.put) if self.tp is None
+               else self.tp.sample(logits, rows))
+        tokens.keep(ids, self.staging.put(np.asarray(out.token_ids, dtype=np.int64)))
         logprobs = ({i: lp for i, lp in zip(ids, out.logprobs) if lp is not None}
                     if out.logprobs.count(None) != len(ids) else {})
         return PendingStep(ready=StepResult(sampled=dict(zip(ids, out.token_ids)),

@@ -4,15 +4,25 @@ Seeded requests draw from a generator seeded by (seed, output index), so a seede
 samples the same tokens whatever the batch, the step boundaries or the preemptions.
 Unseeded requests share one batched draw: the exponential-race trick picks a token with
 probability p_i without torch.multinomial's per-row launches (and without a host sync).
+
+`sample_on_device` leaves the tokens on the device and reads nothing back; the runner takes
+it for every batch that asks for no logprobs, so a sampled step reads its tokens back the way
+a greedy one does (pinned, after an event). Its few per-row values (temperatures, row and
+banned-id indices) go up by `upload` (the runner's pinned staging): a pageable upload is a
+copy-engine transfer, which queues behind other streams' host-tier copies.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from kvtier.sampling_params import SamplingParams
+
+Upload = Callable[[np.ndarray], torch.Tensor]  # a host array onto the logits' device
 
 
 @dataclass(slots=True)  # not frozen: built for every sampling request every step
@@ -28,27 +38,18 @@ class Sampled:
     logprobs: list[dict[int, float] | None]
 
 
-def sample(logits: torch.Tensor, rows: list[SampleRow]) -> Sampled:
-    """logits: [B, V] in the model's dtype, one row per SampleRow."""
+def sample(logits: torch.Tensor, rows: list[SampleRow], upload: Upload | None = None) -> Sampled:
+    """logits: [B, V] in the model's dtype, one row per SampleRow. Reads the tokens (and the
+    logprobs asked for) back to the host."""
     if plain_greedy(rows):
         # The common benchmark/greedy batch: one argmax (exact in any dtype), one device->host
         # copy.
         return Sampled(logits.argmax(dim=-1).tolist(), [None] * len(rows))
-    logits = logits.float()  # softmax, temperature, logprobs: fp32 (a copy unless already)
-    for i, row in enumerate(rows):
-        if row.banned_ids:
-            logits[i, list(row.banned_ids)] = float("-inf")
+    put = upload or _pageable_upload(logits.device)
+    logits = _without_banned(logits, rows, put)
     want_logprobs = any(r.params.logprobs is not None for r in rows)
     logprobs_all = torch.log_softmax(logits, dim=-1) if want_logprobs else None
-
-    tokens = logits.argmax(dim=-1)
-    random_idx = [i for i, r in enumerate(rows) if not r.params.greedy]
-    if random_idx:
-        idx = torch.tensor(random_idx, device=logits.device)
-        probs = _filtered_probs(logits[idx], [rows[i].params for i in random_idx])
-        tokens[idx] = _draw(probs, [rows[i] for i in random_idx])
-
-    token_list = tokens.tolist()
+    token_list = _draw_tokens(logits, rows, put).tolist()
     out_logprobs: list[dict[int, float] | None] = []
     for i, row in enumerate(rows):
         k = row.params.logprobs
@@ -61,6 +62,49 @@ def sample(logits: torch.Tensor, rows: list[SampleRow]) -> Sampled:
             entry.update(zip(top.indices.tolist(), top.values.tolist()))
         out_logprobs.append(entry)
     return Sampled(token_list, out_logprobs)
+
+
+def sample_on_device(logits: torch.Tensor, rows: list[SampleRow],
+                     upload: Upload | None = None) -> torch.Tensor:
+    """The tokens `sample` draws, as [B] int64 on the logits' device, without a host sync
+    (logprobs are not computed: `wants_logprobs` says when they must be)."""
+    put = upload or _pageable_upload(logits.device)
+    return _draw_tokens(_without_banned(logits, rows, put), rows, put)
+
+
+def wants_logprobs(rows: list[SampleRow]) -> bool:
+    return any(r.params.logprobs is not None for r in rows)
+
+
+def _pageable_upload(device: torch.device) -> Upload:
+    return lambda a: torch.from_numpy(a).to(device)
+
+
+def _without_banned(logits: torch.Tensor, rows: list[SampleRow], put: Upload) -> torch.Tensor:
+    """The fp32 copy of the logits (softmax, temperature, logprobs: fp32) with each row's
+    banned ids (eos/stop while min_tokens is not reached) at -inf."""
+    logits = logits.float()  # a copy unless already fp32
+    pairs = [(i, t) for i, row in enumerate(rows) for t in row.banned_ids]
+    if pairs:
+        at = np.asarray(pairs, dtype=np.int64)
+        logits.index_put_((put(at[:, 0]), put(at[:, 1])),
+                          torch.tensor(float("-inf"), device=logits.device))
+    return logits
+
+
+def _draw_tokens(logits: torch.Tensor, rows: list[SampleRow], put: Upload) -> torch.Tensor:
+    """Greedy rows' argmax, the other rows drawn from their filtered distribution."""
+    tokens = logits.argmax(dim=-1)
+    random_idx = [i for i, r in enumerate(rows) if not r.params.greedy]
+    if not random_idx:
+        return tokens
+    params = [rows[i].params for i in random_idx]
+    if len(random_idx) == len(rows):  # the common sampled batch: no gather, no scatter
+        return _draw(_filtered_probs(logits, params, put), rows)
+    idx = put(np.asarray(random_idx, dtype=np.int64))
+    tokens[idx] = _draw(_filtered_probs(logits[idx], params, put),
+                        [rows[i] for i in random_idx])
+    return tokens
 
 
 def plain_greedy(rows: list[SampleRow]) -> bool:
@@ -78,20 +122,23 @@ def plain_greedy(rows: list[SampleRow]) -> bool:
     return True
 
 
-def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    temps = torch.tensor([p.temperature for p in params], device=logits.device)
+def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams],
+                    put: Upload) -> torch.Tensor:
+    # A tensor of temperatures, never a Python scalar: a CUDA division by a scalar may
+    # multiply by its reciprocal, and a seeded row must draw the same whatever its batch.
+    temps = put(np.asarray([p.temperature for p in params], dtype=np.float32))
     logits = logits / temps.unsqueeze(1)
     for i, p in enumerate(params):
         if 0 < p.top_k < logits.shape[1]:
-            kth = logits[i].topk(p.top_k).values[-1]
-            logits[i][logits[i] < kth] = float("-inf")
+            row = logits[i]
+            row.masked_fill_(row < row.topk(p.top_k).values[-1], float("-inf"))
         if p.top_p < 1.0:
             logits[i] = _top_p(logits[i], p.top_p)
     probs = torch.softmax(logits, dim=-1)
     for i, p in enumerate(params):
         if p.min_p > 0.0:  # vLLM's order: after temperature, top-k and top-p
-            row = probs[i]
-            row[row < p.min_p * row.max()] = 0.0  # the race below needs no renormalising
+            row = probs[i]  # the race below needs no renormalising
+            row.masked_fill_(row < p.min_p * row.max(), 0.0)
     return probs
 
 
@@ -100,7 +147,7 @@ def _top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     cum = sorted_logits.softmax(-1).cumsum(-1)
     # Keep the smallest prefix whose mass reaches top_p (the first token is always kept).
     drop = (cum - sorted_logits.softmax(-1)) >= top_p
-    sorted_logits[drop] = float("-inf")
+    sorted_logits.masked_fill_(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(0, order, sorted_logits)
 
 

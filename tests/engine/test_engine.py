@@ -48,6 +48,29 @@ def test_seeded_sampling_is_reproducible_and_differs_by_seed(llm):
     assert a != c
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_sampled_tokens_read_back_later_equal_those_read_at_once(async_scheduling):
+    """A sampled batch without logprobs keeps its tokens on the device and reads them back
+    after the step (as a greedy one does); one asking for logprobs reads them at once. The
+    seeded draws, min_tokens' bans and a greedy row beside them come out the same."""
+    eng = LLM("tiny-llama", load_format="dummy", num_gpu_blocks=120, max_model_len=256,
+              max_num_seqs=8, async_scheduling=async_scheduling)
+    prompts = ["a b c d", "seeded and banned", "greedy beside them", "one more, top-k"]
+
+    def params(**kw):
+        return [SamplingParams(temperature=0.9, top_p=0.9, seed=1, max_tokens=10,
+                               ignore_eos=True, **kw),
+                SamplingParams(temperature=1.2, seed=2, min_tokens=6, max_tokens=10, **kw),
+                SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, **kw),
+                SamplingParams(temperature=0.7, top_k=5, seed=3, max_tokens=10,
+                               ignore_eos=True, **kw)]
+
+    late = [o.outputs[0].token_ids for o in eng.generate(prompts, params())]
+    at_once = [o.outputs[0].token_ids for o in eng.generate(prompts, params(logprobs=1))]
+    assert late == at_once
+    assert len(late[1]) >= 6
+
+
 def test_top_k_one_is_greedy(llm):
     g = llm.generate("foo", greedy())[0].outputs[0].token_ids
     k1 = llm.generate("foo", SamplingParams(temperature=0.8, top_k=1, max_tokens=16,

@@ -28,3 +28,11 @@ def test_host_calls_rank_the_threads_events_by_total_time():
     assert long["calls"] == 1 and long["total_ms"] >= 25
     assert short["calls"] == 3 and short["max_ms"] < long["max_ms"]
     assert gpu_timeline(list(prof.events())) == {}
+
+
+def test_copy_counts_count_the_copies_and_memsets_by_kind():
+    from benchmarks.kernels.trace_prefill_beside_copy import copy_counts
+
+    spans = [(0, 1, "Memcpy HtoD (Pageable -> Device)"), (1, 2, "_rms_norm_kernel"),
+             (2, 3, "Memcpy HtoD (Pageable -> Device)"), (3, 4, "Memset (Device)")]
+    assert copy_counts(spans) == {"Memcpy HtoD (Pageable -> Device)": 2, "Memset (Device)": 1}
