@@ -87,8 +87,8 @@ def _without_banned(logits: torch.Tensor, rows: list[SampleRow], put: Upload) ->
     pairs = [(i, t) for i, row in enumerate(rows) for t in row.banned_ids]
     if pairs:
         at = np.asarray(pairs, dtype=np.int64)
-        logits.index_put_((put(at[:, 0]), put(at[:, 1])),
-                          torch.tensor(float("-inf"), device=logits.device))
+        # the value made on the device: torch.tensor(-inf, device=...) would be an upload
+        logits.index_put_((put(at[:, 0]), put(at[:, 1])), logits.new_full((), float("-inf")))
     return logits
 
 

@@ -73,3 +73,43 @@ def test_upload_does_not_wait_for_another_streams_loads() -> None:
     assert not side.query(), "the loads finished first: the check says nothing"
     assert torch.equal(dst.cpu(), src)
     torch.cuda.synchronize()
+
+
+def test_copy_on_sms_equals_torch_copy() -> None:
+    """Contiguous device copies by the kernel, strided and converting ones by torch: all
+    equal dst.copy_(src)."""
+    from kvtier.kernels.uva_copy import copy_on_sms
+
+    g = torch.Generator().manual_seed(4)
+    src = torch.randn(6, 40, generator=g).to(torch.bfloat16).to(DEVICE)
+    for dst_src in ((torch.empty_like(src), src), (torch.empty_like(src[:, ::2]), src[:, ::2]),
+                    (torch.empty(6, 40, device=DEVICE), src)):
+        dst, s = dst_src
+        copy_on_sms(dst, s)
+        assert torch.equal(dst.cpu(), s.to(dst.dtype).cpu())
+
+
+@gpu
+def test_copy_on_sms_does_not_wait_for_another_streams_loads() -> None:
+    """A device-to-device copy issued after another stream's copy-engine loads lands while
+    they are still moving (torch's copy_ is a cudaMemcpyAsync, served by the copy engine)."""
+    from kvtier.kernels.uva_copy import copy_on_sms
+
+    side = torch.cuda.Stream()
+    big_host = torch.empty(128 << 20, dtype=torch.uint8).pin_memory()
+    big_dev = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    src = torch.arange(1 << 20, dtype=torch.int32, device="cuda")
+    dst = torch.zeros_like(src)
+    copy_on_sms(dst, src)  # compiled first
+    dst.zero_()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        for _ in range(8):
+            big_dev.copy_(big_host, non_blocking=True)
+    copy_on_sms(dst, src)
+    done = torch.cuda.Event()
+    done.record()
+    done.synchronize()
+    assert not side.query(), "the loads finished first: the check says nothing"
+    assert torch.equal(dst, src)
+    torch.cuda.synchronize()
