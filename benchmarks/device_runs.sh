@@ -284,21 +284,14 @@ part() {
     timeout 150 python3 -m benchmarks.kernels.bench_host_page_io_launch --reps 7 --prefill engine \
       --variants p2w32t64,p4w32t64@50,batch/run \
       --out "$(out kernels "host_page_io_sampled_uploads_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -8 ;;
-  sms-copies)  # which compute-stream operations wait for another stream's copy-engine copies (probe_copy_engine_share), the UVA copy's, sampler's and runner's GPU tests, the prefill trace (H2D), then the prefill beside the page copies with the pieces' copies by the kernel (this tree) and by torch's copy_ (the tree in $BEFORE), in one call
-    local c=$KVTIER_GIT_COMMIT
+  prefill-graphs)  # which compute-stream operations slow beside another stream's copy-engine copies, launched one by one or as one CUDA graph (probe_copy_engine_share), then the engine's prefill beside the page copies as the engine runs it by default (its pieces as CUDA graphs) and eager, in one call
+    local c=$KVTIER_GIT_COMMIT kind
     timeout 90 python3 -m benchmarks.kernels.probe_copy_engine_share \
-      --out "$(out kernels "copy_engine_share_h200_$c.json")" 2>&1 | tail -11
-    timeout 240 python3 -m pytest -q tests/kernels/test_kernel_uva_copy.py tests/runner/test_sampler.py \
-      tests/runner/test_gpu_path.py -p no:cacheprovider 2>&1 | tail -15 > "$(out gpu_tests "sms_copies_$c.txt")"
-    cat "$(out gpu_tests "sms_copies_$c.txt")"
-    timeout 100 python3 -m benchmarks.kernels.trace_prefill_beside_copy --reps 5 \
-      --out "$(out kernels "trace_prefill_beside_copy_h200_$c.json")" 2>&1 | tail -3
-    local tree
-    for tree in after before; do
-      ( [ $tree = after ] || { cd "${BEFORE:-.carry/before_head}" && export KVTIER_GIT_COMMIT=${BEFORE_COMMIT:-before}; }
-        timeout 150 python3 -m benchmarks.kernels.bench_host_page_io_launch --reps 7 --prefill engine \
-          --variants p2w32t64,batch/run \
-          --out "$(out kernels "host_page_io_sms_copies_${tree}_h200_$c.json")" 2>&1 | tail -5 )
+      --out "$(out kernels "copy_engine_share_h200_$c.json")" 2>&1 | tail -15
+    for kind in engine-graphs engine; do
+      timeout 200 python3 -m benchmarks.kernels.bench_host_page_io_launch --reps 7 --prefill $kind \
+        --variants p2w32t64,p4w32t64@50,batch/run \
+        --out "$(out kernels "host_page_io_prefill_${kind}_h200_$c.json")" 2>&1 | tail -8
     done ;;
   uva-uploads-ab)  # the UVA copy's GPU tests, then the before-after of the tree in $BEFORE (the commit before the UVA uploads, this layout)
     timeout 60 python3 -m pytest -q tests/kernels/test_kernel_uva_copy.py -p no:cacheprovider 2>&1 | tail -2

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import time_once, write_result
-from benchmarks.kernels.concurrent_prefill import make_prefill
+from benchmarks.kernels.concurrent_prefill import PREFILL_KINDS, make_prefill
 from kvtier.bench.gpu_monitor import GpuMonitor, GpuSummary
 from kvtier.kernels.host_page_backends import DirectVia, copy_pages_direct
 from kvtier.kernels.host_page_io import (
@@ -77,9 +77,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--volume-mib", type=float, default=256, help="bytes a transfer moves")
     p.add_argument("--run-length", type=int, default=8, help="consecutive blocks a run")
     p.add_argument("--prefill-tokens", type=int, default=8192)
-    p.add_argument("--prefill", choices=("engine", "stand-in"), default="engine",
-                   help="the concurrent prefill: the engine's real forward, or the GEMM+SDPA "
-                        "stand-in (also used when the engine does not build)")
+    p.add_argument("--prefill", choices=PREFILL_KINDS, default="engine",
+                   help="the concurrent prefill: the engine's real forward (eager, or "
+                        "engine-graphs: its pieces as CUDA graphs, the engine's default), or "
+                        "the GEMM+SDPA stand-in (also used when the engine does not build)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--cpu-smoke", action="store_true",

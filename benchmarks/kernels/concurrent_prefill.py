@@ -45,9 +45,12 @@ class PrefillStandIn:
 
 class EnginePrefill:
     """The engine's prefill of one random `tokens`-token prompt (the preset with dummy
-    weights, eager, the whole prompt in one step), run until its first token is out."""
+    weights, the whole prompt in one step), run until its first token is out: eager, or
+    (graphs=True) as the engine runs it by default, its layers' pieces replayed as CUDA
+    graphs around the eager attention (kvtier/runner/piecewise_graphs.py)."""
 
-    def __init__(self, model: str, layers_per_block: int, tokens: int, device: torch.device):
+    def __init__(self, model: str, layers_per_block: int, tokens: int, device: torch.device,
+                 graphs: bool = False):
         from kvtier.engine.args import EngineArgs
         from kvtier.engine.llm_engine import LLMEngine
         from kvtier.sampling_params import SamplingParams
@@ -60,7 +63,7 @@ class EnginePrefill:
             max_model_len=tokens + BLOCK_SIZE, max_num_seqs=2, max_num_batched_tokens=tokens,
             block_size=BLOCK_SIZE, layers_per_block=f,
             num_gpu_blocks=(tokens // BLOCK_SIZE + 2) * groups, num_host_blocks=groups,
-            enforce_eager=True, async_scheduling=False))
+            enforce_eager=not graphs, async_scheduling=False))
         self.params = SamplingParams(max_tokens=1, ignore_eos=True, detokenize=False)
         self.tokens, self.calls = tokens, 0
         self.gen = torch.Generator().manual_seed(1)
@@ -76,15 +79,21 @@ class EnginePrefill:
 
 def make_prefill(kind: str, model: str, layers_per_block: int, tokens: int, dtype: torch.dtype,
                  device: torch.device) -> tuple[Callable[[], None], str]:
-    """The prefill to run (`kind` "engine" falls back to the stand-in when the engine does
-    not build) and a line saying which it is."""
+    """The prefill to run (`kind` "engine" (eager) or "engine-graphs" falls back to the
+    stand-in when the engine does not build) and a line saying which it is."""
     stand_in = (f"stand-in: {model}'s GEMMs and causal GQA SDPA per layer, one layer's "
                 f"weights reused, {tokens} tokens")
-    if kind == "engine":
+    if kind in ENGINE_KINDS:
+        graphs = kind == "engine-graphs"
         try:
-            return EnginePrefill(model, layers_per_block, tokens, device), (
-                f"engine: {model} dummy, one {tokens}-token prompt to its first token, eager")
+            return EnginePrefill(model, layers_per_block, tokens, device, graphs), (
+                f"engine: {model} dummy, one {tokens}-token prompt to its first token, "
+                + ("piecewise CUDA graphs (the engine's default)" if graphs else "eager"))
         except Exception as e:  # recorded in the result; the run goes on with the stand-in
             print(f"engine prefill unavailable ({type(e).__name__}: {e}); using the stand-in")
             stand_in += f" (the engine failed to build: {type(e).__name__}: {e})"
     return PrefillStandIn(model, tokens, dtype, device), stand_in
+
+
+ENGINE_KINDS = ("engine", "engine-graphs")
+PREFILL_KINDS = (*ENGINE_KINDS, "stand-in")

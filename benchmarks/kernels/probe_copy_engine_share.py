@@ -7,11 +7,13 @@ of its own left (results/kernels/trace_prefill_beside_copy_h200_b5eb6b4.json) an
 copy engine serves those in one queue with the loads, each waits for the loads ahead of it.
 This times, on the default stream, device-to-device copies by cudaMemcpyAsync (torch's
 copy_ of contiguous tensors), memsets (zero_), the same copies by an SM kernel (copy_bytes)
-and by torch's strided copy kernel, and a small elementwise kernel: alone, and while a side
+and by torch's strided copy kernel, a small elementwise kernel, and 64 of them in a row,
+launched one by one and replayed as one CUDA graph: alone, and while a side
 stream's batched page copy (batch/run, ~5 ms of copying) host to device, then device to
 host, was issued a millisecond before it. Each op is timed by CUDA events around it on its
-own stream, so a wait in the copy engine's queue shows as time: up to the rest of the side
-copy.
+own stream, the stream held by a spin until the op is queued whole, so a wait in the copy
+engine's queue, or in fetching the op's commands, shows as time; the host's launch time
+does not.
 
   python -m benchmarks.kernels.probe_copy_engine_share --out results/kernels/copy_engine_share_h200.json
 """
@@ -31,6 +33,8 @@ from benchmarks.kernels import bench_host_page_io as io
 from kvtier.kernels.uva_copy import copy_bytes
 
 SIZES = {"64KiB": 64 << 10, "64MiB": 64 << 20}  # a step's small buffer, an 8K prefill's hidden
+CHAIN = 64  # kernels in a row: an eager layer's launches, or one replayed graph's
+HOST_AHEAD_CYCLES = 1_000_000  # ~0.5 ms of spinning: the host's launches are not timed
 
 
 def ops(nbytes: int, device: torch.device) -> dict[str, Callable[[], object]]:
@@ -45,19 +49,39 @@ def ops(nbytes: int, device: torch.device) -> dict[str, Callable[[], object]]:
         "kernel copy (copy_bytes)": lambda: copy_bytes(dst, src),
         "strided copy (copy_ kernel)": lambda: dst.copy_(wide),
         "elementwise kernel (add_)": lambda: dst.add_(1),
+        f"{CHAIN} elementwise kernels, eager": lambda: chain(dst),
+        f"{CHAIN} elementwise kernels, one CUDA graph": graphed(lambda: chain(dst)),
     }
+
+
+def chain(t: torch.Tensor) -> None:
+    for _ in range(CHAIN):
+        t.add_(1)
+
+
+def graphed(fn: Callable[[], object]) -> Callable[[], object]:
+    """fn captured once as a CUDA graph; the op is its replay (one launch: the kernels'
+    commands are in device memory, not fetched from the host's command buffer one by one)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 def timed_ms(fn: Callable[[], object], reps: int,
              before: Callable[[], None] | None = None) -> float:
     """Median of `reps` event-timed calls on the current stream, each after `before()` (the
-    side stream's copy, given a ms to start moving) and each waited for."""
+    side stream's copy, given a ms to start moving) and each waited for. The stream spins
+    before each, so the GPU's time is timed, not the host's launches."""
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         if before is not None:
             before()
             time.sleep(0.001)
+        torch.cuda._sleep(HOST_AHEAD_CYCLES)  # the op is queued whole before it starts
         start.record()
         fn()
         end.record()
@@ -98,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 row[key.replace("_ms", "_x")] = row[key] / row["alone_ms"]
             torch.cuda.synchronize()
             rows.append(row)
-            print(f"{size:>6} {name:<30} alone {row['alone_ms']:.4f} ms, beside H2D "
+            print(f"{size:>6} {name:<40} alone {row['alone_ms']:.4f} ms, beside H2D "
                   f"{row['beside_h2d_ms']:.4f} ({row['beside_h2d_x']:.1f}x), D2H "
                   f"{row['beside_d2h_ms']:.4f} ({row['beside_d2h_x']:.1f}x)")
     result = {"side_copy": "batch/run", "side_copy_bytes": p.nbytes,

@@ -12,11 +12,6 @@ engine's. A kernel that reads the pinned bytes through their UVA address (as
 kvtier/kernels/host_page_io.py does: Triton passes a pinned CPU tensor's device address)
 runs in its own stream's order and never enters that queue.
 
-The same holds on the device: torch copies contiguous device tensors by a device-to-device
-cudaMemcpyAsync, which the copy engine serves behind the same loads. `copy_on_sms` is
-`dst.copy_(src)` with those copies made by the kernel (the forward's copies into its static
-buffers, kvtier/runner/piecewise_graphs.py).
-
 `copy_bytes_ref` (a plain copy) is the CPU path and the test oracle.
 """
 
@@ -52,17 +47,6 @@ def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
         s, d = s.view(torch.int32), d.view(torch.int32)  # whole words: a quarter the lanes
     n = s.numel()
     _copy_words_kernel[(triton.cdiv(n, BLOCK),)](s, d, n, BLOCK=BLOCK)
-
-
-def copy_on_sms(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """dst.copy_(src) on the current stream, never by the copy engine: a contiguous copy
-    between CUDA tensors of one dtype (torch's cudaMemcpyAsync) by `copy_bytes`; any other
-    (strided, converting, on the CPU) by torch, whose strided copies are kernels already."""
-    if (dst.is_cuda and src.is_cuda and dst.dtype == src.dtype and dst.shape == src.shape
-            and dst.is_contiguous() and src.is_contiguous()):
-        copy_bytes(dst, src)
-    else:
-        dst.copy_(src)
 
 
 def copy_bytes_ref(dst: torch.Tensor, src: torch.Tensor) -> None:

@@ -17,8 +17,6 @@ other): `hidden` and `residual` between pieces, `q`/`k`/`v` into attention, `att
 of it. Rows past the step's token count are padding: they never reach the KV cache (attention
 gets the first `num_tokens` rows) and no row depends on another outside attention. With
 `capture=False` the same pieces run eagerly through the same buffers (the CPU test path).
-The copies into the buffers are kernels (`copy_on_sms`), not the copy engine's
-device-to-device copies, which would queue behind the host tier's page copies.
 """
 
 from __future__ import annotations
@@ -31,7 +29,6 @@ import torch
 
 from kvtier.attention.metadata import AttentionMetadata
 from kvtier.core.graph_sizes import piecewise_sizes
-from kvtier.kernels.uva_copy import copy_on_sms
 from kvtier.model.llama import DecoderLayer, ForwardContext
 from kvtier.runner.capture_guard import collector_paused
 from kvtier.runner.graph_host import GraphHost
@@ -70,19 +67,21 @@ class PiecewiseGraphs:
 
     def _keep_attention_input(self, layer_idx: int, x: torch.Tensor) -> None:
         assert self.attn_in is not None
-        copy_on_sms(self.attn_in[: x.shape[0]], x)
+        self.attn_in[: x.shape[0]].copy_(x)
 
     # ---- the two pieces, reading and writing the static buffers ------------------------
     def _before(self, layer: DecoderLayer, first: bool, t: int, ctx: ForwardContext) -> None:
         residual = None if first else self.residual[:t]
         q, k, v, res = layer.before_attention(self.hidden[:t], residual, self.positions[:t], ctx)
-        for buf, x in ((self.q, q), (self.k, k), (self.v, v), (self.residual, res)):
-            copy_on_sms(buf[:t], x)
+        self.q[:t].copy_(q)
+        self.k[:t].copy_(k)
+        self.v[:t].copy_(v)
+        self.residual[:t].copy_(res)
 
     def _after(self, layer: DecoderLayer, t: int, ctx: ForwardContext) -> None:
         x, res = layer.after_attention(self.attn_out[:t], self.residual[:t], ctx.ops)
-        copy_on_sms(self.hidden[:t], x)
-        copy_on_sms(self.residual[:t], res)
+        self.hidden[:t].copy_(x)
+        self.residual[:t].copy_(res)
 
     def _piece(self, k: int, t: int, ctx: ForwardContext) -> None:
         """Piece k: layer k-1 after its attention, then layer k up to its attention (the
@@ -146,8 +145,8 @@ class PiecewiseGraphs:
         r = self.runner
         model = r.model
         ctx = self._ctx()
-        copy_on_sms(self.hidden[:n], model.embed_tokens(input_ids))
-        copy_on_sms(self.positions[:n], positions)
+        self.hidden[:n] = model.embed_tokens(input_ids)
+        self.positions[:n].copy_(positions)
         self.positions[n:t].zero_()
         self._run(0, t, ctx)
         q, k, v, out = self.q[:n], self.k[:n], self.v[:n], self.attn_out[:n]
@@ -184,7 +183,7 @@ class PiecewiseGraphs:
         front of their buffers; returns their count and the padded size to run at."""
         m = keep.shape[0]
         for buf in (self.attn_out, self.residual):
-            copy_on_sms(buf[:m], buf[:n].index_select(0, keep))  # gathered first: rows may overlap
+            buf[:m].copy_(buf[:n].index_select(0, keep))  # gathered first: rows may overlap
         t = self.padded(m)
         assert t is not None
         return m, t
