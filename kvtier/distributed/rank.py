@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from kvtier.config import ModelConfig
@@ -13,7 +14,7 @@ from kvtier.distributed.layers import AllReduceOps, VocabParallelLlama
 from kvtier.distributed.loading import build_sharded_model
 from kvtier.distributed.parallel_state import TPGroup
 from kvtier.distributed.sharding import TPShard
-from kvtier.runner.sampler import Sampled, SampleRow, sample
+from kvtier.runner.sampler import Sampled, SampleRow, Upload, sample
 
 
 class TPRank:
@@ -37,15 +38,17 @@ class TPRank:
     def wrap_ops(self, ops: Any) -> AllReduceOps:
         return AllReduceOps(ops, self.group)
 
-    def sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> Sampled:
+    def sample(self, logits: torch.Tensor, rows: list[SampleRow],
+               upload: Upload | None = None) -> Sampled:
         """Rank 0 samples (its random draws alone count); every rank gets its tokens, which
         the others need on the device for the next step's in-flight placeholders. Logprobs
         stay on rank 0, the only rank whose result the engine reads. (Plain greedy batches
         skip this: every rank takes the argmax of the same gathered logits.)"""
         n = logits.shape[0]
         tokens = torch.empty(n, dtype=torch.int64, device=logits.device)
-        out = sample(logits, rows) if self.group.is_driver else None
+        out = sample(logits, rows, upload) if self.group.is_driver else None
         if out is not None:
-            tokens.copy_(torch.tensor(out.token_ids, dtype=torch.int64))
+            drawn = np.asarray(out.token_ids, dtype=np.int64)
+            tokens.copy_(upload(drawn) if upload is not None else torch.from_numpy(drawn))
         self.group.broadcast_from_driver(tokens)
         return out if out is not None else Sampled(tokens.tolist(), [None] * n)

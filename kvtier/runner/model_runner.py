@@ -260,7 +260,7 @@ class ModelRunner:
             tokens.keep(ids, sampled)
             return tokens.copy_to_host(ids, sampled)
         out = (sample(logits, rows, self.staging.put) if self.tp is None
-               else self.tp.sample(logits, rows))
+               else self.tp.sample(logits, rows, self.staging.put))
         tokens.keep(ids, self.staging.put(np.asarray(out.token_ids, dtype=np.int64)))
         logprobs = ({i: lp for i, lp in zip(ids, out.logprobs) if lp is not None}
                     if out.logprobs.count(None) != len(ids) else {})
