@@ -211,6 +211,7 @@ def run_policy(args: argparse.Namespace, policy: str, cap: float) -> dict[str, A
             "refused_by_system": getattr(placement, "num_refused_by_system", None),
             "pipelined_steps": getattr(placement, "num_pipelined_steps", None),
             "gpu_only_steps": getattr(placement, "num_gpu_only_steps", None),
+            "partly_held_steps": getattr(placement, "num_partly_held_steps", None),
             "host_fit": host_fit(log.steps)}
 
 

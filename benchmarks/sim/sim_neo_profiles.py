@@ -86,7 +86,8 @@ def run(setting: Setting, name: str, policy: str, flags: dict, reqs, args) -> di
         row |= {"moved_to_host": placement.num_moved_out,
                 "moves_refused_by_balance": placement.num_refused_by_system,
                 "pipelined_steps": placement.num_pipelined_steps,
-                "gpu_only_steps": placement.num_gpu_only_steps, **host_steps(engine)}
+                "gpu_only_steps": placement.num_gpu_only_steps,
+                "partly_held_steps": placement.num_partly_held_steps, **host_steps(engine)}
     return row
 
 

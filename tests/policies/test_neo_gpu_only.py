@@ -34,12 +34,17 @@ def test_the_flag_parses_and_is_checked():
 
 @pytest.fixture
 def gpu_only_wins(monkeypatch):
-    """The predictor always prefers leaving the CPU decodes out, where it may."""
-    def best(self, shape, num_rows, host_tokens, gpu_only):
-        return StepMode.GPU_ONLY if gpu_only and shape.num_reqs > num_rows \
-            else StepMode.SEQUENTIAL
+    """The predictor always prefers leaving every CPU decode out that it may."""
+    monkeypatch.setattr(ModeChoice, "best_hold", lambda self, shape, ctx, max_held: max_held)
+    monkeypatch.setattr(ModeChoice, "best", lambda self, *a, **k: StepMode.SEQUENTIAL)
 
-    monkeypatch.setattr(ModeChoice, "best", best)
+
+@pytest.fixture
+def one_held(monkeypatch):
+    """The predictor leaves exactly one CPU decode out where it may (a step partly held)."""
+    monkeypatch.setattr(ModeChoice, "best_hold",
+                        lambda self, shape, ctx, max_held: min(1, max_held))
+    monkeypatch.setattr(ModeChoice, "best", lambda self, *a, **k: StepMode.SEQUENTIAL)
 
 
 def traced_run(**overrides) -> tuple[dict[str, list[int]], LLMEngine, list[tuple]]:
@@ -95,3 +100,42 @@ def test_gpu_only_steps_keep_the_outputs_and_no_cpu_decode_starves(gpu_only_wins
 def test_zero_skips_never_leaves_them_out(gpu_only_wins):
     _, engine, trace = traced_run(neo_max_skipped_steps=0)
     assert engine.scheduler.policy.num_gpu_only_steps == 0 and longest_wait(trace) == 0
+
+
+def test_a_step_may_leave_some_cpu_decodes_out(one_held):
+    reference, _, _ = run("recompute", num_gpu_blocks=256)
+    outputs, engine, trace = traced_run(neo_max_skipped_steps=2)
+    policy = engine.scheduler.policy
+    assert policy.num_partly_held_steps > 0
+    # a step ran some host-running requests and left another out
+    assert any(len(host) > 1 and host & scheduled and host - scheduled
+               for host, scheduled, _ in trace)
+    assert longest_wait(trace) <= 2
+    assert outputs == reference
+
+
+class _Rule:
+    def holds(self, shape, num_rows, host_tokens) -> bool:
+        return False
+
+
+class _Prices:
+    """10 ms a step, 1 ms a row; CPU decodes beyond the first two stick out 2 ms each."""
+
+    def seconds(self, shape, num_rows, host_tokens, mode) -> float:
+        return 0.010 + 0.001 * shape.num_reqs + max(0.0, 0.002 * (num_rows - 2))
+
+
+def test_the_count_held_is_the_best_predicted_rate():
+    from kvtier.costmodel.shape import StepShape
+    from kvtier.policies.neo.modes import hold_candidates
+
+    choice = ModeChoice(_Prices(), _Rule())  # type: ignore[arg-type]
+    shape = StepShape(num_decodes=8, decode_ctx_sum=8000, decode_ctx_max=1000)
+    # rates for 0..4 held: 8/22, 7/19, 6/16, 5/15, 4/14 (per ms): two held is best
+    assert choice.best_hold(shape, (1000,) * 4, max_held=4) == 2
+    assert choice.best_hold(shape, (1000,) * 4, max_held=1) == 1  # bounded by starvation
+    assert choice.best_hold(shape, (1000,) * 4, max_held=0) == 0
+    assert hold_candidates(3) == [0, 1, 2, 3]
+    many = hold_candidates(100)
+    assert many[0] == 0 and many[-1] == 100 and len(many) == 9

@@ -100,6 +100,7 @@ class NeoPolicy(HostResidentPolicy):
     def __init__(self, options: SystemOptions):
         super().__init__(options if isinstance(options, NeoOptions) else NeoOptions())
         self.num_pipelined_steps = self.num_gpu_only_steps = 0
+        self.num_partly_held_steps = 0  # steps that left some of their CPU decodes out
         self._held = 0  # this step's leading host decodes left out (a GPU-only step)
         self._skips: dict[str, int] = {}  # host decode -> steps sat out in a row
 
@@ -113,23 +114,26 @@ class NeoPolicy(HostResidentPolicy):
 
     def _hold(self, running: list[Request], kv: KVCacheManager,
               waiting: Iterable[Request]) -> int:
-        """How many leading host decodes sit this step out: all of them when a GPU-only
-        step predicts the best rate and none has sat out max_skipped_steps in a row."""
+        """How many leading host decodes sit this step out: the count of the best predicted
+        rate (all of them: a GPU-only step), never one that has sat out max_skipped_steps
+        steps in a row, nor any after it."""
         host, opts = kv.host_running, self.options
-        if (not host or opts.choice is None or opts.pipeline is not PipelineMode.AUTO
-                or any(self._skips.get(r, 0) >= opts.max_skipped_steps for r in host)):
+        if not host or opts.choice is None or opts.pipeline is not PipelineMode.AUTO:
             self._skips = {}
             return 0
-        shape, rows, tokens = forecast(running, host, waiting, opts.max_step_tokens,
-                                       -self._blocks_short(running, kv), kv.block_size,
-                                       kv.num_groups, opts.max_step_seqs)
-        if not rows or opts.choice.best(shape, rows, tokens, gpu_only=True) \
-                is not StepMode.GPU_ONLY:
-            self._skips = {}
-            return 0
-        self._skips = {r: self._skips.get(r, 0) + 1 for r in host}
-        self.num_gpu_only_steps += 1
-        return sum(r.request_id in host for r in running)
+        shape, host_ctx = forecast(running, host, waiting, opts.max_step_tokens,
+                                   -self._blocks_short(running, kv), kv.block_size,
+                                   kv.num_groups, opts.max_step_seqs)
+        order = [r.request_id for r in running if r.request_id in host][:len(host_ctx)]
+        max_held = next((i for i, r in enumerate(order)
+                         if self._skips.get(r, 0) >= opts.max_skipped_steps), len(order))
+        held = opts.choice.best_hold(shape, host_ctx, max_held) if max_held else 0
+        self._skips = {r: self._skips.get(r, 0) + 1 for r in order[:held]}
+        if held == len(order) and held:
+            self.num_gpu_only_steps += 1
+        elif held:
+            self.num_partly_held_steps += 1
+        return held
 
     def take_items(self, scheduled: list[ScheduledRequest]) -> list[PlanItem]:
         items = super().take_items(scheduled)

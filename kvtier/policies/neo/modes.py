@@ -9,8 +9,9 @@ by the same predicted rate:
 
 n0: batch 0's rows, n1: the CPU decodes; times from neo/steps.py's prices (kvtier's cost
 model, calibrated when given one). Pipelining is offered only where NEO's rule holds
-(neo/pipeline.py); GPU-only only while batch 0 has rows and no CPU decode has sat out
-`max_skipped_steps` steps in a row (so none starves).
+(neo/pipeline.py). Like NEO's batch forming, a step may also leave out only some CPU
+decodes (`best_hold`: the leading ones, by the same rates; all of them is the GPU-only
+step), never one that has sat out `max_skipped_steps` steps in a row (so none starves).
 
 Before scheduling (GPU-only or not: the left-out rows must not be scheduled) the step's
 shape is forecast from the running requests and the waiting ones the free device blocks
@@ -21,12 +22,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 from kvtier.core.request import Request
 from kvtier.costmodel.shape import StepShape
 from kvtier.kv.manager import cdiv
 from kvtier.policies.neo.pipeline import PipelineRule
-from kvtier.policies.neo.steps import StepMode, StepPrices
+from kvtier.policies.neo.steps import StepMode, StepPrices, batch0
 
 
 @dataclass(frozen=True)
@@ -50,16 +52,48 @@ class ModeChoice:
 
         return max(modes, key=rate)  # max keeps the first of equal rates
 
+    def best_hold(self, shape: StepShape, host_ctx: Sequence[int], max_held: int) -> int:
+        """How many of the leading CPU decodes (contexts `host_ctx`, in the step's order)
+        sit this step out, at most `max_held`: the count of the best predicted rate, the
+        rest run the best way they may (all held: a GPU-only step). NEO's scheduler adds
+        CPU decodes one by one while its rule holds; this weighs the counts by the same
+        rates as the ways of running, in at most HOLD_CANDIDATES evenly spaced counts (the
+        policy prices them every step). Ties keep the fewest held."""
+        n, total = len(host_ctx), sum(host_ctx)
+        held_tokens = list(accumulate(host_ctx, initial=0))
+        best_k, best_rate = 0, -1.0
+        for k in hold_candidates(max_held):
+            step = batch0(shape, k, held_tokens[k])
+            if not step.num_reqs:
+                continue
+            rows, tokens = n - k, total - held_tokens[k]
+            mode = self.best(step, rows, tokens, gpu_only=False) if rows else StepMode.GPU_ONLY
+            rate = step.num_reqs / self.prices.seconds(step, rows, tokens, mode)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k
+
+
+HOLD_CANDIDATES = 9  # counts of held CPU decodes priced a step: 0, all, and between
+
+
+def hold_candidates(max_held: int) -> list[int]:
+    """0..max_held, or HOLD_CANDIDATES of them evenly spaced (0 and max_held included)."""
+    if max_held < HOLD_CANDIDATES:
+        return list(range(max_held + 1))
+    last = HOLD_CANDIDATES - 1
+    return sorted({round(i * max_held / last) for i in range(HOLD_CANDIDATES)})
+
 
 def forecast(running: Sequence[Request], host: Collection[str], waiting: Iterable[Request],
              budget: int, spare_blocks: int, block_size: int, num_groups: int,
-             seats: int | None = None) -> tuple[StepShape, int, int]:
-    """(the step's shape, its CPU decodes, their context tokens) as the scheduler will
+             seats: int | None = None) -> tuple[StepShape, tuple[int, ...]]:
+    """(the step's shape, its CPU decodes' contexts in order) as the scheduler will
     likely make it: running requests in order within the token budget (a prefill's chunk
     capped by it), then waiting prompts while the budget, `spare_blocks` free device
     blocks and the `seats` (max_num_seqs: rows a step, running ones included) last.
     Host-running requests lead `running`."""
-    num_rows = host_tokens = 0
+    host_ctx: list[int] = []
     decodes: list[int] = []
     prefills: list[tuple[int, int]] = []
     sampled = 0
@@ -73,7 +107,7 @@ def forecast(running: Sequence[Request], host: Collection[str], waiting: Iterabl
             sampled += 1
             budget -= 1
             if req.request_id in host:
-                num_rows, host_tokens = num_rows + 1, host_tokens + ctx
+                host_ctx.append(ctx)
             continue
         n = min(remaining, budget)
         prefills.append((n, req.num_computed_tokens))
@@ -95,4 +129,4 @@ def forecast(running: Sequence[Request], host: Collection[str], waiting: Iterabl
     shape = StepShape(num_decodes=len(decodes), decode_ctx_sum=sum(decodes),
                       decode_ctx_max=max(decodes, default=0), prefills=tuple(prefills),
                       num_sampled=sampled)
-    return shape, num_rows, host_tokens
+    return shape, tuple(host_ctx)
