@@ -115,8 +115,11 @@ def test_a_step_may_leave_some_cpu_decodes_out(one_held):
 
 
 class _Rule:
+    def __init__(self, holds: bool):
+        self._holds = holds
+
     def holds(self, shape, num_rows, host_tokens) -> bool:
-        return False
+        return self._holds
 
 
 class _Prices:
@@ -130,12 +133,15 @@ def test_the_count_held_is_the_best_predicted_rate():
     from kvtier.costmodel.shape import StepShape
     from kvtier.policies.neo.modes import hold_candidates
 
-    choice = ModeChoice(_Prices(), _Rule())  # type: ignore[arg-type]
+    choice = ModeChoice(_Prices(), _Rule(holds=True))  # type: ignore[arg-type]
     shape = StepShape(num_decodes=8, decode_ctx_sum=8000, decode_ctx_max=1000)
     # rates for 0..4 held: 8/22, 7/19, 6/16, 5/15, 4/14 (per ms): two held is best
     assert choice.best_hold(shape, (1000,) * 4, max_held=4) == 2
     assert choice.best_hold(shape, (1000,) * 4, max_held=1) == 1  # bounded by starvation
     assert choice.best_hold(shape, (1000,) * 4, max_held=0) == 0
+    # Where the rest would not pipeline (NEO's rule fails), none or all are left out.
+    no_rule = ModeChoice(_Prices(), _Rule(holds=False))  # type: ignore[arg-type]
+    assert no_rule.best_hold(shape, (1000,) * 4, max_held=4) == 0
     assert hold_candidates(3) == [0, 1, 2, 3]
     many = hold_candidates(100)
     assert many[0] == 0 and many[-1] == 100 and len(many) == 9

@@ -56,9 +56,11 @@ class ModeChoice:
         """How many of the leading CPU decodes (contexts `host_ctx`, in the step's order)
         sit this step out, at most `max_held`: the count of the best predicted rate, the
         rest run the best way they may (all held: a GPU-only step). NEO's scheduler adds
-        CPU decodes one by one while its rule holds; this weighs the counts by the same
-        rates as the ways of running, in at most HOLD_CANDIDATES evenly spaced counts (the
-        policy prices them every step). Ties keep the fewest held."""
+        CPU decodes to the pipelined batch 1 one by one while its rule holds; so a count
+        between none and all is a candidate only where the rest pipeline, and the counts
+        are weighed by the same rates as the ways of running, in at most HOLD_CANDIDATES
+        evenly spaced counts (the policy prices them every step). Ties keep the fewest
+        held."""
         n, total = len(host_ctx), sum(host_ctx)
         held_tokens = list(accumulate(host_ctx, initial=0))
         best_k, best_rate = 0, -1.0
@@ -68,6 +70,8 @@ class ModeChoice:
                 continue
             rows, tokens = n - k, total - held_tokens[k]
             mode = self.best(step, rows, tokens, gpu_only=False) if rows else StepMode.GPU_ONLY
+            if 0 < k < n and mode is not StepMode.PIPELINED:
+                continue  # NEO leaves out only the CPU decodes that would break its rule
             rate = step.num_reqs / self.prices.seconds(step, rows, tokens, mode)
             if rate > best_rate:
                 best_k, best_rate = k, rate
