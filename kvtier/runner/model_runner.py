@@ -253,9 +253,9 @@ class ModelRunner:
         """The step's tokens kept on the device for the next step's placeholders; read back
         later, without a sync here, unless logprobs are asked for (or under TP, whose ranks
         take the driver's draws)."""
-        tokens = self.async_tokens
-        if plain_greedy(rows) or (self.tp is None and not wants_logprobs(rows)):
-            sampled = (self.ops.argmax_rows(logits) if plain_greedy(rows)
+        tokens, greedy = self.async_tokens, plain_greedy(rows)
+        if greedy or (self.tp is None and not wants_logprobs(rows)):
+            sampled = (self.ops.argmax_rows(logits) if greedy
                        else sample_on_device(logits, rows, self.staging.put))
             tokens.keep(ids, sampled)
             return tokens.copy_to_host(ids, sampled)

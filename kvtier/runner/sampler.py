@@ -47,8 +47,7 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], upload: Upload | None = 
         return Sampled(logits.argmax(dim=-1).tolist(), [None] * len(rows))
     put = upload or _pageable_upload(logits.device)
     logits = _without_banned(logits, rows, put)
-    want_logprobs = any(r.params.logprobs is not None for r in rows)
-    logprobs_all = torch.log_softmax(logits, dim=-1) if want_logprobs else None
+    logprobs_all = torch.log_softmax(logits, dim=-1) if wants_logprobs(rows) else None
     token_list = _draw_tokens(logits, rows, put).tolist()
     out_logprobs: list[dict[int, float] | None] = []
     for i, row in enumerate(rows):

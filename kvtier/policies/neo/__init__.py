@@ -101,7 +101,7 @@ class NeoPolicy(HostResidentPolicy):
         super().__init__(options if isinstance(options, NeoOptions) else NeoOptions())
         self.num_pipelined_steps = self.num_gpu_only_steps = 0
         self.num_partly_held_steps = 0  # steps that left some of their CPU decodes out
-        self._held = 0  # this step's leading host decodes left out (a GPU-only step)
+        self._held = 0  # this step's leading host decodes left out (all: a GPU-only step)
         self._skips: dict[str, int] = {}  # host decode -> steps sat out in a row
 
     def before_step(self, running: list[Request], kv: KVCacheManager,
