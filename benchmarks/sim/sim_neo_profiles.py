@@ -6,6 +6,10 @@ time 0 (offline throughput: output tokens over the makespan). The paper reports 
 
   python -m benchmarks.sim.sim_neo_profiles --workload .carry/sharegpt_llama31_1000.json \
       --out results/sim/neo_profiles_sim.json
+  python -m benchmarks.sim.sim_neo_profiles ... --rows neo --cap-factors 0.5,1,2,4,8 --out ...
+
+The second sweeps each setting's KV pool (times the factors): where NEO's gain over the
+better of swap and recompute vanishes as the pool grows (issue 27 item 5, by the cost model).
 
 NEO runs three times: with its CPU/GPU balance (--neo-cpu-balance, kvtier/policies/neo/balance.py),
 without it (every overflowing decode moves to the host), and balanced but with no GPU-only
@@ -117,22 +121,36 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--swap-gib", type=float, default=32.0)
     ap.add_argument("--neo-cpu-balance", type=float, default=1.0,
                     help="the balanced neo row's --neo-cpu-balance")
+    ap.add_argument("--profiles", default=",".join(s.hardware for s in SETTINGS),
+                    help="which settings run, by hardware profile")
+    ap.add_argument("--rows", default=",".join(p[0] for p in POLICIES),
+                    help="which rows run, by name (swap and recompute always do)")
+    ap.add_argument("--cap-factors", default="1",
+                    help="each setting's KV pool times these (a sweep: where NEO's gain "
+                         "vanishes as the pool grows)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    wanted = {"swap", "recompute", *args.rows.split(",")}
+    policies = [p for p in POLICIES if p[0] in wanted]
+    settings = [dataclasses.replace(s, kv_cache_gib=s.kv_cache_gib * float(f))
+                for s in SETTINGS if s.hardware in args.profiles.split(",")
+                for f in args.cap_factors.split(",")]
     profiles = []
-    for s in SETTINGS:
+    for s in settings:
         t0 = time.perf_counter()
         reqs = requests(args.workload, args.num_prompts, preset_config(s.model)["vocab_size"])
-        rows = [run(s, *p, reqs, args) for p in POLICIES]
+        rows = [run(s, *p, reqs, args) for p in policies]
         rate = {r["policy"]: r["output_tok_s"] for r in rows}
         best_other = max(rate["swap"], rate["recompute"])
         gains = {f"{name}_gain_over_best_of_swap_recompute": rate[name] / best_other - 1
-                 for name, policy, _ in POLICIES if policy == "neo"}
+                 for name, policy, _ in policies if policy == "neo"}
         profiles.append({**dataclasses.asdict(s), "rows": rows, **gains})
-        print(s.hardware, rate, f"{time.perf_counter() - t0:.1f}s", flush=True)
+        print(s.hardware, f"{s.kv_cache_gib:.2f} GiB", rate, f"{time.perf_counter() - t0:.1f}s",
+              flush=True)
     write_result(args.out, {"benchmark": "sim_neo_profiles", "workload": args.workload,
                             "num_prompts": args.num_prompts, "arrivals": "all at time 0",
                             "max_num_seqs": args.max_num_seqs, "swap_gib": args.swap_gib,
+                            "cap_factors": args.cap_factors,
                             "cpu_attention_bytes_per_s": CPU_ATTENTION_BYTES_PER_S,
                             "paper_gain_over_gpu_only": {"t4": 6.5, "a10g": 0.26,
                                                          "h100-sxm": 0.14},
