@@ -32,6 +32,7 @@ import time
 from benchmarks.common import write_result
 from kvtier.bench.prepared import load_prepared
 from kvtier.bench.request import LengthLimits
+from kvtier.config import ConfigError
 from kvtier.engine.args import EngineArgs
 from kvtier.model.presets import preset_config
 from kvtier.policies.neo import CPU_ATTENTION_BYTES_PER_S, price_cpu_rows
@@ -139,7 +140,12 @@ def main(argv: list[str] | None = None) -> None:
     for s in settings:
         t0 = time.perf_counter()
         reqs = requests(args.workload, args.num_prompts, preset_config(s.model)["vocab_size"])
-        rows = [run(s, *p, reqs, args) for p in policies]
+        try:
+            rows = [run(s, *p, reqs, args) for p in policies]
+        except ConfigError as e:  # a pool swept below one request of max_model_len
+            profiles.append({**dataclasses.asdict(s), "skipped": str(e)})
+            print(s.hardware, f"{s.kv_cache_gib:.2f} GiB skipped: {e}", flush=True)
+            continue
         rate = {r["policy"]: r["output_tok_s"] for r in rows}
         best_other = max(rate["swap"], rate["recompute"])
         gains = {f"{name}_gain_over_best_of_swap_recompute": rate[name] / best_other - 1
