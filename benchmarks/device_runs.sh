@@ -26,10 +26,29 @@ out() {  # SUBJECT NAME: the path a part writes NAME to
   mkdir -p "$OUT/$1" && echo "$OUT/$1/$2"
 }
 
-pytest_gpu() {  # NAME TIMEOUT PATHS...: GPU tests, the summary kept as gpu_tests/NAME.txt
+pytest_files() {  # NAME TIMEOUT ARGS...: pytest, the summary kept as gpu_tests/NAME.txt
   local f; f=$(out gpu_tests "$1.txt"); local limit=$2; shift 2
-  timeout "$limit" python3 -m pytest -q -m gpu "$@" -p no:cacheprovider 2>&1 | tail -8 > "$f"
+  timeout "$limit" python3 -m pytest -q "$@" -p no:cacheprovider 2>&1 | tail -8 > "$f"
   cat "$f"
+}
+
+pytest_gpu() {  # NAME TIMEOUT PATHS...: the GPU tests of PATHS
+  pytest_files "$1" "$2" -m gpu "${@:3}"
+}
+
+beside_prefill() {  # NAME PREFILL VARIANTS TIMEOUT: the prefill (engine, engine-graphs,
+  # stand-in) alone and beside each page-copy variant, kernels/NAME.json
+  timeout "$4" python3 -m benchmarks.kernels.bench_host_page_io_launch --reps 7 --prefill "$2" \
+    --variants "$3" --out "$(out kernels "$1.json")" 2>&1 | tail -14
+}
+
+trace_beside() {  # NAME [flags...]: the prefill traced alone and beside the page copies, H2D
+  # then D2H, kernels/NAME{,_d2h}_h200_COMMIT.json
+  local name=$1 dir; shift
+  for dir in "" --to-host; do
+    timeout 150 python3 -m benchmarks.kernels.trace_prefill_beside_copy "$@" $dir --reps 5 \
+      --out "$(out kernels "${name}${dir:+_d2h}_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -6
+  done
 }
 
 fidelity_real() {  # NAME [flags...]: the 600-request 13B fidelity trace, real half
@@ -235,22 +254,13 @@ part() {
   host-page-io-clocks)  # why a concurrent copy slows the 8K prefill: 6 variants beside the engine's prefill and beside the GEMM+SDPA stand-in (no inputs of its own to copy in), the board's SM clock and power sampled (NVML, 20 ms)
     local pf
     for pf in engine stand-in; do
-      timeout 200 python3 -m benchmarks.kernels.bench_host_page_io_launch --reps 7 --prefill $pf \
-        --variants p1w32t64,p2w32t64,p4w32t64,p4w32t64@50,p4w32t16@45,batch/run \
-        --out "$(out kernels "host_page_io_clocks_${pf}_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -14
+      beside_prefill "host_page_io_clocks_${pf}_h200_$KVTIER_GIT_COMMIT" $pf \
+        p1w32t64,p2w32t64,p4w32t64,p4w32t64@50,p4w32t16@45,batch/run 200
     done ;;
   prefill-copy-trace)  # where the engine's prefill waits beside the copy engine's batched copies (H2D, then D2H): torch.profiler, alone and beside, each host thread's longest calls and the GPU's gaps
-    local dir
-    for dir in "" --to-host; do
-      timeout 150 python3 -m benchmarks.kernels.trace_prefill_beside_copy $dir --reps 5 \
-        --out "$(out kernels "trace_prefill_beside_copy${dir:+_d2h}_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -6
-    done ;;
+    trace_beside trace_prefill_beside_copy ;;
   prefill-kernel-trace)  # the same trace beside the Triton I/O kernel (2 programs), H2D then D2H: why it costs the engine's prefill about twice what it costs the stand-in
-    local dir
-    for dir in "" --to-host; do
-      timeout 150 python3 -m benchmarks.kernels.trace_prefill_beside_copy --variant kernel --programs 2 $dir --reps 5 \
-        --out "$(out kernels "trace_prefill_beside_kernel${dir:+_d2h}_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -6
-    done ;;
+    trace_beside trace_prefill_beside_kernel --variant kernel --programs 2 ;;
   command-queue)  # how many asynchronous calls (page copies, batched copies, launches) the driver queues before the host blocks, and whether the queue is shared between streams
     timeout 120 python3 -m benchmarks.kernels.probe_command_queue \
       --out "$(out kernels "command_queue_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -6 ;;
@@ -260,38 +270,26 @@ part() {
       ( [ "$conns" = default ] || export CUDA_DEVICE_MAX_CONNECTIONS=$conns
         timeout 100 python3 -m benchmarks.kernels.probe_command_queue \
           --out "$(out kernels "command_queue_conns_${conns}_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -6
-        timeout 150 python3 -m benchmarks.kernels.bench_host_page_io_launch --reps 7 --prefill engine \
-          --variants p2w32t64,batch/run \
-          --out "$(out kernels "host_page_io_conns_${conns}_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -8 )
+        beside_prefill "host_page_io_conns_${conns}_h200_$KVTIER_GIT_COMMIT" engine \
+          p2w32t64,batch/run 150 )
     done ;;
   uva-uploads)  # step inputs and sampled tokens through their pinned buffers' UVA address (kvtier/kernels/uva_copy.py): its tests and the runner's on the GPU, then the engine's prefill beside the copy engine's and the kernel's page copies (was +86 % beside the copy engine's loads)
-    timeout 240 python3 -m pytest -q tests/kernels/test_kernel_uva_copy.py tests/runner/test_staging.py \
-      tests/runner/test_gpu_path.py -p no:cacheprovider 2>&1 | tail -4 > "$(out gpu_tests "uva_uploads_$KVTIER_GIT_COMMIT.txt")"
-    cat "$(out gpu_tests "uva_uploads_$KVTIER_GIT_COMMIT.txt")"
-    timeout 150 python3 -m benchmarks.kernels.bench_host_page_io_launch --reps 7 --prefill engine \
-      --variants p2w32t64,p4w32t64@50,batch/run \
-      --out "$(out kernels "host_page_io_uva_uploads_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -8 ;;
+    pytest_files "uva_uploads_$KVTIER_GIT_COMMIT" 240 tests/kernels/test_kernel_uva_copy.py \
+      tests/runner/test_staging.py tests/runner/test_gpu_path.py
+    beside_prefill "host_page_io_uva_uploads_h200_$KVTIER_GIT_COMMIT" engine \
+      p2w32t64,p4w32t64@50,batch/run 150 ;;
   sampled-uploads)  # a sampled batch (temperature > 0, no logprobs) on the device with its few uploads through the pinned staging, read back after the step: the sampler's and runner's GPU tests, the prefill traces (pageable copies counted), then the prefill beside the page copies as uva-uploads ran it
-    timeout 240 python3 -m pytest -q tests/runner/test_sampler.py tests/kernels/test_kernel_uva_copy.py \
-      tests/runner/test_staging.py tests/runner/test_gpu_path.py -p no:cacheprovider 2>&1 | tail -4 \
-      > "$(out gpu_tests "sampled_uploads_$KVTIER_GIT_COMMIT.txt")"
-    cat "$(out gpu_tests "sampled_uploads_$KVTIER_GIT_COMMIT.txt")"
-    local dir
-    for dir in "" --to-host; do
-      timeout 150 python3 -m benchmarks.kernels.trace_prefill_beside_copy $dir --reps 5 \
-        --out "$(out kernels "trace_prefill_beside_copy${dir:+_d2h}_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -3
-    done
-    timeout 150 python3 -m benchmarks.kernels.bench_host_page_io_launch --reps 7 --prefill engine \
-      --variants p2w32t64,p4w32t64@50,batch/run \
-      --out "$(out kernels "host_page_io_sampled_uploads_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -8 ;;
+    pytest_files "sampled_uploads_$KVTIER_GIT_COMMIT" 240 tests/runner/test_sampler.py \
+      tests/kernels/test_kernel_uva_copy.py tests/runner/test_staging.py tests/runner/test_gpu_path.py
+    trace_beside trace_prefill_beside_copy
+    beside_prefill "host_page_io_sampled_uploads_h200_$KVTIER_GIT_COMMIT" engine \
+      p2w32t64,p4w32t64@50,batch/run 150 ;;
   prefill-graphs)  # which compute-stream operations slow beside another stream's copy-engine copies, launched one by one or as one CUDA graph (probe_copy_engine_share), then the engine's prefill beside the page copies as the engine runs it by default (its pieces as CUDA graphs) and eager, in one call
     local c=$KVTIER_GIT_COMMIT kind
     timeout 90 python3 -m benchmarks.kernels.probe_copy_engine_share \
       --out "$(out kernels "copy_engine_share_h200_$c.json")" 2>&1 | tail -15
     for kind in engine-graphs engine; do
-      timeout 200 python3 -m benchmarks.kernels.bench_host_page_io_launch --reps 7 --prefill $kind \
-        --variants p2w32t64,p4w32t64@50,batch/run \
-        --out "$(out kernels "host_page_io_prefill_${kind}_h200_$c.json")" 2>&1 | tail -8
+      beside_prefill "host_page_io_prefill_${kind}_h200_$c" $kind p2w32t64,p4w32t64@50,batch/run 200
     done ;;
   uva-uploads-ab)  # the UVA copy's GPU tests, then the before-after of the tree in $BEFORE (the commit before the UVA uploads, this layout)
     timeout 60 python3 -m pytest -q tests/kernels/test_kernel_uva_copy.py -p no:cacheprovider 2>&1 | tail -2

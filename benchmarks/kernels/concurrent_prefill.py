@@ -10,6 +10,8 @@ import torch
 from kvtier.model.loader import resolve_model_config
 
 BLOCK_SIZE = 16
+ENGINE_KINDS = ("engine", "engine-graphs")  # --prefill: the engine eager, or as it runs by default
+PREFILL_KINDS = (*ENGINE_KINDS, "stand-in")
 
 
 class PrefillStandIn:
@@ -94,6 +96,3 @@ def make_prefill(kind: str, model: str, layers_per_block: int, tokens: int, dtyp
             stand_in += f" (the engine failed to build: {type(e).__name__}: {e})"
     return PrefillStandIn(model, tokens, dtype, device), stand_in
 
-
-ENGINE_KINDS = ("engine", "engine-graphs")
-PREFILL_KINDS = (*ENGINE_KINDS, "stand-in")

@@ -49,5 +49,12 @@ def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
     _copy_words_kernel[(triton.cdiv(n, BLOCK),)](s, d, n, BLOCK=BLOCK)
 
 
+def copies_as_bytes(dst: torch.Tensor, src: torch.Tensor) -> bool:
+    """Whether dst.copy_(src) is a plain byte copy that `copy_bytes` can make: both
+    contiguous, one dtype and one element count."""
+    return (dst.dtype == src.dtype and dst.numel() == src.numel() and dst.is_contiguous()
+            and src.is_contiguous())
+
+
 def copy_bytes_ref(dst: torch.Tensor, src: torch.Tensor) -> None:
     dst.reshape(-1).view(torch.uint8).copy_(src.reshape(-1).view(torch.uint8))

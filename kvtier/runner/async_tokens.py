@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from kvtier.core.plan import PLACEHOLDER_TOKEN, ScheduledRequest, StepResult
-from kvtier.kernels.uva_copy import copy_bytes
+from kvtier.kernels.uva_copy import copies_as_bytes, copy_bytes
 
 
 @dataclass
@@ -66,7 +66,7 @@ class DeviceTokens:
         self._next ^= 1
         n = len(request_ids)
         event = None
-        if self.device.type == "cuda" and tokens.dtype == buf.dtype and tokens.is_contiguous():
+        if self.device.type == "cuda" and copies_as_bytes(buf[:n], tokens):
             # Written through the pinned buffer's UVA address: the copy engine would queue
             # this behind the host tier's stores (kvtier/kernels/uva_copy.py).
             copy_bytes(buf[:n], tokens)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kvtier.kernels.uva_copy import copy_bytes
+from kvtier.kernels.uva_copy import copies_as_bytes, copy_bytes
 
 _ALIGN = 64  # bytes: every staged array starts on a cache line
 
@@ -87,7 +87,7 @@ class PinnedStaging:
         src, pinned = self._stage(a)
         if not pinned:
             dst.copy_(src, non_blocking=True)
-        elif dst.is_contiguous() and dst.dtype == src.dtype:
+        elif copies_as_bytes(dst, src):
             copy_bytes(dst, src)
         else:  # strided or converted: on the device, by torch's copy kernel
             dst.copy_(self._up(src))

@@ -121,6 +121,12 @@ class _Rule:
     def holds(self, shape, num_rows, host_tokens) -> bool:
         return self._holds
 
+    def batch0_s(self, shape, num_rows, host_tokens) -> float:
+        return 0.0
+
+    def holds_beside(self, batch0_s, num_rows, host_tokens) -> bool:
+        return self._holds
+
 
 class _Prices:
     """10 ms a step, 1 ms a row; CPU decodes beyond the first two stick out 2 ms each."""

@@ -40,17 +40,23 @@ class ModeChoice:
              gpu_only: bool) -> StepMode:
         """The way of the best predicted rate among those allowed (ties: the first of
         pipelined, sequential, GPU-only)."""
-        modes = [StepMode.PIPELINED] if self.rule.holds(shape, num_rows, host_tokens) else []
+        rates = self.rates(shape, num_rows, host_tokens, gpu_only)
+        return max(rates, key=rates.__getitem__)  # max keeps the first of equal rates
+
+    def rates(self, shape: StepShape, num_rows: int, host_tokens: int, gpu_only: bool,
+              pipelines: bool | None = None) -> dict[StepMode, float]:
+        """Each allowed way's predicted rate (requests a second), in the order ties go:
+        pipelined (where NEO's rule holds; `pipelines` when the caller has checked it),
+        sequential, GPU-only (when asked for and batch 0 has rows)."""
+        if pipelines is None:
+            pipelines = self.rule.holds(shape, num_rows, host_tokens)
+        modes = [StepMode.PIPELINED] if pipelines else []
         modes.append(StepMode.SEQUENTIAL)
         rows = shape.num_reqs
         if gpu_only and rows > num_rows:
             modes.append(StepMode.GPU_ONLY)
-
-        def rate(mode: StepMode) -> float:
-            n = rows - num_rows if mode is StepMode.GPU_ONLY else rows
-            return n / self.prices.seconds(shape, num_rows, host_tokens, mode)
-
-        return max(modes, key=rate)  # max keeps the first of equal rates
+        return {m: (rows - num_rows if m is StepMode.GPU_ONLY else rows)
+                / self.prices.seconds(shape, num_rows, host_tokens, m) for m in modes}
 
     def best_hold(self, shape: StepShape, host_ctx: Sequence[int], max_held: int) -> int:
         """How many of the leading CPU decodes (contexts `host_ctx`, in the step's order)
@@ -63,16 +69,25 @@ class ModeChoice:
         held."""
         n, total = len(host_ctx), sum(host_ctx)
         held_tokens = list(accumulate(host_ctx, initial=0))
+        gpu_b0 = self.rule.batch0_s(shape, n, total)  # batch 0 is the same at every count
         best_k, best_rate = 0, -1.0
         for k in hold_candidates(max_held):
             step = batch0(shape, k, held_tokens[k])
             if not step.num_reqs:
                 continue
             rows, tokens = n - k, total - held_tokens[k]
-            mode = self.best(step, rows, tokens, gpu_only=False) if rows else StepMode.GPU_ONLY
-            if 0 < k < n and mode is not StepMode.PIPELINED:
-                continue  # NEO leaves out only the CPU decodes that would break its rule
-            rate = step.num_reqs / self.prices.seconds(step, rows, tokens, mode)
+            if not rows:  # all held: the GPU-only step
+                rate = step.num_reqs / self.prices.seconds(step, 0, 0, StepMode.GPU_ONLY)
+            elif 0 < k:  # NEO leaves out only the CPU decodes that would break its rule
+                if not self.rule.holds_beside(gpu_b0, rows, tokens):
+                    continue
+                rates = self.rates(step, rows, tokens, gpu_only=False, pipelines=True)
+                if rates[StepMode.PIPELINED] < rates[StepMode.SEQUENTIAL]:
+                    continue
+                rate = rates[StepMode.PIPELINED]
+            else:
+                pipelines = self.rule.holds_beside(gpu_b0, rows, tokens)
+                rate = max(self.rates(step, rows, tokens, False, pipelines).values())
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k

@@ -43,12 +43,22 @@ class PipelineRule:
 
     def holds(self, shape: StepShape, num_rows: int, num_host_tokens: int) -> bool:
         """The rule over a step's shape whose leading `num_rows` decodes are on the CPU."""
-        cm = self.cost_model
+        return self.holds_beside(self.batch0_s(shape, num_rows, num_host_tokens), num_rows,
+                                 num_host_tokens)
+
+    def batch0_s(self, shape: StepShape, num_rows: int, num_host_tokens: int) -> float:
+        """T_pref + T_gdec: the GPU forward of the step without its CPU decodes (the same
+        however many of them a step leaves out)."""
         b0 = replace(batch0(shape, num_rows, num_host_tokens), num_sampled=0, items=())
-        gpu_b0 = forward_s(cm, b0) if b0.num_reqs else 0.0
+        return forward_s(self.cost_model, b0) if b0.num_reqs else 0.0
+
+    def holds_beside(self, batch0_s: float, num_rows: int, num_host_tokens: int) -> bool:
+        """The rule for `num_rows` CPU decodes of `num_host_tokens` beside batch 0's GPU
+        forward of `batch0_s` seconds."""
+        cm = self.cost_model
         cpu = self.price_cpu_rows(cm, num_host_tokens)
         launch = self.launch_s * cm.mc.num_layers
-        return forward_s(cm, linear_only(num_rows)) + gpu_b0 >= cpu + launch
+        return forward_s(cm, linear_only(num_rows)) + batch0_s >= cpu + launch
 
 
 def step_shape(scheduled: Sequence[ScheduledRequest]) -> StepShape:
