@@ -8,11 +8,12 @@ the host pool (neo, directkv). Per policy: output tokens/s over the whole run, T
 over requests of (last token - first token) / (tokens - 1)), preemptions, moves; and per
 step, the host rows' context tokens and the step's wall time (synchronous scheduling, so a
 step's wall time is its time); neo runs with NEO's pipelining rule (`neo`: neo:auto) and
-without pipelining (`neo:off`). For steps with host rows the cost of the host attention is
-fit as step time = a + b x host context tokens; the fit's slope is put beside the model
-`bytes / bandwidth`: for directkv every host context token's K and V crosses PCIe once a
-step (kv bytes per token / the measured H2D rate), for neo it is read by the CPU instead
-(the same bytes / the CPU attention's rate the simulator prices with).
+without pipelining (`neo:off`). Each step records the work it ran, and the host rows' cost
+is fit over all the run's steps with the rest of the work held equal (step_fit.py: a step
+with host rows may also run a prefill chunk); the fit's slope per host context token is put
+beside the model `bytes / bandwidth`: for directkv every host context token's K and V
+crosses PCIe once a step (kv bytes per token / the measured H2D rate), for neo it is read
+by the CPU instead (the same bytes / the CPU attention's rate the simulator prices with).
 
   python -m benchmarks.policies.bench_host_resident --out results/policies/host_resident_h200.json
                                                        (H200, Llama-3.1-8B dummy; minutes)
@@ -43,6 +44,8 @@ import statistics
 import sys
 import time
 from typing import Any
+
+from benchmarks.policies.step_fit import fit_host_step, step_work
 
 # No steady step of these batches (up to 13B, 2,176-token contexts) takes this long; a
 # measured step beyond it compiled a kernel for a new shape.
@@ -152,18 +155,16 @@ def make_engine(args: argparse.Namespace, engine_args: Any) -> tuple[Any, Any]:
 
 
 class StepLog:
-    """Wraps the executor: each step's time on `now` and its host rows' context tokens."""
+    """Wraps the executor: each step's time on `now` and the work it ran (step_fit.step_work)."""
 
     def __init__(self, inner: Any, now: Any = time.perf_counter):
         self.inner, self.steps, self.now = inner, [], now
 
     def execute(self, plan):
-        host_tokens = sum(i.count for i in plan.items if i.kind.endswith("_rows"))
+        work = step_work(plan)
         t0 = self.now()
         result = self.inner.execute(plan)
-        self.steps.append({"host_context_tokens": host_tokens,
-                           "num_scheduled": len(plan.scheduled),
-                           "step_s": self.now() - t0})
+        self.steps.append({**work, "step_s": self.now() - t0})
         return result
 
     def __getattr__(self, name: str) -> Any:
@@ -212,7 +213,7 @@ def run_policy(args: argparse.Namespace, policy: str, cap: float) -> dict[str, A
             "pipelined_steps": getattr(placement, "num_pipelined_steps", None),
             "gpu_only_steps": getattr(placement, "num_gpu_only_steps", None),
             "partly_held_steps": getattr(placement, "num_partly_held_steps", None),
-            "host_fit": host_fit(log.steps)}
+            "host_fit": fit_host_step(log.steps, model_rates(args)["kv_bytes_per_token"])}
 
 
 def without_one_offs(run: dict[str, Any], steps: list[dict[str, Any]]) -> float:
@@ -227,17 +228,6 @@ def tpot(times: dict[str, list[float]]) -> float:
     """Mean over requests of the gaps between the steps that ran them (seconds)."""
     gaps = [(t[-1] - t[0]) / (len(t) - 1) for t in times.values() if len(t) > 1]
     return statistics.fmean(gaps) if gaps else 0.0
-
-
-def host_fit(steps: list[dict[str, Any]]) -> dict[str, float] | None:
-    """Least squares step_s = a + b * host_context_tokens over the steps with host rows,
-    the first two left out (their kernels compile)."""
-    rows = [(s["host_context_tokens"], s["step_s"]) for s in steps if s["host_context_tokens"]]
-    rows = rows[2:]
-    if len(rows) < 3 or len({x for x, _ in rows}) < 2:
-        return None
-    slope, intercept = statistics.linear_regression([x for x, _ in rows], [y for _, y in rows])
-    return {"seconds_per_host_token": slope, "intercept_s": intercept, "num_steps": len(rows)}
 
 
 def model_rates(args: argparse.Namespace) -> dict[str, float]:
