@@ -294,7 +294,7 @@ part() {
   uva-uploads-ab)  # the UVA copy's GPU tests, then the before-after of the tree in $BEFORE (the commit before the UVA uploads, this layout)
     timeout 60 python3 -m pytest -q tests/kernels/test_kernel_uva_copy.py -p no:cacheprovider 2>&1 | tail -2
     BEFORE_LAYOUT=subject before_after "${BEFORE:-.carry/before_head}" ;;
-  host-attention-pool)  # DirectKV's kernel at 1 x 131072 and 1 x 32768 over a 4 GiB and a 32 GiB pinned pool (pages drawn over the whole pool): does the host pool's size, through address translation, set its read rate (the engine's 128K host rows read at 32.5 GB/s)
+  host-attention-pool)  # DirectKV's kernel at 1 x 131072 and 1 x 32768 over a 4 GiB and a 32 GiB pinned pool (pages drawn over the whole pool): does the host pool's size, through address translation, set its read rate (asked when the engine's 128K host rows were misread at 32.5 GB/s; docs/HOST_RESIDENT_KV.md)
     local tokens
     for tokens in 1048576 8388608; do
       timeout 200 python3 -m benchmarks.kernels.bench_host_decode_attention --shapes 1x131072,1x32768 \

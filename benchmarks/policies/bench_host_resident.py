@@ -45,7 +45,7 @@ import sys
 import time
 from typing import Any
 
-from benchmarks.policies.step_fit import fit_host_step, step_work
+from benchmarks.policies.step_fit import fit_host_step, paired_host_cost, step_work
 
 # No steady step of these batches (up to 13B, 2,176-token contexts) takes this long; a
 # measured step beyond it compiled a kernel for a new shape.
@@ -290,6 +290,14 @@ def main(argv: list[str] | None = None) -> None:
             for cap in caps for policy in args.policies.split(",")]
     if args.compare:
         compare(rows, args.compare)
+    for row in rows:  # each host-row run against the runs that kept every row on the device
+        baselines = [b for b in rows if b["cap"] == row["cap"] and "steps" in b
+                     and not any(s["host_context_tokens"] for s in b["steps"])]
+        if row.get("host_fit"):
+            row["host_paired"] = {
+                b["policy"]: paired_host_cost(row["steps"], b["steps"],
+                                              model_rates(args)["kv_bytes_per_token"])
+                for b in baselines}
     payload = {"model": args.model, "simulated": args.simulate and {
                    "hardware": args.hardware, "decide_unfitted": args.decide_unfitted,
                    "no_host_fit": args.no_host_fit},
