@@ -65,6 +65,9 @@ SETTINGS = (
     Setting("a10g", "llama-3.1-8b", "bfloat16", 1650 * 16 * 128 / (1 << 20)),
     Setting("h100-sxm", "llama-3.1-8b", "bfloat16", 1650 * 16 * 128 / (1 << 20)),
 )
+# Run only when --profiles names them: the H200 this project measures on, the same model and
+# cap, its host rows priced by the profile's fit of the measured runs (fit_host_rows.py).
+EXTRA_SETTINGS = (Setting("h200", "llama-3.1-8b", "bfloat16", 1650 * 16 * 128 / (1 << 20)),)
 
 
 def requests(path: str, n: int, vocab: int) -> list[tuple[tuple[int, ...], int, float]]:
@@ -123,7 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--neo-cpu-balance", type=float, default=1.0,
                     help="the balanced neo row's --neo-cpu-balance")
     ap.add_argument("--profiles", default=",".join(s.hardware for s in SETTINGS),
-                    help="which settings run, by hardware profile")
+                    help="which settings run, by hardware profile (NEO's three by default; "
+                         "also: " + ",".join(s.hardware for s in EXTRA_SETTINGS) + ")")
     ap.add_argument("--rows", default=",".join(p[0] for p in POLICIES),
                     help="which rows run, by name (swap and recompute always do)")
     ap.add_argument("--cap-factors", default="1",
@@ -134,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     wanted = {"swap", "recompute", *args.rows.split(",")}
     policies = [p for p in POLICIES if p[0] in wanted]
     settings = [dataclasses.replace(s, kv_cache_gib=s.kv_cache_gib * float(f))
-                for s in SETTINGS if s.hardware in args.profiles.split(",")
+                for s in SETTINGS + EXTRA_SETTINGS if s.hardware in args.profiles.split(",")
                 for f in args.cap_factors.split(",")]
     profiles = []
     for s in settings:
