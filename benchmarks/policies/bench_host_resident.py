@@ -230,6 +230,18 @@ def tpot(times: dict[str, list[float]]) -> float:
     return statistics.fmean(gaps) if gaps else 0.0
 
 
+def pair_with_device_runs(rows: list[dict[str, Any]], kv_bytes_per_token: int) -> None:
+    """Adds `host_paired` to each run with host rows: its steps against those of every run
+    of the same cap that kept all rows on the device (step_fit.paired_host_cost)."""
+    for row in rows:
+        if not row.get("host_fit"):
+            continue
+        row["host_paired"] = {
+            b["policy"]: paired_host_cost(row["steps"], b["steps"], kv_bytes_per_token)
+            for b in rows if b["cap"] == row["cap"] and "steps" in b
+            and not any(s["host_context_tokens"] for s in b["steps"])}
+
+
 def model_rates(args: argparse.Namespace) -> dict[str, float]:
     """The bytes / bandwidth model of one host context token's attention, per mechanism."""
     from benchmarks.common import H200_PCIE_BYTES_PER_S
@@ -290,14 +302,7 @@ def main(argv: list[str] | None = None) -> None:
             for cap in caps for policy in args.policies.split(",")]
     if args.compare:
         compare(rows, args.compare)
-    for row in rows:  # each host-row run against the runs that kept every row on the device
-        baselines = [b for b in rows if b["cap"] == row["cap"] and "steps" in b
-                     and not any(s["host_context_tokens"] for s in b["steps"])]
-        if row.get("host_fit"):
-            row["host_paired"] = {
-                b["policy"]: paired_host_cost(row["steps"], b["steps"],
-                                              model_rates(args)["kv_bytes_per_token"])
-                for b in baselines}
+    pair_with_device_runs(rows, model_rates(args)["kv_bytes_per_token"])
     payload = {"model": args.model, "simulated": args.simulate and {
                    "hardware": args.hardware, "decide_unfitted": args.decide_unfitted,
                    "no_host_fit": args.no_host_fit},
