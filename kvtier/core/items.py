@@ -21,6 +21,10 @@ Contracts:
     change how the step runs (two overlapping sub-batches, rows left out); the cost model
     then prices the step through it alone (the first such kind present), and it prices the
     step's other items itself.
+  * background(cost_model, count) (optional): seconds the kind's copies keep the copy
+    stream busy after the step is issued, which the step itself does not wait for but the
+    next step does (the runner joins the copy stream before a step reuses any block); the
+    simulator carries them over (`CostModel.background_seconds`).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class ItemKind:
     run: Callable[[Any, list[Any]], None]  # (model runner, items of the kind)
     price: Callable[[Any, int], float]  # (cost model, summed counts) -> seconds
     step: Callable[[Any, Any], Any] | None = None  # (cost model, StepShape) -> StepCost
+    background: Callable[[Any, int], float] | None = None  # (cost model, counts) -> seconds
 
 
 _KINDS: dict[type[PlanItem], ItemKind] = {}
@@ -58,10 +63,11 @@ _BY_NAME: dict[str, ItemKind] = {}
 
 def register_item(item_cls: type[PlanItem], run: Callable[[Any, list[Any]], None],
                   price: Callable[[Any, int], float],
-                  step: Callable[[Any, Any], Any] | None = None) -> None:
+                  step: Callable[[Any, Any], Any] | None = None,
+                  background: Callable[[Any, int], float] | None = None) -> None:
     if not item_cls.kind:
         raise ValueError(f"{item_cls.__name__} needs a `kind` name")
-    kind = ItemKind(item_cls, run, price, step)
+    kind = ItemKind(item_cls, run, price, step, background)
     _KINDS[item_cls] = kind
     _BY_NAME[item_cls.kind] = kind
 

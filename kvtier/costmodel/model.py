@@ -121,6 +121,12 @@ class CostModel:
         loop = self.loop.seconds(shape.num_reqs, shape.num_sampled)
         return StepCost(sum(parts.values()), loop, graph, parts, piecewise)
 
+    def background_seconds(self, shape: StepShape) -> float:
+        """How long the step's background copies (the kinds' `background` hooks) keep the
+        copy stream busy once the step is issued: what the next step waits for."""
+        return sum(kind.background(self, n) for kind, n in
+                   ((kind_named(k), n) for k, n in shape.items) if kind.background is not None)
+
     def hidden_state_seconds(self, shape: StepShape) -> float:
         """The hidden-state store's two costs, in the runner's order on one stream: restoring KV (hidden
         rows over PCIe, then per layer the K/V projection GEMM and its KV write) and sending

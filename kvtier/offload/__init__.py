@@ -16,6 +16,10 @@ from kvtier.kv.host_tier_items import (
     HostStoreDirect,
 )
 from kvtier.offload.items import (
+    background_loads,
+    background_loads_direct,
+    background_stores,
+    background_stores_direct,
     price_backups,
     price_backups_direct,
     price_host_loads,
@@ -29,10 +33,14 @@ from kvtier.offload.items import (
 )
 
 register_item(HostStore, run=run_host_stores, price=price_host_stores)
-register_item(HostBackup, run=run_host_stores, price=price_backups)
-register_item(HostPrefetch, run=run_host_loads, price=price_prefetches)
+register_item(HostBackup, run=run_host_stores, price=price_backups,
+              background=background_stores)
+register_item(HostPrefetch, run=run_host_loads, price=price_prefetches,
+              background=background_loads)
 register_item(HostLoad, run=run_host_loads, price=price_host_loads)
 register_item(HostStoreDirect, run=run_host_stores, price=price_host_stores_direct)
 register_item(HostLoadDirect, run=run_host_loads, price=price_host_loads_direct)
-register_item(HostBackupDirect, run=run_host_stores, price=price_backups_direct)
-register_item(HostPrefetchDirect, run=run_host_loads, price=price_prefetches_direct)
+register_item(HostBackupDirect, run=run_host_stores, price=price_backups_direct,
+              background=background_stores_direct)
+register_item(HostPrefetchDirect, run=run_host_loads, price=price_prefetches_direct,
+              background=background_loads_direct)

@@ -63,9 +63,9 @@ def _beside_forward(cost_model: Any, count: int, to_device: bool,
     """Backups and prefetches: the runner issues them after the step's loads and the
     forward waits for no event of theirs, but they run beside it and slow it by the
     profile's measured cost per byte (`HardwareProfile.beside_forward`; none on a profile
-    without one). The next step's copies wait for them first, which the cost model does not
-    price (it assumes they end within a step: a step of a long forward, as bubble filling
-    wants)."""
+    without one). The next step waits for what of their copy is left (the runner joins the
+    copy stream first): their whole copy time is their `background` (below), which the
+    simulator carries over into the next step."""
     cost = cost_model.hw.beside_forward.get(mechanism)
     if cost is None or not count:
         return 0.0
@@ -91,3 +91,22 @@ def price_prefetches_direct(cost_model: Any, count: int) -> float:
 def price_host_loads(cost_model: Any, count: int) -> float:
     return (copy_seconds(cost_model, count, to_device=True)
             + _load_step_s(cost_model, CopyMechanism.KERNEL_GATHER, count))
+
+
+def background_stores(cost_model: Any, count: int) -> float:
+    """A step's backups on the copy stream: their whole copy, which the next step waits for
+    where it outlasts this one."""
+    return copy_seconds(cost_model, count, to_device=False)
+
+
+def background_stores_direct(cost_model: Any, count: int) -> float:
+    return copy_seconds(cost_model, count, to_device=False, direct=True)
+
+
+def background_loads(cost_model: Any, count: int) -> float:
+    """A step's prefetches on the copy stream (as background_stores)."""
+    return copy_seconds(cost_model, count, to_device=True)
+
+
+def background_loads_direct(cost_model: Any, count: int) -> float:
+    return copy_seconds(cost_model, count, to_device=True, direct=True)

@@ -56,15 +56,24 @@ class SimulatedExecutor(SyncExecutor):
         self.busy_s = 0.0
         self.observers: list[StepObserver] = []
         self.overlap_host = overlap_host
+        self.copies_busy_until = 0.0  # virtual time the background copies issued so far end
+        self.copy_wait_s = 0.0  # steps' waits for them, in all
 
     def execute(self, plan: StepPlan) -> StepResult:
         shape = StepShape.from_plan(plan, self.captures_hidden)
         cost = self.cost_model.predict(shape)
         if self.record:
             self.steps.append(SimStep(self.clock.now(), shape, cost))
-        seconds = cost.overlapped_s if self.overlap_host else cost.total_s
+        # The previous steps' background copies still running: this step's GPU work waits
+        # for them (the runner joins the copy stream first); its own start after that wait.
+        wait = max(0.0, self.copies_busy_until - self.clock.now())
+        if shape.items:
+            self.copies_busy_until = (self.clock.now() + wait
+                                      + self.cost_model.background_seconds(shape))
+        seconds = wait + (cost.overlapped_s if self.overlap_host else cost.total_s)
         self.clock.advance(seconds)
         self.busy_s += seconds
+        self.copy_wait_s += wait
         for observer in self.observers:
             observer.observe(shape, cost)
         sampled = {sr.request_id: self._token(sr.request_id, sr.num_output_tokens)
