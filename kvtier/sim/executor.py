@@ -57,7 +57,6 @@ class SimulatedExecutor(SyncExecutor):
         self.observers: list[StepObserver] = []
         self.overlap_host = overlap_host
         self.copies_busy_until = 0.0  # virtual time the background copies issued so far end
-        self.copy_wait_s = 0.0  # steps' waits for them, in all
 
     def execute(self, plan: StepPlan) -> StepResult:
         shape = StepShape.from_plan(plan, self.captures_hidden)
@@ -73,7 +72,6 @@ class SimulatedExecutor(SyncExecutor):
         seconds = wait + (cost.overlapped_s if self.overlap_host else cost.total_s)
         self.clock.advance(seconds)
         self.busy_s += seconds
-        self.copy_wait_s += wait
         for observer in self.observers:
             observer.observe(shape, cost)
         sampled = {sr.request_id: self._token(sr.request_id, sr.num_output_tokens)
