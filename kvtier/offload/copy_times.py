@@ -7,7 +7,7 @@ seconds, GB/s and load stalls from either:
 
   * copy seconds: every store and load, backups and prefetches included, at the
     io-backend's curve (a backup or prefetch costs the step only what it slows the forward
-    beside it, but its whole copy crosses PCIe);
+    beside it, and the next step what of its copy is left, but its whole copy crosses PCIe);
   * stall seconds: the loads the step's forward waits for (`HostLoad`): the cost model
     prices them as a serial part of the step, so all of their time is a wait.
 """
