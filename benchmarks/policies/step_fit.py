@@ -82,24 +82,25 @@ def fit_host_step(steps: list[dict[str, Any]], kv_bytes_per_token: int) -> dict[
     first = _least_squares(rows)
     if first is None:
         return None
-    miss = np.abs(first[1])
+    miss = np.abs(first[2])
     kept = [s for s, m in zip(rows, miss) if m <= OUTLIER_FACTOR * max(np.median(miss), 1e-6)]
-    fit = _least_squares(kept) if any(s["host_context_tokens"] for s in kept) else None
-    if fit is None:
+    fit = _least_squares(kept)
+    if fit is None:  # the outliers were all the host rows' variation
         kept, fit = rows, first
-    slopes, residual = fit
+    intercept, slopes, residual = fit
     per_token = slopes["host_context_tokens"]
     return {"seconds_per_host_token": per_token,
             "host_read_gb_per_s": kv_bytes_per_token / per_token / 1e9 if per_token > 0 else None,
-            "intercept_s": slopes["intercept"], "slopes": slopes,
+            "intercept_s": intercept, "slopes": slopes,
             "num_steps": len(kept), "num_left_out": len(rows) - len(kept),
             "num_host_steps": sum(bool(s["host_context_tokens"]) for s in kept),
             "residual_rms_s": float(np.sqrt(np.mean(residual ** 2)))}
 
 
-def _least_squares(rows: list[dict[str, Any]]) -> tuple[dict[str, float], np.ndarray] | None:
-    """(the intercept and each varying column's slope, the residuals), or None when there
-    are fewer than two steps per coefficient."""
+def _least_squares(rows: list[dict[str, Any]]
+                   ) -> tuple[float, dict[str, float], np.ndarray] | None:
+    """(the intercept, each varying column's slope, the residuals), or None when the host
+    tokens do not vary or there are fewer than two steps per coefficient."""
     cols = {name: np.array([_column(s, name) for s in rows], dtype=float) for name in COLUMNS}
     used = [name for name in COLUMNS if np.ptp(cols[name]) > 0]
     if "host_context_tokens" not in used:
@@ -109,7 +110,7 @@ def _least_squares(rows: list[dict[str, Any]]) -> tuple[dict[str, float], np.nda
         return None
     y = np.array([s["step_s"] for s in rows])
     coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-    return {"intercept": float(coef[0]), **dict(zip(used, coef[1:].tolist()))}, y - x @ coef
+    return float(coef[0]), dict(zip(used, coef[1:].tolist())), y - x @ coef
 
 
 def paired_host_cost(steps: list[dict[str, Any]], baseline: list[dict[str, Any]],
@@ -125,10 +126,10 @@ def paired_host_cost(steps: list[dict[str, Any]], baseline: list[dict[str, Any]]
     for s in plain_steps(steps):
         if not s["host_context_tokens"]:
             continue
+        context = _column(s, "device_decode_context_tokens")
         peers = [p for p in by_work.get(_work_key(s), [])
-                 if abs(_column(p, "device_decode_context_tokens")
-                        - _column(s, "device_decode_context_tokens")) <= CONTEXT_SLACK * max(
-                     1, _column(s, "device_decode_context_tokens"))]
+                 if abs(_column(p, "device_decode_context_tokens") - context)
+                 <= CONTEXT_SLACK * max(1, context)]
         if peers:
             diffs.append(s["step_s"] - statistics.median(p["step_s"] for p in peers))
             tokens.append(s["host_context_tokens"])

@@ -64,8 +64,8 @@ def _beside_forward(cost_model: Any, count: int, to_device: bool,
     forward waits for no event of theirs, but they run beside it and slow it by the
     profile's measured cost per byte (`HardwareProfile.beside_forward`; none on a profile
     without one). The next step waits for what of their copy is left (the runner joins the
-    copy stream first): their whole copy time is their `background` (below), which the
-    simulator carries over into the next step."""
+    copy stream first): their whole copy time, `copy_seconds`, is their `background`
+    (kvtier/offload/__init__.py), which the simulator carries over into the next step."""
     cost = cost_model.hw.beside_forward.get(mechanism)
     if cost is None or not count:
         return 0.0
@@ -92,21 +92,3 @@ def price_host_loads(cost_model: Any, count: int) -> float:
     return (copy_seconds(cost_model, count, to_device=True)
             + _load_step_s(cost_model, CopyMechanism.KERNEL_GATHER, count))
 
-
-def background_stores(cost_model: Any, count: int) -> float:
-    """A step's backups on the copy stream: their whole copy, which the next step waits for
-    where it outlasts this one."""
-    return copy_seconds(cost_model, count, to_device=False)
-
-
-def background_stores_direct(cost_model: Any, count: int) -> float:
-    return copy_seconds(cost_model, count, to_device=False, direct=True)
-
-
-def background_loads(cost_model: Any, count: int) -> float:
-    """A step's prefetches on the copy stream (as background_stores)."""
-    return copy_seconds(cost_model, count, to_device=True)
-
-
-def background_loads_direct(cost_model: Any, count: int) -> float:
-    return copy_seconds(cost_model, count, to_device=True, direct=True)
