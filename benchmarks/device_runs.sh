@@ -310,6 +310,16 @@ part() {
         --tunings=-/t0/1,-/t0/2,-/t0/4,-/t2/2,-/t2/4 $([ $s -gt 0 ] && echo --pages-per-split $s) \
         --out "$(out kernels "cpu_attention_h200_split${s}_$c.json")" 2>&1 | tail -3
     done ;;
+  cpu-attention-amx)  # NEO's CPU attention with AMX tile scores against AVX-512 dot-product scores: the kernel's tests on this CPU (the tile path), then 16 threads at three work splits, each tuning with and without tiles, 30 calls a median
+    local s c=$KVTIER_GIT_COMMIT
+    export TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext
+    pytest_files "cpu_attention_tests_$c" 200 tests/kernels/test_cpu_attention.py
+    for s in 0 4 16; do
+      timeout 110 python3 -m benchmarks.kernels.bench_cpu_attention --threads 16 \
+        --shapes 1x8192,8x4096,32x2048,64x1024 --no-sdpa --thread-sweep '' --sweep-shapes 4 --iters 30 \
+        --tunings=-/t0/2,-/t0/2/vec,-/t0/1,-/t0/1/vec,-/t0/4,-/t0/4/vec $([ $s -gt 0 ] && echo --pages-per-split $s) \
+        --out "$(out kernels "cpu_attention_amx_h200_split${s}_$c.json")" 2>&1 | tail -6
+    done ;;
   host-decode-attention)  # DirectKV's zero-copy decode attention over pinned host pages vs PCIe H2D; its GPU tests and both systems' engine runs on the GPU (fp32 = GPU-only)
     pytest_gpu "gpu_tests_host_decode_attention_$KVTIER_GIT_COMMIT" 200 tests/kernels/test_host_decode_attention.py \
       tests/policies/test_host_resident_engine.py

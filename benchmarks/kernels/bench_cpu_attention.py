@@ -19,7 +19,8 @@ The breakdown that says where the time goes:
   - `compute_only`: the kernel over a context whose block table repeats a few pages (a hot set
     of --hot-kib, resident in L2), single thread and --threads: its rate without DRAM;
   - `tuning`: at --threads, the work split (`heads_per_item` 1 = one KV head an item, the
-    layout before page spans) and the software prefetch hint and distance (--tunings);
+    layout before page spans), the software prefetch hint and distance, and where the CPU
+    has AMX the scores by AVX-512 dot products instead of tiles (`/vec`) (--tunings);
   - `host`: logical CPUs, threads per core, NUMA nodes, OpenMP binding variables.
 
     python -m benchmarks.kernels.bench_cpu_attention --out cpu_attention.json [--threads 16]
@@ -85,10 +86,14 @@ def host_read_gbps(iters: int, threads: int | None = None) -> float:
 
 
 def parse_tuning(spec: str) -> CpuAttentionTuning:
-    """'HEADS/HINT/DISTANCE', HEADS '-' for the kernel's choice, HINT none|nta|t0|t2."""
-    heads, hint, dist = spec.split("/")
+    """'HEADS/HINT/DISTANCE[/vec]', HEADS '-' for the kernel's choice, HINT none|nta|t0|t2;
+    '/vec' scores by AVX-512 dot products where the kernel would use AMX tiles."""
+    heads, hint, dist, *scores = spec.split("/")
+    if scores not in ([], ["vec"]):
+        raise ValueError(f"tuning {spec!r}: the fourth field may only be 'vec'")
     return CpuAttentionTuning(heads_per_item=None if heads == "-" else int(heads),
-                              prefetch=Prefetch[hint.upper()], prefetch_tiles=int(dist))
+                              prefetch=Prefetch[hint.upper()], prefetch_tiles=int(dist),
+                              amx=not scores)
 
 
 def topology() -> dict[str, Any]:
@@ -206,11 +211,16 @@ def compute_only(args: argparse.Namespace) -> dict[str, Any]:
     out = torch.empty(1, NUM_HEADS, HEAD_DIM, dtype=torch.bfloat16)
     kv_bytes = 2 * ctx * NUM_KV_HEADS * HEAD_DIM * 2
     res: dict[str, Any] = {"hot_set_bytes": distinct * page_bytes, "context": ctx}
+    ext = cpu_attention_extension()
+    scores = {"": CpuAttentionTuning()}
+    if ext is not None and ext.amx_usable():  # the tiles' scores against the vector ones
+        scores["_vec"] = CpuAttentionTuning(amx=False)
     for threads in sorted({1, args.threads}):
-        s = median_s(lambda t=threads: cpu_decode_attention(
-            q, layer["k"], layer["v"], tables.contiguous(), lens, out=out, num_threads=t),
-            args.iters * 3)
-        res[f"threads_{threads}_gbps"] = round(kv_bytes / s / 1e9, 2)
+        for suffix, tuning in scores.items():
+            s = median_s(lambda t=threads, tu=tuning: cpu_decode_attention(
+                q, layer["k"], layer["v"], tables.contiguous(), lens, out=out, num_threads=t,
+                tuning=tu), args.iters * 3)
+            res[f"threads_{threads}{suffix}_gbps"] = round(kv_bytes / s / 1e9, 2)
     return res
 
 
@@ -274,7 +284,7 @@ def main() -> None:
     read_gbps = host_read_gbps(args.iters)
     read_by_threads = {t: round(host_read_gbps(args.iters, t), 2) for t in args.sweep_threads}
     print(f"host read {read_gbps:.1f} GB/s ({read_by_threads} by threads), {args.threads} "
-          f"threads, kernel isa {ext.isa}, bf16 dot {ext.bf16_dot}")
+          f"threads, kernel isa {ext.isa}, bf16 dot {ext.bf16_dot}, amx {ext.amx_usable()}")
     hot = compute_only(args)
     print(f"compute only (hot set in cache): {hot}")
     rows = []
@@ -288,7 +298,7 @@ def main() -> None:
         "host": {"cpu_model": cpu_name(), "logical_cpus": os.cpu_count(),
                  "flags": cpu_flags_of_interest(), **topology()},
         "threads": args.threads, "clock": args.clock, "kernel_isa": ext.isa,
-        "kernel_bf16_dot": ext.bf16_dot,
+        "kernel_bf16_dot": ext.bf16_dot, "kernel_amx": ext.amx_usable(),
         "kernel_cflags": list(CFLAGS), "pages_per_split": args.pages_per_split,
         "openmp_env": {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "GOMP_"))},
         "build_or_load_s": round(build_s, 2),

@@ -56,11 +56,14 @@ class Prefetch(IntEnum):
 class CpuAttentionTuning:
     """How the kernel cuts and reads the work. `heads_per_item`: KV heads one work item owns
     (None: all of them where the problem gives every thread several such items, else one);
-    `prefetch_tiles`: how many (page, head) tiles ahead the software prefetch reads."""
+    `prefetch_tiles`: how many (page, head) tiles ahead the software prefetch reads; `amx`:
+    bf16 pages' scores by AMX tiles where the CPU has them and the OS grants them (else, and
+    with False, by AVX-512 BF16 dot products; the same sums, in another order)."""
 
     heads_per_item: int | None = None
     prefetch_tiles: int = 2
     prefetch: Prefetch = Prefetch.T0
+    amx: bool = True
 
     def __post_init__(self) -> None:
         if self.heads_per_item is not None and self.heads_per_item < 1:
@@ -160,6 +163,7 @@ def cpu_decode_attention(
         max_pages=bt.shape[1], scale=scale, num_threads=threads,
         pages_per_split=pages_per_split or 0, heads_per_item=tuning.heads_per_item or 0,
         prefetch_tiles=tuning.prefetch_tiles, prefetch_hint=int(tuning.prefetch),
+        use_amx=tuning.amx,
     )
     return out, lse
 

@@ -147,6 +147,29 @@ def test_bf16_query_and_head_dim_64_take_the_row_block_path(compiled):
     assert_close(out, ref, torch.float32)
 
 
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,page_size",
+                         [(32, 8, 128, 16), (8, 2, 64, 32), (16, 1, 128, 16), (4, 4, 64, 16),
+                          (40, 2, 128, 16)])  # G = 4, 4, 16, MHA, and 20 (past a tile's columns)
+def test_amx_tile_scores_match_the_vector_path(compiled, num_heads, num_kv_heads, head_dim,
+                                               page_size):
+    """Where the CPU has AMX and the OS grants its tiles, bf16 pages' scores come from tile
+    products: for an fp32 q (three bf16 terms) and a bf16 q (one), the attention equals the
+    reference as the AVX-512 path's does."""
+    if not compiled.amx_usable():
+        pytest.skip("no AMX tile state on this CPU (the AVX-512 path is the one tested)")
+    kv = make_host_kv([1, 15, 16, 17, 100, 333, 0, 64], num_heads, num_kv_heads, head_dim,
+                      torch.bfloat16, page_size=page_size, seed=8)
+    for q in (kv.q, kv.q.to(torch.bfloat16)):
+        ref, ref_lse = cpu_decode_attention_reference(q, *kv.args()[1:])
+        finite = torch.isfinite(ref_lse)
+        for amx in (True, False):
+            out, lse = cpu_decode_attention(q, *kv.args()[1:], out_dtype=torch.float32,
+                                            num_threads=3, tuning=CpuAttentionTuning(amx=amx))
+            assert_close(out, ref, torch.float32)
+            assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+            assert (lse[finite] - ref_lse[finite]).abs().max() <= 1e-5
+
+
 def test_scratch_reused_across_calls_of_other_sizes(compiled):
     """Per-thread buffers outlive a call: a large problem, a small one, the large one again
     (and a different geometry) each equal their references."""

@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_amx.h"
 #include "cpu_simd.h"
 
 namespace py = pybind11;
@@ -65,6 +66,7 @@ struct Problem {
   int heads_per_item;  // KV heads an item owns (a divisor of num_kv_heads)
   int prefetch_tiles;  // how many (page, head) tiles ahead software prefetch reads
   int prefetch_hint;   // 0 none, 1 non-temporal, 2 all cache levels (T0), 3 outer levels (T2)
+  bool amx;            // bf16 pages' scores by AMX tiles (cpu_amx.h) instead of vdpbf16ps
   int group() const { return num_heads / num_kv_heads; }
   int item_heads() const { return heads_per_item * group(); }  // query heads of an item
 };
@@ -108,22 +110,29 @@ struct Scratch {
   int qparts = 1;  // bf16 terms whose sum is q exactly (1 when q is bf16 already)
   Span<float> q, acc, scores, m, l;
   Span<uint16_t> qbf;  // [3][item_heads][dpad]: q as a sum of bf16 terms, unscaled
+  Span<uint16_t> q_tiles;  // [heads_per_item][...]: qbf packed for AMX (amx_pack_queries)
+  Span<float> amx_even, amx_odd;  // [16][G]: one AMX score block, before the transpose
   explicit Scratch(const Problem& pb)
       : stride((pb.page_size + kRowBlock - 1) / kRowBlock * kRowBlock),
         dpad((pb.head_dim + 31) / 32 * 32) {
     static thread_local std::vector<float> floats;
     static thread_local std::vector<uint16_t> halves;
-    const size_t QH = pb.item_heads(), D = pb.head_dim;
-    reserve_for(floats, QH * (2 * D + stride + 2));
-    reserve_for(halves, 3 * QH * dpad);
+    const size_t QH = pb.item_heads(), D = pb.head_dim, G = pb.group();
+    const size_t packed = pb.amx ? pb.heads_per_item * amx_packed_size(pb.group(), dpad) : 0;
+    const size_t block = pb.amx ? kAmxRows * G : 0;
+    reserve_for(floats, QH * (2 * D + stride + 2) + 2 * block);
+    reserve_for(halves, 3 * QH * dpad + packed);
     size_t used = 0;
     q = carve(floats, used, QH * D);
     acc = carve(floats, used, QH * D);
     scores = carve(floats, used, QH * stride);
     m = carve(floats, used, QH);
     l = carve(floats, used, QH);
+    amx_even = carve(floats, used, block);
+    amx_odd = carve(floats, used, block);
     used = 0;
     qbf = carve(halves, used, 3 * QH * dpad);
+    q_tiles = carve(halves, used, packed);
   }
 };
 
@@ -294,8 +303,9 @@ inline int row_block_scores(const Problem& pb, const uint16_t* k, int n, int g0,
 }
 
 template <int GB, typename T>
-inline void block_tile(const Problem& pb, const T* k, const T* v, int n, int g0, Scratch& s) {
-  const int done = row_block_scores(pb, k, n, g0, GB, s);
+inline void block_tile(const Problem& pb, const T* k, const T* v, int n, int g0, int scored,
+                       Scratch& s) {
+  const int done = scored > 0 ? scored : row_block_scores(pb, k, n, g0, GB, s);
   block_scores<GB>(pb, k, done, n, g0, s);
   for (int g = g0; g < g0 + GB; ++g) tile_softmax(pb, g, n, s);
   const int D = pb.head_dim, full = D / (kValueChunks * kWidth) * kValueChunks * kWidth;
@@ -303,16 +313,36 @@ inline void block_tile(const Problem& pb, const T* k, const T* v, int n, int g0,
   for (int j = full; j < D; j += kWidth) block_values<GB, 1>(pb, v, n, g0, j, s);
 }
 
+// Scores of the whole 16-row blocks of a bf16 K tile for all G query heads of its KV head by
+// AMX tiles, base-2 scaled into s.scores; returns the rows done (0 where AMX is off).
+inline int amx_tile_scores(const Problem& pb, const uint16_t* k, int n, int g_begin, Scratch& s) {
+  if (!pb.amx) return 0;
+  const int G = pb.group(), D = pb.head_dim, full = n / kAmxRows * kAmxRows;
+  const float qscale = pb.scale * kLog2e;
+  const uint16_t* q = s.q_tiles.data() + (g_begin / G) * amx_packed_size(G, s.dpad);
+  for (int t0 = 0; t0 < full; t0 += kAmxRows) {
+    amx_scores16(k + static_cast<int64_t>(t0) * D, D, q, G, s.qparts, s.amx_even.data(),
+                 s.amx_odd.data());
+    for (int g = 0; g < G; ++g) {
+      float* sc = s.scores.data() + (g_begin + g) * s.stride + t0;
+      for (int t = 0; t < kAmxRows; ++t) sc[t] = qscale * (s.amx_even[t * G + g] + s.amx_odd[t * G + g]);
+    }
+  }
+  return full;
+}
+
+inline int amx_tile_scores(const Problem&, const float*, int, int, Scratch&) { return 0; }
+
 // One K tile and its V tile for the query heads [g_begin, g_begin + G) of one KV head.
 template <typename T>
 inline void attend_tile(const Problem& pb, const T* k, const T* v, int n, int g_begin, Scratch& s) {
-  const int G = pb.group();
+  const int G = pb.group(), scored = amx_tile_scores(pb, k, n, g_begin, s);
   for (int g0 = 0; g0 < G; g0 += kHeadBlock) {
     switch (std::min(kHeadBlock, G - g0)) {
-      case 1: block_tile<1>(pb, k, v, n, g_begin + g0, s); break;
-      case 2: block_tile<2>(pb, k, v, n, g_begin + g0, s); break;
-      case 3: block_tile<3>(pb, k, v, n, g_begin + g0, s); break;
-      default: block_tile<4>(pb, k, v, n, g_begin + g0, s); break;
+      case 1: block_tile<1>(pb, k, v, n, g_begin + g0, scored, s); break;
+      case 2: block_tile<2>(pb, k, v, n, g_begin + g0, scored, s); break;
+      case 3: block_tile<3>(pb, k, v, n, g_begin + g0, scored, s); break;
+      default: block_tile<4>(pb, k, v, n, g_begin + g0, scored, s); break;
     }
   }
 }
@@ -343,6 +373,13 @@ void load_queries(const Problem& pb, const Item& it, bool bf16_pages, Scratch& s
     s.l[lh] = 0.0f;
   }
   std::fill(s.acc.begin(), s.acc.end(), 0.0f);
+  if (pb.amx) {
+    const int G = pb.group();
+    for (int hh = 0; hh < pb.heads_per_item; ++hh)
+      amx_pack_queries(s.qbf.data() + static_cast<int64_t>(hh) * G * s.dpad,
+                       static_cast<int64_t>(QH) * s.dpad, s.dpad, G, s.dpad, s.qparts,
+                       s.q_tiles.data() + hh * amx_packed_size(G, s.dpad));
+  }
 }
 
 // One item: attention of its query heads over pages [page_lo, page_hi) of request b, left in s.
@@ -358,6 +395,7 @@ void attend(const Problem& pb, const Item& it, Scratch& s) {
   const int len = pb.context_lens[it.b], h0 = it.head_group * H;
   const int64_t tile_bytes = static_cast<int64_t>(P) * D * sizeof(T);
   const int64_t tiles = static_cast<int64_t>(it.page_hi - it.page_lo) * H;
+  if (pb.amx) amx_configure(G);  // per item: other code on this thread may have used the tiles
   for (int64_t i = 0; i < tiles; ++i) {
     const int64_t page = table[it.page_lo + i / H];
     const int h = h0 + static_cast<int>(i % H);
@@ -371,6 +409,7 @@ void attend(const Problem& pb, const Item& it, Scratch& s) {
     attend_tile(pb, k + page * pb.k_stride_page + h * pb.k_stride_head,
                 v + page * pb.v_stride_page + h * pb.v_stride_head, n, (h - h0) * G, s);
   }
+  if (pb.amx) amx_release();
 }
 
 void write_output(const Problem& pb, int b, int head, const float* acc, float inv_l, float lse) {
@@ -537,7 +576,7 @@ void decode_attention(uintptr_t q, int64_t q_stride_b, int64_t q_stride_h, uintp
                       int64_t out_stride_h, uintptr_t lse, int batch, int num_heads, int num_kv_heads,
                       int head_dim, int page_size, int num_pages, int max_pages, float scale,
                       int num_threads, int pages_per_split, int heads_per_item, int prefetch_tiles,
-                      int prefetch_hint) {
+                      int prefetch_hint, bool use_amx) {
   if (num_heads % num_kv_heads != 0 || head_dim % kWidth != 0 || num_threads < 1 ||
       heads_per_item < 0 || (heads_per_item > 0 && num_kv_heads % heads_per_item != 0) ||
       prefetch_tiles < 0 || prefetch_hint < 0 || prefetch_hint > 3)
@@ -549,8 +588,9 @@ void decode_attention(uintptr_t q, int64_t q_stride_b, int64_t q_stride_h, uintp
              reinterpret_cast<const int32_t*>(context_lens), reinterpret_cast<void*>(out),
              out_bf16, out_stride_b, out_stride_h, reinterpret_cast<float*>(lse), batch,
              num_heads, num_kv_heads, head_dim, page_size, num_pages, max_pages, scale,
-             1, prefetch_tiles, prefetch_hint};
+             1, prefetch_tiles, prefetch_hint, false};
   validate(pb);
+  pb.amx = use_amx && kv_bf16 && bf16_dot(pb) && pb.group() <= kAmxMaxGroup && amx_permitted();
   pb.heads_per_item = choose_heads_per_item(total_pages(pb), num_kv_heads, num_threads, heads_per_item);
   if (kv_bf16)
     run<uint16_t>(pb, num_threads, pages_per_split);
@@ -563,6 +603,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("isa") = kIsa;
   m.attr("vector_width") = kWidth;
   m.attr("bf16_dot") = kBf16Dot;
+  m.attr("amx_built") = kAmxBuilt;
+  // Whether the tile path can run here: built for AMX and granted the tile state by the OS.
+  m.def("amx_usable", [] { return kAmxBuilt && amx_permitted(); });
   // The GIL is released for the whole call: a Python thread may run it while the main thread works.
   m.def("decode_attention", &decode_attention, py::call_guard<py::gil_scoped_release>(),
         py::arg("q"), py::arg("q_stride_b"), py::arg("q_stride_h"), py::arg("k"), py::arg("v"),
@@ -573,5 +616,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("page_size"),
         py::arg("num_pages"), py::arg("max_pages"), py::arg("scale"), py::arg("num_threads"),
         py::arg("pages_per_split"), py::arg("heads_per_item"), py::arg("prefetch_tiles"),
-        py::arg("prefetch_hint"));
+        py::arg("prefetch_hint"), py::arg("use_amx"));
 }
