@@ -317,7 +317,7 @@ part() {
     for s in 0 4 16; do
       timeout 110 python3 -m benchmarks.kernels.bench_cpu_attention --threads 16 \
         --shapes 1x8192,8x4096,32x2048,64x1024 --no-sdpa --thread-sweep '' --sweep-shapes 4 --iters 30 \
-        --tunings=-/t0/2,-/t0/2/vec,-/t0/1,-/t0/1/vec,-/t0/4,-/t0/4/vec $([ $s -gt 0 ] && echo --pages-per-split $s) \
+        --tunings=-/t0/2,-/t0/2/amx,-/t0/1,-/t0/1/amx,-/t0/4,-/t0/4/amx $([ $s -gt 0 ] && echo --pages-per-split $s) \
         --out "$(out kernels "cpu_attention_amx_h200_split${s}_$c.json")" 2>&1 | tail -6
     done ;;
   host-decode-attention)  # DirectKV's zero-copy decode attention over pinned host pages vs PCIe H2D; its GPU tests and both systems' engine runs on the GPU (fp32 = GPU-only)

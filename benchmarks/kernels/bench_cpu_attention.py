@@ -20,7 +20,7 @@ The breakdown that says where the time goes:
     of --hot-kib, resident in L2), single thread and --threads: its rate without DRAM;
   - `tuning`: at --threads, the work split (`heads_per_item` 1 = one KV head an item, the
     layout before page spans), the software prefetch hint and distance, and where the CPU
-    has AMX the scores by AVX-512 dot products instead of tiles (`/vec`) (--tunings);
+    has AMX the scores by its tiles instead of AVX-512 dot products (`/amx`) (--tunings);
   - `host`: logical CPUs, threads per core, NUMA nodes, OpenMP binding variables.
 
     python -m benchmarks.kernels.bench_cpu_attention --out cpu_attention.json [--threads 16]
@@ -86,14 +86,14 @@ def host_read_gbps(iters: int, threads: int | None = None) -> float:
 
 
 def parse_tuning(spec: str) -> CpuAttentionTuning:
-    """'HEADS/HINT/DISTANCE[/vec]', HEADS '-' for the kernel's choice, HINT none|nta|t0|t2;
-    '/vec' scores by AVX-512 dot products where the kernel would use AMX tiles."""
+    """'HEADS/HINT/DISTANCE[/SCORES]', HEADS '-' for the kernel's choice, HINT none|nta|t0|t2,
+    SCORES amx (AMX tiles, where the CPU has them) or vec (AVX-512 dot products, the default)."""
     heads, hint, dist, *scores = spec.split("/")
-    if scores not in ([], ["vec"]):
-        raise ValueError(f"tuning {spec!r}: the fourth field may only be 'vec'")
+    if scores not in ([], ["amx"], ["vec"]):
+        raise ValueError(f"tuning {spec!r}: the fourth field is 'amx' or 'vec'")
     return CpuAttentionTuning(heads_per_item=None if heads == "-" else int(heads),
                               prefetch=Prefetch[hint.upper()], prefetch_tiles=int(dist),
-                              amx=not scores)
+                              amx=scores == ["amx"])
 
 
 def topology() -> dict[str, Any]:
@@ -214,7 +214,7 @@ def compute_only(args: argparse.Namespace) -> dict[str, Any]:
     ext = cpu_attention_extension()
     scores = {"": CpuAttentionTuning()}
     if ext is not None and ext.amx_usable():  # the tiles' scores against the vector ones
-        scores["_vec"] = CpuAttentionTuning(amx=False)
+        scores["_amx"] = CpuAttentionTuning(amx=True)
     for threads in sorted({1, args.threads}):
         for suffix, tuning in scores.items():
             s = median_s(lambda t=threads, tu=tuning: cpu_decode_attention(

@@ -57,13 +57,16 @@ class CpuAttentionTuning:
     """How the kernel cuts and reads the work. `heads_per_item`: KV heads one work item owns
     (None: all of them where the problem gives every thread several such items, else one);
     `prefetch_tiles`: how many (page, head) tiles ahead the software prefetch reads; `amx`:
-    bf16 pages' scores by AMX tiles where the CPU has them and the OS grants them (else, and
-    with False, by AVX-512 BF16 dot products; the same sums, in another order)."""
+    bf16 pages' scores by AMX tiles where the CPU has them and the OS grants them (else by
+    AVX-512 BF16 dot products; the same sums, in another order). Off by default: on the H200
+    host's 16 threads the tiles read 4-11 % slower than the dot products on every shape,
+    though one thread computes 11-28 % faster with them (results/kernels/
+    cpu_attention_amx_h200_split{0,4,16}_e508ebf.json)."""
 
     heads_per_item: int | None = None
     prefetch_tiles: int = 2
     prefetch: Prefetch = Prefetch.T0
-    amx: bool = True
+    amx: bool = False
 
     def __post_init__(self) -> None:
         if self.heads_per_item is not None and self.heads_per_item < 1:
