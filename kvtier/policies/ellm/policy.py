@@ -43,6 +43,7 @@ class EllmPolicy(KVPolicy):
         super().__init__(ellm_options(options))
         self._steps = 0
         self._planned_ratio: float | None = None
+        self.num_dropped_blocks = 0  # token blocks whose device KV was dropped, all steps
 
     def target_ratio(self, running: list[Request], waiting: Iterable[Request]) -> float | None:
         """The uncached ratio every request is brought to this step (None: on demand only).
@@ -104,6 +105,7 @@ class EllmPolicy(KVPolicy):
             extra = min(self._cap_blocks(req, kv, r) - have, budget // kv.block_size)
             if extra > 0:
                 kv.drop_prefix(req, have + extra)
+                self.num_dropped_blocks += extra
                 budget -= extra * kv.block_size
 
     @staticmethod
@@ -150,5 +152,6 @@ class EllmPolicy(KVPolicy):
         if freed < num_blocks:
             return False
         for req, num_token_blocks in drops:
+            self.num_dropped_blocks += num_token_blocks - kv.num_dropped_tokens(req) // kv.block_size
             kv.drop_prefix(req, num_token_blocks)
         return True
