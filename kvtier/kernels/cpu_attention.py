@@ -58,15 +58,13 @@ class CpuAttentionTuning:
     (None: all of them where the problem gives every thread several such items, else one);
     `prefetch_tiles`: how many (page, head) tiles ahead the software prefetch reads; `amx`:
     bf16 pages' scores by AMX tiles where the CPU has them and the OS grants them (else by
-    AVX-512 BF16 dot products; the same sums, in another order). Off by default: on the H200
-    host's 16 threads the tiles read 4-11 % slower than the dot products on every shape,
-    though one thread computes 11-28 % faster with them (results/kernels/
-    cpu_attention_amx_h200_split{0,4,16}_e508ebf.json)."""
+    AVX-512 BF16 dot products; the same sums, in another order). Off by default: at the H200
+    host's 16 threads the tiles read slower, though one thread computes faster with them
+    (results/kernels/cpu_attention_amx_h200_split{0,4,16}_{e508ebf,3381346}.json)."""
 
     heads_per_item: int | None = None
-    # Distance 1 reads at least as fast as 2 at 1 x 8192 in 9 of 10 (split, call) pairs, and
-    # in 20 of 32 over four shapes (cpu_attention_h200_split*_d22b452.json,
-    # cpu_attention_amx_h200_split*_{e508ebf,3381346}.json).
+    # Distance 1 over 2: the faster at 1 x 8192 in nearly every (split, call) pair
+    # (cpu_attention_h200_split*_d22b452.json, cpu_attention_amx_h200_split*_*.json).
     prefetch_tiles: int = 1
     prefetch: Prefetch = Prefetch.T0
     amx: bool = False

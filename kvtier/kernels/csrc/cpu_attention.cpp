@@ -118,7 +118,7 @@ struct Scratch {
     static thread_local std::vector<float> floats;
     static thread_local std::vector<uint16_t> halves;
     const size_t QH = pb.item_heads(), D = pb.head_dim, G = pb.group();
-    const size_t packed = pb.amx ? pb.heads_per_item * amx_packed_size(pb.group(), dpad) : 0;
+    const size_t packed = pb.amx ? pb.heads_per_item * amx_packed_size(G, dpad) : 0;
     const size_t block = pb.amx ? kAmxRows * G : 0;
     reserve_for(floats, QH * (2 * D + stride + 2) + 2 * block);
     reserve_for(halves, 3 * QH * dpad + packed);

@@ -104,8 +104,7 @@ class EllmPolicy(KVPolicy):
             have = kv.num_dropped_tokens(req) // kv.block_size
             extra = min(self._cap_blocks(req, kv, r) - have, budget // kv.block_size)
             if extra > 0:
-                kv.drop_prefix(req, have + extra)
-                self.num_dropped_blocks += extra
+                self._drop(req, kv, have + extra)
                 budget -= extra * kv.block_size
 
     @staticmethod
@@ -152,6 +151,10 @@ class EllmPolicy(KVPolicy):
         if freed < num_blocks:
             return False
         for req, num_token_blocks in drops:
-            self.num_dropped_blocks += num_token_blocks - kv.num_dropped_tokens(req) // kv.block_size
-            kv.drop_prefix(req, num_token_blocks)
+            self._drop(req, kv, num_token_blocks)
         return True
+
+    def _drop(self, req: Request, kv: KVCacheManager, num_token_blocks: int) -> None:
+        """Drop the device KV of req's first `num_token_blocks` token blocks, counted."""
+        self.num_dropped_blocks += num_token_blocks - kv.num_dropped_tokens(req) // kv.block_size
+        kv.drop_prefix(req, num_token_blocks)
