@@ -281,18 +281,21 @@ class ModelRunner:
     def forward_logits(self, batch: HostBatch, external: ExternalRows | None = None
                        ) -> torch.Tensor | None:
         """Logits of the sampling requests' last tokens ([num_sampling, vocab], model dtype).
-        `external`: leading rows a memory system attends for (no full-model graph then)."""
+        `external`: leading rows a memory system attends for (a full-model graph only where
+        its source hands over rows a graph can replay)."""
         copies = self.copies
         # Swap-ins under overlap: the piecewise graphs wait between layer groups, the full
         # graph could not (it would wait for every copy before its first kernel).
-        if (self.graphs is not None and batch.is_decode_only and external is None
+        if (self.graphs is not None and batch.is_decode_only
                 and len(batch.logits_idx) == batch.num_reqs
                 and not (copies.has_swap_in and copies.streams.overlaps
                          and self.piecewise is not None)):
-            copies.wait_all()
-            logits = self.graphs.run(batch, self._fill_placeholders)
-            if logits is not None:
-                return logits
+            graph_rows = self._graph_rows(external)
+            if external is None or graph_rows is not None:
+                copies.wait_all()
+                logits = self.graphs.run(batch, self._fill_placeholders, graph_rows)
+                if logits is not None:
+                    return logits
         input_ids, positions, meta = self.device_inputs(batch)
         meta.external = external
         self._fill_placeholders(input_ids)
@@ -327,6 +330,11 @@ class ModelRunner:
         if n == 0:
             return None
         return self.model.compute_logits(hidden if keep is not None else hidden[idx])[:n]
+
+    def _graph_rows(self, external: ExternalRows | None) -> ExternalRows | None:
+        if external is None or self.external is None:
+            return None
+        return self.external.graph_rows(external)
 
     def _padded_logits_idx(self, idx: np.ndarray) -> np.ndarray:
         """On GPUs the LM head of a step with prefill rows runs eagerly over however many rows

@@ -24,15 +24,18 @@ def test_its_flags_parse_into_its_options():
                    ).create_engine_config()
 
 
-def test_the_side_stream_flag_is_on_by_default_and_only_for_directkv():
+@pytest.mark.parametrize("flag,field", [("side-stream", "side_stream"),
+                                        ("graphs", "graphs")])
+def test_the_runner_flags_are_on_by_default_and_only_for_directkv(flag, field):
     parse = build_parser().parse_args
     on = parse(["generate", "tiny-llama", "hi", "--kv-policy", "directkv"])
     off = parse(["generate", "tiny-llama", "hi", "--kv-policy", "directkv",
-                 "--no-directkv-side-stream"])
-    assert EngineArgs.from_cli_args(on).create_engine_config().policy_options.side_stream
-    assert not EngineArgs.from_cli_args(off).create_engine_config().policy_options.side_stream
-    with pytest.raises(ConfigError, match="--directkv-side-stream"):
-        EngineArgs(model="tiny-llama", kv_policy="neo", directkv_side_stream=False
+                 f"--no-directkv-{flag}"])
+    assert getattr(EngineArgs.from_cli_args(on).create_engine_config().policy_options, field)
+    assert not getattr(EngineArgs.from_cli_args(off).create_engine_config().policy_options,
+                       field)
+    with pytest.raises(ConfigError, match=f"--directkv-{flag}"):
+        EngineArgs(model="tiny-llama", kv_policy="neo", **{f"directkv_{field}": False}
                    ).create_engine_config()
 
 
@@ -73,5 +76,7 @@ def test_the_host_resident_bench_spells_each_systems_mode():
     args = parse_args([])
     assert policy_flags(args, "directkv:inline@0") == (
         "directkv", {"directkv_side_stream": False, "directkv_balance": 0.0})
+    assert policy_flags(args, "directkv:inline+piecewise") == (
+        "directkv", {"directkv_side_stream": False, "directkv_graphs": False})
     assert policy_flags(args, "neo:off") == ("neo", {"neo_pipeline": "off"})
     assert policy_flags(args, "swap") == ("swap", {})

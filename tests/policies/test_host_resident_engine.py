@@ -180,15 +180,40 @@ def test_the_balance_flag_parses_and_bad_values_are_refused(policy, dest, field,
         EngineArgs(model="tiny-llama", kv_policy=other, **{dest: 0.5}).create_engine_config()
 
 
+def test_directkv_graph_rows_attend_as_the_step_rows(gpu_only, monkeypatch):
+    """The host rows a decode graph replays (directkv/graph_rows.py: their tables at a
+    request's full width in buffers refilled each step, one object per row count) attend
+    as the step's own rows do: here every step's host rows run through them, on the CPU."""
+    from kvtier.policies.directkv.runner_side import DirectKVSource
+
+    attention = DirectKVSource.attention
+    by_count: dict[int, object] = {}
+
+    def through_graph_rows(self, layout):
+        rows = self.graph_rows(attention(self, layout))
+        assert rows is not None and rows.layout is None
+        assert by_count.setdefault(layout.num_rows, rows) is rows
+        return rows
+
+    monkeypatch.setattr(DirectKVSource, "attention", through_graph_rows)
+    outputs, _, host_steps = run("directkv")
+    assert host_steps > 0 and by_count and outputs == gpu_only
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("policy,flags", [("neo", {}), ("directkv", {}),
-                                          ("directkv", {"directkv_side_stream": False})])
+                                          ("directkv", {"directkv_side_stream": False}),
+                                          ("directkv", {"directkv_graphs": False})])
 def test_on_the_gpu_greedy_outputs_equal_gpu_only_in_fp32(policy, flags):
-    """The GPU path: DirectKV's rows through its zero-copy kernel on a side stream beside
-    the backend's own rows (and in line), NEO's through the C++ kernel on its worker."""
+    """The GPU path: DirectKV's rows through its zero-copy kernel inside the full-model decode
+    graphs (decode-only steps) and on a side stream beside the backend's own rows (steps with
+    prefills; in line without it; and with no graphs), NEO's through the C++ kernel on its
+    worker."""
     reference, _, _ = run("recompute", device="cuda", num_gpu_blocks=256)
     outputs, engine, host_steps = run(policy, device="cuda", **flags)
     assert host_steps > 0 and outputs == reference
     if policy == "directkv":
         side = engine.executor.external.side
         assert (side is not None) is flags.get("directkv_side_stream", True)
+        replays = engine.executor.graphs.num_external_replays
+        assert (replays > 0) is flags.get("directkv_graphs", True)

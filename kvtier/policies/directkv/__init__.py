@@ -55,12 +55,17 @@ class DirectKVArgs(HostResidentArgs):
         default=True, metadata={"help": "directkv: on a GPU the host rows run on a side "
                                         "stream beside the device rows' attention (off: in "
                                         "line before it)"})
+    graphs: bool = field(
+        default=True, metadata={"help": "directkv: decode-only steps with host rows replay a "
+                                        "full-model CUDA graph, their host rows in line (off: "
+                                        "the piecewise forward, as steps with prefills)"})
 
 
 @dataclass(frozen=True)
 class DirectKVOptions(HostResidentOptions):
     balance: float = 1.0  # host_resident/balance.py's factor; 0: no limit
     side_stream: bool = True  # runner_side.py's SideStream on a GPU
+    graphs: bool = True  # graph_rows.py: host rows inside the full-model decode graphs
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -85,7 +90,7 @@ class DirectKVSystem(HostResidentSystem):
     def options(self, args: SystemArgs, config: EngineConfig) -> DirectKVOptions:
         assert isinstance(args, DirectKVArgs)
         return DirectKVOptions(**self.shared_options(args, config), balance=args.balance,
-                               side_stream=args.side_stream)
+                               side_stream=args.side_stream, graphs=args.graphs)
 
     def after_pools(self, config: EngineConfig, ctx: AssemblyContext) -> EngineConfig:
         """The balance priced by the simulator's cost model or the real engine's own."""
@@ -103,7 +108,7 @@ class DirectKVSystem(HostResidentSystem):
 
         opts = runner.config.policy_options
         assert isinstance(opts, DirectKVOptions)
-        return DirectKVSource(runner, ZeroCopyRowsItem, opts.side_stream)
+        return DirectKVSource(runner, ZeroCopyRowsItem, opts.side_stream, opts.graphs)
 
 
 register_item(ZeroCopyRowsItem, run=run_rows, price=price_zero_copy_rows)

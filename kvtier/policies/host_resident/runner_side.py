@@ -52,11 +52,11 @@ class HostRowsAttention(ABC):
     """One step's host rows (an ExternalRows): rotates their q and k if asked, then lets
     the system store their new K/V and attend, layer by layer."""
 
-    def __init__(self, layout: HostRowsLayout, pages: torch.Tensor, layers_per_block: int,
-                 ops: Any):
-        self.layout, self.pages, self.ops = layout, pages, ops
-        self.num_rows = layout.num_rows
+    def __init__(self, num_rows: int, pages: torch.Tensor, layers_per_block: int, ops: Any,
+                 layout: HostRowsLayout | None = None):
+        self.num_rows, self.pages, self.ops = num_rows, pages, ops
         self.layers_per_block = layers_per_block
+        self.layout = layout  # the step's; None for rows a CUDA graph replays
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 scale: float, out: torch.Tensor, rope: Rope | None) -> None:
@@ -150,6 +150,9 @@ class HostResidentSource(ABC):
     def run_forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                     meta: Any) -> torch.Tensor | None:
         return None  # the runner's forward, with the rows as external rows
+
+    def graph_rows(self, rows: Any) -> HostRowsAttention | None:
+        return None  # a system whose attention a CUDA graph can replay says so
 
     def close(self) -> None:
         return None

@@ -28,7 +28,7 @@ from kvtier.policies.host_resident.runner_side import (
 class CpuRows(HostRowsAttention):
     def __init__(self, layout: HostRowsLayout, pages: torch.Tensor, layers_per_block: int,
                  ops: Any, worker: CpuAttentionWorker, num_threads: int | None):
-        super().__init__(layout, pages, layers_per_block, ops)
+        super().__init__(layout.num_rows, pages, layers_per_block, ops, layout)
         self.worker, self.num_threads = worker, num_threads
         self.tables = torch.from_numpy(layout.tables)  # [G, n, W] int32 (host)
         self.slots = torch.from_numpy(layout.slots)  # [G, n] int64
