@@ -170,3 +170,10 @@ def longest_first(seq_lens: np.ndarray) -> np.ndarray:
     contexts this order shortens the head-fastest kernel (results/kernels/
     kernels_sharegpt_context_h200_{base,order}_{1,2}.json)."""
     return np.argsort(-seq_lens, kind="stable").astype(np.int32)
+
+
+def pad_rows(idx: np.ndarray, sizes: list[int]) -> np.ndarray:
+    """`idx` padded to the smallest of `sizes` that holds it by repeating its last entry
+    (unchanged when it is empty or larger than every size)."""
+    size = next((s for s in sizes if s >= len(idx)), len(idx))
+    return np.pad(idx, (0, size - len(idx)), mode="edge") if len(idx) and size > len(idx) else idx

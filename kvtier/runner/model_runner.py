@@ -43,7 +43,7 @@ from kvtier.runner.block_tables import BlockTables
 from kvtier.runner.cuda_graphs import DecodeGraphs
 from kvtier.runner.device import make_attention_backend, make_ops
 from kvtier.runner.external_rows import ExternalAttentionSource
-from kvtier.runner.host_batch import HostBatch, build_host_batch
+from kvtier.runner.host_batch import HostBatch, build_host_batch, pad_rows
 from kvtier.runner.kernel_warmup import warm_up_attention
 from kvtier.runner.layer_inputs import LayerInputStore
 from kvtier.runner.piecewise_graphs import PiecewiseGraphs
@@ -58,13 +58,6 @@ if TYPE_CHECKING:
     from kvtier.distributed.rank import TPRank
 
 _sample_flag, _request_id = attrgetter("sample"), attrgetter("request_id")
-
-
-def pad_rows(idx: np.ndarray, sizes: list[int]) -> np.ndarray:
-    """`idx` padded to the smallest of `sizes` that holds it by repeating its last entry
-    (unchanged when it is empty or larger than every size)."""
-    size = next((s for s in sizes if s >= len(idx)), len(idx))
-    return np.pad(idx, (0, size - len(idx)), mode="edge") if len(idx) and size > len(idx) else idx
 
 
 class ModelRunner:
@@ -290,7 +283,8 @@ class ModelRunner:
                 and len(batch.logits_idx) == batch.num_reqs
                 and not (copies.has_swap_in and copies.streams.overlaps
                          and self.piecewise is not None)):
-            graph_rows = self._graph_rows(external)
+            graph_rows = (self.external.graph_rows(external)
+                          if external is not None and self.external is not None else None)
             if external is None or graph_rows is not None:
                 copies.wait_all()
                 logits = self.graphs.run(batch, self._fill_placeholders, graph_rows)
@@ -330,11 +324,6 @@ class ModelRunner:
         if n == 0:
             return None
         return self.model.compute_logits(hidden if keep is not None else hidden[idx])[:n]
-
-    def _graph_rows(self, external: ExternalRows | None) -> ExternalRows | None:
-        if external is None or self.external is None:
-            return None
-        return self.external.graph_rows(external)
 
     def _padded_logits_idx(self, idx: np.ndarray) -> np.ndarray:
         """On GPUs the LM head of a step with prefill rows runs eagerly over however many rows

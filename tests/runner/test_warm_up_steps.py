@@ -43,7 +43,7 @@ def test_warm_up_steps_fit_few_seats():
 def test_pad_rows_to_graph_sizes():
     import numpy as np
 
-    from kvtier.runner.model_runner import pad_rows
+    from kvtier.runner.host_batch import pad_rows
 
     sizes = [1, 2, 4, 8, 16]
     assert pad_rows(np.array([3, 7, 9]), sizes).tolist() == [3, 7, 9, 9]
