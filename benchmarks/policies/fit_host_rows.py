@@ -39,21 +39,20 @@ from kvtier.costmodel.hardware import HostAttention, HostAttentionCost, get_hard
 from kvtier.costmodel.shape import StepShape
 
 # The runs' policies by the way their host rows attend (`@0`: the balance lifted, so they
-# move), in line: the runs before the side stream existed ran DirectKV's rows in line; in the
-# long run of 00eb3a4 `directkv@0` ran them on the side stream (the default since), and
-# `directkv:inline@0` in line.
-IN_LINE = {"neo:off": HostAttention.CPU_ROUND_TRIP, "neo@0": HostAttention.CPU_ROUND_TRIP,
-           "directkv": HostAttention.ZERO_COPY, "directkv@0": HostAttention.ZERO_COPY}
-LONG_RUN = {"neo@0": HostAttention.CPU_ROUND_TRIP,
-            "directkv:inline@0": HostAttention.ZERO_COPY}
+# move). NEO's rows from the runs before DirectKV's graphs; DirectKV's rows only from the
+# runs where its decode-only steps replay the full-model decode graph (the default since
+# 6b56c2b): the earlier ones ran them through the piecewise forward, which cost more.
+NEO = {"neo:off": HostAttention.CPU_ROUND_TRIP, "neo@0": HostAttention.CPU_ROUND_TRIP}
+NEO_LONG = {"neo@0": HostAttention.CPU_ROUND_TRIP}
+DIRECTKV_GRAPHS = {"directkv@0": HostAttention.ZERO_COPY}
 CAL_8B = "results/calibration/calib_h200_llama-3.1-8b.json"
 # (result file, calibration of its model, its policies fit): the runs the fit reads.
 SOURCES = (
-    ("results/policies/host_resident_h200.json", CAL_8B, IN_LINE),
-    ("results/policies/host_resident_gpu_only_h200.json", CAL_8B, IN_LINE),
-    ("results/policies/host_resident_13b_h200.json",
-     "results/calibration/calib_h200_llama-2-13b.json", IN_LINE),
-    ("results/policies/host_resident_long_h200.json", CAL_8B, LONG_RUN),
+    ("results/policies/host_resident_h200.json", CAL_8B, NEO),
+    ("results/policies/host_resident_gpu_only_h200.json", CAL_8B, NEO),
+    ("results/policies/host_resident_long_h200.json", CAL_8B, NEO_LONG),
+    ("results/policies/directkv_graphs_h200_6b56c2b.json", CAL_8B, DIRECTKV_GRAPHS),
+    ("results/policies/directkv_graphs_long_h200_6b56c2b.json", CAL_8B, DIRECTKV_GRAPHS),
 )
 CHECKED = {"neo": HostAttention.CPU_ROUND_TRIP}  # priced with the fit, not fit
 MIN_TOKEN_SPREAD = 1.5  # the largest host tokens over the smallest, to fit a rate

@@ -138,7 +138,7 @@ def _h200() -> HardwareProfile:
         allreduce_bytes_per_s=360e9, allreduce_latency_s=10e-6, measured=True,
         # Fit from the host-resident runs: results/calibration/host_rows_h200.json.
         host_attention={HostAttention.CPU_ROUND_TRIP: HostAttentionCost(1.190e-3, 38.10e9),
-                        HostAttention.ZERO_COPY: HostAttentionCost(0.283e-3, 55.83e9)},
+                        HostAttention.ZERO_COPY: HostAttentionCost(0.0885e-3, 53.80e9)},
         # Fit from the measured break-even: results/calibration/host_loads_h200.json.
         host_load_step_s={CopyMechanism.KERNEL_GATHER: 0.955e-3,
                           CopyMechanism.MEMCPY_BATCH: 2.19e-3},

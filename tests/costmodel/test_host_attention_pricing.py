@@ -55,14 +55,14 @@ def test_unfitted_profiles_price_host_rows_from_their_copies():
 
 @pytest.mark.parametrize("price,mechanism", [(price_zero_copy_rows, HostAttention.ZERO_COPY),
                                              (price_cpu_rows, HostAttention.CPU_ROUND_TRIP)])
-def test_one_host_row_is_priced_mostly_by_the_fixed_cost(price, mechanism):
+def test_a_host_row_pays_a_fixed_cost_beside_its_bytes(price, mechanism):
     cm = cost_model()
     cost = cm.hw.host_attention_cost(mechanism)
     tokens = 2100
     nbytes = tokens * cm.mc.kv_bytes_per_token(2)
     assert price(cm, tokens) == pytest.approx(cm.mc.num_layers * cost.layer_s
                                               + nbytes / cost.bytes_per_s)
-    assert price(cm, tokens) > 1.5 * nbytes / cost.bytes_per_s  # not the bytes alone
+    assert price(cm, tokens) > 1.3 * nbytes / cost.bytes_per_s  # not the bytes alone
     # A second row adds its bytes only.
     assert price(cm, 2 * tokens) - price(cm, tokens) == pytest.approx(nbytes / cost.bytes_per_s)
 
