@@ -51,7 +51,10 @@ from benchmarks.policies.step_fit import fit_host_step, paired_host_cost, step_w
 # measured step beyond it compiled a kernel for a new shape.
 ONE_OFF_S = 0.3
 POLICIES = ("neo", "neo:off", "directkv", "swap", "recompute")
-DIRECTKV_MODES = {"inline": "directkv_side_stream", "piecewise": "directkv_graphs"}
+# directkv's modes: (engine flag, its value)
+DIRECTKV_MODES = {"inline": ("directkv_side_stream", False),
+                  "piecewise": ("directkv_graphs", False),
+                  "partial": ("directkv_partial_moves", True)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -62,7 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--policies", default=",".join(POLICIES),
                    help="kv policies; neo:on / neo:off / neo:auto set --neo-pipeline, "
                         "directkv:inline runs the host rows without the side stream, "
-                        "directkv:piecewise without the full-model decode graphs")
+                        "directkv:piecewise without the full-model decode graphs, "
+                        "directkv:partial with --directkv-partial-moves")
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--prompt", type=int, default=2048, help="prompt tokens per request")
     p.add_argument("--output", type=int, default=128, help="tokens generated per request")
@@ -119,12 +123,12 @@ def pool_sizes(args: argparse.Namespace, cap: float = 0.5) -> tuple[int, int, in
 def policy_flags(args: argparse.Namespace, policy: str) -> tuple[str, dict[str, Any]]:
     """`name[:mode][@balance]` -> (--kv-policy, its engine flags); the mode is neo's
     --neo-pipeline, or directkv's `inline` (--no-directkv-side-stream), `piecewise`
-    (--no-directkv-graphs) or both, `inline+piecewise`."""
+    (--no-directkv-graphs), `partial` (--directkv-partial-moves) or several joined by `+`."""
     spec, _, balance = policy.partition("@")
     name, _, mode = spec.partition(":")
     extra: dict[str, Any] = {}
     if mode and name == "directkv":
-        extra = {DIRECTKV_MODES[m]: False for m in mode.split("+")}
+        extra = dict(DIRECTKV_MODES[m] for m in mode.split("+"))
     elif mode:
         extra = {"neo_pipeline": mode}
     if balance:

@@ -12,7 +12,9 @@ positions >= context_lens[b] are never read. Query head i belongs to KV head i /
 
 Contract (that of `cpu_decode_attention`): the output [B, Hq, D] and the natural-log LSE
 [B, Hq] fp32 per (request, head), so a caller merges this partial attention with the one over
-GPU-resident blocks by logaddexp; an empty context gives output 0 and LSE -inf.
+GPU-resident blocks by logaddexp; an empty context gives output 0 and LSE -inf. The pages
+may also be on q's GPU (the device pool's layer view, for the GPU-resident part of a row whose
+oldest blocks are on the host): the kernel reads them as it reads any address.
 
 Work split ("CPU-aware tiling"): one program per (KV head, request, split). A program owns one
 KV head and walks its range of the request's context BLOCK_N tokens at a time (whole pages for
@@ -228,8 +230,10 @@ def _check_inputs(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
     for name, t in (("q", q), ("k_pages", k_pages), ("v_pages", v_pages)):
         check_last_dim_contiguous(name, t)
     for name, t in (("k_pages", k_pages), ("v_pages", v_pages)):
+        if t.device == q.device and t.device.type == "cuda":
+            continue  # device pages (a request's device-resident part): read as any pointer
         if t.device.type != "cpu":
-            raise ValueError(f"{name} must be in host memory, is on {t.device}")
+            raise ValueError(f"{name} must be in host memory or on q's device, is on {t.device}")
         if need_pinned and q.device.type == "cuda":
             check(t.is_pinned(), f"{name} must be pinned (pin_memory=True): the kernel reads "
                                  "it through its UVA address")

@@ -27,9 +27,14 @@ def check_manager(kv: KVCacheManager) -> None:
             assert Placement.DROPPED not in pls[k:], f"{rid}: a hole after the prefix"
         gpu_owned += [b for _, _, b in table.entries(Placement.GPU)]
         host_owned += [b for _, _, b in table.entries(Placement.HOST)]
-        assert rid not in kv.host_running or not any(
-            e[1] >= table.num_dropped_blocks for e in table.entries(Placement.GPU)), \
-            f"{rid}: runs from the host pool but has device blocks"
+        if rid in kv.host_running:  # a host prefix, then a device suffix, in every group
+            k = table.num_dropped_blocks
+            held = kv.num_host_token_blocks(rid)
+            assert held > 0, f"{rid}: runs from the host pool with nothing there"
+            for pls in table.placements:
+                assert all(p is Placement.HOST for p in pls[k:k + held]) \
+                    and all(p is Placement.GPU for p in pls[k + held:]), \
+                    f"{rid}: runs from the host pool, yet not as a host prefix and a device suffix"
     assert kv.host_running <= set(kv.tables), "host-running request without a table"
     assert kv.num_slots == {rid: len(t.block_ids[0]) * kv.block_size
                             for rid, t in kv.tables.items()}, "slot counts"

@@ -71,8 +71,10 @@ class KVCacheManager:
         self.num_slots: dict[str, int] = {}
         self.no_new_blocks: tuple[tuple[int, ...], ...] = ((),) * num_groups
         self.hooks: list[KVCacheHooks] = []  # caches above the pools (kvtier/kv/hooks.py)
-        # Running requests whose KV lives in the host pool (swapped out, yet running): their
-        # new blocks come from the host pool too, where their attention reads them.
+        # Running requests whose KV lives in the host pool (swapped out, yet running), whole
+        # or a leading part of it (`swap_out(req, num_token_blocks)`): the table is a host
+        # prefix then a device suffix in every group, and new blocks follow its last entry
+        # (`grows_on_host`), where their attention reads them.
         self.host_running: set[str] = set()
         self.prefix_cache: PrefixCache | None = None
         if prefix_cache is not None:
@@ -138,7 +140,7 @@ class KVCacheManager:
         need = per_group * self.num_groups
         pool, placement = self.gpu, Placement.GPU
         reserve = self.watermark_blocks if use_watermark else 0
-        if self.host_running and req.request_id in self.host_running:
+        if self.host_running and self.grows_on_host(req.request_id):
             pool, placement = self.host, Placement.HOST
             if not pool.can_allocate(need):
                 return None
@@ -157,6 +159,23 @@ class KVCacheManager:
             new.append(tuple(group_ids))
         self.num_slots[req.request_id] = want * self.block_size
         return tuple(new)
+
+    def grows_on_host(self, request_id: str) -> bool:
+        """A host-running request whose last token block is in the host pool: all of its
+        KV is, and its new blocks come from there too."""
+        if request_id not in self.host_running:
+            return False
+        table = self.tables.get(request_id)
+        return table is not None and table.placements[0][-1] is Placement.HOST
+
+    def num_host_token_blocks(self, request_id: str) -> int:
+        """Leading token blocks (of each group) a host-running request keeps in the host pool
+        (past a dropped prefix)."""
+        table = self.tables.get(request_id)
+        if table is None:
+            return 0
+        k = table.num_dropped_blocks
+        return sum(p is Placement.HOST for p in table.placements[0][k:])
 
     def block_table(self, req: Request) -> tuple[tuple[int, ...], ...]:
         table = self.tables[req.request_id]
@@ -179,12 +198,15 @@ class KVCacheManager:
 
     # ---- moving whole requests between tiers ------------------------------------------
     @staticmethod
-    def _relocate(table: MapTable, src: Placement, dst: Placement,
-                  new_ids: list[int]) -> list[tuple[int, int, int]]:
-        """Give every `src` entry past the dropped prefix the next of `new_ids` (-1 for
-        nowhere) and placement `dst`; returns (old block, new block, layer group) per entry."""
+    def _relocate(table: MapTable, src: Placement, dst: Placement, new_ids: list[int],
+                  entries: list[tuple[int, int, int]] | None = None
+                  ) -> list[tuple[int, int, int]]:
+        """Give every `src` entry past the dropped prefix (or each of `entries`) the next of
+        `new_ids` (-1 for nowhere) and placement `dst`; returns (old block, new block, layer
+        group) per entry."""
         moves = []
-        for (g, j, old), new in zip(_movable(table, src), new_ids):
+        for (g, j, old), new in zip(_movable(table, src) if entries is None else entries,
+                                    new_ids):
             table.block_ids[g][j], table.placements[g][j] = new, dst
             moves.append((old, new, g))
         return moves
@@ -221,14 +243,23 @@ class KVCacheManager:
             self.evict(n - self.gpu.num_free)
         return self.gpu.allocate(n)
 
-    def swap_out(self, req: Request) -> list[BlockCopy] | None:
+    def swap_out(self, req: Request, num_token_blocks: int | None = None) -> list[BlockCopy] | None:
+        """Move the request's device blocks to the host pool: all of them, or only the
+        leading `num_token_blocks` token blocks of each group still on the device (the
+        oldest KV; the table stays a host prefix then a device suffix). None, changing
+        nothing, if the host pool lacks the room."""
         table = self.tables.get(req.request_id)
         if table is None:
             return []
-        n = len(_movable(table, Placement.GPU))
+        movable = _movable(table, Placement.GPU)
+        if num_token_blocks is not None:
+            first = table.num_dropped_blocks + self.num_host_token_blocks(req.request_id)
+            movable = [e for e in movable if e[1] < first + num_token_blocks]
+        n = len(movable)
         if not self.host.can_allocate(n):
             return None
-        moves = self._relocate(table, Placement.GPU, Placement.HOST, self.host.allocate(n))
+        moves = self._relocate(table, Placement.GPU, Placement.HOST, self.host.allocate(n),
+                               movable)
         self.gpu.free([old for old, _, _ in moves])
         self._device_blocks_left(req)
         return [BlockCopy(src=old, dst=new, group=g) for old, new, g in moves]

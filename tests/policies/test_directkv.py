@@ -78,5 +78,7 @@ def test_the_host_resident_bench_spells_each_systems_mode():
         "directkv", {"directkv_side_stream": False, "directkv_balance": 0.0})
     assert policy_flags(args, "directkv:inline+piecewise") == (
         "directkv", {"directkv_side_stream": False, "directkv_graphs": False})
+    assert policy_flags(args, "directkv:partial@0") == (
+        "directkv", {"directkv_partial_moves": True, "directkv_balance": 0.0})
     assert policy_flags(args, "neo:off") == ("neo", {"neo_pipeline": "off"})
     assert policy_flags(args, "swap") == ("swap", {})

@@ -119,10 +119,11 @@ def test_the_simulator_runs_it_and_prices_its_host_rows(policy, kind):
     assert all(s.cost.parts["items"] > 0 for s in steps)
 
 
-@pytest.mark.parametrize("policy", ["neo", "directkv"])
-def test_the_simulator_makes_the_real_engines_decisions(policy, monkeypatch):
+@pytest.mark.parametrize("policy,flags", [("neo", {}), ("directkv", {}),
+                                          ("directkv", {"directkv_partial_moves": True})])
+def test_the_simulator_makes_the_real_engines_decisions(policy, flags, monkeypatch):
     """tests/sim/test_equivalence.py's check (same batches, preemptions, copies, step for
-    step), with the host moves compared too."""
+    step), with the host moves compared too (DirectKV's partial moves too)."""
     import tests.sim.test_equivalence as eq
 
     moves: list[list[tuple]] = []
@@ -135,8 +136,8 @@ def test_the_simulator_makes_the_real_engines_decisions(policy, monkeypatch):
 
     monkeypatch.setattr(eq, "decision", with_moves)
     base_args = eq.args
-    monkeypatch.setattr(eq, "args", lambda p, h: dataclasses.replace(base_args(p, h),
-                                                                     **LIFTED.get(p, {})))
+    monkeypatch.setattr(eq, "args", lambda p, h: dataclasses.replace(
+        base_args(p, h), **LIFTED.get(p, {}), **flags))
     moves.append([])
     jobs, real_plans, real_out, _ = eq.real_run(policy, 64, 0)
     real_moves = moves[-1][-len(real_plans):]  # the reference pass's (real_run runs two)
@@ -203,12 +204,16 @@ def test_directkv_graph_rows_attend_as_the_step_rows(gpu_only, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("policy,flags", [("neo", {}), ("directkv", {}),
                                           ("directkv", {"directkv_side_stream": False}),
-                                          ("directkv", {"directkv_graphs": False})])
+                                          ("directkv", {"directkv_graphs": False}),
+                                          ("directkv", {"directkv_partial_moves": True}),
+                                          ("directkv", {"directkv_partial_moves": True,
+                                                        "directkv_graphs": False})])
 def test_on_the_gpu_greedy_outputs_equal_gpu_only_in_fp32(policy, flags):
     """The GPU path: DirectKV's rows through its zero-copy kernel inside the full-model decode
     graphs (decode-only steps) and on a side stream beside the backend's own rows (steps with
-    prefills; in line without it; and with no graphs), NEO's through the C++ kernel on its
-    worker."""
+    prefills; in line without it; and with no graphs), with partial moves (rows with a device
+    suffix, read by the same kernel from the device pool and merged), NEO's through the C++
+    kernel on its worker."""
     reference, _, _ = run("recompute", device="cuda", num_gpu_blocks=256)
     outputs, engine, host_steps = run(policy, device="cuda", **flags)
     assert host_steps > 0 and outputs == reference

@@ -36,8 +36,9 @@ class ZeroCopyRowsItem(HostRows):
 
 
 def price_zero_copy_rows(cost_model, num_context_tokens: int) -> float:
-    """Every context token's K and V of every layer crosses PCIe once a step; the profile
-    prices the per-layer cost of the host reads beside the bytes."""
+    """Every host token's K and V of every layer crosses PCIe once a step; the profile
+    prices the per-layer cost of the host reads beside the bytes. (A row's device suffix is
+    attended from HBM: the step's decode attention prices it.)"""
     cost = cost_model.hw.host_attention_cost(HostAttention.ZERO_COPY)
     return cost.seconds(num_context_tokens * kv_bytes_per_token(cost_model),
                         cost_model.mc.num_layers)
@@ -59,6 +60,11 @@ class DirectKVArgs(HostResidentArgs):
         default=True, metadata={"help": "directkv: decode-only steps with host rows replay a "
                                         "full-model CUDA graph, their host rows in line (off: "
                                         "the piecewise forward, as steps with prefills)"})
+    partial_moves: bool = field(
+        default=False, metadata={"help": "directkv: a move takes only the oldest blocks the "
+                                         "device is short of, not the whole request; its row "
+                                         "attends over the host prefix and the device suffix "
+                                         "and merges the two by log-sum-exp"})
 
 
 @dataclass(frozen=True)
@@ -90,7 +96,8 @@ class DirectKVSystem(HostResidentSystem):
     def options(self, args: SystemArgs, config: EngineConfig) -> DirectKVOptions:
         assert isinstance(args, DirectKVArgs)
         return DirectKVOptions(**self.shared_options(args, config), balance=args.balance,
-                               side_stream=args.side_stream, graphs=args.graphs)
+                               side_stream=args.side_stream, graphs=args.graphs,
+                               partial_moves=args.partial_moves)
 
     def after_pools(self, config: EngineConfig, ctx: AssemblyContext) -> EngineConfig:
         """The balance priced by the simulator's cost model or the real engine's own."""
@@ -108,7 +115,8 @@ class DirectKVSystem(HostResidentSystem):
 
         opts = runner.config.policy_options
         assert isinstance(opts, DirectKVOptions)
-        return DirectKVSource(runner, ZeroCopyRowsItem, opts.side_stream, opts.graphs)
+        return DirectKVSource(runner, ZeroCopyRowsItem, opts.side_stream, opts.graphs,
+                              opts.partial_moves)
 
 
 register_item(ZeroCopyRowsItem, run=run_rows, price=price_zero_copy_rows)

@@ -40,10 +40,41 @@ def host_attention(
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [B, Hq, D], lse [B, Hq] fp32), both on q's device."""
-    kernel = _kernel() if q.is_cuda else None
-    # The kernel scales by 1/sqrt(D), as every model here does; another scale takes torch.
-    if kernel is not None and math.isclose(scale, q.shape[-1] ** -0.5, rel_tol=1e-6):
+    kernel = _kernel_for(q, scale)
+    if kernel is not None:
         return kernel(q, k_pages, v_pages, block_tables, context_lens)
     out, lse = cpu_decode_attention_reference(q.cpu(), k_pages, v_pages, block_tables.cpu(),
                                               context_lens.cpu(), scale)
     return out.to(q.device), lse.to(q.device)
+
+
+def device_suffix_attention(
+    q: torch.Tensor,  # [B, Hq, D] (device)
+    blocks: torch.Tensor,  # [N, 2, block_size, Hkv, D]: one layer of the device pool
+    block_tables: torch.Tensor,  # [B, max_blocks] int32 (on q's device)
+    context_lens: torch.Tensor,  # [B] int32 (on q's device)
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """host_attention's contract over blocks of the device pool (the device suffix of rows
+    whose oldest blocks are on the host): the same kernel reads them in place; the
+    reference gathers the rows' blocks into contiguous tiles first."""
+    heads = blocks.transpose(2, 3)  # [N, 2, Hkv, bs, D]: a page view with strided rows
+    kernel = _kernel_for(q, scale)
+    if kernel is not None:
+        return kernel(q, heads[:, 0], heads[:, 1], block_tables, context_lens)
+    ids = block_tables.long()
+    used = heads[ids.flatten()].cpu().contiguous()
+    tables = torch.arange(ids.numel(), dtype=torch.int32).view(ids.shape)
+    out, lse = cpu_decode_attention_reference(q.cpu(), used[:, 0], used[:, 1], tables,
+                                              context_lens.cpu(), scale)
+    return out.to(q.device), lse.to(q.device)
+
+
+def _kernel_for(q: torch.Tensor, scale: float) -> Callable[..., tuple[torch.Tensor,
+                                                                      torch.Tensor]] | None:
+    """The zero-copy kernel where it runs: on a GPU, at the kernel's scale of 1/sqrt(D)
+    (every model here; another scale takes torch)."""
+    kernel = _kernel() if q.is_cuda else None
+    if kernel is not None and math.isclose(scale, q.shape[-1] ** -0.5, rel_tol=1e-6):
+        return kernel
+    return None

@@ -17,8 +17,9 @@ from kvtier.policies.host_resident.runner_side import HostResidentSource, HostRo
 
 class DirectKVSource(HostResidentSource):
     def __init__(self, runner: Any, rows_item: type[HostRows], side_stream: bool = True,
-                 graphs: bool = True):
+                 graphs: bool = True, partial_moves: bool = False):
         super().__init__(runner, rows_item)
+        self.partial_moves = partial_moves  # rows may have device suffixes
         self.device = runner.device
         self.side = (SideStream(self.device) if side_stream and self.device.type == "cuda"
                      else None)
@@ -28,7 +29,7 @@ class DirectKVSource(HostResidentSource):
     def attention(self, layout: HostRowsLayout) -> ZeroCopyRows:
         r = self.runner
         return ZeroCopyRows(layout.num_rows, self.pages, r.layers_per_block, r.ops,
-                            self.device, self.side, layout=layout)
+                            self.device, self.side, layout=layout, device_kv=r.gpu_kv)
 
     def graph_rows(self, rows: Any) -> ZeroCopyRows | None:
         """The step's rows as a decode graph's (graph_rows.py); None under
@@ -36,5 +37,5 @@ class DirectKVSource(HostResidentSource):
         if not self.graphs or not isinstance(rows, ZeroCopyRows) or rows.layout is None:
             return None
         if self._graph_inputs is None:
-            self._graph_inputs = GraphRowInputs(self.runner, self.pages)
+            self._graph_inputs = GraphRowInputs(self.runner, self.pages, self.partial_moves)
         return self._graph_inputs.fill(rows.layout)

@@ -30,7 +30,7 @@ factor 0 lifts the limit (every overflowing decode moves).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,7 +57,10 @@ class StepSums:
     """One step's rows as the balance prices them, updated as candidates move."""
 
     def __init__(self, running: Sequence[Request], host: Collection[str],
-                 max_step_tokens: int):
+                 max_step_tokens: int, host_prefix: Mapping[str, int] | None = None):
+        """`host_prefix`: host tokens of the host rows that keep a device suffix (the
+        others hold their whole context on the host)."""
+        prefix = host_prefix or {}
         self.host_rows = self.host_tokens = self.gpu_rows = self.gpu_ctx_sum = 0
         self.gpu_ctx_max = 0
         prefills = []
@@ -72,15 +75,20 @@ class StepSums:
                 continue
             ctx = req.num_computed_tokens + 1
             if req.request_id in host:
-                self.host_rows, self.host_tokens = self.host_rows + 1, self.host_tokens + ctx
+                on_host = min(ctx, prefix.get(req.request_id, ctx))
+                self.host_rows, self.host_tokens = self.host_rows + 1, self.host_tokens + on_host
+                self.gpu_ctx_sum += ctx - on_host  # a device suffix: attended on the GPU
             else:
                 self.gpu_rows, self.gpu_ctx_sum = self.gpu_rows + 1, self.gpu_ctx_sum + ctx
                 self.gpu_ctx_max = max(self.gpu_ctx_max, ctx)
         self.prefills = tuple(prefills)
 
-    def move(self, ctx: int) -> None:
-        self.host_rows, self.host_tokens = self.host_rows + 1, self.host_tokens + ctx
-        self.gpu_rows, self.gpu_ctx_sum = self.gpu_rows - 1, self.gpu_ctx_sum - ctx
+    def move(self, tokens: int, new_row: bool = True) -> None:
+        """`tokens` of a decode's context move to the host; `new_row`: it was a device row."""
+        self.host_tokens += tokens
+        self.gpu_ctx_sum -= tokens
+        if new_row:
+            self.host_rows, self.gpu_rows = self.host_rows + 1, self.gpu_rows - 1
 
     def gpu_s(self, cost_model: Any, moved_ctx: int) -> float:
         """The step's GPU forward once a decode of context `moved_ctx` has moved: a host
@@ -101,17 +109,27 @@ class HostBalance:
     factor: float = 1.0
     max_step_tokens: int = 8192  # the scheduler's token budget caps a prefill's chunk
     max_model_len: int = 0  # a request's last token (0: its prompt + max_tokens)
-    pays: Callable[[HostBalance, StepSums, Request], bool] = field(kw_only=True)
+    pays: Callable[[HostBalance, StepSums, Request, int], bool] = field(kw_only=True)
 
-    def mover(self, running: Sequence[Request], host: Collection[str]) -> Callable[[Request], bool]:
-        """A check for this step's candidates, taken in order: True (and counted on the
-        host side from then on) when the candidate may move."""
-        sums = StepSums(running, host, self.max_step_tokens)
+    def mover(self, running: Sequence[Request], host: Collection[str],
+              host_prefix: Mapping[str, int] | None = None
+              ) -> Callable[[Request, int | None], bool]:
+        """A check for this step's candidates, taken in order, each with the tokens it would
+        move (None: its whole context still on the device): True (and counted on the host
+        side from then on) when the candidate may move. `host_prefix` as StepSums'."""
+        prefix = dict(host_prefix or {})
+        sums = StepSums(running, host, self.max_step_tokens, prefix)
+        rows = set(host)
 
-        def may_move(req: Request) -> bool:
-            if self.factor > 0 and not self.pays(self, sums, req):
+        def may_move(req: Request, tokens: int | None = None) -> bool:
+            rid, ctx = req.request_id, req.num_computed_tokens + 1
+            on_host = min(ctx, prefix.get(rid, ctx)) if rid in rows else 0
+            moved = ctx - on_host if tokens is None else tokens
+            if self.factor > 0 and not self.pays(self, sums, req, moved):
                 return False
-            sums.move(req.num_computed_tokens + 1)
+            sums.move(moved, new_row=rid not in rows)
+            rows.add(rid)
+            prefix[rid] = on_host + moved
             return True
         return may_move
 
@@ -129,17 +147,18 @@ class HostBalance:
         return total
 
 
-def hidden_under_gpu(balance: HostBalance, sums: StepSums, req: Request) -> bool:
-    """The host rows' attention, the mover's included, stays under the step's GPU work."""
-    ctx = req.num_computed_tokens + 1
-    host = balance.price_rows(balance.cost_model, sums.host_tokens + ctx)
-    return host <= balance.factor * sums.gpu_s(balance.cost_model, moved_ctx=ctx)
+def hidden_under_gpu(balance: HostBalance, sums: StepSums, req: Request, tokens: int) -> bool:
+    """The host rows' attention, the mover's `tokens` included, stays under the step's GPU
+    work."""
+    host = balance.price_rows(balance.cost_model, sums.host_tokens + tokens)
+    return host <= balance.factor * sums.gpu_s(balance.cost_model, moved_ctx=tokens)
 
 
-def cheaper_than_recompute(balance: HostBalance, sums: StepSums, req: Request) -> bool:
-    """What the mover's host row adds to each step it still runs costs less than
-    recomputing its context once."""
+def cheaper_than_recompute(balance: HostBalance, sums: StepSums, req: Request,
+                           tokens: int) -> bool:
+    """What moving the mover's `tokens` adds to the host reads of each step it still runs
+    costs less than recomputing its context once."""
     ctx, cm = req.num_computed_tokens + 1, balance.cost_model
     before = balance.price_rows(cm, sums.host_tokens) if sums.host_tokens else 0.0
-    added = balance.price_rows(cm, sums.host_tokens + ctx) - before
+    added = balance.price_rows(cm, sums.host_tokens + tokens) - before
     return balance.remaining_steps(req) * added <= balance.factor * balance.recompute_s(ctx)

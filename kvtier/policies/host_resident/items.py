@@ -44,12 +44,14 @@ class MoveToDevice(_Move):
 
 @dataclass(frozen=True, slots=True)
 class HostRows(PlanItem):
-    """This step's leading decode rows whose KV lives in the host pool. Priced by the
-    context tokens their attention reads (each subclass at its mechanism's rate)."""
+    """This step's leading decode rows whose KV lives in the host pool, whole or a leading
+    part of it (`host_tokens`, per row; () when every row's whole context is there). Priced by
+    the host tokens their attention reads (each subclass at its mechanism's rate)."""
 
     kind = ""
     request_ids: tuple[str, ...]
-    num_context_tokens: int
+    num_context_tokens: int  # host tokens, summed over the rows
+    host_tokens: tuple[int, ...] = ()
 
     @property
     def count(self) -> int:

@@ -23,6 +23,10 @@ class HostResidentOptions(SystemOptions):
     max_step_tokens: int = 8192
     # The scheduler's seats (max_num_seqs): a step's rows at most, in forecasts of it.
     max_step_seqs: int = 256
+    # Moves take only the blocks the device is short of, the oldest of each mover, rather
+    # than the whole request (its row then attends over a host prefix and a device suffix,
+    # merged by log-sum-exp; a system whose runner side merges them sets it).
+    partial_moves: bool = False
     # The system's priced limit on the moves (balance.py), set once a cost model is built.
     balance_rule: HostBalance | None = field(default=None, compare=False)
 

@@ -8,9 +8,13 @@ system built on the host-resident placement):
     below `swap_in_fraction` of its blocks and this step's decodes keep their new blocks;
   * never both in one step.
 
-A request moves to the host only if the host pool holds its whole life there: its blocks
-now plus those it will still grow into (prompt + max_tokens, at most max_model_len), less
-what the other host-running requests may still grow into. Otherwise the move is refused
+A move takes the whole request, or, with `partial_moves` (DirectKV), only as many of its
+oldest token blocks as the device is short of: its table is then a host prefix and a device
+suffix, its new blocks stay on the device, and its row attends over both (merged by
+log-sum-exp). A whole move is made only if the host pool holds the request's whole life
+there: its blocks now plus those it will still grow into (prompt + max_tokens, at most
+max_model_len), less what the requests growing on the host may still grow into; a partial
+one only if the pool holds the blocks it moves, beside that growth. Otherwise the move is refused
 (it stays, and the scheduler preempts as usual), so a host-running request never runs out
 of host blocks mid-step. A system may limit the moves further (`mover`; NEO: its CPU side
 must stay hidden under the GPU's work, kvtier/policies/neo/balance.py); a move it refuses
@@ -22,6 +26,10 @@ end, are device-resident: preempting them frees what is short.
 
     running:  [ host-running decodes | device-resident requests, oldest ... newest ]
                                                                 moves out from here <-
+
+A partly moved request stays a candidate: when the device is short again its next oldest
+blocks move (the request's last candidate; it is searched newest first among the decodes
+still holding device blocks).
 """
 
 from __future__ import annotations
@@ -51,6 +59,9 @@ class HostResidentPolicy(KVPolicy):
                          else HostResidentOptions())
         self._items: list[PlanItem] = []
         self._host_running: set[str] = set()  # the KV manager's set (seen at before_step)
+        # Host tokens of the host-running requests that keep a device suffix (their new
+        # tokens go there, so this step's count holds).
+        self._host_prefix: dict[str, int] = {}
         self.num_moved_out = self.num_moved_in = self.num_refused = 0
         self.num_refused_by_system = 0
 
@@ -65,6 +76,7 @@ class HostResidentPolicy(KVPolicy):
             self._move_out(running, kv, short)
         elif host:
             self._move_in(running, kv, -short)
+        self._host_prefix = _host_prefixes(running, kv)
         if host:  # host-running first, each part in its order
             running[:] = ([r for r in running if r.request_id in host]
                           + [r for r in running if r.request_id not in host])
@@ -74,56 +86,78 @@ class HostResidentPolicy(KVPolicy):
         host = self._host_running
         if not host:
             return items
-        n = tokens = 0
+        n = 0
+        host_tokens: list[int] = []
         while n < len(scheduled) and scheduled[n].request_id in host:
             sr = scheduled[n]
             assert len(sr.token_ids) == 1, f"{sr.request_id}: host-running, yet not a decode"
-            tokens += sr.start_pos + 1
+            ctx = sr.start_pos + 1
+            host_tokens.append(min(ctx, self._host_prefix.get(sr.request_id, ctx)))
             n += 1
         if any(sr.request_id in host for sr in scheduled[n:]):
             raise RuntimeError("host-running decodes must lead the step's rows")
         if n:
-            items.append(self.rows_item(tuple(sr.request_id for sr in scheduled[:n]), tokens))
+            ids = tuple(sr.request_id for sr in scheduled[:n])
+            items.append(self.rows_item(ids, sum(host_tokens), tuple(host_tokens)))
         return items
 
     # ---- decisions -------------------------------------------------------------------
-    def mover(self, running: list[Request], host: set[str]) -> Callable[[Request], bool] | None:
-        """A system's own limit on this step's moves (candidates in order, newest first;
-        True: it may move), or None: only the host room limits them."""
+    def mover(self, running: list[Request], kv: KVCacheManager
+              ) -> Callable[[Request, int | None], bool] | None:
+        """A system's own limit on this step's moves (candidates in order, newest first,
+        with the tokens each would move, None for its whole context; True: it may move), or
+        None: only the host room limits them."""
         rule = self.options.balance_rule
-        return rule.mover(running, host) if rule is not None else None
+        if rule is None:
+            return None
+        return rule.mover(running, kv.host_running, _host_prefixes(running, kv))
 
     def _blocks_short(self, running: list[Request], kv: KVCacheManager) -> int:
-        """Device blocks this step's device-resident decodes need beyond the free ones
+        """Device blocks this step's decodes growing on the device need beyond the free ones
         above the watermark (<= 0: they fit)."""
-        host, slots = kv.host_running, kv.num_slots
+        slots = kv.num_slots
         need = sum(kv.num_groups for r in running
-                   if r.request_id not in host and _is_decode(r)
+                   if _is_decode(r) and not kv.grows_on_host(r.request_id)
                    and r.num_computed_tokens + 1 > slots.get(r.request_id, 0))
         return need + kv.watermark_blocks - kv.num_available_gpu_blocks()
 
+    def _token_blocks_to_move(self, req: Request, kv: KVCacheManager, short: int) -> int | None:
+        """Token blocks (each group's) of the mover to move: None for all of them (the
+        whole request), else the oldest still on the device that cover `short`."""
+        if not self.options.partial_moves:
+            return None
+        table = kv.tables[req.request_id]
+        on_device = (table.num_token_blocks - table.num_dropped_blocks
+                     - kv.num_host_token_blocks(req.request_id))
+        k = cdiv(short, kv.num_groups)
+        return k if k < on_device else None
+
     def _move_out(self, running: list[Request], kv: KVCacheManager, short: int) -> None:
         host = kv.host_running
-        may_move = self.mover(running, host)
+        may_move = self.mover(running, kv)
         for req in reversed(running):
             if short <= 0:
                 return
-            if req.request_id in host or not _is_decode(req):
+            rid = req.request_id
+            if kv.grows_on_host(rid) or not _is_decode(req):
                 continue
-            need = self._life_blocks(req, kv)
+            k = self._token_blocks_to_move(req, kv, short)
+            held = kv.num_groups * kv.num_host_token_blocks(rid)
+            need = (self._life_blocks(req, kv) - held if k is None else kv.num_groups * k)
             if kv.host.num_free - self._host_growth(running, kv) < need:
                 self.num_refused += 1
-                return  # the host pool cannot hold it for its life: the scheduler preempts
-            if may_move is not None and not may_move(req):
+                return  # the host pool cannot hold it (for its life): the scheduler preempts
+            tokens = None if k is None else k * kv.block_size
+            if may_move is not None and not may_move(req, tokens):
                 self.num_refused_by_system += 1
                 return  # the system's own limit: the scheduler preempts
-            grows = req.num_computed_tokens + 1 > kv.num_slots.get(req.request_id, 0)
-            copies = kv.swap_out(req)
+            grows = req.num_computed_tokens + 1 > kv.num_slots.get(rid, 0)
+            copies = kv.swap_out(req, k)
             assert copies is not None, "the host room was checked"
-            host.add(req.request_id)
-            self._items.append(MoveToHost(req.request_id, tuple(copies), kv.block_table(req)))
+            host.add(rid)
+            self._items.append(MoveToHost(rid, tuple(copies), kv.block_table(req)))
             self.num_moved_out += 1
-            short -= len(copies) + (kv.num_groups if grows else 0)
+            short -= len(copies) + (kv.num_groups if grows and k is None else 0)
 
     def _move_in(self, running: list[Request], kv: KVCacheManager, spare: int) -> None:
         """`spare`: free device blocks left once this step's decodes have their new ones
@@ -131,9 +165,10 @@ class HostResidentPolicy(KVPolicy):
         host = kv.host_running
         ceiling = self.options.swap_in_fraction * kv.gpu.num_blocks
         for req in [r for r in running if r.request_id in host]:  # oldest first
-            table = kv.tables[req.request_id]
-            grows = req.num_computed_tokens + 1 > kv.num_slots[req.request_id]
-            need = kv.num_groups * (table.num_token_blocks + (1 if grows else 0))
+            rid = req.request_id
+            # A request growing on the device has its new blocks counted in `spare` already.
+            grows = kv.grows_on_host(rid) and req.num_computed_tokens + 1 > kv.num_slots[rid]
+            need = kv.num_groups * (kv.num_host_token_blocks(rid) + (1 if grows else 0))
             in_use = kv.gpu.num_used - kv.num_gpu_blocks_cached()
             if in_use + need >= ceiling or need > spare:
                 return
@@ -149,11 +184,17 @@ class HostResidentPolicy(KVPolicy):
         return kv.num_groups * cdiv(max(end, req.num_computed_tokens + 1), kv.block_size)
 
     def _host_growth(self, running: list[Request], kv: KVCacheManager) -> int:
-        """Host blocks the host-running requests may still take as they grow."""
-        host = kv.host_running
+        """Host blocks the requests growing on the host may still take."""
         return sum(max(0, self._life_blocks(r, kv)
                        - kv.num_groups * kv.tables[r.request_id].num_token_blocks)
-                   for r in running if r.request_id in host)
+                   for r in running if kv.grows_on_host(r.request_id))
+
+
+def _host_prefixes(running: list[Request], kv: KVCacheManager) -> dict[str, int]:
+    """Host tokens of each host-running request that keeps a device suffix."""
+    host = kv.host_running
+    return {r.request_id: kv.num_host_token_blocks(r.request_id) * kv.block_size
+            for r in running if r.request_id in host and not kv.grows_on_host(r.request_id)}
 
 
 def _is_decode(req: Request) -> bool:

@@ -37,15 +37,29 @@ from kvtier.runner.host_batch import HostBatch
 
 
 @dataclass(frozen=True)
+class DeviceSuffix:
+    """The device-resident part of rows that keep only their oldest blocks on the host
+    (partial moves): per layer group, the device blocks after the host prefix and the slot
+    of the token the step adds there; a row held wholly on the host has length 0 and
+    slot -1."""
+
+    tables: np.ndarray  # [G, n, max_blocks] int32 device block ids
+    slots: np.ndarray  # [G, n] int64 (device block * block_size + offset, or -1)
+    lens: np.ndarray  # [n] int32, the new token included
+
+
+@dataclass(frozen=True)
 class HostRowsLayout:
     """Where a step's host rows' KV lives: per layer group, their host blocks and the slot
-    of the token the step adds (host block * block_size + offset)."""
+    of the token the step adds (host block * block_size + offset; -1 where the token goes
+    to the row's device suffix), and the device suffix when any row has one."""
 
     num_rows: int
     tables: np.ndarray  # [G, n, max_pages] int32 host block ids
     slots: np.ndarray  # [G, n] int64
-    context_lens: np.ndarray  # [n] int32, the new token included
+    context_lens: np.ndarray  # [n] int32: the host tokens (the new token included if there)
     positions: np.ndarray  # [n] int64
+    device: DeviceSuffix | None = None
 
 
 class HostRowsAttention(ABC):
@@ -65,14 +79,14 @@ class HostRowsAttention(ABC):
         if rope is not None:
             qn, kn = self.ops.rotary(qn, kn, rope.positions[:n], rope.cos_sin_cache)
         group, slot = divmod(layer_idx, self.layers_per_block)
-        self.layer(group, self.pages[:, slot], qn, kn, vn, scale, out[:n])
+        self.layer(group, slot, qn, kn, vn, scale, out[:n])
 
     @abstractmethod
-    def layer(self, group: int, pages: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+    def layer(self, group: int, slot: int, q: torch.Tensor, k: torch.Tensor,
               v: torch.Tensor, scale: float, out: torch.Tensor) -> None:
-        """Store k/v ([n, Hkv, D]) at the group's slots of `pages` ([P, 2, Hkv, bs, D]),
-        then write attention of q ([n, Hq, D]) over the rows' whole host context into out
-        (final by `join`)."""
+        """Store k/v ([n, Hkv, D]) at the group's slots of layer `slot`'s pages
+        (`self.pages[:, slot]`, [P, 2, Hkv, bs, D]), then write attention of q ([n, Hq, D])
+        over the rows' whole context into out (final by `join`)."""
 
     def join(self, layer_idx: int) -> None:  # noqa: B027 - a hook most systems need not fill
         """The layer's rows are final when `layer` returns, unless a system runs them
@@ -130,17 +144,10 @@ class HostResidentSource(ABC):
         n = len(ids)
         if tuple(sr.request_id for sr in scheduled[:n]) != ids or n > batch.num_decodes:
             raise RuntimeError("the host rows must be the step's leading decode rows")
-        r = self.runner
-        bs = r.block_size
-        rows, lens, pos = batch.rows[:n], batch.seq_lens[:n], batch.positions[:n]
-        width = -(-int(lens.max()) // bs)
-        table = r.block_tables.table  # [G, R, W] int32 (host ids for these rows)
-        layout = HostRowsLayout(
-            num_rows=n, tables=np.ascontiguousarray(table[:, rows, :width]),
-            # C order: fancy indexing leaves [G, n] strided, and the KV write reads a row
-            slots=np.ascontiguousarray(table[:, rows, pos // bs].astype(np.int64) * bs + pos % bs),
-            context_lens=lens.astype(np.int32), positions=pos)
-        batch.slots[:, :n] = -1  # their KV is written to the host pages, not the device pool
+        layout = rows_layout(self.runner.block_tables.table, self.runner.block_size,
+                             batch.rows[:n], batch.seq_lens[:n], batch.positions[:n],
+                             group[0].host_tokens)
+        batch.slots[:, :n] = -1  # the rows' system writes their KV, not the backend
         return self.attention(layout)
 
     @abstractmethod
@@ -156,6 +163,31 @@ class HostResidentSource(ABC):
 
     def close(self) -> None:
         return None
+
+
+def rows_layout(table: np.ndarray, block_size: int, rows: np.ndarray, lens: np.ndarray,
+                pos: np.ndarray, host_tokens: Sequence[int]) -> HostRowsLayout:
+    """The layout of host rows `rows` of the runner's block table ([G, R, W] int32: host
+    ids, then device ids past a row's host prefix); `host_tokens` per row (() : all)."""
+    bs, n = block_size, len(rows)
+    on_host = np.minimum(lens, np.asarray(host_tokens, dtype=lens.dtype)) if host_tokens \
+        else lens
+    # C order: fancy indexing leaves [G, n] strided, and the KV write reads a row
+    slot = table[:, rows, pos // bs].astype(np.int64) * bs + pos % bs
+    host_slots = np.ascontiguousarray(np.where(pos < on_host, slot, -1))
+    width = -(-int(on_host.max()) // bs)
+    device = None
+    dev_lens = (lens - on_host).astype(np.int32)
+    if dev_lens.any():
+        first = on_host // bs  # a device suffix starts at a block boundary
+        dev_width = -(-int(dev_lens.max()) // bs)
+        cols = np.minimum(first[:, None] + np.arange(dev_width)[None, :], table.shape[2] - 1)
+        device = DeviceSuffix(
+            tables=np.ascontiguousarray(table[:, rows[:, None], cols]),
+            slots=np.ascontiguousarray(np.where(pos >= on_host, slot, -1)), lens=dev_lens)
+    return HostRowsLayout(num_rows=n, tables=np.ascontiguousarray(table[:, rows, :width]),
+                          slots=host_slots, context_lens=on_host.astype(np.int32),
+                          positions=pos, device=device)
 
 
 def source_of(runner: Any) -> HostResidentSource:

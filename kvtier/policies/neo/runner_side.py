@@ -29,14 +29,15 @@ class CpuRows(HostRowsAttention):
     def __init__(self, layout: HostRowsLayout, pages: torch.Tensor, layers_per_block: int,
                  ops: Any, worker: CpuAttentionWorker, num_threads: int | None):
         super().__init__(layout.num_rows, pages, layers_per_block, ops, layout)
+        assert layout.device is None, "NEO moves whole requests: no row has a device suffix"
         self.worker, self.num_threads = worker, num_threads
         self.tables = torch.from_numpy(layout.tables)  # [G, n, W] int32 (host)
         self.slots = torch.from_numpy(layout.slots)  # [G, n] int64
         self.lens = torch.from_numpy(layout.context_lens)  # [n] int32
 
-    def layer(self, group: int, pages: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+    def layer(self, group: int, slot: int, q: torch.Tensor, k: torch.Tensor,
               v: torch.Tensor, scale: float, out: torch.Tensor) -> None:
-        o, _ = self._submit(group, pages, q, k, v, scale).result()
+        o, _ = self._submit(group, self.pages[:, slot], q, k, v, scale).result()
         out.copy_(o)
 
     def submit(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
