@@ -207,19 +207,16 @@ part() {
       --requests 8 --prompt 32768 --output 128 --max-num-seqs 8 --caps 0.8 \
       --policies directkv:piecewise@0,directkv@0 \
       --out "$(out policies directkv_graphs_long_h200.json)" 2>&1 | tail -3 ;;
-  directkv-partial)  # DirectKV's partial moves (only the blocks the device is short of move; rows attend over a host prefix and a device suffix, merged by LSE) against whole moves: the GPU tests, then 32 x 2,048 + 128 at 3/4 of the batch (balance lifted), recompute and swap beside
+  directkv-partial)  # DirectKV's partial moves (only the blocks the device is short of move, the rows with a host prefix first; rows attend over a host prefix and a device suffix, merged by LSE) against whole moves: the GPU tests, then 32 x 2,048 + 128 at 3/4 of the batch (balance lifted; and partial at the default balance), recompute and swap beside
     pytest_gpu "gpu_tests_directkv_partial_$KVTIER_GIT_COMMIT" 200 tests/policies/test_host_resident_engine.py
-    TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 330 python3 -m benchmarks.policies.bench_host_resident \
-      --caps 0.75 --policies directkv@0,directkv:partial@0,recompute,swap \
-      --out "$(out policies directkv_partial_h200.json)" 2>&1 | tail -5 ;;
-  directkv-partial-long)  # the same at 8 x 32,768 + 128 and 0.8 of the batch (balance lifted), then 2,048-token prompts at the default balance
-    TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 300 python3 -m benchmarks.policies.bench_host_resident \
-      --requests 8 --prompt 32768 --output 128 --max-num-seqs 8 --caps 0.8 \
-      --policies directkv@0,directkv:partial@0 \
-      --out "$(out policies directkv_partial_long_h200.json)" 2>&1 | tail -3
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 240 python3 -m benchmarks.policies.bench_host_resident \
-      --caps 0.75 --policies directkv,directkv:partial \
-      --out "$(out policies directkv_partial_balance_h200.json)" 2>&1 | tail -3 ;;
+      --caps 0.75 --policies directkv@0,directkv:partial@0,directkv:partial,recompute,swap \
+      --out "$(out policies directkv_partial_h200_$KVTIER_GIT_COMMIT.json)" 2>&1 | tail -6 ;;
+  directkv-partial-long)  # the same at 8 x 32,768 + 128 and 0.9 of the batch (balance lifted): whole moves put a 32K row on the host where a fraction of one is short
+    TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 380 python3 -m benchmarks.policies.bench_host_resident \
+      --requests 8 --prompt 32768 --output 128 --max-num-seqs 8 --caps 0.9 \
+      --policies directkv@0,directkv:partial@0,swap,recompute \
+      --out "$(out policies directkv_partial_long_h200_$KVTIER_GIT_COMMIT.json)" 2>&1 | tail -5 ;;
   host-resident-128k)  # 128K contexts: 3 requests of 130,816 + 128 tokens (16 GiB of KV each) at 0.75 of the batch, a 32 GiB host pool (64 would not pin): directkv (lifted) and swap (recompute ran as swap did, 7.29 against 7.28 tok/s, in host_resident_128k_h200.json; the default balance refuses the move in the simulator and runs as recompute: both left out so that the call fits its 600 s)
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 580 python3 -m benchmarks.policies.bench_host_resident \
       --requests 3 --prompt 130816 --output 128 --max-num-seqs 3 --caps 0.75 --host-blocks 131072 \

@@ -56,7 +56,7 @@ def test_a_partial_move_takes_the_oldest_blocks_the_device_is_short_of(setup):
     assert rows.count == 4  # priced by its host tokens only
 
 
-def test_the_next_shortage_moves_the_next_oldest_and_all_of_it_comes_back(setup):
+def test_the_next_shortage_moves_more_of_the_same_request_and_all_of_it_comes_back(setup):
     kv, running, policy = setup
     policy.before_step(running, kv)
     policy.take_items([])
@@ -64,23 +64,25 @@ def test_the_next_shortage_moves_the_next_oldest_and_all_of_it_comes_back(setup)
     assert kv.allocate_slots(r3, 1) is not None  # its new device block
     r3.num_computed_tokens += 1
     r3.output_token_ids.append(7)
-    # The pool is full again, and r2 (the newest device row) has grown to its block's end:
-    # its next token needs a new block, and it gives its oldest token block of each group.
+    # The pool is full again, and r2 has grown to its block's end: its next token needs a
+    # new block. r3, partly on the host already, gives its next oldest token block (the
+    # host prefix grows on the rows that have one), not r2.
     r2 = running[-1]
     r2.output_token_ids += [7, 7, 7]
     r2.num_computed_tokens = 12
     policy.before_step(running, kv)
-    assert kv.host_running == {"r2", "r3"}
-    assert placements(kv, "r2") == [["h", "g", "g"], ["h", "g", "g"]]
+    assert kv.host_running == {"r3"}
+    assert placements(kv, "r3") == [["h", "h", "g", "g"], ["h", "h", "g", "g"]]
     kv.check_integrity()
+    assert kv.allocate_slots(r2, 1) is not None
     policy.take_items([])
-    # Room again (r0 and r1 finish): both come back whole, oldest first.
+    # Room again (r0 and r1 finish): it comes back whole.
     for r in [r for r in running if r.request_id in ("r0", "r1")]:
         kv.free(r)
         running.remove(r)
     policy.before_step(running, kv)
     loads = [i for i in policy.take_items([]) if isinstance(i, MoveToDevice)]
-    assert [i.request_id for i in loads] == ["r3", "r2"] and all(i.count == 2 for i in loads)
+    assert [i.request_id for i in loads] == ["r3"] and loads[0].count == 4
     assert kv.host_running == set() and kv.host.num_used == 0
     kv.check_integrity()
 

@@ -27,9 +27,8 @@ end, are device-resident: preempting them frees what is short.
     running:  [ host-running decodes | device-resident requests, oldest ... newest ]
                                                                 moves out from here <-
 
-A partly moved request stays a candidate: when the device is short again its next oldest
-blocks move (the request's last candidate; it is searched newest first among the decodes
-still holding device blocks).
+A partly moved request stays a candidate, the first: when the device is short again its
+next oldest blocks move before another request's, so the host prefix grows on few rows.
 """
 
 from __future__ import annotations
@@ -135,12 +134,15 @@ class HostResidentPolicy(KVPolicy):
     def _move_out(self, running: list[Request], kv: KVCacheManager, short: int) -> None:
         host = kv.host_running
         may_move = self.mover(running, kv)
-        for req in reversed(running):
+        # Partly moved requests first (newest first), then the device rows (newest first):
+        # a host prefix grows on the rows that have one, so few rows read the host (each
+        # row's read is latency-bound when short; and a decode graph per row count).
+        newest = [r for r in reversed(running) if _is_decode(r) and not kv.grows_on_host(
+            r.request_id)]
+        for req in sorted(newest, key=lambda r: r.request_id not in host):
             if short <= 0:
                 return
             rid = req.request_id
-            if kv.grows_on_host(rid) or not _is_decode(req):
-                continue
             k = self._token_blocks_to_move(req, kv, short)
             held = kv.num_groups * kv.num_host_token_blocks(rid)
             need = (self._life_blocks(req, kv) - held if k is None else kv.num_groups * k)
