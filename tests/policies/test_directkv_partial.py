@@ -145,6 +145,27 @@ def test_the_balance_prices_the_tokens_a_partial_move_takes():
     assert b.mover([host, *running, long_lived], {"h"})(long_lived, 16)
 
 
+def test_a_row_moved_part_by_part_is_priced_by_all_of_its_host_part():
+    """Each part is cheap alone; the row's host reads together are what preempting it
+    would save, so the parts stop where the whole prefix no longer pays."""
+    from tests.policies.test_directkv_balance import balance, decode
+
+    b = balance(1.0)
+    running = [decode(f"d{i}", 2048, 128) for i in range(8)]
+    host = decode("h", 2048, 128)
+    row = decode("row", 2048, 500)
+    assert b.mover([host, *running, row], {"h"})(row, 16)  # alone, one block pays
+    # With 1,024 of its tokens on the host already, one more block does not.
+    may_move = b.mover([host, row, *running], {"h", "row"}, {"row": 1024})
+    assert not may_move(row, 16)
+    # Taken in one step, the first parts pay until the row's whole host part would not.
+    may_move = b.mover([host, *running, row], {"h"})
+    moved = 0
+    while moved < 2048 and may_move(row, 16):
+        moved += 16
+    assert 16 <= moved < 1024
+
+
 def test_merging_two_parts_equals_attention_over_the_whole():
     torch.manual_seed(0)
     q, k, v = torch.randn(3, 4, 8), torch.randn(3, 20, 8), torch.randn(3, 20, 8)

@@ -21,6 +21,9 @@ contexts, and the running prefills' chunks within the token budget. Two rules:
 
         R * (T_host(host rows + mover) - T_host(host rows)) <= factor * T_prefill(context)
 
+    (a row moved part by part, under partial moves, counts all of its host tokens as the
+    mover's: preempting the row is the alternative to every part of it)
+
     R bounds the steps from above (the request may come back before its end), so the rule
     errs towards preempting; a move refused costs at most one recompute, a move allowed
     that does not pay slows the whole batch for as long as it stays.
@@ -109,7 +112,7 @@ class HostBalance:
     factor: float = 1.0
     max_step_tokens: int = 8192  # the scheduler's token budget caps a prefill's chunk
     max_model_len: int = 0  # a request's last token (0: its prompt + max_tokens)
-    pays: Callable[[HostBalance, StepSums, Request, int], bool] = field(kw_only=True)
+    pays: Callable[[HostBalance, StepSums, Request, int, int], bool] = field(kw_only=True)
 
     def mover(self, running: Sequence[Request], host: Collection[str],
               host_prefix: Mapping[str, int] | None = None
@@ -125,7 +128,7 @@ class HostBalance:
             rid, ctx = req.request_id, req.num_computed_tokens + 1
             on_host = min(ctx, prefix.get(rid, ctx)) if rid in rows else 0
             moved = ctx - on_host if tokens is None else tokens
-            if self.factor > 0 and not self.pays(self, sums, req, moved):
+            if self.factor > 0 and not self.pays(self, sums, req, moved, on_host):
                 return False
             sums.move(moved, new_row=rid not in rows)
             rows.add(rid)
@@ -147,7 +150,8 @@ class HostBalance:
         return total
 
 
-def hidden_under_gpu(balance: HostBalance, sums: StepSums, req: Request, tokens: int) -> bool:
+def hidden_under_gpu(balance: HostBalance, sums: StepSums, req: Request, tokens: int,
+                     on_host: int = 0) -> bool:
     """The host rows' attention, the mover's `tokens` included, stays under the step's GPU
     work."""
     host = balance.price_rows(balance.cost_model, sums.host_tokens + tokens)
@@ -155,10 +159,13 @@ def hidden_under_gpu(balance: HostBalance, sums: StepSums, req: Request, tokens:
 
 
 def cheaper_than_recompute(balance: HostBalance, sums: StepSums, req: Request,
-                           tokens: int) -> bool:
-    """What moving the mover's `tokens` adds to the host reads of each step it still runs
-    costs less than recomputing its context once."""
+                           tokens: int, on_host: int = 0) -> bool:
+    """What the mover's row reads from the host each step it still runs, once `tokens` more
+    of its context move (beside the `on_host` it has there already), costs less than
+    recomputing its context once: a row moved part by part is priced whole, not by its
+    last part, since preempting it is the alternative to all of them."""
     ctx, cm = req.num_computed_tokens + 1, balance.cost_model
-    before = balance.price_rows(cm, sums.host_tokens) if sums.host_tokens else 0.0
+    others = sums.host_tokens - on_host
+    before = balance.price_rows(cm, others) if others else 0.0
     added = balance.price_rows(cm, sums.host_tokens + tokens) - before
     return balance.remaining_steps(req) * added <= balance.factor * balance.recompute_s(ctx)

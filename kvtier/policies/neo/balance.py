@@ -23,5 +23,5 @@ from kvtier.policies.host_resident.balance import HostBalance, StepSums, hidden_
 
 @dataclass(frozen=True)
 class CpuBalance(HostBalance):
-    pays: Callable[[HostBalance, StepSums, Request, int], bool] = field(
+    pays: Callable[[HostBalance, StepSums, Request, int, int], bool] = field(
         default=hidden_under_gpu, kw_only=True)
