@@ -63,7 +63,7 @@ def _fake_cuda_capture(monkeypatch) -> list[tuple[bool, list[str]]]:
     freed: list[str] = []
 
     class FakeCapture:
-        def __init__(self, graph, pool=None):
+        def __init__(self, graph, pool=None, **kwargs):
             pass
 
         def __enter__(self):
