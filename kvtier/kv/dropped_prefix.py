@@ -1,4 +1,4 @@
-"""The KV manager's dropped prefixes (eLLM's partial caching): a running request's leading
+"""The KV manager's dropped prefixes (partial caching): a running request's leading
 token blocks taken off the device in every layer group and recomputed every step, or, in
 the top `prefix_host_groups` groups, kept in the host pool and copied back each step. A
 part of KVCacheManager (kvtier/kv/manager.py), kept apart: pure Python like it."""
