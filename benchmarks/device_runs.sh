@@ -217,6 +217,15 @@ part() {
       --requests 8 --prompt 32768 --output 128 --max-num-seqs 8 --caps 0.9 \
       --policies directkv@0,directkv:partial@0,swap,recompute \
       --out "$(out policies directkv_partial_long_h200_$KVTIER_GIT_COMMIT.json)" 2>&1 | tail -5 ;;
+  directkv-partial-merge)  # partial moves with the one-kernel merge (kvtier/kernels/merge_attention.py): its GPU tests and the host-resident engine's, then 32 x 2,048 + 128 at 0.75 and 8 x 32,768 + 128 at 0.9, whole and partial moves alternating in one call (balance lifted)
+    pytest_gpu "gpu_tests_directkv_partial_merge_$KVTIER_GIT_COMMIT" 200 tests/kernels/test_kernel_merge_attention.py tests/policies/test_host_resident_engine.py
+    TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 200 python3 -m benchmarks.policies.bench_host_resident \
+      --caps 0.75 --policies directkv@0,directkv:partial@0,directkv@0,directkv:partial@0 \
+      --out "$(out policies directkv_partial_merge_h200_$KVTIER_GIT_COMMIT.json)" 2>&1 | tail -5
+    TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 240 python3 -m benchmarks.policies.bench_host_resident \
+      --requests 8 --prompt 32768 --output 128 --max-num-seqs 8 --caps 0.9 \
+      --policies directkv@0,directkv:partial@0 \
+      --out "$(out policies directkv_partial_merge_long_h200_$KVTIER_GIT_COMMIT.json)" 2>&1 | tail -3 ;;
   host-resident-128k)  # 128K contexts: 3 requests of 130,816 + 128 tokens (16 GiB of KV each) at 0.75 of the batch, a 32 GiB host pool (64 would not pin): directkv (lifted) and swap (recompute ran as swap did, 7.29 against 7.28 tok/s, in host_resident_128k_h200.json; the default balance refuses the move in the simulator and runs as recompute: both left out so that the call fits its 600 s)
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 580 python3 -m benchmarks.policies.bench_host_resident \
       --requests 3 --prompt 130816 --output 128 --max-num-seqs 3 --caps 0.75 --host-blocks 131072 \

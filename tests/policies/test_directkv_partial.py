@@ -2,7 +2,7 @@
 blocks the device is short of, the request keeps a host prefix and a device suffix, grows
 on the device, and its row attends over both parts merged by log-sum-exp. Checked here: the
 KV manager's partial swap-out and its integrity, the placement's choice of how much moves,
-the step layout of such rows, the balance pricing only the tokens moved, the merge itself,
+the step layout of such rows, the balance pricing their host part, the merge's reference,
 and end to end on the CPU (fp32) the greedy outputs equal a GPU-only run's."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from kvtier.kv.manager import KVCacheManager
 from kvtier.kv.map_table import Placement
 from kvtier.policies.directkv import DirectKVOptions, DirectKVPolicy, ZeroCopyRowsItem
-from kvtier.policies.directkv.zero_copy_rows import merge_partials
+from kvtier.kernels.merge_attention import merge_attention_ref
 from kvtier.policies.host_resident import MoveToDevice, MoveToHost
 from kvtier.policies.host_resident.runner_side import rows_layout
 from tests.policies.test_host_resident import decode_of, running_decode
@@ -174,11 +174,13 @@ def test_merging_two_parts_equals_attention_over_the_whole():
         s = torch.einsum("bhd,btd->bht", q, k[:, lo:hi]) / 8 ** 0.5
         return torch.einsum("bht,btd->bhd", s.softmax(-1), v[:, lo:hi]), s.logsumexp(-1)
 
+    def merge(o1, lse1, o2, lse2):
+        return merge_attention_ref(o1, lse1, o2, lse2, torch.empty_like(o1))
+
     whole, _ = attend(0, 20)
-    merged = merge_partials(*attend(0, 12), *attend(12, 20))
-    torch.testing.assert_close(merged, whole)
+    torch.testing.assert_close(merge(*attend(0, 12), *attend(12, 20)), whole)
     empty_o, empty_lse = torch.zeros(3, 4, 8), torch.full((3, 4), -torch.inf)
-    torch.testing.assert_close(merge_partials(*attend(0, 20), empty_o, empty_lse), whole)
+    torch.testing.assert_close(merge(*attend(0, 20), empty_o, empty_lse), whole)
 
 
 @pytest.fixture(scope="module")

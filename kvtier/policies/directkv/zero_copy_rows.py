@@ -3,7 +3,8 @@ new K/V into their host pages through the pages' UVA address (the KV write kerne
 and attends over the pages in place (`host_attention`); nothing is staged or swapped in.
 A row that keeps only its oldest blocks on the host (partial moves) also has a device
 suffix: its new K/V go there, the same kernel attends over the suffix in the device pool,
-and the two partial outputs are merged by their log-sum-exp (`merge_partials`). The rows
+and the two partial outputs are merged by their log-sum-exp (`merge_attention`, one kernel
+on a GPU). The rows
 write only their own rows of `out`, the backend only the others."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 
 from kvtier.kernels.kv_write import kv_write, kv_write_ref
+from kvtier.kernels.merge_attention import merge_attention, merge_attention_ref
 from kvtier.policies.directkv.host_attention import device_suffix_attention, host_attention
 from kvtier.policies.directkv.side_stream import SideStream
 from kvtier.policies.host_resident.runner_side import HostRowsAttention, HostRowsLayout
@@ -44,16 +46,6 @@ class RowInputs:
         d = layout.device
         suffix = SuffixInputs(up(d.tables), up(d.slots), up(d.lens)) if d is not None else None
         return RowInputs(up(layout.tables), up(layout.slots), up(layout.context_lens), suffix)
-
-
-def merge_partials(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor,
-                   lse2: torch.Tensor) -> torch.Tensor:
-    """Attention over two disjoint parts of a context from each part's output [n, Hq, D]
-    and natural-log LSE [n, Hq] (an empty part: LSE -inf, weight 0), in fp32."""
-    m = torch.maximum(lse1, lse2)
-    w1, w2 = torch.exp(lse1 - m), torch.exp(lse2 - m)
-    merged = o1.float() * w1.unsqueeze(-1) + o2.float() * w2.unsqueeze(-1)
-    return merged / (w1 + w2).unsqueeze(-1)
 
 
 class ZeroCopyRows(HostRowsAttention):
@@ -97,11 +89,11 @@ class ZeroCopyRows(HostRowsAttention):
         o, lse = host_attention(q, pages[:, 0], pages[:, 1], inputs.tables[group], inputs.lens,
                                 scale)
         suffix = inputs.suffix
-        if suffix is not None:
-            assert self.device_kv is not None, "rows with a device suffix need the device pool"
-            blocks = self.device_kv[:, slot]  # [N, 2, bs, Hkv, D]
-            write(blocks, k, v, suffix.slots[group])
-            o2, lse2 = device_suffix_attention(q, blocks, suffix.tables[group], suffix.lens,
-                                               scale)
-            o = merge_partials(o, lse, o2, lse2)
-        out.copy_(o)
+        if suffix is None:
+            out.copy_(o)
+            return
+        assert self.device_kv is not None, "rows with a device suffix need the device pool"
+        blocks = self.device_kv[:, slot]  # [N, 2, bs, Hkv, D]
+        write(blocks, k, v, suffix.slots[group])
+        o2, lse2 = device_suffix_attention(q, blocks, suffix.tables[group], suffix.lens, scale)
+        (merge_attention if q.is_cuda else merge_attention_ref)(o, lse, o2, lse2, out)
