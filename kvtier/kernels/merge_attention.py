@@ -48,7 +48,7 @@ def _check_args(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: to
                   f"{tuple(o2.shape)}, {tuple(out.shape)}")
     for name, lse in (("lse1", lse1), ("lse2", lse2)):
         check(lse.shape == o1.shape[:2] and lse.dtype == torch.float32 and lse.is_contiguous(),
-              lambda: f"{name} must be contiguous [B, H] fp32")
+              f"{name} must be contiguous [B, H] fp32")
     for name, t in (("o1", o1), ("o2", o2), ("out", out)):
         check_last_dim_contiguous(name, t)
 

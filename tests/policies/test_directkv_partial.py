@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
+from kvtier.kernels.merge_attention import merge_attention_ref
 from kvtier.kv.manager import KVCacheManager
 from kvtier.kv.map_table import Placement
 from kvtier.policies.directkv import DirectKVOptions, DirectKVPolicy, ZeroCopyRowsItem
-from kvtier.kernels.merge_attention import merge_attention_ref
 from kvtier.policies.host_resident import MoveToDevice, MoveToHost
 from kvtier.policies.host_resident.runner_side import rows_layout
 from tests.policies.test_host_resident import decode_of, running_decode
