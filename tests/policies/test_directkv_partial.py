@@ -18,7 +18,7 @@ from kvtier.policies.directkv import DirectKVOptions, DirectKVPolicy, ZeroCopyRo
 from kvtier.policies.host_resident import MoveToDevice, MoveToHost
 from kvtier.policies.host_resident.runner_side import rows_layout
 from tests.policies.test_host_resident import decode_of, running_decode
-from tests.policies.test_host_resident_engine import run
+from tests.policies.test_host_resident_engine import record_layouts, run
 
 
 def placements(kv: KVCacheManager, rid: str) -> list[list[str]]:
@@ -189,28 +189,11 @@ def gpu_only() -> dict[str, list[int]]:
     return outputs
 
 
-def split_rows(monkeypatch) -> list:
-    """Records each step's host-rows layout."""
-    from kvtier.policies.host_resident.runner_side import HostResidentSource
-
-    layouts: list = []
-    for_step = HostResidentSource.for_step
-
-    def recorded(self, *a, **kw):
-        rows = for_step(self, *a, **kw)
-        if rows is not None:
-            layouts.append(rows.layout)
-        return rows
-
-    monkeypatch.setattr(HostResidentSource, "for_step", recorded)
-    return layouts
-
-
 @pytest.mark.parametrize("overrides", [{}, {"layers_per_block": 2, "num_gpu_blocks": 32,
                                             "num_host_blocks": 128}])
 def test_greedy_outputs_equal_gpu_only_with_rows_split_between_the_pools(
         overrides, gpu_only, monkeypatch):
-    layouts = split_rows(monkeypatch)
+    layouts = record_layouts(monkeypatch)
     outputs, engine, host_steps = run("directkv", directkv_partial_moves=True, **overrides)
     assert host_steps > 5 and sum(lay.device is not None for lay in layouts) > 5
     assert engine.scheduler.policy.num_moved_in > 0

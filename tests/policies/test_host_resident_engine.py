@@ -53,6 +53,23 @@ def run(policy: str, **overrides) -> tuple[dict[str, list[int]], LLMEngine, int]
     return outputs, engine, host_steps
 
 
+def record_layouts(monkeypatch) -> list:
+    """The host rows' layout of every step that has some, as the runner's source makes it."""
+    from kvtier.policies.host_resident.runner_side import HostResidentSource
+
+    layouts: list = []
+    for_step = HostResidentSource.for_step
+
+    def recorded(self, *a, **kw):
+        rows = for_step(self, *a, **kw)
+        if rows is not None:
+            layouts.append(rows.layout)
+        return rows
+
+    monkeypatch.setattr(HostResidentSource, "for_step", recorded)
+    return layouts
+
+
 @pytest.fixture(scope="module")
 def gpu_only() -> dict[str, list[int]]:
     outputs, engine, _ = run("recompute", num_gpu_blocks=256)
@@ -73,18 +90,7 @@ def test_greedy_outputs_equal_gpu_only_with_requests_run_from_the_host(policy, g
 def test_several_layer_groups_give_row_major_step_tables(policy, gpu_only, monkeypatch):
     """With F = 2 (two layer groups) the step's per-group slots and tables are C-ordered:
     the GPU's KV write and attention read a group's row as a flat array."""
-    from kvtier.policies.host_resident.runner_side import HostResidentSource
-
-    layouts = []
-    for_step = HostResidentSource.for_step
-
-    def recorded(self, *a, **kw):
-        rows = for_step(self, *a, **kw)
-        if rows is not None:
-            layouts.append(rows.layout)
-        return rows
-
-    monkeypatch.setattr(HostResidentSource, "for_step", recorded)
+    layouts = record_layouts(monkeypatch)
     outputs, _, _ = run(policy, layers_per_block=2, num_gpu_blocks=32, num_host_blocks=128)
     assert layouts and all(lay.tables.shape[0] == 2 for lay in layouts)
     assert all(lay.slots.flags.c_contiguous and lay.tables.flags.c_contiguous
