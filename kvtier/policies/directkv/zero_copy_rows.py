@@ -4,8 +4,7 @@ and attends over the pages in place (`host_attention`); nothing is staged or swa
 A row that keeps only its oldest blocks on the host (partial moves) also has a device
 suffix: its new K/V go there, the same kernel attends over the suffix in the device pool,
 and the two partial outputs are merged by their log-sum-exp (`merge_attention`, one kernel
-on a GPU). The rows
-write only their own rows of `out`, the backend only the others."""
+on a GPU). The rows write only their own rows of `out`, the backend only the others."""
 
 from __future__ import annotations
 
