@@ -239,3 +239,19 @@ def test_the_simulator_runs_partial_moves_and_prices_the_host_tokens():
         engine.check_integrity()
     assert split > 5
     assert any(k == "directkv_rows" for s in engine.executor.steps for k, _ in s.shape.items)
+
+
+def test_the_flag_parses_is_off_by_default_and_only_for_directkv():
+    from kvtier.cli import build_parser
+    from kvtier.config import ConfigError
+    from kvtier.engine.args import EngineArgs
+
+    ns = build_parser().parse_args(["generate", "tiny-llama", "hi", "--kv-policy", "directkv",
+                                    "--directkv-partial-moves"])
+    options = EngineArgs.from_cli_args(ns).create_engine_config().policy_options
+    assert isinstance(options, DirectKVOptions) and options.partial_moves
+    default = EngineArgs(model="tiny-llama", kv_policy="directkv").create_engine_config()
+    assert not default.policy_options.partial_moves
+    with pytest.raises(ConfigError, match="--directkv-partial-moves"):
+        EngineArgs(model="tiny-llama", kv_policy="neo",
+                   directkv_partial_moves=True).create_engine_config()
