@@ -226,6 +226,11 @@ part() {
       --requests 8 --prompt 32768 --output 128 --max-num-seqs 8 --caps 0.9 \
       --policies directkv@0,directkv:partial@0 \
       --out "$(out policies directkv_partial_merge_long_h200_$KVTIER_GIT_COMMIT.json)" 2>&1 | tail -3 ;;
+  directkv-partial-balance)  # whole and partial moves at the default balance on 8 x 32,768 + 128 at 0.9 (where the simulator has partial moves pass their first parts, then preempt anyway)
+    TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 300 python3 -m benchmarks.policies.bench_host_resident \
+      --requests 8 --prompt 32768 --output 128 --max-num-seqs 8 --caps 0.9 \
+      --policies directkv,directkv:partial,recompute \
+      --out "$(out policies directkv_partial_balance_long_h200_$KVTIER_GIT_COMMIT.json)" 2>&1 | tail -4 ;;
   host-resident-128k)  # 128K contexts: 3 requests of 130,816 + 128 tokens (16 GiB of KV each) at 0.75 of the batch, a 32 GiB host pool (64 would not pin): directkv (lifted) and swap (recompute ran as swap did, 7.29 against 7.28 tok/s, in host_resident_128k_h200.json; the default balance refuses the move in the simulator and runs as recompute: both left out so that the call fits its 600 s)
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 580 python3 -m benchmarks.policies.bench_host_resident \
       --requests 3 --prompt 130816 --output 128 --max-num-seqs 3 --caps 0.75 --host-blocks 131072 \
