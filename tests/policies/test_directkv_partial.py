@@ -255,3 +255,33 @@ def test_the_flag_parses_is_off_by_default_and_only_for_directkv():
     with pytest.raises(ConfigError, match="--directkv-partial-moves"):
         EngineArgs(model="tiny-llama", kv_policy="neo",
                    directkv_partial_moves=True).create_engine_config()
+
+
+def test_a_part_is_priced_as_the_shortage_the_batch_will_reach():
+    """8 decodes of 32K fill the device pool, and each next token starts a block: 2 token
+    blocks of the newest are short now. Priced alone, that part pays against recomputing
+    32K tokens; but as the batch grows to its last tokens the shortage reaches many more
+    blocks, which this row would then hold on the host: the part is priced so, and refused
+    (the scheduler preempts at once, no part moved that a later one would undo). A batch
+    about to end moves its part."""
+    from tests.policies.test_directkv_balance import balance
+
+    bs, groups, ctx, n = 16, 8, 32768, 8
+
+    def step(max_tokens: int):
+        kv = KVCacheManager(num_groups=groups, block_size=bs, num_gpu_blocks=n * groups * ctx // bs,
+                            num_host_blocks=n * groups * ctx // bs, watermark=0.0)
+        running = [running_decode(kv, f"r{i}", prompt_len=ctx, max_tokens=max_tokens)
+                   for i in range(n)]
+        rule = balance(1.0)
+        policy = DirectKVPolicy(DirectKVOptions(max_model_len=2 * ctx, partial_moves=True,
+                                                balance_rule=rule))
+        alone = rule.mover(running, set())(running[-1], bs)  # one block, priced alone
+        policy.before_step(running, kv)
+        kv.check_integrity()
+        return kv, policy, alone
+
+    kv, policy, alone = step(max_tokens=256)
+    assert alone and kv.host_running == set() and policy.num_refused_by_system == 1
+    kv, policy, _ = step(max_tokens=2)
+    assert kv.host_running == {"r7"} and not kv.grows_on_host("r7")

@@ -116,19 +116,21 @@ class HostBalance:
 
     def mover(self, running: Sequence[Request], host: Collection[str],
               host_prefix: Mapping[str, int] | None = None
-              ) -> Callable[[Request, int | None], bool]:
+              ) -> Callable[[Request, int | None, int | None], bool]:
         """A check for this step's candidates, taken in order, each with the tokens it would
-        move (None: its whole context still on the device): True (and counted on the host
-        side from then on) when the candidate may move. `host_prefix` as StepSums'."""
+        move (None: its whole context still on the device) and those its price assumes it
+        moves (None: the same): True (and counted on the host side from then on) when the
+        candidate may move. `host_prefix` as StepSums'."""
         prefix = dict(host_prefix or {})
         sums = StepSums(running, host, self.max_step_tokens, prefix)
         rows = set(host)
 
-        def may_move(req: Request, tokens: int | None = None) -> bool:
+        def may_move(req: Request, tokens: int | None = None, priced: int | None = None) -> bool:
             rid, ctx = req.request_id, req.num_computed_tokens + 1
             on_host = min(ctx, prefix.get(rid, ctx)) if rid in rows else 0
             moved = ctx - on_host if tokens is None else tokens
-            if self.factor > 0 and not self.pays(self, sums, req, moved, on_host):
+            cost = moved if priced is None else min(priced, ctx - on_host)
+            if self.factor > 0 and not self.pays(self, sums, req, cost, on_host):
                 return False
             sums.move(moved, new_row=rid not in rows)
             rows.add(rid)

@@ -28,7 +28,10 @@ end, are device-resident: preempting them frees what is short.
                                                                 moves out from here <-
 
 A partly moved request stays a candidate, the first: when the device is short again its
-next oldest blocks move before another request's, so the host prefix grows on few rows.
+next oldest blocks move before another request's, so the host prefix grows on few rows. A
+system's limit prices a part as what the row may come to hold: the shortage the batch can
+still reach by its requests' last tokens (at most the row's device part), so no first part
+moves that pays alone while the parts after it would not.
 """
 
 from __future__ import annotations
@@ -102,10 +105,10 @@ class HostResidentPolicy(KVPolicy):
 
     # ---- decisions -------------------------------------------------------------------
     def mover(self, running: list[Request], kv: KVCacheManager
-              ) -> Callable[[Request, int | None], bool] | None:
+              ) -> Callable[[Request, int | None, int | None], bool] | None:
         """A system's own limit on this step's moves (candidates in order, newest first,
-        with the tokens each would move, None for its whole context; True: it may move), or
-        None: only the host room limits them."""
+        with the tokens each would move, None for its whole context, and those to price it
+        by; True: it may move), or None: only the host room limits them."""
         rule = self.options.balance_rule
         if rule is None:
             return None
@@ -125,11 +128,26 @@ class HostResidentPolicy(KVPolicy):
         whole request), else the oldest still on the device that cover `short`."""
         if not self.options.partial_moves:
             return None
-        table = kv.tables[req.request_id]
-        on_device = (table.num_token_blocks - table.num_dropped_blocks
-                     - kv.num_host_token_blocks(req.request_id))
         k = cdiv(short, kv.num_groups)
-        return k if k < on_device else None
+        return k if k < self._device_token_blocks(req, kv) else None
+
+    @staticmethod
+    def _device_token_blocks(req: Request, kv: KVCacheManager) -> int:
+        table = kv.tables[req.request_id]
+        return (table.num_token_blocks - table.num_dropped_blocks
+                - kv.num_host_token_blocks(req.request_id))
+
+    def _projected_short(self, running: list[Request], kv: KVCacheManager) -> int:
+        """Device blocks the running requests growing on the device will still need, to
+        their last tokens, beyond the free ones above the watermark: the most the batch can
+        come to be short of (requests that end early free theirs: an upper bound)."""
+        need = 0
+        for r in running:
+            table = kv.tables.get(r.request_id)
+            if not kv.grows_on_host(r.request_id):
+                held = kv.num_groups * table.num_token_blocks if table is not None else 0
+                need += max(0, self._life_blocks(r, kv) - held)
+        return need + kv.watermark_blocks - kv.num_available_gpu_blocks()
 
     def _move_out(self, running: list[Request], kv: KVCacheManager, short: int) -> None:
         host = kv.host_running
@@ -139,6 +157,7 @@ class HostResidentPolicy(KVPolicy):
         # row's read is latency-bound when short; and a decode graph per row count).
         newest = [r for r in reversed(running) if _is_decode(r) and not kv.grows_on_host(
             r.request_id)]
+        ahead = self._projected_short(running, kv) if self.options.partial_moves else 0
         for req in sorted(newest, key=lambda r: r.request_id not in host):
             if short <= 0:
                 return
@@ -150,7 +169,11 @@ class HostResidentPolicy(KVPolicy):
                 self.num_refused += 1
                 return  # the host pool cannot hold it (for its life): the scheduler preempts
             tokens = None if k is None else k * kv.block_size
-            if may_move is not None and not may_move(req, tokens):
+            # A part is priced as what the row may come to hold: the batch's shortage ahead
+            # (at most the row's device part), so no part moves that the next would undo.
+            priced = None if k is None else max(k, min(
+                cdiv(ahead, kv.num_groups), self._device_token_blocks(req, kv))) * kv.block_size
+            if may_move is not None and not may_move(req, tokens, priced):
                 self.num_refused_by_system += 1
                 return  # the system's own limit: the scheduler preempts
             grows = req.num_computed_tokens + 1 > kv.num_slots.get(rid, 0)
