@@ -1,6 +1,6 @@
 """Attention over a context in two disjoint parts from each part's output and log-sum-exp,
 in one pass: the host prefix and the device suffix of a row whose oldest KV blocks are in
-host memory (kvtier/policies/directkv/zero_copy_rows.py). Per (row, head):
+host memory (a memory system's split rows). Per (row, head):
 
     m = max(lse1, lse2);  w_i = exp(lse_i - m);  out = (o1 w1 + o2 w2) / (w1 + w2)
 
