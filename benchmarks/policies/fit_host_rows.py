@@ -20,6 +20,10 @@ NEO's launch constant is fit as that constant per layer (NEO's predictor charges
 per layer; neo/steps.py's LAUNCH_S). That check prices the CPU rows with the h200 profile's
 cost, so after the profile takes a new fit, run this once more for its `pipelined_launch`.
 
+Zero-copy rows that also attend a device suffix (DirectKV's partial moves) cost a step more:
+fit from the partial-move runs as the step-weighted mean of what their steps took beyond
+the zero-copy price, per layer (`split_layer_s`).
+
   python -m benchmarks.policies.fit_host_rows --out results/calibration/host_rows_h200.json
 """
 
@@ -55,6 +59,13 @@ SOURCES = (
     ("results/policies/directkv_graphs_long_h200_6b56c2b.json", CAL_8B, DIRECTKV_GRAPHS),
 )
 CHECKED = {"neo": HostAttention.CPU_ROUND_TRIP}  # priced with the fit, not fit
+# DirectKV's rows with a device suffix (partial moves; the runs with the one-kernel merge):
+# what their steps take beyond the zero-copy fit's price is the split rows' cost per layer.
+SPLIT = {"directkv:partial@0": HostAttention.ZERO_COPY}
+SPLIT_SOURCES = (
+    ("results/policies/directkv_partial_merge_h200_4bf6470.json", CAL_8B, SPLIT),
+    ("results/policies/directkv_partial_merge_long_h200_4bf6470.json", CAL_8B, SPLIT),
+)
 MIN_TOKEN_SPREAD = 1.5  # the largest host tokens over the smallest, to fit a rate
 
 
@@ -190,6 +201,15 @@ def launch_fit(groups: list[StepGroup]) -> dict[str, Any]:
         for g, r in zip(groups, per_layer)]}
 
 
+def split_fit(groups: list[StepGroup], cost: HostAttentionCost) -> dict[str, Any]:
+    """The split rows' extra cost per layer: the step-weighted mean of what their steps
+    took beyond the zero-copy price (`cost`), over the layers."""
+    rows = residuals(groups, cost)
+    per_layer = [r["residual_ms"] / 1e3 / g.num_layers for r, g in zip(rows, groups)]
+    layer_s = float(np.average(per_layer, weights=[g.num_steps for g in groups]))
+    return {"split_layer_s": layer_s, "groups": rows}
+
+
 def rms_ms(rows: list[dict[str, Any]], by_step: bool = False) -> float:
     """Root mean square of the shapes' residuals (each shape once, or weighted by steps)."""
     if not rows:
@@ -221,6 +241,13 @@ def main(argv: list[str] | None = None) -> None:
             print(f"    {r['policy']:9s} cap {r['cap']:.2f} rows {r['host_rows']} sched "
                   f"{r['num_scheduled']:2d}: measured {r['measured_ms']:6.1f} priced "
                   f"{r['priced_ms']:6.1f} ms (gpu {r['gpu_ms']:5.1f})")
+    zero_copy = mechanisms["zero_copy"]
+    split = split_fit([g for path, calib, fit_ in SPLIT_SOURCES
+                       for g in groups_of(path, calib, fit_)],
+                      HostAttentionCost(zero_copy["layer_s"], zero_copy["bytes_per_s"]))
+    zero_copy["split_layer_s"] = split["split_layer_s"]
+    print(f"zero_copy split rows: {1e3 * split['split_layer_s']:.4f} ms a layer more, over "
+          f"{len(split['groups'])} shapes")
     cpu = HostAttentionCost(mechanisms["cpu_round_trip"]["layer_s"],
                             mechanisms["cpu_round_trip"]["bytes_per_s"])
     pipelined = residuals(checks, cpu)
@@ -231,7 +258,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"neo pipelined: {1e3 * launch['layer_s']:.3f} ms a layer beyond its price "
           f"(NEO's lnch_T: 0.8)")
     if args.out:
-        write_result(args.out, {"sources": [s for s, _, _ in SOURCES], "mechanisms": mechanisms,
+        write_result(args.out, {"sources": [s for s, _, _ in SOURCES],
+                                "split_sources": [s for s, _, _ in SPLIT_SOURCES],
+                                "split_groups": split["groups"], "mechanisms": mechanisms,
                                 "pipelined_vs_sequential_price": pipelined,
                                 "pipelined_launch": launch})
 

@@ -41,7 +41,8 @@ def step_work(plan: Any) -> dict[str, int]:
     loads, recomputes) it also runs."""
     decodes = [r for r in plan.scheduled if len(r.token_ids) == 1]
     prefills = [r for r in plan.scheduled if len(r.token_ids) > 1]
-    host_items = [i for i in plan.items if i.kind.endswith("_rows")]
+    # The rows items name their requests (a count of split rows beside them does not).
+    host_items = [i for i in plan.items if i.kind.endswith("_rows") and hasattr(i, "request_ids")]
     return {
         "host_context_tokens": sum(i.count for i in host_items),
         "host_rows": sum(len(getattr(i, "request_ids", ())) for i in host_items),

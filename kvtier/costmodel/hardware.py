@@ -50,6 +50,9 @@ class HostAttentionCost:
 
     layer_s: float
     bytes_per_s: float
+    # A step whose host rows also attend a device suffix each (their oldest blocks alone on
+    # the host) pays this much more per layer: the suffix's read and the two parts' merge.
+    split_layer_s: float = 0.0
 
     def seconds(self, num_bytes: float, num_layers: int) -> float:
         return num_layers * self.layer_s + num_bytes / self.bytes_per_s
@@ -138,7 +141,8 @@ def _h200() -> HardwareProfile:
         allreduce_bytes_per_s=360e9, allreduce_latency_s=10e-6, measured=True,
         # Fit from the host-resident runs: results/calibration/host_rows_h200.json.
         host_attention={HostAttention.CPU_ROUND_TRIP: HostAttentionCost(1.190e-3, 38.10e9),
-                        HostAttention.ZERO_COPY: HostAttentionCost(0.0885e-3, 53.80e9)},
+                        HostAttention.ZERO_COPY: HostAttentionCost(0.0885e-3, 53.80e9,
+                                                                   split_layer_s=0.0691e-3)},
         # Fit from the measured break-even: results/calibration/host_loads_h200.json.
         host_load_step_s={CopyMechanism.KERNEL_GATHER: 0.955e-3,
                           CopyMechanism.MEMCPY_BATCH: 2.19e-3},

@@ -40,6 +40,16 @@ def test_the_h200_profile_holds_the_fit(mechanism):
     cost = get_hardware("h200").host_attention_cost(mechanism)
     assert cost.layer_s == pytest.approx(fit["layer_s"], rel=2e-3)
     assert cost.bytes_per_s == pytest.approx(fit["bytes_per_s"], rel=2e-3)
+    assert cost.split_layer_s == pytest.approx(fit.get("split_layer_s", 0.0), rel=2e-3)
+
+
+def test_a_step_with_split_rows_pays_the_split_cost_once():
+    from kvtier.policies.directkv import price_split_rows
+
+    cm = cost_model()
+    split = cm.hw.host_attention_cost(HostAttention.ZERO_COPY).split_layer_s
+    assert split > 0 and price_split_rows(cm, 0) == 0.0
+    assert price_split_rows(cm, 1) == price_split_rows(cm, 3) == cm.mc.num_layers * split
 
 
 def test_unfitted_profiles_price_host_rows_from_their_copies():

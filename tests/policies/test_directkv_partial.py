@@ -14,7 +14,12 @@ import torch
 from kvtier.kernels.merge_attention import merge_attention_ref
 from kvtier.kv.manager import KVCacheManager
 from kvtier.kv.map_table import Placement
-from kvtier.policies.directkv import DirectKVOptions, DirectKVPolicy, ZeroCopyRowsItem
+from kvtier.policies.directkv import (
+    DirectKVOptions,
+    DirectKVPolicy,
+    ZeroCopyRowsItem,
+    ZeroCopySplitRowsItem,
+)
 from kvtier.policies.host_resident import MoveToDevice, MoveToHost
 from kvtier.policies.host_resident.runner_side import rows_layout
 from tests.policies.test_host_resident import decode_of, running_decode
@@ -50,10 +55,11 @@ def test_a_partial_move_takes_the_oldest_blocks_the_device_is_short_of(setup):
     assert kv.allocate_slots(running[0], 1) is not None
     assert placements(kv, "r3") == [["h", "g", "g", "g"], ["h", "g", "g", "g"]]
     kv.check_integrity()
-    store, rows = policy.take_items([decode_of(r) for r in running])
+    store, rows, split = policy.take_items([decode_of(r) for r in running])
     assert isinstance(store, MoveToHost) and store.count == 2
     assert isinstance(rows, ZeroCopyRowsItem) and rows.host_tokens == (4,)
     assert rows.count == 4  # priced by its host tokens only
+    assert isinstance(split, ZeroCopySplitRowsItem) and split.count == 1  # and its split
 
 
 def test_the_next_shortage_moves_more_of_the_same_request_and_all_of_it_comes_back(setup):
@@ -238,7 +244,8 @@ def test_the_simulator_runs_partial_moves_and_prices_the_host_tokens():
         engine.step()
         engine.check_integrity()
     assert split > 5
-    assert any(k == "directkv_rows" for s in engine.executor.steps for k, _ in s.shape.items)
+    kinds = {k for s in engine.executor.steps for k, _ in s.shape.items}
+    assert {"directkv_rows", "directkv_split_rows"} <= kinds
 
 
 def test_the_flag_parses_is_off_by_default_and_only_for_directkv():

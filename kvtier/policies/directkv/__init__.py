@@ -19,6 +19,7 @@ from kvtier.policies.host_resident import (
     HostResidentPolicy,
     HostResidentSystem,
     HostRows,
+    SplitRows,
     kv_bytes_per_token,
     run_rows,
 )
@@ -35,6 +36,11 @@ class ZeroCopyRowsItem(HostRows):
     kind = "directkv_rows"
 
 
+@dataclass(frozen=True, slots=True)
+class ZeroCopySplitRowsItem(SplitRows):
+    kind = "directkv_split_rows"
+
+
 def price_zero_copy_rows(cost_model, num_context_tokens: int) -> float:
     """Every host token's K and V of every layer crosses PCIe once a step; the profile
     prices the per-layer cost of the host reads beside the bytes. (A row's device suffix is
@@ -42,6 +48,13 @@ def price_zero_copy_rows(cost_model, num_context_tokens: int) -> float:
     cost = cost_model.hw.host_attention_cost(HostAttention.ZERO_COPY)
     return cost.seconds(num_context_tokens * kv_bytes_per_token(cost_model),
                         cost_model.mc.num_layers)
+
+
+def price_split_rows(cost_model, num_rows: int) -> float:
+    """Rows with a device suffix: the profile's extra cost per layer of such a step (the
+    suffix's read and the merge), once a step however many rows split."""
+    cost = cost_model.hw.host_attention_cost(HostAttention.ZERO_COPY)
+    return cost_model.mc.num_layers * cost.split_layer_s if num_rows else 0.0
 
 
 @dataclass(frozen=True)
@@ -81,6 +94,7 @@ class DirectKVOptions(HostResidentOptions):
 
 class DirectKVPolicy(HostResidentPolicy):
     rows_item = ZeroCopyRowsItem
+    split_item = ZeroCopySplitRowsItem
     options: DirectKVOptions
 
     def __init__(self, options: SystemOptions):
@@ -120,6 +134,8 @@ class DirectKVSystem(HostResidentSystem):
 
 
 register_item(ZeroCopyRowsItem, run=run_rows, price=price_zero_copy_rows)
+register_item(ZeroCopySplitRowsItem, run=run_rows, price=price_split_rows)
 
 __all__ = ["DirectKVArgs", "DirectKVOptions", "DirectKVPolicy", "DirectKVSystem",
-           "ZeroCopyRowsItem", "price_zero_copy_rows"]
+           "ZeroCopyRowsItem", "ZeroCopySplitRowsItem", "price_split_rows",
+           "price_zero_copy_rows"]

@@ -5,7 +5,8 @@ the device pool's kernels. NEO (kvtier/policies/neo/, attention on the CPU) and 
 (kvtier/policies/directkv/, the GPU reading host memory in place) build on it.
 
   placement.py    which requests run from the host, and when they come back (NEO's rule)
-  items.py        the plan items: moves (MoveToHost, MoveToDevice) and the step's host rows
+  items.py        the plan items: moves (MoveToHost, MoveToDevice), the step's host rows
+                  and how many of them keep a device suffix (SplitRows)
   hooks.py        their runner hooks
   runner_side.py  host pages, the moves' copies, the rows handed to attention (torch)
   system.py       flags, options and assembly shared by the systems
@@ -19,6 +20,7 @@ from kvtier.policies.host_resident.items import (
     HostRows,
     MoveToDevice,
     MoveToHost,
+    SplitRows,
     kv_bytes_per_token,
     price_load,
     price_store,
@@ -31,4 +33,5 @@ register_item(MoveToHost, run=run_store, price=price_store)
 register_item(MoveToDevice, run=run_load, price=price_load)
 
 __all__ = ["MoveToDevice", "HostResidentArgs", "HostResidentOptions", "HostResidentPolicy",
-           "HostResidentSystem", "HostRows", "MoveToHost", "kv_bytes_per_token", "run_rows"]
+           "HostResidentSystem", "HostRows", "MoveToHost", "SplitRows", "kv_bytes_per_token",
+           "run_rows"]

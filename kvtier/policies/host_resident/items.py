@@ -58,6 +58,20 @@ class HostRows(PlanItem):
         return self.num_context_tokens
 
 
+@dataclass(frozen=True, slots=True)
+class SplitRows(PlanItem):
+    """How many of this step's host rows keep a device suffix (partial moves): the system
+    attends and merges both parts, which costs the step more than whole host rows do. Each
+    system that splits rows subclasses it with its own kind and price."""
+
+    kind = ""
+    num_rows: int
+
+    @property
+    def count(self) -> int:
+        return self.num_rows
+
+
 def price_store(cost_model, num_blocks: int) -> float:
     """The moves copy with the UVA page kernel (HostPageIO), not the swap path: priced at
     the profile's kernel-gather rate, one launch a step."""

@@ -46,7 +46,7 @@ from kvtier.core.request import Request
 from kvtier.kv.manager import KVCacheManager, cdiv
 from kvtier.policies.base import KVPolicy, Preemption, drop_kv
 from kvtier.policies.host_resident.balance import last_token
-from kvtier.policies.host_resident.items import HostRows, MoveToDevice, MoveToHost
+from kvtier.policies.host_resident.items import HostRows, MoveToDevice, MoveToHost, SplitRows
 from kvtier.policies.host_resident.options import HostResidentOptions
 
 
@@ -55,6 +55,7 @@ class HostResidentPolicy(KVPolicy):
 
     options: HostResidentOptions
     rows_item: ClassVar[type[HostRows]] = HostRows  # each system's own kind
+    split_item: ClassVar[type[SplitRows] | None] = None  # a system that splits rows: its kind
 
     def __init__(self, options: SystemOptions):
         super().__init__(options if isinstance(options, HostResidentOptions)
@@ -101,6 +102,9 @@ class HostResidentPolicy(KVPolicy):
         if n:
             ids = tuple(sr.request_id for sr in scheduled[:n])
             items.append(self.rows_item(ids, sum(host_tokens), tuple(host_tokens)))
+            split = sum(h <= sr.start_pos for h, sr in zip(host_tokens, scheduled))
+            if split and self.split_item is not None:
+                items.append(self.split_item(split))
         return items
 
     # ---- decisions -------------------------------------------------------------------
