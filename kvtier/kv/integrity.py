@@ -29,12 +29,13 @@ def check_manager(kv: KVCacheManager) -> None:
         host_owned += [b for _, _, b in table.entries(Placement.HOST)]
         if rid in kv.host_running:  # a host prefix, then a device suffix, in every group
             k = table.num_dropped_blocks
-            held = kv.num_host_token_blocks(rid)
+            held = sum(p is Placement.HOST for p in table.placements[0][k:])
             assert held > 0, f"{rid}: runs from the host pool with nothing there"
             for pls in table.placements:
                 assert all(p is Placement.HOST for p in pls[k:k + held]) \
                     and all(p is Placement.GPU for p in pls[k + held:]), \
                     f"{rid}: runs from the host pool, yet not as a host prefix and a device suffix"
+            assert kv.num_host_token_blocks(rid) == held, f"{rid}: host prefix miscounted"
     assert kv.host_running <= set(kv.tables), "host-running request without a table"
     assert kv.num_slots == {rid: len(t.block_ids[0]) * kv.block_size
                             for rid, t in kv.tables.items()}, "slot counts"

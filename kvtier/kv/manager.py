@@ -171,12 +171,16 @@ class KVCacheManager(DroppedPrefixes):
 
     def num_host_token_blocks(self, request_id: str) -> int:
         """Leading token blocks (of each group) a host-running request keeps in the host pool
-        (past a dropped prefix)."""
+        (past a dropped prefix): its entries there are HOST, then GPU (check_integrity), so
+        the first GPU entry ends them, found at C speed (the scheduler asks every step)."""
         table = self.tables.get(request_id)
-        if table is None:
+        if table is None or request_id not in self.host_running:
             return 0
-        k = table.num_dropped_blocks
-        return sum(p is Placement.HOST for p in table.placements[0][k:])
+        pls, k = table.placements[0], table.num_dropped_blocks
+        try:
+            return pls.index(Placement.GPU, k) - k
+        except ValueError:  # no device entry: all of it is on the host
+            return len(pls) - k
 
     def block_table(self, req: Request) -> tuple[tuple[int, ...], ...]:
         table = self.tables[req.request_id]
