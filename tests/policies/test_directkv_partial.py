@@ -206,6 +206,15 @@ def test_greedy_outputs_equal_gpu_only_with_rows_split_between_the_pools(
     assert outputs == gpu_only
 
 
+def test_a_gqa_model_with_qk_norm_splits_rows_exactly(monkeypatch):
+    """Qwen3's shape (grouped KV heads, q/k norms): the merge and the suffix read per KV
+    group give the GPU-only run's greedy outputs too."""
+    reference, _, _ = run("recompute", model="tiny-qwen3", num_gpu_blocks=256)
+    layouts = record_layouts(monkeypatch)
+    outputs, _, _ = run("directkv", model="tiny-qwen3", directkv_partial_moves=True)
+    assert any(lay.device is not None for lay in layouts) and outputs == reference
+
+
 def test_the_graph_rows_attend_device_suffixes_as_the_step_rows(gpu_only, monkeypatch):
     """Every step's rows through the decode graphs' buffers (graph_rows.py), on the CPU:
     under partial moves they carry the suffixes too, cleared where a step has none."""
