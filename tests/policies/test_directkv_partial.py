@@ -301,3 +301,25 @@ def test_a_part_is_priced_as_the_shortage_the_batch_will_reach():
     assert alone and kv.host_running == set() and policy.num_refused_by_system == 1
     kv, policy, _ = step(max_tokens=2)
     assert kv.host_running == {"r7"} and not kv.grows_on_host("r7")
+
+
+def test_the_first_split_row_pays_the_split_cost_in_the_balance():
+    """A part that keeps the row's device suffix makes the step's first split row: the
+    balance adds the system's split price (the suffix's read and the merge) to what the
+    move adds, so a part that would pay at the host reads' price alone may not."""
+    import dataclasses
+
+    from kvtier.policies.directkv import price_split_rows, price_zero_copy_rows
+    from tests.policies.test_directkv_balance import balance, decode
+
+    plain = balance(1.0)
+    with_split = dataclasses.replace(plain, price_split=price_split_rows)
+    cm = plain.cost_model
+    first, split = price_zero_copy_rows(cm, 16), price_split_rows(cm, 1)
+    remaining = int(plain.recompute_s(2048) / (first + split / 2))
+    running = [decode(f"d{i}", 2048, 128) for i in range(8)]
+    row = decode("row", 2048, remaining)
+    assert plain.mover([*running, row], set())(row, 16)
+    assert not with_split.mover([*running, row], set())(row, 16)
+    assert with_split.mover([*running, row], set())(row, None) == plain.mover(
+        [*running, row], set())(row, None)  # a whole move splits nothing

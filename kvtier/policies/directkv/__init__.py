@@ -121,7 +121,8 @@ class DirectKVSystem(HostResidentSystem):
             return config
         rule = HostBalance(self.pricing(config, ctx), price_zero_copy_rows, opts.balance,
                            opts.max_step_tokens, opts.max_model_len,
-                           pays=cheaper_than_recompute)
+                           pays=cheaper_than_recompute,
+                           price_split=price_split_rows if opts.partial_moves else None)
         return config.with_(policy_options=replace(opts, balance_rule=rule))
 
     def make_source(self, runner: Any):

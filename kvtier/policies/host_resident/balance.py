@@ -65,7 +65,7 @@ class StepSums:
         others hold their whole context on the host)."""
         prefix = host_prefix or {}
         self.host_rows = self.host_tokens = self.gpu_rows = self.gpu_ctx_sum = 0
-        self.gpu_ctx_max = 0
+        self.gpu_ctx_max = self.split_rows = 0
         prefills = []
         budget = max_step_tokens
         for req in running:
@@ -81,6 +81,7 @@ class StepSums:
                 on_host = min(ctx, prefix.get(req.request_id, ctx))
                 self.host_rows, self.host_tokens = self.host_rows + 1, self.host_tokens + on_host
                 self.gpu_ctx_sum += ctx - on_host  # a device suffix: attended on the GPU
+                self.split_rows += on_host < ctx
             else:
                 self.gpu_rows, self.gpu_ctx_sum = self.gpu_rows + 1, self.gpu_ctx_sum + ctx
                 self.gpu_ctx_max = max(self.gpu_ctx_max, ctx)
@@ -113,6 +114,9 @@ class HostBalance:
     max_step_tokens: int = 8192  # the scheduler's token budget caps a prefill's chunk
     max_model_len: int = 0  # a request's last token (0: its prompt + max_tokens)
     pays: Callable[[HostBalance, StepSums, Request, int, int], bool] = field(kw_only=True)
+    # The system's price of a step whose host rows keep device suffixes ((cost model, rows)
+    # -> seconds), or None: its rows are never split.
+    price_split: Callable[[Any, int], float] | None = field(default=None, kw_only=True)
 
     def mover(self, running: Sequence[Request], host: Collection[str],
               host_prefix: Mapping[str, int] | None = None
@@ -133,10 +137,19 @@ class HostBalance:
             if self.factor > 0 and not self.pays(self, sums, req, cost, on_host):
                 return False
             sums.move(moved, new_row=rid not in rows)
+            if on_host == 0 and moved < ctx:  # a device row split by this move
+                sums.split_rows += 1
             rows.add(rid)
             prefix[rid] = on_host + moved
             return True
         return may_move
+
+    def split_s(self, sums: StepSums, ctx: int, tokens: int, on_host: int) -> float:
+        """What the mover adds to the step's price of split rows: the system's price, when
+        it is the step's first row to keep a device suffix."""
+        if self.price_split is None or sums.split_rows or on_host + tokens >= ctx:
+            return 0.0
+        return self.price_split(self.cost_model, 1)
 
     def remaining_steps(self, req: Request) -> int:
         """Decode steps the request still runs (at most: it may come back sooner)."""
@@ -169,5 +182,6 @@ def cheaper_than_recompute(balance: HostBalance, sums: StepSums, req: Request,
     ctx, cm = req.num_computed_tokens + 1, balance.cost_model
     others = sums.host_tokens - on_host
     before = balance.price_rows(cm, others) if others else 0.0
-    added = balance.price_rows(cm, sums.host_tokens + tokens) - before
+    added = (balance.price_rows(cm, sums.host_tokens + tokens) - before
+             + balance.split_s(sums, ctx, tokens, on_host))
     return balance.remaining_steps(req) * added <= balance.factor * balance.recompute_s(ctx)
