@@ -135,6 +135,15 @@ class HostResidentPolicy(KVPolicy):
         k = cdiv(short, kv.num_groups)
         return k if k < self._device_token_blocks(req, kv) else None
 
+    def _priced_tokens(self, req: Request, kv: KVCacheManager, k: int | None,
+                       ahead: int) -> int | None:
+        """The tokens a move of `k` token blocks is priced by (None: a whole move, priced
+        by what it moves): at most the row's device part, at least the part."""
+        if k is None:
+            return None
+        blocks = max(k, min(cdiv(ahead, kv.num_groups), self._device_token_blocks(req, kv)))
+        return blocks * kv.block_size
+
     @staticmethod
     def _device_token_blocks(req: Request, kv: KVCacheManager) -> int:
         table = kv.tables[req.request_id]
@@ -161,7 +170,9 @@ class HostResidentPolicy(KVPolicy):
         # row's read is latency-bound when short; and a decode graph per row count).
         newest = [r for r in reversed(running) if _is_decode(r) and not kv.grows_on_host(
             r.request_id)]
-        ahead = self._projected_short(running, kv) if self.options.partial_moves else 0
+        # Only a system's limit prices a part by the shortage ahead: worked out for it alone.
+        ahead = (self._projected_short(running, kv)
+                 if may_move is not None and self.options.partial_moves else 0)
         for req in sorted(newest, key=lambda r: r.request_id not in host):
             if short <= 0:
                 return
@@ -175,9 +186,8 @@ class HostResidentPolicy(KVPolicy):
             tokens = None if k is None else k * kv.block_size
             # A part is priced as what the row may come to hold: the batch's shortage ahead
             # (at most the row's device part), so no part moves that the next would undo.
-            priced = None if k is None else max(k, min(
-                cdiv(ahead, kv.num_groups), self._device_token_blocks(req, kv))) * kv.block_size
-            if may_move is not None and not may_move(req, tokens, priced):
+            if may_move is not None and not may_move(req, tokens, self._priced_tokens(
+                    req, kv, k, ahead)):
                 self.num_refused_by_system += 1
                 return  # the system's own limit: the scheduler preempts
             grows = req.num_computed_tokens + 1 > kv.num_slots.get(rid, 0)
