@@ -406,6 +406,11 @@ part() {
     strata leval strata_leval_shuffled_h200.json --dataset-path .carry/leval_paper_assistant.jsonl \
       --leval-order shuffled --leval-max-document-tokens 8000 --num-prompts 69 --arrivals poisson \
       --rate 1 --max-duration 80 ;;  # 80 s: the 69 arrivals span ~60 s
+  strata-leval-load-programs)  # L-Eval shuffled as strata-leval: (a), then (c) with a hit's loads on 2 and on 8 kernel programs (--hicache-load-programs)
+    STRATA_VARIANTS=a,c strata leval strata_leval_load_programs_h200.json \
+      --dataset-path .carry/leval_paper_assistant.jsonl --leval-order shuffled \
+      --leval-max-document-tokens 8000 --num-prompts 69 --arrivals poisson --rate 1 \
+      --max-duration 80 --load-programs 2,8 ;;
   strata-multiturn)  # the same four variants on multi-turn ShareGPT (the 600-turn file's first 400 turns, 4 conversations/s, 1 s think time), 4 GiB GPU pool, 50 s windows
     strata prepared strata_multiturn_h200.json --dataset-path $WMT --num-prompts 400 \
       --arrivals poisson --rate 4 --max-model-len 8192 --kv-cache-gb 4 --max-duration 50 ;;

@@ -15,6 +15,9 @@ labels of their own; (a) runs once):
                                                labelled c/write_back, ...
   --loading-bounds 0,1,2,4,8                   (d) once per --hicache-loading-bound,
                                                labelled d/lb=2, ... (0: no bound)
+  --load-programs 2,8                          (c) and (d) once per --hicache-load-programs
+                                               (the kernel's programs for a hit's loads),
+                                               labelled c/lp=8, ...
   --goodput-sweep --sweep-rates 1,2,3          each run also finds its throughput at the
                                                SLO (--slo-ttft): the highest rate that keeps
                                                --goodput-target of requests inside it
@@ -32,6 +35,7 @@ labels of their own; (a) runs once):
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from dataclasses import dataclass, replace
 from typing import Any
@@ -54,6 +58,7 @@ class Run:
     variant: str
     write_policy: str | None = None  # None: the run's own --hicache-write-policy
     loading_bound: float | None = None  # None: the run's own --hicache-loading-bound
+    load_programs: int | None = None  # None: the run's own --hicache-load-programs
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -68,6 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         f"{', '.join(w.value for w in WritePolicy)}")
     p.add_argument("--loading-bounds", type=_bounds,
                    help="run d once per --hicache-loading-bound, a comma list (0: no bound)")
+    p.add_argument("--load-programs", type=_counts,
+                   help="run c and d once per --hicache-load-programs, a comma list")
     return p.parse_args(argv)
 
 
@@ -90,29 +97,46 @@ def _bounds(text: str) -> list[float]:
     return bounds
 
 
+def _counts(text: str) -> list[int]:
+    try:
+        counts = [int(c) for c in text.split(",") if c.strip()]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"program counts are integers: {e}") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"program counts are >= 1, got {text!r}")
+    return counts
+
+
 def plan_runs(variants: str, write_policies: list[str] | None = None,
-              loading_bounds: list[float] | None = None) -> list[Run]:
-    """The runs in order: each variant of `variants` once, or once per write policy (b-d)
-    and per loading bound (d), both swept for (d) when both are given."""
+              loading_bounds: list[float] | None = None,
+              load_programs: list[int] | None = None) -> list[Run]:
+    """The runs in order: each variant of `variants` once, or once per write policy (b-d),
+    per loading bound (d) and per load program count (c, d), every combination of those
+    given."""
     names = [v.strip() for v in variants.split(",") if v.strip()]
     for name in names:
         if name not in VARIANTS:
             raise SystemExit(f"bench_strata: unknown variant {name!r}, one of {sorted(VARIANTS)}")
     if loading_bounds and "d" not in names:
         raise SystemExit("bench_strata: --loading-bounds sweeps variant d: add d to --variants")
+    if load_programs and not {"c", "d"} & set(names):
+        raise SystemExit("bench_strata: --load-programs sweeps variants c and d: add one")
     runs = []
     for name in names:
         policies: list[str | None] = [None]
         bounds: list[float | None] = [None]
+        programs: list[int | None] = [None]
         if write_policies and name != "a":  # (a) has no host tier to write to
             policies = list(write_policies)
         if loading_bounds and name == "d":
             bounds = list(loading_bounds)
-        for wp in policies:
-            for lb in bounds:
-                label = "/".join([name, *([wp] if wp else []),
-                                  *([f"lb={lb:g}"] if lb is not None else [])])
-                runs.append(Run(label, name, wp, lb))
+        if load_programs and name in ("c", "d"):
+            programs = list(load_programs)
+        for wp, lb, lp in itertools.product(policies, bounds, programs):
+            label = "/".join([name, *([wp] if wp else []),
+                              *([f"lb={lb:g}"] if lb is not None else []),
+                              *([f"lp={lp}"] if lp is not None else [])])
+            runs.append(Run(label, name, wp, lb, lp))
     return runs
 
 
@@ -134,6 +158,8 @@ def run_host_args(run: Run, base: HostTierArgs, host_gib: float) -> HostTierArgs
         base = replace(base, hicache_write_policy=run.write_policy)
     if run.loading_bound is not None:
         base = replace(base, hicache_loading_bound=run.loading_bound)
+    if run.load_programs is not None:
+        base = replace(base, hicache_load_programs=run.load_programs)
     return variant_args(run.variant, base, host_gib)
 
 
@@ -198,7 +224,8 @@ def _ttft(result: dict, q: str) -> float | None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    runs = plan_runs(args.variants, args.write_policies, args.loading_bounds)  # before any work
+    runs = plan_runs(args.variants, args.write_policies, args.loading_bounds,
+                     args.load_programs)  # before any work
     base = EngineArgs.from_cli_args(args)
     config = bench_config(args)
     tokenizer_config = base.create_engine_config()

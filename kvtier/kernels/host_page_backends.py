@@ -49,6 +49,9 @@ class PageIOConfig:
     backend: IOBackend = IOBackend.KERNEL
     layout: hp.HostPageLayout = hp.HostPageLayout.HEAD_MAJOR
     num_programs: int = hp.DEFAULT_NUM_PROGRAMS  # KERNEL: programs of 1024 threads
+    # KERNEL, loads a step waits for (a hit's blocks): the layers that need them stall
+    # until they land, so they take more programs than the copies beside the forward do.
+    load_programs: int = hp.DEFAULT_LOAD_PROGRAMS
     tile_bytes: int = hp.DEFAULT_TILE_BYTES  # KERNEL: bytes a program moves per iteration
     coalesce_runs: bool = True  # DIRECT: one copy per run of consecutive blocks
     # DIRECT: how the copies are issued; one batch keeps the copy engine busy on small
@@ -59,9 +62,9 @@ class PageIOConfig:
         if self.backend is IOBackend.DIRECT and self.layout is not hp.HostPageLayout.BLOCK:
             raise ValueError(f"io backend 'direct' copies bytes: it needs host layout "
                              f"'block', not '{self.layout.value}' (use backend 'kernel')")
-        if self.num_programs < 1 or self.tile_bytes < 1:
-            raise ValueError(f"num_programs and tile_bytes must be >= 1, got "
-                             f"{self.num_programs}, {self.tile_bytes}")
+        if min(self.num_programs, self.load_programs, self.tile_bytes) < 1:
+            raise ValueError(f"num_programs, load_programs and tile_bytes must be >= 1, got "
+                             f"{self.num_programs}, {self.load_programs}, {self.tile_bytes}")
 
 
 def runs(dst: Sequence[int], src: Sequence[int]) -> list[tuple[int, int, int]]:
@@ -137,13 +140,14 @@ class HostPageIO:
         self._move(gpu_kv, host_kv, src, dst, to_host=True)
 
     def load(self, host_kv: torch.Tensor, gpu_kv: torch.Tensor, host_pages: Ids,
-             gpu_blocks: Ids) -> None:
-        """device block gpu_blocks[i] = host page host_pages[i]."""
+             gpu_blocks: Ids, awaited: bool = False) -> None:
+        """device block gpu_blocks[i] = host page host_pages[i]. `awaited`: the step's
+        layers wait for these blocks (KERNEL launches `load_programs` programs)."""
         src, dst = _checked(host_pages, gpu_blocks, host_kv.shape[0], gpu_kv.shape[0])
-        self._move(gpu_kv, host_kv, src, dst, to_host=False)
+        self._move(gpu_kv, host_kv, src, dst, to_host=False, awaited=awaited)
 
     def _move(self, gpu_kv: torch.Tensor, host_kv: torch.Tensor, src: list[int],
-              dst: list[int], to_host: bool) -> None:
+              dst: list[int], to_host: bool, awaited: bool = False) -> None:
         c = self.config
         hp.check_pools(gpu_kv, host_kv, c.layout)
         if not src:
@@ -163,4 +167,4 @@ class HostPageIO:
         ids = torch.tensor([src, dst], dtype=torch.int64).to(gpu_kv.device, non_blocking=True)
         kernel = hp.gather_to_host if to_host else hp.scatter_to_gpu
         kernel(*((gpu_kv, host_kv) if to_host else (host_kv, gpu_kv)), ids[0], ids[1],
-               c.layout, c.num_programs, c.tile_bytes)
+               c.layout, c.load_programs if awaited else c.num_programs, c.tile_bytes)

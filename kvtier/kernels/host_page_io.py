@@ -52,6 +52,9 @@ NUM_WARPS = 32  # 1024 threads a program, the shape the published I/O kernels us
 # concurrent 8K prefill far less when storing (D2H +12.4 % against +42.5 %; H2D +4.5 %
 # against +5.1 %): results/kernels/host_page_io_h200_runtime.json.
 DEFAULT_NUM_PROGRAMS = 2
+# Loads the step's layers wait for: nothing runs beside them that they could slow more than
+# the wait itself costs (measured: results/policies/strata_leval_load_programs_h200.json).
+DEFAULT_LOAD_PROGRAMS = 8
 DEFAULT_TILE_BYTES = 64 * 1024  # bytes one program moves per loop iteration
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Cache hints of the copy's loads and stores (see the kernel); a CPU test compiles the kernel

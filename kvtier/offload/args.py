@@ -25,7 +25,7 @@ from typing import Any, Self
 
 from kvtier.config import ConfigError
 from kvtier.kernels.host_page_backends import IOBackend, PageIOConfig
-from kvtier.kernels.host_page_io import HostPageLayout
+from kvtier.kernels.host_page_io import DEFAULT_LOAD_PROGRAMS, HostPageLayout
 from kvtier.kv.host_tier import HostTierConfig, WritePolicy
 
 GiB = 2**30
@@ -53,6 +53,7 @@ class HostTierArgs:
     # the kernel takes SMs from it (results/kernels/host_page_io_h200_runtime.json).
     hicache_io_backend: str = IOBackend.DIRECT.value
     hicache_mem_layout: str | None = None
+    hicache_load_programs: int = DEFAULT_LOAD_PROGRAMS  # io backend kernel: a hit's loads
     # A host hit of fewer token blocks is computed: a load has a fixed cost a request on the
     # H200 that computing a short prefix undercuts; measured, loading loses at 64 tokens and
     # wins from 256 (results/policies/strata_breakeven_measured_h200.json).
@@ -87,6 +88,9 @@ class HostTierArgs:
           default=cls.hicache_io_backend, help="kernel (Triton, UVA) or direct (copy engine)")
         a("--hicache-mem-layout", choices=[*_LAYOUTS, "layer_first"],
           help="host page layout (default: by io backend)")
+        a("--hicache-load-programs", type=int, default=cls.hicache_load_programs,
+          help="io backend kernel: programs of 1,024 threads that load a hit's blocks "
+               "(stores and background copies take 2)")
         a("--hicache-min-load-blocks", type=int, default=cls.hicache_min_load_blocks,
           help="shorter host hits are computed, not loaded")
         a("--hicache-loading-bound", type=float, default=cls.hicache_loading_bound,
@@ -137,7 +141,8 @@ class HostTierArgs:
             num_pages, option = int(ratio * num_gpu_blocks), "--hicache-ratio"
         try:
             backend = IOBackend(self.hicache_io_backend)
-            io = PageIOConfig(backend=backend, layout=self.layout(backend))
+            io = PageIOConfig(backend=backend, layout=self.layout(backend),
+                              load_programs=self.hicache_load_programs)
             tier = HostTierConfig(num_pages=num_pages,
                                   write_policy=WritePolicy(self.hicache_write_policy),
                                   selective_hits=self.hicache_write_through_threshold,
@@ -164,5 +169,6 @@ class HostTierOptions:
     def describe(self) -> dict[str, Any]:
         return {"host_pages": self.tier.num_pages, "write_policy": self.tier.write_policy.value,
                 "io_backend": self.io.backend.value, "layout": self.io.layout.value,
+                "load_programs": self.io.load_programs,
                 "loading_bound": self.loading_bound, "delayed_hits": self.delayed_hits,
                 "prefetch": self.prefetch}

@@ -109,7 +109,8 @@ class HostTierCopies:
               stall: bool) -> bool:
         if not blocks:
             return False
-        self.timer.timed("load_s", lambda: self.io.load(self.pages, gpu, pages, blocks), stall)
+        self.timer.timed("load_s", lambda: self.io.load(self.pages, gpu, pages, blocks,
+                                                          awaited=stall), stall)
         self.counters.loaded_pages += len(blocks)
         self.counters.load_calls += 1
         return True

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kvtier.kernels import host_page_io as hp
 from kvtier.kernels.cuda_memcpy import pieces
 from kvtier.kernels.host_page_backends import (
     DirectVia,
@@ -228,6 +229,23 @@ def test_backends_round_trip(backend, layout):
     sync()
     assert torch.equal(gpu_kv[[2, 3, 4, 0]], original[[5, 6, 7, 1]])
     assert torch.equal(gpu_kv[[1, 5, 6, 7]], original[[1, 5, 6, 7]])
+
+
+def test_awaited_loads_take_the_load_programs(monkeypatch):
+    """A load the step's layers wait for launches `load_programs` programs; stores and
+    background loads launch `num_programs`."""
+    launched = []
+    for name in ("gather_to_host", "scatter_to_gpu"):
+        monkeypatch.setattr(hp, name, lambda *a, name=name: launched.append((name, a[-2])))
+    monkeypatch.setattr("kvtier.kernels.host_page_backends.interpreting", lambda: True)
+    io = HostPageIO(PageIOConfig(num_programs=2, load_programs=6))
+    gpu_kv, host_kv = pools(4, 4, HostPageLayout.HEAD_MAJOR, torch.float32)
+    io.store(gpu_kv, host_kv, [0], [1])
+    io.load(host_kv, gpu_kv, [1], [2])
+    io.load(host_kv, gpu_kv, [1], [3], awaited=True)
+    assert launched == [("gather_to_host", 2), ("scatter_to_gpu", 2), ("scatter_to_gpu", 6)]
+    with pytest.raises(ValueError, match="load_programs"):
+        PageIOConfig(load_programs=0)
 
 
 def test_direct_backend_refuses_head_major():

@@ -48,12 +48,24 @@ def test_loading_bounds_sweep_d_and_combine_with_write_policies():
 
 
 @pytest.mark.parametrize("argv", [["--write-policies", "write_sometimes"],
-                                  ["--loading-bounds", "2,-1"], ["--loading-bounds", "two"]])
+                                  ["--loading-bounds", "2,-1"], ["--loading-bounds", "two"],
+                                  ["--load-programs", "0"], ["--load-programs", "2.5"]])
 def test_bad_sweep_values_are_refused_by_the_parser(argv, capsys):
     with pytest.raises(SystemExit) as done:
         parse_args(argv)
     assert done.value.code == 2
     assert "--" + argv[0].lstrip("-") in capsys.readouterr().err
+
+
+def test_load_programs_sweep_the_kernel_variants():
+    runs = plan_runs("a,b,c,d", load_programs=[2, 8])
+    assert [r.label for r in runs] == ["a", "b", "c/lp=2", "c/lp=8", "d/lp=2", "d/lp=8"]
+    args = run_host_args(runs[3], HostTierArgs(), 64.0)
+    assert args.hicache_load_programs == 8 and args.hicache_io_backend == "kernel"
+    assert run_host_args(runs[1], HostTierArgs(), 64.0).hicache_load_programs == \
+        HostTierArgs().hicache_load_programs
+    with pytest.raises(SystemExit, match="variants c and d"):
+        plan_runs("a,b", load_programs=[4])
 
 
 def test_loading_bounds_need_variant_d():

@@ -8,7 +8,7 @@ import torch
 
 from kvtier.core.plan import BlockCopy
 from kvtier.kernels.host_page_backends import PageIOConfig
-from kvtier.kv.host_tier_items import HostBackup, HostLoad, HostStore
+from kvtier.kv.host_tier_items import HostBackup, HostLoad, HostPrefetch, HostStore
 from kvtier.offload.transfers import HostTierCopies
 from tests.runner.test_swap_copies import F, G, make
 
@@ -25,9 +25,10 @@ class LoggingTier:
         assert self.streams.on_copy
         self.streams.log.append(("store", tuple(blocks), tuple(host_pages)))
 
-    def load(self, pages, gpu, host_pages, blocks):
+    def load(self, pages, gpu, host_pages, blocks, awaited=False):
         assert self.streams.on_copy
-        self.streams.log.append(("load", tuple(host_pages), tuple(blocks)))
+        self.streams.log.append(("load" if awaited else "prefetch", tuple(host_pages),
+                                 tuple(blocks)))
 
 
 def test_stores_then_per_group_loads_with_an_event_each_then_backups():
@@ -64,3 +65,15 @@ def test_a_step_with_backups_only_lets_every_layer_run_at_once():
     assert not sc.pending and not sc.has_swap_in
     sc.issue(gpu, host, [], [])  # the next step joins them before anything reuses a block
     assert s.log[-1] == ("join",)
+
+
+def test_a_prefetch_is_not_awaited_and_loads_are():
+    """Only the loads a layer waits for are issued as awaited (the kernel gives them more
+    programs); a prefetch runs in the background like a backup."""
+    s, sc, gpu, host = make()
+    tier = LoggingTier(s)
+    sc.tier = tier.copies
+    tier.copies.stage([], [HostPrefetch((14,), (4,)), HostLoad("r", (1,), (11,), (0,))])
+    sc.issue(gpu, host, [], [])
+    assert [e for e in s.log if e[0] in ("load", "prefetch")] == [
+        ("load", (1,), (11,)), ("prefetch", (4,), (14,))]
