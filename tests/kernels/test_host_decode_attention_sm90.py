@@ -30,6 +30,7 @@ def compile_kernel(elem: str) -> dict[str, object]:
     sig = {name: "i32" for name in fn.arg_names}
     sig.update({name: f"*{elem}" for name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")})
     sig.update({name: "*fp32" for name in ("lse_ptr", "part_ptr", "part_lse_ptr")})
+    sig.update(arrivals_ptr="*i32")
     sig.update(bt_ptr="*i32", lens_ptr="*i32", qk_scale="fp32")
     sig.update({name: "constexpr" for name in const})
     runtime = {"qk_scale", "num_splits", "stride_bt", *const}
