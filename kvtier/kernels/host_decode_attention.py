@@ -222,32 +222,42 @@ def _arrive(part_ptr, part_lse_ptr, count_ptr, rows, split, num_splits, o, lse2,
 
 
 @triton.jit
-def _merge_splits(part_ptr, part_lse_ptr, rows, num_splits, g_ok, d, d_ok,
-                  G_PAD: tl.constexpr, D_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """(output [G_PAD, D_PAD], log2-sum-exp [G_PAD]) of a group's splits; rows [G_PAD] are
-    each head's first split row. Each split weighs exp2(lse2 - max lse2); an empty split
-    (lse2 -inf) is never read (its slot may hold anything), an empty context gives 0, -inf.
-    The loads skip L1 (.cg): the other splits' programs wrote these rows from other SMs."""
-    top = tl.full([G_PAD], float("-inf"), tl.float32)
-    for s in range(0, num_splits):
-        lse2 = tl.load(part_lse_ptr + rows + s, mask=g_ok, other=float("-inf"),
-                       cache_modifier=".cg")
-        top = tl.maximum(top, lse2)
+def _merge_head(part_ptr, part_lse_ptr, row0, num_splits, d, d_ok, S_PAD: tl.constexpr,
+                HEAD_DIM: tl.constexpr):
+    """(output [D_PAD], log2-sum-exp) of one query head's splits, rows row0 .. row0 + S - 1,
+    all read in one load each (the merge sits at the end of the step's critical path: a loop
+    over splits would pay a memory latency per split). Each split weighs exp2(lse2 - max
+    lse2); an empty split (lse2 -inf) is never read (its slot may hold anything), an empty
+    context gives 0, -inf. The loads skip L1 (.cg): other SMs' programs wrote these rows."""
+    s = tl.arange(0, S_PAD)
+    lse2 = tl.load(part_lse_ptr + row0 + s, mask=s < num_splits, other=float("-inf"),
+                   cache_modifier=".cg")
+    has = lse2 > float("-inf")
+    top = tl.max(lse2, 0)
     top = tl.where(top == float("-inf"), 0.0, top)  # an empty context: all weights 0
-    total = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
-    for s in range(0, num_splits):
-        lse2 = tl.load(part_lse_ptr + rows + s, mask=g_ok, other=float("-inf"),
-                       cache_modifier=".cg")
-        has = lse2 > float("-inf")
-        w = tl.where(has, tl.exp2(lse2 - top), 0.0)
-        o = tl.load(part_ptr + (rows + s)[:, None] * HEAD_DIM + d[None, :],
-                    mask=has[:, None] & d_ok[None, :], other=0.0, cache_modifier=".cg")
-        total += w
-        acc += w[:, None] * o
-    some = total > 0
-    res = acc / tl.where(some, total, 1.0)[:, None]
-    return res, tl.where(some, top + tl.log2(tl.where(some, total, 1.0)), float("-inf"))
+    w = tl.where(has, tl.exp2(lse2 - top), 0.0)
+    o = tl.load(part_ptr + (row0 + s)[:, None] * HEAD_DIM + d[None, :],
+                mask=has[:, None] & d_ok[None, :], other=0.0, cache_modifier=".cg")
+    total = tl.sum(w, 0)
+    res = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)
+    return res, tl.where(total > 0, top + tl.log2(tl.where(total > 0, total, 1.0)),
+                         float("-inf"))
+
+
+@triton.jit
+def _merge_group(part_ptr, part_lse_ptr, out_row, stride_oh, lse_row, row_base, first_head,
+                 num_splits, d, d_ok, G: tl.constexpr, S_PAD: tl.constexpr,
+                 HEAD_DIM: tl.constexpr):
+    """Merge and write the outputs and natural LSEs of query heads first_head .. + G - 1 of
+    one request: its partials' rows start at row_base (request b's first head), out_row /
+    lse_row are its rows of out and lse."""
+    for i in tl.static_range(G):
+        head = first_head + i
+        merged, merged_lse2 = _merge_head(part_ptr, part_lse_ptr, (row_base + head) * num_splits,
+                                          num_splits, d, d_ok, S_PAD, HEAD_DIM)
+        tl.store(out_row + head * stride_oh + d, merged.to(out_row.dtype.element_ty),
+                 mask=d_ok)
+        tl.store(lse_row + head, merged_lse2 * 0.6931471805599453)
 
 
 @triton.jit(do_not_specialize=["stride_bt", "num_splits"])
@@ -262,7 +272,7 @@ def _host_decode_kernel(
     qk_scale, num_splits,
     G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    S_PAD: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):
     kv_head, b, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ctx = tl.load(lens_ptr + b)
@@ -304,9 +314,9 @@ def _host_decode_kernel(
         if _arrive(part_ptr, part_lse_ptr, count_ptr, rows, split, num_splits, o, lse2, d, g_ok,
                    d_ok, HEAD_DIM):
             tl.store(count_ptr, 0)  # every split has arrived: zero for the next launch
-            merged, merged_lse2 = _merge_splits(part_ptr, part_lse_ptr, rows, num_splits,
-                                                g_ok, d, d_ok, G_PAD, D_PAD, HEAD_DIM)
-            _store_output(out_rows, lse_rows, merged, merged_lse2, d, g_ok, d_ok)
+            _merge_group(part_ptr, part_lse_ptr, out_ptr + b * stride_ob, stride_oh,
+                         lse_ptr + b * stride_lb, b * (G * tl.num_programs(0)), kv_head * G,
+                         num_splits, d, d_ok, G, S_PAD, HEAD_DIM)
 
 
 def _check_inputs(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
@@ -417,7 +427,8 @@ def host_decode_attention(
         part, part_lse, arrivals, arrivals.stride(0), scale * LOG2E, splits,
         G=num_heads // num_kv_heads, G_PAD=max(16, next_pow2(num_heads // num_kv_heads)),
         HEAD_DIM=head_dim, D_PAD=max(16, next_pow2(head_dim)), PAGE_SIZE=page_size,
-        BLOCK_N=launch.block_n, SINGLE_SPLIT=single, UPCAST=upcast(k_pages.dtype),
+        BLOCK_N=launch.block_n, SINGLE_SPLIT=single, S_PAD=next_pow2(splits),
+        UPCAST=upcast(k_pages.dtype),
         PRECISION=dot_precision(k_pages.dtype), num_warps=launch.num_warps,
         num_stages=launch.num_stages,
     )

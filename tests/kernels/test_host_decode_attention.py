@@ -257,12 +257,19 @@ def test_bad_input_is_refused():
 
 
 @gpu
-def test_gpu_refuses_unpinned_and_device_pages():
+def test_gpu_refuses_unpinned_and_foreign_pages():
+    """Pages are pinned host memory or on q's own GPU (a row's device suffix); pageable
+    host pages and pages anywhere else are refused."""
     p = make_pages([10], 8, 2, 128, torch.bfloat16)
     with pytest.raises(ValueError, match="pinned"):
         host_decode_attention(p.q, p.k.clone(), p.v, p.block_tables, p.context_lens)
-    with pytest.raises(ValueError, match="host memory"):
-        host_decode_attention(p.q, p.k.cuda(), p.v, p.block_tables, p.context_lens)
+    with pytest.raises(ValueError, match="host memory or on q's device"):
+        host_decode_attention(p.q, p.k.to("meta"), p.v, p.block_tables, p.context_lens)
+    out, lse = host_decode_attention(p.q, p.k.cuda(), p.v.cuda(), p.block_tables,
+                                     p.context_lens)
+    want, want_lse = host_decode_attention_ref(p.q, p.k, p.v, p.block_tables, p.context_lens)
+    torch.testing.assert_close(out.float(), want.float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, want_lse, atol=1e-3, rtol=1e-3)
 
 
 @gpu
