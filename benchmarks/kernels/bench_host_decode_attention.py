@@ -135,8 +135,7 @@ def graph_seconds(p: dict[str, Any], reps: int) -> float:
     """Median replay of the default launch captured with its buffers given."""
     q, splits = p["q"], choose_num_splits(p["q"], p["k"], p["tables"].shape[1])
     out, lse = torch.empty_like(q), torch.empty(q.shape[:2], device=q.device)
-    ws = HostDecodeWorkspace.allocate(*q.shape[:2], q.shape[2], splits, q.device,
-                                      num_kv_heads=p["k"].shape[1])
+    ws = HostDecodeWorkspace.allocate(*q.shape[:2], q.shape[2], splits, q.device)
     kw = dict(out=out, lse=lse, num_splits=splits, workspace=ws)
     call(p, **kw)
     torch.cuda.synchronize()

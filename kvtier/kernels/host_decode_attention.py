@@ -19,17 +19,8 @@ oldest blocks are on the host): the kernel reads them as it reads any address.
 Work split ("CPU-aware tiling"): one program per (KV head, request, split). A program owns one
 KV head and walks its range of the request's context BLOCK_N tokens at a time (whole pages for
 page_size <= BLOCK_N); each K/V tile crosses PCIe once and serves all G = Hq / Hkv query heads
-of the group (padded to 16 rows for `tl.dot`). With one split the program writes the output
-and natural LSE itself. With more, every split writes a partial output and its log2-sum-exp to
-a workspace, then counts itself in at its (request, KV head) counter; the split that arrives
-last merges the group's splits and writes the output and LSE.
-
-Why the merge is fused ("last program merges"): a second launch costs a few microseconds each
-call, for every layer, and on the H200 each separately launched op pays extra while the link
-carries data towards the GPU, as this kernel's own reads make it do. The ordering: a split's
-threads all store (a barrier), then one acq_rel atomic add publishes them (release); the
-program that reads count S-1 has acquired every other split's stores, reads the partials
-past L1, and resets the counter to 0, so the next call or graph replay needs no memset.
+of the group (padded to 16 rows for `tl.dot`). Every split writes a partial output and its
+log2-sum-exp to a workspace; `_merge_splits_kernel` merges them and writes the natural LSE.
 
 Why splits: the host read is latency-bound per program (a PCIe read takes far longer than an
 HBM one), so the launch needs enough programs resident to keep many reads outstanding;
@@ -40,8 +31,7 @@ tensor is passed as is; Triton's launcher asks the driver for the device address
 pointer argument, which for page-locked memory under UVA is valid. A CUDA graph captures that
 address: the pages must stay at their addresses between replays (a preallocated pool does).
 Capturable: no host sync (the split count comes from the block table's width, a host bound on
-every context), and nothing is allocated when `out`, `lse` and `workspace` are given
-(`HostDecodeWorkspaces` hands out views of buffers kept for the caller's lifetime).
+every context), and nothing is allocated when `out`, `lse` and `workspace` are given.
 """
 
 from __future__ import annotations
@@ -103,81 +93,23 @@ def default_num_splits(batch: int, num_kv_heads: int, max_context: int, sms: int
 
 @dataclass(frozen=True)
 class HostDecodeWorkspace:
-    """Split partials: outputs [B, Hq, S, D] fp32 and their log2-sum-exp [B, Hq, S] fp32; and
-    per (request, KV head) the splits done so far, arrivals [B, >= Hkv] int32. The counters are
-    zero between calls: allocate() zeroes them and each launch's last split resets its own, so
-    a call (or a graph replay) needs no memset first. Calls sharing one workspace must be
-    ordered on one stream (a concurrent one would mix their counts and partials)."""
+    """Split partials: outputs [B, Hq, S, D] fp32 and their log2-sum-exp [B, Hq, S] fp32."""
 
     part: torch.Tensor
     part_lse: torch.Tensor
-    arrivals: torch.Tensor
 
     @staticmethod
     def allocate(batch: int, num_heads: int, head_dim: int, num_splits: int,
-                 device: torch.device, num_kv_heads: int | None = None) -> HostDecodeWorkspace:
-        # Without num_kv_heads a counter per query head: enough for any grouping.
-        counters = num_heads if num_kv_heads is None else num_kv_heads
+                 device: torch.device) -> HostDecodeWorkspace:
         return HostDecodeWorkspace(
             torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32,
                         device=device),
-            torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=device),
-            torch.zeros(batch, counters, dtype=torch.int32, device=device))
+            torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=device))
 
-    def fits(self, batch: int, num_heads: int, head_dim: int, num_splits: int,
-             num_kv_heads: int | None = None) -> bool:
-        counters = num_heads if num_kv_heads is None else num_kv_heads
-        a = self.arrivals
+    def fits(self, batch: int, num_heads: int, head_dim: int, num_splits: int) -> bool:
         return (tuple(self.part.shape) == (batch, num_heads, num_splits, head_dim)
                 and tuple(self.part_lse.shape) == (batch, num_heads, num_splits)
-                and self.part.is_contiguous() and self.part_lse.is_contiguous()
-                and a.dtype == torch.int32 and a.dim() == 2 and a.shape[0] == batch
-                and a.shape[1] >= counters and a.stride(1) == 1)
-
-
-class HostDecodeWorkspaces:
-    """Workspaces for calls of any shape, views of flat buffers that only grow: a caller that
-    launches every layer takes them here rather than allocating each call (a fresh workspace's
-    counters cost a memset launch). Outgrown buffers are kept, not freed: a CUDA graph captured
-    with a view replays at its address; each new set at least doubles the last, so all held
-    take under twice the newest. The calls must be ordered on one stream."""
-
-    def __init__(self) -> None:
-        self._held: list[HostDecodeWorkspace] = []  # flat buffers, the newest last
-        self._views: dict[tuple[int, ...], HostDecodeWorkspace] = {}  # of the newest, by shape
-
-    def take(self, q: torch.Tensor, k_pages: torch.Tensor, block_tables: torch.Tensor,
-             launch: HostDecodeLaunch | None = None) -> tuple[int, HostDecodeWorkspace | None]:
-        """(num_splits, workspace) for `host_decode_attention` over these arguments; no
-        workspace where one split writes the output itself."""
-        splits = choose_num_splits(q, k_pages, block_tables.shape[1], launch)
-        if splits == 1 or q.shape[0] == 0:
-            return splits, None
-        (batch, num_heads, head_dim), num_kv_heads = q.shape, k_pages.shape[1]
-        key = (batch, num_heads, num_kv_heads, head_dim, splits)
-        ws = self._views.get(key)
-        if ws is None or ws.part.device != q.device:
-            ws = self._views[key] = self._view(key, q.device)
-        return splits, ws
-
-    def _view(self, key: tuple[int, ...], device: torch.device) -> HostDecodeWorkspace:
-        batch, num_heads, num_kv_heads, head_dim, splits = key
-        rows = batch * num_heads * splits
-        need = (rows * head_dim, rows, batch * num_kv_heads)
-        flat = self._held[-1] if self._held else None
-        have = ((flat.part.numel(), flat.part_lse.numel(), flat.arrivals.numel())
-                if flat is not None and flat.part.device == device else (0, 0, 0))
-        if flat is None or any(n > h for n, h in zip(need, have)):
-            size = [max(n, 2 * h) for n, h in zip(need, have)]
-            flat = HostDecodeWorkspace(torch.empty(size[0], dtype=torch.float32, device=device),
-                                       torch.empty(size[1], dtype=torch.float32, device=device),
-                                       torch.zeros(size[2], dtype=torch.int32, device=device))
-            self._held.append(flat)
-            self._views.clear()  # views of the outgrown buffers: later calls take the new
-        return HostDecodeWorkspace(
-            flat.part[: need[0]].view(batch, num_heads, splits, head_dim),
-            flat.part_lse[: need[1]].view(batch, num_heads, splits),
-            flat.arrivals[: need[2]].view(batch, num_kv_heads))
+                and self.part.is_contiguous() and self.part_lse.is_contiguous())
 
 
 @triton.jit
@@ -198,81 +130,18 @@ def _load_host_tile(ptr, bt_row, pos, valid, d, d_ok, kv_head, stride_page, stri
     return x
 
 
-@triton.jit
-def _store_output(out_rows, lse_rows, o, lse2, d, g_ok, d_ok):
-    """A group's output [G_PAD, D_PAD] at out_rows ([G_PAD, 1] row pointers) and its
-    natural-log LSE at lse_rows ([G_PAD]); lse2 is the log2-sum-exp."""
-    tl.store(out_rows + d[None, :], o.to(out_rows.dtype.element_ty),
-             mask=g_ok[:, None] & d_ok[None, :])
-    tl.store(lse_rows, lse2 * 0.6931471805599453, mask=g_ok)
-
-
-@triton.jit
-def _arrive(part_ptr, part_lse_ptr, count_ptr, rows, split, num_splits, o, lse2, d, g_ok, d_ok,
-            HEAD_DIM: tl.constexpr):
-    """Store this split's partial output and log2-sum-exp, then count the split in at its
-    (request, KV head) counter. True for the split that arrives last: its acq_rel add has
-    acquired every other split's stores, which their own adds released."""
-    tl.store(part_ptr + (rows + split)[:, None] * HEAD_DIM + d[None, :], o,
-             mask=g_ok[:, None] & d_ok[None, :])
-    tl.store(part_lse_ptr + rows + split, lse2, mask=g_ok)
-    # Every thread's stores before the one thread's release below.
-    tl.debug_barrier()
-    return tl.atomic_add(count_ptr, 1, sem="acq_rel") == num_splits - 1
-
-
-@triton.jit
-def _merge_head(part_ptr, part_lse_ptr, row0, num_splits, d, d_ok, S_PAD: tl.constexpr,
-                HEAD_DIM: tl.constexpr):
-    """(output [D_PAD], log2-sum-exp) of one query head's splits, rows row0 .. row0 + S - 1,
-    all read in one load each (the merge sits at the end of the step's critical path: a loop
-    over splits would pay a memory latency per split). Each split weighs exp2(lse2 - max
-    lse2); an empty split (lse2 -inf) is never read (its slot may hold anything), an empty
-    context gives 0, -inf. The loads skip L1 (.cg): other SMs' programs wrote these rows."""
-    s = tl.arange(0, S_PAD)
-    lse2 = tl.load(part_lse_ptr + row0 + s, mask=s < num_splits, other=float("-inf"),
-                   cache_modifier=".cg")
-    has = lse2 > float("-inf")
-    top = tl.max(lse2, 0)
-    top = tl.where(top == float("-inf"), 0.0, top)  # an empty context: all weights 0
-    w = tl.where(has, tl.exp2(lse2 - top), 0.0)
-    o = tl.load(part_ptr + (row0 + s)[:, None] * HEAD_DIM + d[None, :],
-                mask=has[:, None] & d_ok[None, :], other=0.0, cache_modifier=".cg")
-    total = tl.sum(w, 0)
-    res = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)
-    return res, tl.where(total > 0, top + tl.log2(tl.where(total > 0, total, 1.0)),
-                         float("-inf"))
-
-
-@triton.jit
-def _merge_group(part_ptr, part_lse_ptr, out_row, stride_oh, lse_row, row_base, first_head,
-                 num_splits, d, d_ok, G: tl.constexpr, S_PAD: tl.constexpr,
-                 HEAD_DIM: tl.constexpr):
-    """Merge and write the outputs and natural LSEs of query heads first_head .. + G - 1 of
-    one request: its partials' rows start at row_base (request b's first head), out_row /
-    lse_row are its rows of out and lse."""
-    for i in tl.static_range(G):
-        head = first_head + i
-        merged, merged_lse2 = _merge_head(part_ptr, part_lse_ptr, (row_base + head) * num_splits,
-                                          num_splits, d, d_ok, S_PAD, HEAD_DIM)
-        tl.store(out_row + head * stride_oh + d, merged.to(out_row.dtype.element_ty),
-                 mask=d_ok)
-        tl.store(lse_row + head, merged_lse2 * 0.6931471805599453)
-
-
 @triton.jit(do_not_specialize=["stride_bt", "num_splits"])
 def _host_decode_kernel(
     q_ptr, stride_qb, stride_qh,  # [B, Hq, D] (GPU)
     k_ptr, stride_kp, stride_kh, stride_kr,  # [num_pages, Hkv, page_size, D] (pinned host)
     v_ptr, stride_vp, stride_vh, stride_vr,
     bt_ptr, stride_bt, lens_ptr,  # [B, max_pages] int32, [B] int32
-    out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,  # [B, Hq, D], [B, Hq] natural log
+    out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,  # SINGLE_SPLIT: [B, Hq, D], [B, Hq]
     part_ptr, part_lse_ptr,  # [B, Hq, S, D] fp32, [B, Hq, S] fp32 (log2 domain)
-    arrivals_ptr, stride_ab,  # [B, >= Hkv] int32, zero between launches
     qk_scale, num_splits,
     G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
-    S_PAD: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):
     kv_head, b, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ctx = tl.load(lens_ptr + b)
@@ -304,19 +173,42 @@ def _host_decode_kernel(
     has = l_i > 0
     o = acc / tl.where(has, l_i, 1.0)[:, None]
     lse2 = tl.where(has, m + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-    out_rows = out_ptr + b * stride_ob + heads[:, None] * stride_oh
-    lse_rows = lse_ptr + b * stride_lb + heads
+    w_mask = g_ok[:, None] & d_ok[None, :]
     if SINGLE_SPLIT:
-        _store_output(out_rows, lse_rows, o, lse2, d, g_ok, d_ok)
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=w_mask)
+        tl.store(lse_ptr + b * stride_lb + heads, lse2 * 0.6931471805599453, mask=g_ok)
     else:
-        rows = (b * (G * tl.num_programs(0)) + heads) * num_splits  # [G_PAD] each head's split 0
-        count_ptr = arrivals_ptr + b * stride_ab + kv_head
-        if _arrive(part_ptr, part_lse_ptr, count_ptr, rows, split, num_splits, o, lse2, d, g_ok,
-                   d_ok, HEAD_DIM):
-            tl.store(count_ptr, 0)  # every split has arrived: zero for the next launch
-            _merge_group(part_ptr, part_lse_ptr, out_ptr + b * stride_ob, stride_oh,
-                         lse_ptr + b * stride_lb, b * (G * tl.num_programs(0)), kv_head * G,
-                         num_splits, d, d_ok, G, S_PAD, HEAD_DIM)
+        row = (b * (G * tl.num_programs(0)) + heads) * num_splits + split  # [G_PAD]
+        tl.store(part_ptr + row[:, None] * HEAD_DIM + d[None, :], o, mask=w_mask)
+        tl.store(part_lse_ptr + row, lse2, mask=g_ok)
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def _merge_splits_kernel(
+    part_ptr, part_lse_ptr,  # [B, Hq, S, D] fp32, [B, Hq, S] fp32 (log2 domain)
+    out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,  # [B, Hq, D], [B, Hq] natural log
+    num_splits, S_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+):
+    b, h = tl.program_id(0), tl.program_id(1)
+    s = tl.arange(0, S_PAD)
+    d = tl.arange(0, D_PAD)
+    row = (b * tl.num_programs(1) + h) * num_splits + s
+    lse2 = tl.load(part_lse_ptr + row, mask=s < num_splits, other=float("-inf"))
+    has = lse2 > float("-inf")
+    top = tl.max(lse2, 0)
+    top = tl.where(top == float("-inf"), 0.0, top)  # an empty context: all weights 0
+    w = tl.where(has, tl.exp2(lse2 - top), 0.0)
+    # Empty splits' partials are never read (their slots may hold anything).
+    o = tl.load(part_ptr + row[:, None] * HEAD_DIM + d[None, :],
+                mask=has[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
+    total = tl.sum(w, 0)
+    res = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + d, res.to(out_ptr.dtype.element_ty),
+             mask=d < HEAD_DIM)
+    lse = tl.where(total > 0, (top + tl.log2(tl.where(total > 0, total, 1.0))) * 0.6931471805599453,
+                   float("-inf"))
+    tl.store(lse_ptr + b * stride_lb + h, lse)
 
 
 def _check_inputs(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
@@ -391,7 +283,7 @@ def host_decode_attention(
     out: torch.Tensor | None = None,  # [B, Hq, D]
     lse: torch.Tensor | None = None,  # [B, Hq] fp32
     num_splits: int | None = None,  # None: `choose_num_splits`
-    workspace: HostDecodeWorkspace | None = None,  # partials, counters (allocated if None)
+    workspace: HostDecodeWorkspace | None = None,  # split partials (allocated if None)
     scale: float | None = None,  # default 1/sqrt(D)
     launch: HostDecodeLaunch | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -406,17 +298,16 @@ def host_decode_attention(
     launch = launch or default_launch(k_pages.dtype)
     splits = num_splits or choose_num_splits(q, k_pages, block_tables.shape[1], launch)
     check(1 <= splits <= MAX_SPLITS, lambda: f"num_splits must be in [1, {MAX_SPLITS}]")
-    num_kv_heads, page_size = k_pages.shape[1], k_pages.shape[2]
     single = splits == 1
     if not single:
         workspace = workspace or HostDecodeWorkspace.allocate(batch, num_heads, head_dim,
-                                                              splits, q.device, num_kv_heads)
-        check(workspace.fits(batch, num_heads, head_dim, splits, num_kv_heads),
-              lambda: f"workspace must be contiguous [{batch}, {num_heads}, {splits}, {head_dim}]"
-                      f" partials with [{batch}, >= {num_kv_heads}] int32 counters")
-        part, part_lse, arrivals = workspace.part, workspace.part_lse, workspace.arrivals
-    else:  # placeholders: the kernel writes out and lse itself
-        part, part_lse, arrivals = out, lse, context_lens.view(batch, 1)
+                                                              splits, q.device)
+        check(workspace.fits(batch, num_heads, head_dim, splits),
+              lambda: f"workspace must be contiguous [{batch}, {num_heads}, {splits}, {head_dim}]")
+        part, part_lse = workspace.part, workspace.part_lse
+    else:
+        part, part_lse = out, lse  # placeholders: the kernel writes out and lse itself
+    num_kv_heads, page_size = k_pages.shape[1], k_pages.shape[2]
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     _host_decode_kernel[(num_kv_heads, batch, splits)](
         q, q.stride(0), q.stride(1),
@@ -424,14 +315,19 @@ def host_decode_attention(
         v_pages, v_pages.stride(0), v_pages.stride(1), v_pages.stride(2),
         block_tables, block_tables.stride(0), context_lens,
         out, out.stride(0), out.stride(1), lse, lse.stride(0),
-        part, part_lse, arrivals, arrivals.stride(0), scale * LOG2E, splits,
+        part, part_lse, scale * LOG2E, splits,
         G=num_heads // num_kv_heads, G_PAD=max(16, next_pow2(num_heads // num_kv_heads)),
         HEAD_DIM=head_dim, D_PAD=max(16, next_pow2(head_dim)), PAGE_SIZE=page_size,
-        BLOCK_N=launch.block_n, SINGLE_SPLIT=single, S_PAD=next_pow2(splits),
-        UPCAST=upcast(k_pages.dtype),
+        BLOCK_N=launch.block_n, SINGLE_SPLIT=single, UPCAST=upcast(k_pages.dtype),
         PRECISION=dot_precision(k_pages.dtype), num_warps=launch.num_warps,
         num_stages=launch.num_stages,
     )
+    if not single:
+        _merge_splits_kernel[(batch, num_heads)](
+            part, part_lse, out, out.stride(0), out.stride(1), lse, lse.stride(0), splits,
+            S_PAD=next_pow2(splits), HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim),
+            num_warps=4,
+        )
     return out, lse
 
 

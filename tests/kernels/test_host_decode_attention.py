@@ -14,7 +14,6 @@ from kvtier.kernels.cpu_attention import cpu_decode_attention_reference
 from kvtier.kernels.host_decode_attention import (
     HostDecodeLaunch,
     HostDecodeWorkspace,
-    HostDecodeWorkspaces,
     choose_num_splits,
     default_num_splits,
     host_decode_attention,
@@ -144,70 +143,6 @@ def test_given_buffers_are_written_in_place():
         host_decode_attention(*p.args(), num_splits=2, workspace=ws)
 
 
-def test_same_workspace_twice_in_a_row_resets_the_counters():
-    """The last split of each (request, KV head) merges and zeroes its counter: a second
-    call on the same workspace (as a graph replay would be) needs no memset, sees new
-    queries and lengths, and leaves the counters at zero again. Partials poisoned with NaN
-    between the calls: every merged slot is written again before it is read."""
-    p = make_pages([40, 23], 8, 2, 16, torch.float32, page_size=4, seed=9)
-    ws = HostDecodeWorkspace.allocate(2, 8, 16, 3, p.q.device, num_kv_heads=2)
-    assert ws.arrivals.shape == (2, 2)
-    launch = HostDecodeLaunch(block_n=16)
-    for lens, seed in (([40, 23], 10), ([9, 21], 11)):  # row capacities 40, 24
-        p.q.copy_(torch.randn(p.q.shape, generator=torch.Generator().manual_seed(seed)))
-        p.context_lens.copy_(torch.tensor(lens, dtype=torch.int32))
-        ws.part.fill_(float("nan"))
-        out, lse = host_decode_attention(*p.args(), num_splits=3, workspace=ws, launch=launch)
-        assert not ws.arrivals.any()
-        ref, ref_lse = host_decode_attention_ref(*p.args())
-        assert_close(out, ref)
-        assert_lse(lse, ref_lse, 1e-5)
-
-
-def test_ragged_requests_with_more_splits_than_tiles():
-    """Lengths 0 (an empty context: output 0, LSE -inf), under a tile, a few tiles; eight
-    splits over at most three tiles of 16: the splits past a context write empty partials,
-    which the merge weighs 0 and never reads (poisoned with NaN)."""
-    p = make_pages([0, 5, 40, 17, 1], 8, 2, 16, torch.float32, page_size=16, seed=12)
-    ws = HostDecodeWorkspace.allocate(5, 8, 16, 8, p.q.device, num_kv_heads=2)
-    ws.part.fill_(float("nan"))
-    out = torch.full_like(p.q, float("nan"))
-    lse = torch.full(p.q.shape[:2], float("nan"), device=p.q.device)
-    host_decode_attention(*p.args(), out=out, lse=lse, num_splits=8, workspace=ws,
-                          launch=HostDecodeLaunch(block_n=16))
-    ref, ref_lse = host_decode_attention_ref(*p.args())
-    assert_close(out, ref)
-    assert_lse(lse, ref_lse, 1e-5)
-    assert (out[0] == 0).all() and torch.isneginf(lse[0]).all()
-    assert not ws.arrivals.any()
-
-
-def test_workspaces_hand_out_views_that_only_grow():
-    """Views of one set of flat buffers while they are big enough; a bigger call gets new
-    ones and the old stay held (a graph captured with them replays at their address)."""
-    pool = HostDecodeWorkspaces()
-    small = make_pages([20], 8, 2, 16, torch.float32, seed=13)
-    big = make_pages([40, 30, 20], 8, 2, 16, torch.float32, seed=14)
-    launch = HostDecodeLaunch(block_n=16)
-    splits, ws = pool.take(big.q, big.k, big.block_tables, launch)
-    assert splits > 1 and ws is not None
-    assert ws.fits(3, 8, 16, splits, num_kv_heads=2) and not ws.arrivals.any()
-    s2, ws2 = pool.take(small.q, small.k, small.block_tables, launch)
-    assert ws2 is not None and ws2.part.data_ptr() == ws.part.data_ptr()
-    assert ws2.arrivals.data_ptr() == ws.arrivals.data_ptr()
-    for p, s, w in ((big, splits, ws), (small, s2, ws2), (big, splits, ws)):
-        out, lse = host_decode_attention(*p.args(), num_splits=s, workspace=w, launch=launch)
-        ref, ref_lse = host_decode_attention_ref(*p.args())
-        assert_close(out, ref)
-        assert_lse(lse, ref_lse, 1e-5)
-    wider = make_pages([40] * 6, 8, 2, 16, torch.float32, seed=15)
-    _, ws3 = pool.take(wider.q, wider.k, wider.block_tables, launch)
-    assert ws3 is not None and ws3.part.data_ptr() != ws.part.data_ptr()
-    assert len(pool._held) == 2  # the outgrown buffers stay held
-    one = make_pages([3], 8, 2, 16, torch.float32, page_size=1, seed=16)  # one tile: 1 split
-    assert pool.take(one.q, one.k, one.block_tables, launch) == (1, None)
-
-
 def test_lse_merges_host_part_with_gpu_part():
     """Attention over a request's first pages (host) and its last ones (e.g. GPU-resident),
     merged by logaddexp, equals attention over the whole context."""
@@ -290,13 +225,12 @@ def test_gpu_llama8b_geometry(dtype, page_size, num_splits):
 @gpu
 def test_gpu_cuda_graph_replays_new_lengths_and_queries():
     """Captured once with out / lse / workspace given: replays see new q, tables and lengths
-    (the host pages stay where they are), and equal the reference each time; no memset of
-    the split counters is captured or needed between replays."""
+    (the host pages stay where they are), and equal the reference each time."""
     lens = [700, 33, 0, 1500]
     p = make_pages(lens, 32, 8, 128, torch.bfloat16, seed=6)
     splits = choose_num_splits(p.q, p.k, p.block_tables.shape[1])
     out, lse = torch.empty_like(p.q), torch.empty(4, 32, device="cuda")
-    ws = HostDecodeWorkspace.allocate(4, 32, 128, splits, p.q.device, num_kv_heads=8)
+    ws = HostDecodeWorkspace.allocate(4, 32, 128, splits, p.q.device)
 
     def step() -> None:
         host_decode_attention(*p.args(), out=out, lse=lse, num_splits=splits, workspace=ws)
@@ -318,4 +252,3 @@ def test_gpu_cuda_graph_replays_new_lengths_and_queries():
         ref, ref_lse = host_decode_attention_ref(*p.args())
         assert_close(out, ref.to(torch.bfloat16), torch.bfloat16)
         assert_lse(lse, ref_lse, 3e-2)
-        assert not ws.arrivals.any()  # each replay's last splits left the counters at zero

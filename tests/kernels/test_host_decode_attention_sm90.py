@@ -26,11 +26,10 @@ def compile_kernel(elem: str) -> dict[str, object]:
     fn = hda._host_decode_kernel
     launch = hda.default_launch(hda.torch.bfloat16 if elem == "bf16" else hda.torch.float32)
     const = dict(G=4, G_PAD=16, HEAD_DIM=128, D_PAD=128, PAGE_SIZE=16, BLOCK_N=launch.block_n,
-                 SINGLE_SPLIT=False, S_PAD=64, UPCAST=False, PRECISION="tf32" if elem == "bf16" else "ieee")
+                 SINGLE_SPLIT=False, UPCAST=False, PRECISION="tf32" if elem == "bf16" else "ieee")
     sig = {name: "i32" for name in fn.arg_names}
     sig.update({name: f"*{elem}" for name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")})
     sig.update({name: "*fp32" for name in ("lse_ptr", "part_ptr", "part_lse_ptr")})
-    sig.update(arrivals_ptr="*i32")
     sig.update(bt_ptr="*i32", lens_ptr="*i32", qk_scale="fp32")
     sig.update({name: "constexpr" for name in const})
     runtime = {"qk_scale", "num_splits", "stride_bt", *const}

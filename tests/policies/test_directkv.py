@@ -59,30 +59,6 @@ def test_the_adapter_is_the_reference_on_the_cpu():
     assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
 
 
-def test_kept_workspaces_serve_the_kernel_call_after_call():
-    """The kernel's call with the adapter's kept workspaces (the interpreter on the CPU):
-    several splits whose partials and counters are views kept across calls, the counters
-    back at zero after each, the result the reference's. On the CPU the adapter keeps none."""
-    from kvtier.kernels import host_decode_attention as kernel
-
-    assert adapter.new_workspaces(torch.device("cpu")) is None
-    g = torch.Generator().manual_seed(1)
-    pages = torch.randn(24, 2, 2, 4, 16, generator=g)  # [P, K/V, Hkv, page, D]
-    q = torch.randn(2, 4, 16, generator=g)
-    tables = torch.randperm(24, generator=g)[:20].view(2, 10).to(torch.int32)
-    lens = torch.tensor([40, 0], dtype=torch.int32)
-    workspaces = kernel.HostDecodeWorkspaces()
-    ref_out, ref_lse = cpu_decode_attention_reference(q, pages[:, 0], pages[:, 1], tables,
-                                                      lens, 0.25)
-    for _ in range(2):
-        out, lse = adapter._zero_copy(kernel, q, pages[:, 0], pages[:, 1], tables, lens,
-                                      workspaces)
-        assert torch.allclose(out, ref_out, atol=1e-5)
-        assert torch.allclose(lse, ref_lse, atol=1e-5)
-    held, = workspaces._held  # one set of buffers, kept
-    assert held.part.numel() > 0 and not held.arrivals.any()
-
-
 def test_without_the_kernel_module_the_adapter_says_so_once(caplog, monkeypatch):
     monkeypatch.setattr(adapter, "KERNEL_MODULE", "kvtier.kernels.no_such_module")
     adapter._kernel.cache_clear()

@@ -7,9 +7,7 @@ copied each step into the buffers here. The tables are kept at a request's full 
 zero-copy kernel's split count follows the table's width (a host bound on every context,
 kvtier/kernels/host_decode_attention.py), so every replay launches the captured grid.
 Under partial moves every graph also attends over the rows' device suffixes (a row without
-one has length 0 there), so one graph serves steps with and without them. The kernel's split
-scratch is kept here too (`new_workspaces`), taken at the warm-up run before each capture:
-its counters start at zero once and each launch leaves them so, with no memset in the graph.
+one has length 0 there), so one graph serves steps with and without them.
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ from typing import Any
 
 import torch
 
-from kvtier.policies.directkv.host_attention import new_workspaces
 from kvtier.policies.directkv.zero_copy_rows import RowInputs, SuffixInputs, ZeroCopyRows
 from kvtier.policies.host_resident.runner_side import HostRowsLayout
 
@@ -55,7 +52,6 @@ class GraphRowInputs:
         self.host = _Buffers(groups, m, width, dev)
         self.host.lens.fill_(1)
         self.suffix = _Buffers(groups, m, width, dev) if suffixes else None
-        self.workspaces = new_workspaces(dev)  # every graph's (replays share one stream)
         self.rows: dict[int, ZeroCopyRows] = {}
 
     def fill(self, layout: HostRowsLayout) -> ZeroCopyRows:
@@ -80,6 +76,5 @@ class GraphRowInputs:
             h = self.host
             inputs = RowInputs(h.tables[:, :n], h.slots[:, :n], h.lens[:n], suffix)
             rows = self.rows[n] = ZeroCopyRows(n, self.pages, r.layers_per_block, r.ops,
-                                               r.device, inputs=inputs, device_kv=r.gpu_kv,
-                                               workspaces=self.workspaces)
+                                               r.device, inputs=inputs, device_kv=r.gpu_kv)
         return rows

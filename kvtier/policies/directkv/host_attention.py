@@ -1,12 +1,7 @@
 """Decode attention of GPU queries over KV pages in pinned host memory, through the
 zero-copy kernel `kvtier.kernels.host_decode_attention` where that module exists (same
 contract as `cpu_decode_attention`: q and out on the GPU, pages on the host), else through
-torch math on the CPU over the same pages (the reference path: exact, not fast).
-
-A caller that attends every layer passes `workspaces` (`new_workspaces`, one per stream the
-calls run on): the kernel's split partials and counters are then views of buffers kept
-there, so a call allocates nothing and zeroes nothing, and a CUDA graph's replay finds them
-at the addresses its capture saw."""
+torch math on the CPU over the same pages (the reference path: exact, not fast)."""
 
 from __future__ import annotations
 
@@ -14,22 +9,18 @@ import functools
 import importlib
 import logging
 import math
-from types import ModuleType
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 
 from kvtier.kernels.cpu_attention import cpu_decode_attention_reference
-
-if TYPE_CHECKING:
-    from kvtier.kernels.host_decode_attention import HostDecodeWorkspaces
 
 log = logging.getLogger("kvtier")
 KERNEL_MODULE = "kvtier.kernels.host_decode_attention"
 
 
 @functools.cache
-def _kernel() -> ModuleType | None:
+def _kernel() -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
     try:
         module = importlib.import_module(KERNEL_MODULE)
     except ModuleNotFoundError as e:
@@ -37,14 +28,7 @@ def _kernel() -> ModuleType | None:
             raise
         log.info("%s is absent: host-resident attention runs the torch reference", KERNEL_MODULE)
         return None
-    return module
-
-
-def new_workspaces(device: torch.device) -> HostDecodeWorkspaces | None:
-    """Scratch for the kernel's calls on one stream of `device`; None where the kernel does
-    not run (not a GPU, or no kernel module)."""
-    module = _kernel() if device.type == "cuda" else None
-    return None if module is None else module.HostDecodeWorkspaces()
+    return module.host_decode_attention
 
 
 def host_attention(
@@ -54,12 +38,11 @@ def host_attention(
     block_tables: torch.Tensor,  # [B, max_pages] int32 (on q's device)
     context_lens: torch.Tensor,  # [B] int32 (on q's device)
     scale: float,
-    workspaces: HostDecodeWorkspaces | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [B, Hq, D], lse [B, Hq] fp32), both on q's device."""
     kernel = _kernel_for(q, scale)
     if kernel is not None:
-        return _zero_copy(kernel, q, k_pages, v_pages, block_tables, context_lens, workspaces)
+        return kernel(q, k_pages, v_pages, block_tables, context_lens)
     out, lse = cpu_decode_attention_reference(q.cpu(), k_pages, v_pages, block_tables.cpu(),
                                               context_lens.cpu(), scale)
     return out.to(q.device), lse.to(q.device)
@@ -71,7 +54,6 @@ def device_suffix_attention(
     block_tables: torch.Tensor,  # [B, max_blocks] int32 (on q's device)
     context_lens: torch.Tensor,  # [B] int32 (on q's device)
     scale: float,
-    workspaces: HostDecodeWorkspaces | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """host_attention's contract over blocks of the device pool (the device suffix of rows
     whose oldest blocks are on the host): the same kernel reads them in place; the
@@ -79,8 +61,7 @@ def device_suffix_attention(
     heads = blocks.transpose(2, 3)  # [N, 2, Hkv, bs, D]: a page view with strided rows
     kernel = _kernel_for(q, scale)
     if kernel is not None:
-        return _zero_copy(kernel, q, heads[:, 0], heads[:, 1], block_tables, context_lens,
-                          workspaces)
+        return kernel(q, heads[:, 0], heads[:, 1], block_tables, context_lens)
     ids = block_tables.long()
     used = heads[ids.flatten()].cpu().contiguous()
     tables = torch.arange(ids.numel(), dtype=torch.int32).view(ids.shape)
@@ -89,18 +70,9 @@ def device_suffix_attention(
     return out.to(q.device), lse.to(q.device)
 
 
-def _zero_copy(kernel: ModuleType, q: torch.Tensor, k_pages: torch.Tensor,
-               v_pages: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
-               workspaces: HostDecodeWorkspaces | None) -> tuple[torch.Tensor, torch.Tensor]:
-    if workspaces is None:  # the kernel allocates its own (and zeroes its counters)
-        return kernel.host_decode_attention(q, k_pages, v_pages, block_tables, context_lens)
-    splits, ws = workspaces.take(q, k_pages, block_tables)
-    return kernel.host_decode_attention(q, k_pages, v_pages, block_tables, context_lens,
-                                        num_splits=splits, workspace=ws)
-
-
-def _kernel_for(q: torch.Tensor, scale: float) -> ModuleType | None:
-    """The zero-copy kernel's module where it runs: on a GPU, at the kernel's scale of 1/sqrt(D)
+def _kernel_for(q: torch.Tensor, scale: float) -> Callable[..., tuple[torch.Tensor,
+                                                                      torch.Tensor]] | None:
+    """The zero-copy kernel where it runs: on a GPU, at the kernel's scale of 1/sqrt(D)
     (every model here; another scale takes torch)."""
     kernel = _kernel() if q.is_cuda else None
     if kernel is not None and math.isclose(scale, q.shape[-1] ** -0.5, rel_tol=1e-6):

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from kvtier.policies.directkv.graph_rows import GraphRowInputs
-from kvtier.policies.directkv.host_attention import new_workspaces
 from kvtier.policies.directkv.side_stream import SideStream
 from kvtier.policies.directkv.zero_copy_rows import ZeroCopyRows
 from kvtier.policies.host_resident.items import HostRows
@@ -26,15 +25,11 @@ class DirectKVSource(HostResidentSource):
                      else None)
         self.graphs = graphs
         self._graph_inputs: GraphRowInputs | None = None  # on the first graph step
-        # The eager steps' kernel scratch, kept across steps (their calls share one stream;
-        # the decode graphs keep their own, graph_rows.py).
-        self.workspaces = new_workspaces(self.device)
 
     def attention(self, layout: HostRowsLayout) -> ZeroCopyRows:
         r = self.runner
         return ZeroCopyRows(layout.num_rows, self.pages, r.layers_per_block, r.ops,
-                            self.device, self.side, layout=layout, device_kv=r.gpu_kv,
-                            workspaces=self.workspaces)
+                            self.device, self.side, layout=layout, device_kv=r.gpu_kv)
 
     def graph_rows(self, rows: Any) -> ZeroCopyRows | None:
         """The step's rows as a decode graph's (graph_rows.py); None under

@@ -9,7 +9,7 @@ on a GPU). The rows write only their own rows of `out`, the backend only the oth
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -18,9 +18,6 @@ from kvtier.kernels.merge_attention import merge_attention, merge_attention_ref
 from kvtier.policies.directkv.host_attention import device_suffix_attention, host_attention
 from kvtier.policies.directkv.side_stream import SideStream
 from kvtier.policies.host_resident.runner_side import HostRowsAttention, HostRowsLayout
-
-if TYPE_CHECKING:
-    from kvtier.kernels.host_decode_attention import HostDecodeWorkspaces
 
 
 @dataclass(frozen=True)
@@ -53,19 +50,16 @@ class RowInputs:
 class ZeroCopyRows(HostRowsAttention):
     """A step's host rows (`layout`, uploaded at their first layer) or a decode graph's
     (`inputs` given: views of buffers that stay where they are; graph_rows.py).
-    `device_kv`: the runner's device pool, where the rows' device suffixes are.
-    `workspaces`: the zero-copy kernel's split scratch, kept by the owner across steps (None:
-    each call allocates its own); only calls ordered on one stream may share it."""
+    `device_kv`: the runner's device pool, where the rows' device suffixes are."""
 
     def __init__(self, num_rows: int, pages: torch.Tensor, layers_per_block: int, ops: Any,
                  device: torch.device, side: SideStream | None = None,
                  layout: HostRowsLayout | None = None, inputs: RowInputs | None = None,
-                 device_kv: torch.Tensor | None = None,
-                 workspaces: HostDecodeWorkspaces | None = None):
+                 device_kv: torch.Tensor | None = None):
         super().__init__(num_rows, pages, layers_per_block, ops, layout)
         assert (layout is None) != (inputs is None), "a step's layout or a graph's inputs"
         self.device, self.side, self.device_kv = device, side, device_kv
-        self._inputs, self.workspaces = inputs, workspaces
+        self._inputs = inputs
 
     def inputs(self) -> RowInputs:
         if self._inputs is None:
@@ -92,7 +86,7 @@ class ZeroCopyRows(HostRowsAttention):
         write = kv_write if q.is_cuda else kv_write_ref
         write(pages.transpose(2, 3), k, v, inputs.slots[group])  # the KV write's view
         o, lse = host_attention(q, pages[:, 0], pages[:, 1], inputs.tables[group], inputs.lens,
-                                scale, self.workspaces)
+                                scale)
         suffix = inputs.suffix
         if suffix is None:
             out.copy_(o)
@@ -100,6 +94,5 @@ class ZeroCopyRows(HostRowsAttention):
         assert self.device_kv is not None, "rows with a device suffix need the device pool"
         blocks = self.device_kv[:, slot]  # [N, 2, bs, Hkv, D]
         write(blocks, k, v, suffix.slots[group])
-        o2, lse2 = device_suffix_attention(q, blocks, suffix.tables[group], suffix.lens, scale,
-                                           self.workspaces)
+        o2, lse2 = device_suffix_attention(q, blocks, suffix.tables[group], suffix.lens, scale)
         (merge_attention if q.is_cuda else merge_attention_ref)(o, lse, o2, lse2, out)
