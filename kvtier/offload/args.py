@@ -139,6 +139,9 @@ class HostTierArgs:
             if ratio <= 0:
                 raise ConfigError(f"--hicache-ratio must be > 0, got {ratio}")
             num_pages, option = int(ratio * num_gpu_blocks), "--hicache-ratio"
+        if self.hicache_load_programs < 1:
+            raise ConfigError(f"--hicache-load-programs must be >= 1, got "
+                              f"{self.hicache_load_programs}")
         try:
             backend = IOBackend(self.hicache_io_backend)
             io = PageIOConfig(backend=backend, layout=self.layout(backend),

@@ -47,6 +47,9 @@ def test_policy_backend_and_layouts_in_sglangs_words():
     assert (default.io.backend, default.io.layout) == (IOBackend.DIRECT, HostPageLayout.BLOCK)
     kernel = parse("--hicache-size", "1", "--hicache-io-backend", "kernel").resolve(100, 1 << 20)
     assert (kernel.io.backend, kernel.io.layout) == (IOBackend.KERNEL, HostPageLayout.HEAD_MAJOR)
+    assert kernel.io.load_programs == HostTierArgs().hicache_load_programs
+    assert parse("--hicache-size", "1", "--hicache-io-backend", "kernel",
+                 "--hicache-load-programs", "4").resolve(100, 1 << 20).io.load_programs == 4
     for name, layout in (("page_head", HostPageLayout.HEAD_MAJOR),
                          ("page_first", HostPageLayout.HEAD_MAJOR),
                          ("block", HostPageLayout.BLOCK)):
@@ -59,6 +62,8 @@ def test_bad_values_are_refused_naming_the_flag():
         parse("--hicache-size", "0").resolve(100, 1 << 20)
     with pytest.raises(ConfigError, match="--hicache-loading-bound"):
         parse("--hicache-size", "1", "--hicache-loading-bound", "-1").resolve(100, 1 << 20)
+    with pytest.raises(ConfigError, match="--hicache-load-programs must be >= 1, got 0"):
+        parse("--hicache-size", "1", "--hicache-load-programs", "0").resolve(100, 1 << 20)
     with pytest.raises(ConfigError, match="selective_hits"):
         parse("--hicache-size", "1", "--hicache-write-through-threshold", "0").resolve(
             100, 1 << 20)
