@@ -87,24 +87,23 @@ def _names(text: str) -> list[str]:
     return names
 
 
-def _bounds(text: str) -> list[float]:
+def _numbers(text: str, kind: type, what: str, least: float) -> list:
+    """A comma list of numbers of `kind`, each >= least (argparse's error otherwise)."""
     try:
-        bounds = [float(b) for b in text.split(",") if b.strip()]
+        values = [kind(v) for v in text.split(",") if v.strip()]
     except ValueError as e:
-        raise argparse.ArgumentTypeError(f"loading bounds are numbers: {e}") from None
-    if not bounds or min(bounds) < 0:
-        raise argparse.ArgumentTypeError(f"loading bounds are >= 0, got {text!r}")
-    return bounds
+        raise argparse.ArgumentTypeError(f"{what} are numbers: {e}") from None
+    if not values or min(values) < least:
+        raise argparse.ArgumentTypeError(f"{what} are >= {least}, got {text!r}")
+    return values
+
+
+def _bounds(text: str) -> list[float]:
+    return _numbers(text, float, "loading bounds", 0)
 
 
 def _counts(text: str) -> list[int]:
-    try:
-        counts = [int(c) for c in text.split(",") if c.strip()]
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"program counts are integers: {e}") from None
-    if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError(f"program counts are >= 1, got {text!r}")
-    return counts
+    return _numbers(text, int, "program counts", 1)
 
 
 def plan_runs(variants: str, write_policies: list[str] | None = None,
