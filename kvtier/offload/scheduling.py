@@ -8,17 +8,22 @@
     the tokens it computes (counting the request's own uncached suffix), so loads do not
     stretch a step that has little to compute them behind; a step's first load always
     goes (an idle engine never waits for compute to hide a load behind).
-  * Bubble filling (`prefetch`): a request with a host hit, while others run, waits one
-    step and its blocks load in that step's background, into the device tier (the step's
-    decodes and chunks do not wait for them); next step it hits them on the device. So
-    does a request waiting for a delayed hit. Once per request: if its prefetched blocks
-    are evicted before it is admitted, it loads them the ordinary way.
+  * Bubble filling (`prefetch`): a request that waits this step anyway (for a delayed hit,
+    for load room, or behind the step's admissions in the queue) has its host hit loaded in
+    the step's background, into the device tier (the step's decodes and chunks do not wait
+    for it); when admitted it hits those blocks on the device. A request that can be
+    admitted now is never held back to prefetch it: it loads its hit inline, layer by layer
+    behind its own prefill. Behind the queue's head, the requests the next step could admit
+    are prefetched (in queue order, up to a step's tokens of theirs to compute). Once per
+    request: if its prefetched blocks are evicted before it is admitted, it loads them the
+    ordinary way.
 FCFS is kept: a head that waits holds the queue for a step, and the running requests'
 decodes and prefill chunks keep running meanwhile.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from weakref import WeakKeyDictionary
 
@@ -51,10 +56,7 @@ class CacheAwareAdmission:
 
     def admit_now(self, req: Request, running: list[Request], num_step_tokens: int) -> bool:
         hashes, n_device = self.cache.admission_hashes(req)
-        n_host = 0
-        index = self.tier.index
-        while n_device + n_host < len(hashes) and hashes[n_device + n_host] in index:
-            n_host += 1
+        n_host = self._host_run(hashes, n_device)
         cached = n_device + n_host
         delayed = (self.delayed_hits and cached < len(hashes)
                    and hashes[cached] in self._computing(running))
@@ -63,21 +65,49 @@ class CacheAwareAdmission:
                 self._waited[req] = cached
                 self.stats.delayed_requests += 1
             self.stats.delayed_steps += 1
-        if n_host and self.prefetch and req not in self._prefetched and (
-                delayed or any(r.status is RequestStatus.RUNNING for r in running)):
-            self._prefetched[req] = got = self.tier.prefetch(hashes[n_device:cached], self.kv)
-            if got:
-                self.stats.prefetches += 1
-                return False
+        over = (not delayed and n_host > 0
+                and self._over_bound(req, n_host, cached, num_step_tokens))
+        if delayed or over:  # it waits this step: its hit may load meanwhile
+            self._prefetch(req, hashes[n_device:cached])
         if delayed:
             return False
-        if n_host and self._over_bound(req, n_host, cached, num_step_tokens):
+        if over:
             self.stats.load_bound_steps += 1
             return False
         first = self._waited.pop(req, None)
         if first is not None:
             self.stats.delayed_hit_tokens += (cached - first) * self.kv.block_size
         return True
+
+    def fill_bubbles(self, waiting: Iterable[Request], step_tokens: int) -> None:
+        """After a step's admissions: the requests still waiting wait at least this step, so
+        those the next step could admit (in queue order, until their tokens to compute
+        reach `step_tokens`) load their host hits in this step's background."""
+        if not self.prefetch:
+            return
+        bs = self.kv.block_size
+        for req in waiting:
+            if step_tokens <= 0:
+                return
+            hashes, n_device = self.cache.admission_hashes(req)
+            n_host = self._host_run(hashes, n_device)
+            step_tokens -= req.num_tokens - (n_device + n_host) * bs
+            if n_host:
+                self._prefetch(req, hashes[n_device:n_device + n_host])
+
+    def _prefetch(self, req: Request, hashes: list[BlockHash]) -> None:
+        if not self.prefetch or not hashes or req in self._prefetched:
+            return
+        self._prefetched[req] = got = self.tier.prefetch(hashes, self.kv)
+        if got:
+            self.stats.prefetches += 1
+
+    def _host_run(self, hashes: list[BlockHash], n_device: int) -> int:
+        """How many blocks past the device hit the host tier holds, in a run."""
+        n, index = 0, self.tier.index
+        while n_device + n < len(hashes) and hashes[n_device + n] in index:
+            n += 1
+        return n
 
     def _over_bound(self, req: Request, n_host: int, cached: int, num_step_tokens: int) -> bool:
         if not self.loading_bound:

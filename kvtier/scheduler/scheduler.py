@@ -22,6 +22,7 @@ stops on EOS or a stop string wastes its one speculative decode, as in vLLM.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -46,6 +47,9 @@ from kvtier.scheduler.queue import FCFSQueue
 
 class AdmissionGate(Protocol):
     def admit_now(self, req: Request, running: list[Request], num_step_tokens: int) -> bool: ...
+
+    # After the step's admissions: the requests left waiting (they wait at least this step).
+    def fill_bubbles(self, waiting: Iterable[Request], step_tokens: int) -> None: ...
 
 
 @dataclass
@@ -245,6 +249,8 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             step.add(req, n, self.kv.block_table(req), reset=True)
+        if gate is not None and self.waiting:
+            gate.fill_bubbles(self.waiting, self.config.max_num_batched_tokens)
 
     def _unadmit(self, req: Request, cached: int) -> None:
         """It stays WAITING: give back the cached blocks its admission took."""

@@ -99,7 +99,7 @@ class ContentExecutor:
 
 def make(policy: WritePolicy, gpu_blocks=24, host_pages=64, num_groups=2, budget=32,
          max_len=64, gate: bool = False, loading_bound: float = 0.0, kv_policy="recompute",
-         prefetch: bool = False,
+         prefetch: bool = False, max_num_seqs: int = 8,
          **sched_kw):
     kv = KVCacheManager(num_groups, B, gpu_blocks, 32, watermark=0.0,
                         prefix_cache=PrefixCacheConfig())
@@ -107,7 +107,7 @@ def make(policy: WritePolicy, gpu_blocks=24, host_pages=64, num_groups=2, budget
                            True, prefetch, "--kv-offloading-size")
     tier = attach_index(kv, opts)
     options = EllmOptions(max_uncached_ratio=0.6, max_recompute_tokens=budget // 2)
-    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=8,
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_num_seqs,
                                       max_model_len=max_len, **sched_kw), kv,
                       get_policy(kv_policy, options if kv_policy == "ellm" else None))
     if gate:
@@ -281,29 +281,50 @@ def test_other_memory_systems_under_the_host_tier_stay_exact(kv_policy):
     assert tier.stats.hit_blocks > 0
 
 
-def test_bubble_filling_prefetches_a_waiting_requests_hit_beside_the_running_decodes():
-    """A host hit while another request decodes: the step loads it in the background (no
-    HostLoad for the forward to wait on), the request is admitted the step after and hits
-    its prefix on the device; outputs as without the host tier."""
+def _doc_then_a_waiter():
+    """a reads doc, two fillers push it to the host, then b asks about doc while `long`
+    decodes."""
     doc = list(range(100, 124))
-    def arrivals():
-        return {0: [req("a", doc, max_tokens=1)],  # then two fillers push it to the host
-                4: [req("x", list(range(300, 328)), max_tokens=1)],
-                8: [req("y", list(range(400, 428)), max_tokens=1)],
-                12: [req("long", list(range(600, 606)), max_tokens=10)],
-                14: [req("b", doc + [7, 8], max_tokens=3)]}
-    base_sched, _, base_ex = make(WritePolicy.WRITE_THROUGH, gpu_blocks=24, host_pages=0)
-    base = run(base_sched, base_ex, arrivals())
-    sched, tier, ex = make(WritePolicy.WRITE_THROUGH, gpu_blocks=24, gate=True, prefetch=True)
-    kinds = []
+    return {0: [req("a", doc, max_tokens=1)],
+            4: [req("x", list(range(300, 328)), max_tokens=1)],
+            8: [req("y", list(range(400, 428)), max_tokens=1)],
+            12: [req("long", list(range(600, 606)), max_tokens=10)],
+            14: [req("b", doc + [7, 8], max_tokens=3)]}
+
+
+def _logged_item_kinds(ex) -> list[list[str]]:
+    kinds: list[list[str]] = []
     orig = ex.execute
 
     def logging(plan):
         kinds.append(sorted({type(i).__name__ for i in plan.items}))
         return orig(plan)
     ex.execute = logging
-    assert run(sched, ex, arrivals()) == base
+    return kinds
+
+
+def test_bubble_filling_prefetches_the_hit_of_a_request_that_waits_anyway():
+    """b cannot be admitted while `long` runs (one sequence at a time): its host hit loads
+    in a step's background meanwhile (no HostLoad for a forward to wait on), and when `long`
+    finishes b hits its prefix on the device; outputs as without the host tier."""
+    base_sched, _, base_ex = make(WritePolicy.WRITE_THROUGH, gpu_blocks=24, host_pages=0,
+                                  max_num_seqs=1)
+    base = run(base_sched, base_ex, _doc_then_a_waiter())
+    sched, tier, ex = make(WritePolicy.WRITE_THROUGH, gpu_blocks=24, gate=True, prefetch=True,
+                           max_num_seqs=1)
+    kinds = _logged_item_kinds(ex)
+    assert run(sched, ex, _doc_then_a_waiter()) == base
     assert sched.admission_gate.stats.prefetches == 1
     assert tier.stats.prefetched_blocks == 6 and tier.stats.hit_blocks == 0  # all of doc
     assert not any("HostLoad" in k for k in kinds)
     assert sched.kv.prefix_cache.stats.hits >= 6 * B  # b found its prefix on the device
+
+
+def test_bubble_filling_never_holds_back_a_request_it_could_admit():
+    """With room for b beside `long`, b is admitted at once and loads its hit inline (layer
+    by layer behind its own prefill), not a step later from a prefetch."""
+    sched, tier, ex = make(WritePolicy.WRITE_THROUGH, gpu_blocks=24, gate=True, prefetch=True)
+    kinds = _logged_item_kinds(ex)
+    run(sched, ex, _doc_then_a_waiter())
+    assert sched.admission_gate.stats.prefetches == 0 and tier.stats.prefetched_blocks == 0
+    assert tier.stats.hit_blocks == 6 and any("HostLoad" in k for k in kinds)
