@@ -60,9 +60,11 @@ class HostTierArgs:
     hicache_min_load_blocks: int = 8
     hicache_loading_bound: float = DEFAULT_LOADING_BOUND  # 0: no bound
     hicache_delayed_hits: bool = True  # wait for a prefix another request is computing
-    # Bubble filling: load a waiting request's hit meanwhile. Off by default: on the H200 the
-    # step it waits costs more TTFT than the overlapped inline load (variants c and d of
-    # results/policies/strata_leval_shuffled_h200.json and strata_multiturn_h200.json).
+    # Bubble filling: load the hit of a request that waits anyway meanwhile. Off by default:
+    # when it held requests back a step to prefetch them it cost TTFT on the H200 (variants c
+    # and d of results/policies/strata_leval_shuffled_h200.json, strata_multiturn_h200.json);
+    # prefetching only what waits anyway, the simulator finds it about even with the inline
+    # layer-wise load (results/policies/strata_bubble_filling_sim32k_rate1.8_h200.json).
     hicache_prefetch: bool = False
 
     @property
