@@ -33,6 +33,7 @@ class RequestRecord:
     error: str | None = None
     sent: bool = True  # False: still due when the run's time limit came (never submitted)
     num_cached_tokens: int | None = None  # prompt tokens the prefix cache supplied; None: unknown
+    first_scheduled_s: float | None = None  # the engine first scheduled it; None: unknown
 
     @property
     def output_len(self) -> int:
@@ -46,6 +47,12 @@ class RequestRecord:
     @property
     def ttft_s(self) -> float | None:
         return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    @property
+    def queue_s(self) -> float | None:
+        """Arrival to first scheduled: the part of the TTFT spent waiting."""
+        s = self.first_scheduled_s
+        return None if s is None else s - self.arrival_s
 
     @property
     def e2e_s(self) -> float | None:
@@ -73,6 +80,7 @@ class RequestRecord:
             self,
             arrival_s=self.arrival_s - t0,
             first_token_s=shift(self.first_token_s),
+            first_scheduled_s=shift(self.first_scheduled_s),
             token_times_s=tuple(t - t0 for t in self.token_times_s),
             finish_s=shift(self.finish_s),
         )

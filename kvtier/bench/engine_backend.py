@@ -135,6 +135,7 @@ class EngineBackend:
             num_preemptions=m.num_preemptions,
             error=error,
             num_cached_tokens=out.num_cached_tokens,
+            first_scheduled_s=m.first_scheduled_time,
         )
 
     def _failed(self, request_id: str, error: str | None, reason: str | None = None) -> RequestRecord:

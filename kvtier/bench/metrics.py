@@ -118,6 +118,9 @@ class Summary:
     num_cached_tokens: int | None
     prefix_cache_hit_rate: float | None  # cached / prompt tokens of those requests
     attainment_basis: str = ATTAINMENT_BASIS
+    # Arrival to first scheduled, where the backend reports it (the engine does; a server
+    # client sees only its tokens): the waiting part of the TTFT.
+    queue_s: Distribution | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -155,6 +158,7 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo: Slo | No
         num_not_sent=len(records) - len(sent),
         slo_attainment_all=None if slo is None else slo_attainment_all(records, slo),
         **_cached_tokens(done),
+        queue_s=Distribution.of([t for r in done if (t := r.queue_s) is not None]),
     )
 
 

@@ -23,7 +23,7 @@ from kvtier.engine.outputs import EngineStats
 _REQUEST_COLUMNS = (
     "request_id", "prompt_len", "expected_output_len", "output_len", "arrival_s", "first_token_s",
     "finish_s", "ttft_s", "tpot_s", "e2e_s", "finish_reason", "num_preemptions", "error",
-    "num_cached_tokens",
+    "num_cached_tokens", "queue_s",
 )
 
 
@@ -64,7 +64,8 @@ def write_requests_csv(run: RunResult, path: Path) -> None:
             w.writerow([r.request_id, r.prompt_len, r.expected_output_len, r.output_len, r.arrival_s,
                         r.first_token_s, r.finish_s, r.ttft_s, r.tpot_s, r.e2e_s, r.finish_reason,
                         r.num_preemptions, r.error or "",
-                        "" if r.num_cached_tokens is None else r.num_cached_tokens])
+                        "" if r.num_cached_tokens is None else r.num_cached_tokens,
+                        "" if r.queue_s is None else r.queue_s])
 
 
 def write_steps_csv(run: RunResult, path: Path) -> None:

@@ -99,6 +99,7 @@ class LLMEngine:
         self._inflight_ids: set[str] | None = None  # its request ids, built when first asked
         self._parents: dict[str, _Parent] = {}
         self._child_of: dict[str, tuple[_Parent, _Child]] = {}
+        self._unscheduled: dict[str, _Parent] = {}  # not yet scheduled, in arrival order
         self._last_step_tokens = 0
         self._last_step_reqs = 0
         self._last_step_time = 0.0
@@ -174,6 +175,7 @@ class LLMEngine:
             self._child_of[rid] = (parent, child)
             self.scheduler.add_request(req)
         self._parents[request_id] = parent
+        self._unscheduled[request_id] = parent
 
     def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -206,6 +208,7 @@ class LLMEngine:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         for rid in ids:
             parent = self._parents.pop(rid, None)
+            self._unscheduled.pop(rid, None)
             if parent is None:
                 continue
             for child in parent.children:
@@ -224,6 +227,8 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         t0 = self.clock()
         plan = self.scheduler.schedule()
+        if self._unscheduled:
+            self._stamp_first_scheduled(t0)
         if self._async:
             outputs = self._step_async(plan)
         else:
@@ -233,6 +238,19 @@ class LLMEngine:
         self._last_step_reqs = len(plan.scheduled)
         self._last_step_time = self.clock() - t0
         return outputs
+
+    def _stamp_first_scheduled(self, now: float) -> None:
+        """`first_scheduled_time` of the requests this step admits for the first time (the
+        queue time is first_scheduled - arrival). The waiting queue admits new requests in
+        arrival order, so the scan stops at the first one still waiting."""
+        done = []
+        for rid, parent in self._unscheduled.items():
+            if all(c.request.status is RequestStatus.WAITING for c in parent.children):
+                break
+            parent.metrics.first_scheduled_time = now
+            done.append(rid)
+        for rid in done:
+            del self._unscheduled[rid]
 
     def _step_async(self, plan: StepPlan) -> list[RequestOutput]:
         """Launch `plan`, then read back the step launched before it (the GPU runs this

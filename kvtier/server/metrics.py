@@ -42,6 +42,15 @@ class ServerMetrics:
                               buckets=_TPOT_BUCKETS, registry=r)
         self.e2e = Histogram(f"{P}e2e_request_latency_seconds", "Arrival to finish.",
                              buckets=_E2E_BUCKETS, registry=r)
+        # vLLM's phases of a request: waiting, then its prefill (to the first token), its
+        # decode (first token to finish), and the two together (inference).
+        self.phases = {
+            name: Histogram(f"{P}request_{name}_time_seconds", text, buckets=_E2E_BUCKETS,
+                            registry=r)
+            for name, text in (("queue", "Arrival to first scheduled (waiting)."),
+                               ("prefill", "First scheduled to first token."),
+                               ("decode", "First token to finish."),
+                               ("inference", "First scheduled to finish."))}
         self.sequences_finished = Counter(f"{P}request_success",
                                           "Finished sequences by finish reason.",
                                           ["finished_reason"], registry=r)
@@ -67,6 +76,13 @@ class ServerMetrics:
             self.ttft.observe(m.first_token_time - m.arrival_time)
         if m.finished_time is not None:
             self.e2e.observe(m.finished_time - m.arrival_time)
+        for name, (start, end) in (
+                ("queue", (m.arrival_time, m.first_scheduled_time)),
+                ("prefill", (m.first_scheduled_time, m.first_token_time)),
+                ("decode", (m.first_token_time, m.finished_time)),
+                ("inference", (m.first_scheduled_time, m.finished_time))):
+            if start is not None and end is not None:
+                self.phases[name].observe(end - start)
         times = m.token_times
         if len(times) >= 2:
             self.tpot.observe((times[-1] - times[0]) / (len(times) - 1))

@@ -57,6 +57,16 @@ def test_summary_hand_computed():
     assert s.slo_attainment is None
 
 
+def test_queue_time_where_the_backend_reports_when_it_scheduled():
+    from dataclasses import replace
+    assert summarize(RECORDS, duration_s=4.0).queue_s is None  # not reported (a server client)
+    stamped = [replace(r, first_scheduled_s=r.arrival_s + wait)
+               for r, wait in zip(RECORDS, (0.5, 0.0, 1.5))]
+    q = summarize(stamped, duration_s=4.0).queue_s
+    assert q.count == 3 and q.p50 == pytest.approx(0.5) and q.max == pytest.approx(1.5)
+    assert stamped[0].rebased(0.25).queue_s == pytest.approx(0.5)
+
+
 def test_slo_attainment_hand_computed():
     s = summarize(RECORDS, 4.0, Slo(ttft_s=1.0, tpot_s=0.5))
     # a: TTFT ok, TPOT 0.75 > 0.5 -> miss; b: both ok; c: TTFT 2.0 > 1.0 -> miss.

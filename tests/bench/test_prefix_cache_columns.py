@@ -100,6 +100,7 @@ def test_result_json_and_requests_csv(experiment, tmp_path):
     with open(tmp_path / doc["files"]["requests"]["cache"]) as f:
         rows = list(csv.DictReader(f))
     assert sum(int(r["num_cached_tokens"]) for r in rows) == _cached_total(results)
+    assert all(float(r["queue_s"]) >= 0 for r in rows)  # the engine stamps its scheduling
 
 
 def _record(rid: str, prompt_len: int, cached: int | None, reason: str = "length") -> RequestRecord:

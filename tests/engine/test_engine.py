@@ -150,6 +150,28 @@ def test_abort_frees_blocks_at_once(llm):
     assert eng.scheduler.kv.all_free()
 
 
+def test_request_metrics_stamp_when_each_request_was_first_scheduled():
+    """first_scheduled_time: arrival <= first scheduled <= first token; a request that
+    waits for a sequence slot (max_num_seqs=1) is scheduled only after the one before it
+    finishes, and an aborted waiting request leaves nothing behind."""
+    eng = LLMEngine.from_engine_args(EngineArgs("tiny-llama", load_format="dummy",
+                                                num_gpu_blocks=64, max_model_len=128,
+                                                max_num_seqs=1))
+    for rid in ("first", "second", "gone", "third"):
+        eng.add_request(rid, f"prompt {rid}", greedy(3))
+    eng.abort_request("gone")
+    finals = {}
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                finals[out.request_id] = out.metrics
+    assert list(finals) == ["first", "second", "third"] and not eng._unscheduled
+    for m in finals.values():
+        assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time
+    assert finals["second"].first_scheduled_time >= finals["first"].finished_time
+    assert finals["third"].first_scheduled_time >= finals["second"].finished_time
+
+
 # ---- bad input: a clear error, nothing else disturbed ---------------------------------
 
 def test_bad_requests_are_refused_and_others_continue(llm):

@@ -166,6 +166,9 @@ def test_metrics_exposed(live, client):
                  "kvtier:recomputed_tokens_total", "kvtier:prompt_tokens_total",
                  "kvtier:generation_tokens_total", "kvtier:time_to_first_token_seconds_count",
                  "kvtier:time_per_output_token_seconds_count", "kvtier:e2e_request_latency_seconds_count",
+                 "kvtier:request_queue_time_seconds_count", "kvtier:request_prefill_time_seconds_count",
+                 "kvtier:request_decode_time_seconds_count",
+                 "kvtier:request_inference_time_seconds_count",
                  'kvtier:request_success_total{finished_reason="length"}'):
         assert name in text, name
     gen = [line for line in text.splitlines() if line.startswith("kvtier:generation_tokens_total")]
