@@ -30,6 +30,14 @@ _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
 _E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                 50.0, 60.0, 120.0, 240.0)
 
+# vLLM's phases of a request (name, RequestMetrics' start and end stamps, help): waiting,
+# its prefill (to the first token), its decode (first token to finish), and the two together.
+_PHASES = (("queue", "arrival_time", "first_scheduled_time", "Arrival to first scheduled."),
+           ("prefill", "first_scheduled_time", "first_token_time",
+            "First scheduled to first token."),
+           ("decode", "first_token_time", "finished_time", "First token to finish."),
+           ("inference", "first_scheduled_time", "finished_time", "First scheduled to finish."))
+
 
 class ServerMetrics:
     def __init__(self) -> None:
@@ -42,15 +50,10 @@ class ServerMetrics:
                               buckets=_TPOT_BUCKETS, registry=r)
         self.e2e = Histogram(f"{P}e2e_request_latency_seconds", "Arrival to finish.",
                              buckets=_E2E_BUCKETS, registry=r)
-        # vLLM's phases of a request: waiting, then its prefill (to the first token), its
-        # decode (first token to finish), and the two together (inference).
         self.phases = {
-            name: Histogram(f"{P}request_{name}_time_seconds", text, buckets=_E2E_BUCKETS,
-                            registry=r)
-            for name, text in (("queue", "Arrival to first scheduled (waiting)."),
-                               ("prefill", "First scheduled to first token."),
-                               ("decode", "First token to finish."),
-                               ("inference", "First scheduled to finish."))}
+            name: (Histogram(f"{P}request_{name}_time_seconds", text, buckets=_E2E_BUCKETS,
+                             registry=r), start, end)
+            for name, start, end, text in _PHASES}
         self.sequences_finished = Counter(f"{P}request_success",
                                           "Finished sequences by finish reason.",
                                           ["finished_reason"], registry=r)
@@ -76,13 +79,10 @@ class ServerMetrics:
             self.ttft.observe(m.first_token_time - m.arrival_time)
         if m.finished_time is not None:
             self.e2e.observe(m.finished_time - m.arrival_time)
-        for name, (start, end) in (
-                ("queue", (m.arrival_time, m.first_scheduled_time)),
-                ("prefill", (m.first_scheduled_time, m.first_token_time)),
-                ("decode", (m.first_token_time, m.finished_time)),
-                ("inference", (m.first_scheduled_time, m.finished_time))):
+        for hist, start_field, end_field in self.phases.values():
+            start, end = getattr(m, start_field), getattr(m, end_field)
             if start is not None and end is not None:
-                self.phases[name].observe(end - start)
+                hist.observe(end - start)
         times = m.token_times
         if len(times) >= 2:
             self.tpot.observe((times[-1] - times[0]) / (len(times) - 1))

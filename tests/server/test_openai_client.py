@@ -173,4 +173,8 @@ def test_metrics_exposed(live, client):
         assert name in text, name
     gen = [line for line in text.splitlines() if line.startswith("kvtier:generation_tokens_total")]
     assert float(gen[0].split()[-1]) > 0
+    for phase in ("queue", "prefill", "decode", "inference"):  # observed, not only declared
+        count = [line for line in text.splitlines()
+                 if line.startswith(f"kvtier:request_{phase}_time_seconds_count")]
+        assert float(count[0].split()[-1]) >= 1, phase
     assert_engine_clean(live)
