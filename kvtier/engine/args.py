@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Self
@@ -185,6 +186,12 @@ class EngineArgs(EngineArgsFields):
     given by keyword (`EngineArgs(model=..., <prefix>_<flag>=...)`) and read as attributes."""
 
     def __init__(self, *args: Any, **kw: Any):
+        tier = _host_tier_keywords(kw)
+        if tier:
+            if kw.get("host_tier") is not None:
+                raise TypeError(f"EngineArgs got the host tier's options {sorted(tier)} and "
+                                f"host_tier=; give one or the other")
+            kw["host_tier"] = HostTierArgs(**tier)
         given = dict(kw.pop("policy_args", None) or {})
         known = policy_flag_defaults()
         for key in [k for k in kw if k in known]:
@@ -199,13 +206,35 @@ class EngineArgs(EngineArgsFields):
         known = policy_flag_defaults()
         if name in known:  # only called for names that are not fields
             return self.__dict__.get("policy_args", {}).get(name, known[name])
+        if name in _HOST_TIER_FIELDS and "host_tier" in self.__dict__:
+            return getattr(self.__dict__["host_tier"], name)
         raise AttributeError(f"EngineArgs has no option {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in policy_flag_defaults():
             self.policy_args[name] = value
+        elif name in _HOST_TIER_FIELDS:
+            self.host_tier = dataclasses.replace(self.host_tier, **{name: value})
         else:
             super().__setattr__(name, value)
+
+
+# The host tier's options by keyword, as vLLM's LLM(kv_offloading_size=...) and SGLang's
+# Engine(hicache_size=..., enable_hierarchical_cache=...) take them; SGLang's size name is an
+# alias of vLLM's, as on the command line.
+_HOST_TIER_FIELDS = frozenset(f.name for f in fields(HostTierArgs))
+_HOST_TIER_ALIASES = {"hicache_size": "kv_offloading_size"}
+
+
+def _host_tier_keywords(kw: dict[str, Any]) -> dict[str, Any]:
+    """Pops the host tier's options (and their aliases) out of `kw`."""
+    tier: dict[str, Any] = {}
+    for key in [k for k in kw if k in _HOST_TIER_FIELDS or k in _HOST_TIER_ALIASES]:
+        name = _HOST_TIER_ALIASES.get(key, key)
+        if name in tier:
+            raise TypeError(f"EngineArgs got {name} twice (hicache_size is its alias)")
+        tier[name] = kw.pop(key)
+    return tier
 
 
 def _max_model_len(requested: int | None, mc: ModelConfig) -> int:

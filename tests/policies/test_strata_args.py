@@ -69,3 +69,36 @@ def test_bad_values_are_refused_naming_the_flag():
             100, 1 << 20)
     with pytest.raises(SystemExit):  # argparse: not one of the choices
         parse("--hicache-write-policy", "write_around")
+
+
+def test_the_python_api_takes_the_options_by_keyword_in_both_spellings():
+    """vLLM's LLM(kv_offloading_size=...) and SGLang's hicache_size=... reach the host tier,
+    read and written as EngineArgs attributes like the command line's."""
+    a = EngineArgs(model="tiny-llama", kv_offloading_size=2.5, hicache_write_policy="write_back")
+    assert a.host_tier.enabled and a.kv_offloading_size == 2.5
+    assert a.host_tier.hicache_write_policy == "write_back"
+    assert EngineArgs(model="tiny-llama", hicache_size=1.5).host_tier.kv_offloading_size == 1.5
+    a.hicache_io_backend = "kernel"
+    assert a.host_tier.hicache_io_backend == "kernel" and a.kv_offloading_size == 2.5
+    assert not EngineArgs(model="tiny-llama").kv_offloading_size
+    with pytest.raises(TypeError, match="twice"):
+        EngineArgs(model="tiny-llama", hicache_size=1.0, kv_offloading_size=2.0)
+    with pytest.raises(TypeError, match="one or the other"):
+        EngineArgs(model="tiny-llama", kv_offloading_size=1.0, host_tier=HostTierArgs())
+    with pytest.raises(TypeError, match="kv_offloading_sizes"):
+        EngineArgs(model="tiny-llama", kv_offloading_sizes=1.0)
+
+
+def test_the_offline_llm_serves_hits_from_the_host_tier_given_by_keyword():
+    from kvtier import LLM, SamplingParams
+
+    llm = LLM(model="tiny-llama", load_format="dummy", device="cpu", dtype="float32",
+              num_gpu_blocks=16, max_model_len=256, kv_offloading_size=0.01,
+              hicache_min_load_blocks=2)
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    first = [list(range(100 + 40 * i, 140 + 40 * i)) * 2 for i in range(6)]
+    want = [o.outputs[0].token_ids for o in llm.generate(first, params)]
+    llm.generate([list(range(3000, 3150))], params)  # evicts the first prompts' device blocks
+    got = [o.outputs[0].token_ids for o in llm.generate(first, params)]
+    stats = llm.engine.get_stats().host_tier
+    assert got == want and stats is not None and stats.host_hit_tokens > 0
