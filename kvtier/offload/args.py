@@ -66,6 +66,15 @@ class HostTierArgs:
     # prefetching only what waits anyway, the simulator finds it about even with the inline
     # layer-wise load (results/policies/strata_bubble_filling_sim32k_rate1.8_h200.json).
     hicache_prefetch: bool = False
+    # vLLM's --kv-offloading-backend: kvtier's host tier is its "native" one; vLLM's other
+    # choice, LMCache, is an external connector kvtier does not have.
+    kv_offloading_backend: str = "native"
+
+    def __post_init__(self) -> None:
+        if self.kv_offloading_backend != "native":
+            raise ConfigError(f"--kv-offloading-backend {self.kv_offloading_backend!r}: kvtier "
+                              f"has no LMCache connector; its host tier is the native backend "
+                              f"(give native or leave the flag out)")
 
     @property
     def enabled(self) -> bool:
@@ -79,6 +88,8 @@ class HostTierArgs:
           help="keep prefix-cache blocks the GPU evicts in a pinned host tier (SGLang)")
         a("--kv-offloading-size", "--hicache-size", dest="kv_offloading_size", type=float,
           help="host tier size in GiB (vLLM; SGLang's --hicache-size)")
+        a("--kv-offloading-backend", choices=["native"], default=cls.kv_offloading_backend,
+          help="vLLM's: native, kvtier's host tier (it has no LMCache connector)")
         a("--hicache-ratio", type=float,
           help=f"host tier = ratio x the device KV pool (default {DEFAULT_RATIO})")
         a("--hicache-write-policy", choices=[p.value for p in WritePolicy],

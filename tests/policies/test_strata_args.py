@@ -102,3 +102,11 @@ def test_the_offline_llm_serves_hits_from_the_host_tier_given_by_keyword():
     got = [o.outputs[0].token_ids for o in llm.generate(first, params)]
     stats = llm.engine.get_stats().host_tier
     assert got == want and stats is not None and stats.host_hit_tokens > 0
+
+
+def test_vllms_offloading_backend_flag_takes_native_and_refuses_lmcache_clearly():
+    assert parse("--kv-offloading-backend", "native", "--kv-offloading-size", "1").enabled
+    with pytest.raises(SystemExit):
+        parse("--kv-offloading-backend", "lmcache")
+    with pytest.raises(ConfigError, match="no LMCache connector"):
+        EngineArgs(model="tiny-llama", kv_offloading_size=1.0, kv_offloading_backend="lmcache")
