@@ -28,8 +28,9 @@ out() {  # SUBJECT NAME: the path a part writes NAME to
 
 pytest_files() {  # NAME TIMEOUT ARGS...: pytest, the summary kept as gpu_tests/NAME.txt
   local f; f=$(out gpu_tests "$1.txt"); local limit=$2; shift 2
-  timeout "$limit" python3 -m pytest -q "$@" -p no:cacheprovider 2>&1 | tail -8 > "$f"
-  cat "$f"
+  # -rfE: every failure and error named in the summary, which the file keeps whole
+  timeout "$limit" python3 -m pytest -q -rfE "$@" -p no:cacheprovider > "$f" 2>&1
+  grep -E "^(FAILED|ERROR)" "$f" | head -20; tail -2 "$f"
 }
 
 pytest_gpu() {  # NAME TIMEOUT PATHS...: the GPU tests of PATHS
@@ -138,6 +139,9 @@ part() {
   case "$1" in
   gpu-tests)  # every GPU test (the device image has no uvicorn: server tests left out)
     pytest_gpu "gpu_tests_$KVTIER_GIT_COMMIT" 550 tests --ignore=tests/server ;;
+  gpu-tests-rest)  # every GPU test outside tests/kernels and tests/experiments (gpu-tests-kernels has those), server tests left out
+    pytest_gpu "gpu_tests_rest_$KVTIER_GIT_COMMIT" 560 tests --ignore=tests/server --ignore=tests/kernels \
+      --ignore=tests/experiments ;;
   gpu-tests-runner)  # the GPU path equals the CPU path; graphs, async, eLLM, HCache on the GPU
     pytest_gpu "gpu_tests_runner_$KVTIER_GIT_COMMIT" 300 tests/runner ;;
   gpu-tests-kernels)  # every Triton kernel against its torch reference on the GPU
