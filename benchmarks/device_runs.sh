@@ -141,7 +141,8 @@ part() {
     pytest_gpu "gpu_tests_$KVTIER_GIT_COMMIT" 550 tests --ignore=tests/server --ignore=tests/test_import_cycles.py ;;
   gpu-tests-rest)  # every GPU test outside tests/kernels and tests/experiments (gpu-tests-kernels has those), server tests left out
     pytest_gpu "gpu_tests_rest_$KVTIER_GIT_COMMIT" 560 tests --ignore=tests/server --ignore=tests/kernels \
-      --ignore=tests/experiments --ignore=tests/test_import_cycles.py ;;  # the device has no grimp
+      --ignore=tests/experiments --ignore=tests/test_import_cycles.py \
+      --ignore=tests/engine/test_real_model.py ;;  # no grimp there; part real-model carries the model its test needs
   gpu-tests-runner)  # the GPU path equals the CPU path; graphs, async, eLLM, HCache on the GPU
     pytest_gpu "gpu_tests_runner_$KVTIER_GIT_COMMIT" 300 tests/runner ;;
   gpu-tests-kernels)  # every Triton kernel against its torch reference on the GPU
