@@ -146,7 +146,7 @@ part() {
   gpu-tests-runner)  # the GPU path equals the CPU path; graphs, async, eLLM, HCache on the GPU
     pytest_gpu "gpu_tests_runner_$KVTIER_GIT_COMMIT" 300 tests/runner ;;
   gpu-tests-kernels)  # every Triton kernel against its torch reference on the GPU
-    pytest_gpu "gpu_tests_kernels_$KVTIER_GIT_COMMIT" 300 tests/kernels tests/experiments ;;
+    pytest_gpu "gpu_tests_kernels_$KVTIER_GIT_COMMIT" 560 tests/kernels tests/experiments ;;  # 300 s reached 130 of 170 at af2d8e3
   decode-targets)  # issue 3's two decode targets, the step's kernels, host overhead
     gpu_path gpu_path_h200_targets.json decode_targets,step_kernels,host 300 ;;
   decode-target-engine)  # the 256 x 2048 engine step alone (before/after comparisons)
