@@ -358,6 +358,17 @@ part() {
         --tunings=-/t0/2,-/t0/2/amx,-/t0/1,-/t0/1/amx,-/t0/4,-/t0/4/amx $([ $s -gt 0 ] && echo --pages-per-split $s) \
         --out "$(out kernels "cpu_attention_amx_h200_split${s}_$c.json")" 2>&1 | tail -6
     done ;;
+  cpu-attention-ab)  # NEO's CPU attention of this tree against the tree in $BEFORE (default .carry/cpu_before: kvtier and benchmarks of the commit before, $BEFORE_COMMIT), alternating twice in one call: the kernel's tests on this CPU, then 16 threads at 1x8192 and 8x4096 with the compute-only rates, 30 calls a median
+    local i c=$KVTIER_GIT_COMMIT b=${BEFORE:-.carry/cpu_before} bc=${BEFORE_COMMIT:-before}
+    local args="--threads 16 --shapes 1x8192,8x4096 --no-sdpa --thread-sweep= --tunings= --sweep-shapes 0 --iters 30"
+    export TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext
+    pytest_files "cpu_attention_tests_$c" 120 tests/kernels/test_cpu_attention.py
+    for i in 1 2; do
+      (cd "$b" && KVTIER_GIT_COMMIT=$bc timeout 60 python3 -m benchmarks.kernels.bench_cpu_attention $args \
+        --out "$(out kernels "cpu_attention_ab_${bc}_$i.json")") 2>&1 | grep -E "compute only|Error" | cut -c1-200
+      timeout 60 python3 -m benchmarks.kernels.bench_cpu_attention $args \
+        --out "$(out kernels "cpu_attention_ab_${c}_$i.json")" 2>&1 | grep -E "compute only|Error" | cut -c1-200
+    done ;;
   host-decode-attention)  # DirectKV's zero-copy decode attention over pinned host pages vs PCIe H2D; its GPU tests and both systems' engine runs on the GPU (fp32 = GPU-only)
     pytest_gpu "gpu_tests_host_decode_attention_$KVTIER_GIT_COMMIT" 200 tests/kernels/test_host_decode_attention.py \
       tests/policies/test_host_resident_engine.py

@@ -67,6 +67,7 @@ struct Problem {
   int prefetch_tiles;  // how many (page, head) tiles ahead software prefetch reads
   int prefetch_hint;   // 0 none, 1 non-temporal, 2 all cache levels (T0), 3 outer levels (T2)
   bool amx;            // bf16 pages' scores by AMX tiles (cpu_amx.h) instead of vdpbf16ps
+  bool pair_acc;       // accumulators in pair order (block_values_pairs), put back on output
   int group() const { return num_heads / num_kv_heads; }
   int item_heads() const { return heads_per_item * group(); }  // query heads of an item
 };
@@ -109,6 +110,7 @@ struct Scratch {
   int dpad;    // head_dim rounded up to 32 (one vector of bf16 pairs)
   int qparts = 1;  // bf16 terms whose sum is q exactly (1 when q is bf16 already)
   Span<float> q, acc, scores, m, l;
+  Span<float> lanes;  // [item_heads][kWidth]: each head's softmax sum, lane by lane
   Span<uint16_t> qbf;  // [3][item_heads][dpad]: q as a sum of bf16 terms, unscaled
   Span<uint16_t> q_tiles;  // [heads_per_item][...]: qbf packed for AMX (amx_pack_queries)
   Span<float> amx_even, amx_odd;  // [16][G]: one AMX score block, before the transpose
@@ -120,7 +122,7 @@ struct Scratch {
     const size_t QH = pb.item_heads(), D = pb.head_dim, G = pb.group();
     const size_t packed = pb.amx ? pb.heads_per_item * amx_packed_size(G, dpad) : 0;
     const size_t block = pb.amx ? kAmxRows * G : 0;
-    reserve_for(floats, QH * (2 * D + stride + 2) + 2 * block);
+    reserve_for(floats, QH * (2 * D + stride + 2 + kWidth) + 2 * block);
     reserve_for(halves, 3 * QH * dpad + packed);
     size_t used = 0;
     q = carve(floats, used, QH * D);
@@ -128,6 +130,7 @@ struct Scratch {
     scores = carve(floats, used, QH * stride);
     m = carve(floats, used, QH);
     l = carve(floats, used, QH);
+    lanes = carve(floats, used, QH * kWidth);
     amx_even = carve(floats, used, block);
     amx_odd = carve(floats, used, block);
     used = 0;
@@ -156,33 +159,41 @@ inline void prefetch_tile(const char* p, int64_t bytes, int hint) {
 
 // Online-softmax step for head g: fold the tile's n scores into (m, l), turn them into weights
 // 2^(s - m), and rescale acc only when the running max grows past a finite one (rarely after
-// the first tiles: no scalar exp2 and no pass over acc a tile otherwise).
+// the first tiles). Neither sum is reduced a tile: the max only when a lane passes m, and l
+// is kept lane by lane (s.lanes) until the item ends (sum_lanes), so a tile's softmax has no
+// horizontal reduction, whose shuffles the score pass's transposes need too.
 inline void tile_softmax(const Problem& pb, int g, int n, Scratch& s) {
   const int D = pb.head_dim, stride = s.stride;
   float* sc = s.scores.data() + g * stride;
+  float* lanes = s.lanes.data() + g * kWidth;
   for (int t = n; t < stride; ++t) sc[t] = kNegInf;  // padding lanes: weight 0 below
   vec mx = vset(kNegInf);
   for (int t = 0; t < stride; t += kWidth) mx = vmax(mx, vload(sc + t));
-  const float tile_max = vhmax(mx), m_old = s.m[g];
-  if (tile_max > m_old) {
+  const float m_old = s.m[g];
+  if (vany_gt(mx, m_old)) {
+    const float tile_max = vhmax(mx);
     if (m_old != kNegInf) {  // before the first tile acc and l are zero: nothing to rescale
-      const float alpha = std::exp2(m_old - tile_max);
-      s.l[g] *= alpha;
+      const vec alpha = vset(std::exp2(m_old - tile_max));
+      vstore(lanes, vmul(vload(lanes), alpha));
       float* acc = s.acc.data() + g * D;
-      for (int j = 0; j < D; j += kWidth) vstore(acc + j, vmul(vload(acc + j), vset(alpha)));
+      for (int j = 0; j < D; j += kWidth) vstore(acc + j, vmul(vload(acc + j), alpha));
     }
     s.m[g] = tile_max;
   }
   const vec neg_m = vset(-s.m[g]);
-  vec sum = vzero();
+  vec sum = vload(lanes);
   for (int t = 0; t < stride; t += kWidth) {
     const vec p = vexp2(vadd(vload(sc + t), neg_m));
     vstore(sc + t, p);
     sum = vadd(sum, p);
   }
-  float total = vsum(sum);
-  for (int t = n; t < stride; ++t) total -= sc[t];  // vexp2 floors at 2^-126, not 0
-  s.l[g] += total;
+  vstore(lanes, sum);
+  for (int t = n; t < stride; ++t) lanes[t % kWidth] -= sc[t];  // vexp2 floors at 2^-126, not 0
+}
+
+// The item's softmax sums, from their lanes.
+inline void sum_lanes(const Problem& pb, Scratch& s) {
+  for (int lh = 0; lh < pb.item_heads(); ++lh) s.l[lh] = vsum(vload(s.lanes.data() + lh * kWidth));
 }
 
 // Query heads are processed in blocks of up to kHeadBlock: a K or V row chunk is widened once
@@ -238,6 +249,52 @@ inline void block_values(const Problem& pb, const T* v, int n, int g0, int j0, S
   for (int g = 0; g < GB; ++g)
     for (int c = 0; c < NJ; ++c) vstore(s.acc.data() + (g0 + g) * D + j0 + c * kWidth, a[g][c]);
 }
+
+#if defined(__AVX512F__)
+// The V pass of bf16 pages without a shuffle: a vector of 32 bf16 is 16 pairs, and each pair
+// as a 32-bit lane gives its even element by a shift and its odd one by a mask, both exact.
+// So acc keeps, per 32 columns, the 16 even ones then the 16 odd ones ("pair order"), which
+// the softmax rescale and the split merge never notice (they work column by column) and
+// write_output puts back. The widening by vpmovzxwd it replaces is a shuffle, a port that
+// the score pass's transposes also need.
+template <int GB, int NW>
+inline void block_values_pairs(const Problem& pb, const uint16_t* v, int n, int g0, int w0,
+                               Scratch& s) {
+  const int D = pb.head_dim, stride = s.stride;
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  vec a[GB][2 * NW];
+  for (int g = 0; g < GB; ++g)
+    for (int c = 0; c < 2 * NW; ++c) a[g][c] = vload(s.acc.data() + (g0 + g) * D + w0 * 32 + c * kWidth);
+  for (int t = 0; t < n; ++t) {
+    const uint16_t* row = v + static_cast<int64_t>(t) * D + w0 * 32;
+    vec x[2 * NW];
+    for (int w = 0; w < NW; ++w) {
+      const __m512i pairs = _mm512_loadu_si512(row + w * 32);
+      x[2 * w] = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+      x[2 * w + 1] = _mm512_castsi512_ps(_mm512_and_si512(pairs, high));
+    }
+    for (int g = 0; g < GB; ++g) {
+      const vec wt = vset(s.scores[(g0 + g) * stride + t]);
+      for (int c = 0; c < 2 * NW; ++c) a[g][c] = vfma(wt, x[c], a[g][c]);
+    }
+  }
+  for (int g = 0; g < GB; ++g)
+    for (int c = 0; c < 2 * NW; ++c) vstore(s.acc.data() + (g0 + g) * D + w0 * 32 + c * kWidth, a[g][c]);
+}
+#endif
+
+// Whether bf16 pages' V pass runs in pair order (block_values_pairs).
+inline bool pair_order(int head_dim) {
+#if defined(__AVX512F__)
+  return head_dim % 64 == 0;
+#else
+  (void)head_dim;
+  return false;
+#endif
+}
+
+// Column j's place in pair order: 32 columns a group, its even columns first.
+inline int pair_index(int j) { return (j & ~31) | ((j & 1) << 4) | ((j & 31) >> 1); }
 
 // Scores of whole blocks of kRowBlock rows: one query head against 16 rows at a time, the 16
 // dot products summed by one transpose tree (vsum16) and stored as one vector. Compiled for
@@ -308,6 +365,14 @@ inline void block_tile(const Problem& pb, const T* k, const T* v, int n, int g0,
   const int done = scored > 0 ? scored : row_block_scores(pb, k, n, g0, GB, s);
   block_scores<GB>(pb, k, done, n, g0, s);
   for (int g = g0; g < g0 + GB; ++g) tile_softmax(pb, g, n, s);
+#if defined(__AVX512F__)
+  if constexpr (sizeof(T) == 2) {
+    if (pb.pair_acc) {  // 64 columns a pass: 4 accumulators a head, as below
+      for (int w = 0; w < pb.head_dim / 32; w += 2) block_values_pairs<GB, 2>(pb, v, n, g0, w, s);
+      return;
+    }
+  }
+#endif
   const int D = pb.head_dim, full = D / (kValueChunks * kWidth) * kValueChunks * kWidth;
   for (int j = 0; j < full; j += kValueChunks * kWidth) block_values<GB, kValueChunks>(pb, v, n, g0, j, s);
   for (int j = full; j < D; j += kWidth) block_values<GB, 1>(pb, v, n, g0, j, s);
@@ -371,6 +436,7 @@ void load_queries(const Problem& pb, const Item& it, bool bf16_pages, Scratch& s
 #endif
     s.m[lh] = kNegInf;
     s.l[lh] = 0.0f;
+    vstore(s.lanes.data() + lh * kWidth, vzero());
   }
   std::fill(s.acc.begin(), s.acc.end(), 0.0f);
   if (pb.amx) {
@@ -410,17 +476,19 @@ void attend(const Problem& pb, const Item& it, Scratch& s) {
                 v + page * pb.v_stride_page + h * pb.v_stride_head, n, (h - h0) * G, s);
   }
   if (pb.amx) amx_release();
+  sum_lanes(pb, s);
 }
 
 void write_output(const Problem& pb, int b, int head, const float* acc, float inv_l, float lse) {
   const int D = pb.head_dim;
   const int64_t off = b * pb.out_stride_b + head * pb.out_stride_h;
+  auto at = [&](int j) { return acc[pb.pair_acc ? pair_index(j) : j] * inv_l; };
   if (pb.out_bf16) {
     uint16_t* o = static_cast<uint16_t*>(pb.out) + off;
-    for (int j = 0; j < D; ++j) o[j] = to_bf16(acc[j] * inv_l);
+    for (int j = 0; j < D; ++j) o[j] = to_bf16(at(j));
   } else {
     float* o = static_cast<float*>(pb.out) + off;
-    for (int j = 0; j < D; ++j) o[j] = acc[j] * inv_l;
+    for (int j = 0; j < D; ++j) o[j] = at(j);
   }
   pb.lse[static_cast<int64_t>(b) * pb.num_heads + head] = lse;
 }
@@ -588,9 +656,10 @@ void decode_attention(uintptr_t q, int64_t q_stride_b, int64_t q_stride_h, uintp
              reinterpret_cast<const int32_t*>(context_lens), reinterpret_cast<void*>(out),
              out_bf16, out_stride_b, out_stride_h, reinterpret_cast<float*>(lse), batch,
              num_heads, num_kv_heads, head_dim, page_size, num_pages, max_pages, scale,
-             1, prefetch_tiles, prefetch_hint, false};
+             1, prefetch_tiles, prefetch_hint, false, false};
   validate(pb);
   pb.amx = use_amx && kv_bf16 && bf16_dot(pb) && pb.group() <= kAmxMaxGroup && amx_permitted();
+  pb.pair_acc = kv_bf16 && pair_order(head_dim);
   pb.heads_per_item = choose_heads_per_item(total_pages(pb), num_kv_heads, num_threads, heads_per_item);
   if (kv_bf16)
     run<uint16_t>(pb, num_threads, pages_per_split);

@@ -32,6 +32,7 @@ inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
 inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
 inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
 inline float vhmax(vec v) { return _mm512_reduce_max_ps(v); }
+inline bool vany_gt(vec v, float x) { return _mm512_cmp_ps_mask(v, _mm512_set1_ps(x), _CMP_GT_OQ) != 0; }
 inline vec vround(vec x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
 inline vec vscale2(vec p, vec n) { return _mm512_scalef_ps(p, n); }  // p * 2^n
@@ -60,6 +61,9 @@ inline float vhmax(vec v) {
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
   return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
 }
+inline bool vany_gt(vec v, float x) {
+  return _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_set1_ps(x), _CMP_GT_OQ)) != 0;
+}
 inline vec vround(vec x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
 inline vec vscale2(vec p, vec n) {  // p * 2^n by adding n to the exponent (n >= -126 here)
@@ -85,6 +89,7 @@ inline vec vmul(vec a, vec b) { return a * b; }
 inline vec vadd(vec a, vec b) { return a + b; }
 inline float vsum(vec v) { return v; }
 inline float vhmax(vec v) { return v; }
+inline bool vany_gt(vec v, float x) { return v > x; }
 inline vec vround(vec x) { return std::nearbyint(x); }
 inline vec vmax(vec a, vec b) { return std::max(a, b); }
 inline vec vscale2(vec p, vec n) { return std::ldexp(p, static_cast<int>(n)); }
