@@ -362,8 +362,8 @@ part() {
     local i c=$KVTIER_GIT_COMMIT b=${BEFORE:-.carry/cpu_before} bc=${BEFORE_COMMIT:-before}
     local args="--threads 16 --shapes 1x8192,8x4096 --no-sdpa --thread-sweep= --tunings= --sweep-shapes 0 --iters 30"
     export TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext
-    pytest_files "cpu_attention_tests_$c" 120 tests/kernels/test_cpu_attention.py
-    for i in 1 2; do
+    [ "${CPU_AB_TESTS:-1}" = 1 ] && pytest_files "cpu_attention_tests_$c" 120 tests/kernels/test_cpu_attention.py
+    for i in $(seq "${CPU_AB_ROUNDS:-2}"); do  # the host's read rate moves within a call: more rounds
       (cd "$b" && KVTIER_GIT_COMMIT=$bc timeout 60 python3 -m benchmarks.kernels.bench_cpu_attention $args \
         --out "$(out kernels "cpu_attention_ab_${bc}_$i.json")") 2>&1 | grep -E "compute only|Error" | cut -c1-200
       timeout 60 python3 -m benchmarks.kernels.bench_cpu_attention $args \
