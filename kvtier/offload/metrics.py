@@ -120,5 +120,7 @@ def host_tier_families(m: HostTierMetrics) -> Iterator[Metric]:
         yield CounterMetricFamily(f"{P}{name}", doc, value=value)
     yield GaugeMetricFamily(f"{P}host_tier_blocks_used", "Token blocks in the host tier.",
                             value=m.host_blocks_used)
+    yield GaugeMetricFamily(f"{P}host_tier_blocks_total", "Token blocks the host tier holds.",
+                            value=m.host_blocks_total)
     yield GaugeMetricFamily(f"{P}host_tier_load_gb_per_s", "Achieved host-tier load rate.",
                             value=m.load_gb_per_s)

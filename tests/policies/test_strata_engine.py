@@ -82,6 +82,7 @@ def test_greedy_outputs_equal_caching_off_with_host_hits(reference, backend, pol
     text = _render(m)
     assert f'kvtier:prefix_cache_tier_hits_total{{tier="host"}} {m.host_hit_tokens:.1f}' in text
     assert 'kvtier:host_tier_bytes_total{direction="load"}' in text
+    assert f"kvtier:host_tier_blocks_total {m.host_blocks_total:.1f}" in text
 
 
 def _render(m) -> str:
