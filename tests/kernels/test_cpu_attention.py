@@ -106,6 +106,22 @@ def test_bf16_pages_accumulate_in_fp32(compiled, num_heads, num_kv_heads, head_d
     assert (out16.float() - ref16).abs().max() <= 2**-8 * ref16.abs().max()
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 80])  # 80: not whole 64-column passes
+@pytest.mark.parametrize("page_size", [5, 16, 32, 64])
+def test_bf16_pages_of_every_tile_width_keep_the_result(compiled, head_dim, page_size):
+    """bf16 V rows in pair order (columns put back on output) and the softmax sums kept
+    lane by lane, over tiles narrower than a vector, of one, and of several with padding
+    lanes, by one split and by many (their merge sees pair-ordered partials)."""
+    kv = make_host_kv(LENS, 8, 2, head_dim, torch.bfloat16, page_size=page_size, seed=9)
+    ref, ref_lse = cpu_decode_attention_reference(*kv.args())
+    finite = torch.isfinite(ref_lse)
+    for split in (None, 1):
+        out, lse = cpu_decode_attention(*kv.args(), out_dtype=torch.float32, num_threads=3,
+                                        pages_per_split=split)
+        assert_close(out, ref, torch.float32)
+        assert (lse[finite] - ref_lse[finite]).abs().max() <= 1e-5
+
+
 def test_many_requests_many_splits_and_threads(compiled):
     lens = torch.randint(1, 300, (9,), generator=torch.Generator().manual_seed(1)).tolist()
     kv = make_host_kv(lens, 32, 8, 128, torch.bfloat16, seed=1)
