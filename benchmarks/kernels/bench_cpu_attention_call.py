@@ -28,11 +28,22 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.common import write_result  # noqa: E402
+from benchmarks.kernels.bench_cpu_attention import (  # noqa: E402
+    HEAD_DIM,
+    NUM_HEADS,
+    NUM_KV_HEADS,
+    PAGE_SIZE,
+    make_layer,
+)
 from kvtier.bench.environment import cpu_name  # noqa: E402
-from kvtier.kernels.cpu_attention import CpuAttentionWorker, cpu_decode_attention  # noqa: E402
+from kvtier.kernels.cpu_attention import (  # noqa: E402
+    CpuAttentionTuning,
+    CpuAttentionWorker,
+    cpu_decode_attention,
+    extension_args,
+)
 from kvtier.kernels.cpu_attention_build import cpu_attention_extension  # noqa: E402
 
-NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, PAGE_SIZE = 32, 8, 128, 16
 DEFAULT_SHAPES = "1x16,1x256,4x256,1x2048,4x2048"
 
 
@@ -49,12 +60,8 @@ def median_us(fn: Callable[[], Any], iters: int, warmup: int = 20) -> float:
 
 def problem(batch: int, ctx: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(batch * 7919 + ctx)
-    n = -(-ctx // PAGE_SIZE)
-    pages = torch.randn(batch * n + 1, 2, NUM_KV_HEADS, PAGE_SIZE, HEAD_DIM,
-                        generator=gen).to(torch.bfloat16)
-    tables = torch.arange(batch * n, dtype=torch.int32).view(batch, n)
-    return {"q": torch.randn(batch, NUM_HEADS, HEAD_DIM, generator=gen).to(torch.bfloat16),
-            "k": pages[:, 0], "v": pages[:, 1], "tables": tables,
+    return {**make_layer(batch, ctx, gen),
+            "q": torch.randn(batch, NUM_HEADS, HEAD_DIM, generator=gen).to(torch.bfloat16),
             "lens": torch.full((batch,), ctx, dtype=torch.int32)}
 
 
@@ -63,17 +70,8 @@ def kernel_call(ext: Any, p: dict[str, torch.Tensor], threads: int) -> Callable[
     q32 = p["q"].float().contiguous()
     out = torch.empty(q32.shape, dtype=torch.bfloat16)
     lse = torch.empty(q32.shape[:2], dtype=torch.float32)
-    k, v, bt, lens = p["k"], p["v"], p["tables"], p["lens"]
-    args = dict(
-        q=q32.data_ptr(), q_stride_b=q32.stride(0), q_stride_h=q32.stride(1), k=k.data_ptr(),
-        v=v.data_ptr(), kv_bf16=True, k_stride_page=k.stride(0), k_stride_head=k.stride(1),
-        v_stride_page=v.stride(0), v_stride_head=v.stride(1), block_table=bt.data_ptr(),
-        bt_stride=bt.stride(0), context_lens=lens.data_ptr(), out=out.data_ptr(),
-        out_bf16=True, out_stride_b=out.stride(0), out_stride_h=out.stride(1),
-        lse=lse.data_ptr(), batch=q32.shape[0], num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS,
-        head_dim=HEAD_DIM, page_size=PAGE_SIZE, num_pages=k.shape[0], max_pages=bt.shape[1],
-        scale=HEAD_DIM**-0.5, num_threads=threads, pages_per_split=0, heads_per_item=0,
-        prefetch_tiles=1, prefetch_hint=2, use_amx=False)
+    args = extension_args(q32, p["k"], p["v"], p["tables"], p["lens"], out, lse,
+                          HEAD_DIM**-0.5, threads, None, CpuAttentionTuning())
     keep = (q32, out, lse, p)  # the pointers above stay valid while the closure lives
 
     def run() -> None:

@@ -152,9 +152,21 @@ def cpu_decode_attention(
         out.copy_(ref_out)
         return out, lse
     lse = torch.empty(q.shape[:2], dtype=torch.float32)
-    q32 = q.to(torch.float32).contiguous()
-    bt, lens = block_tables, context_lens.contiguous()
-    ext.decode_attention(
+    q32, lens = q.to(torch.float32).contiguous(), context_lens.contiguous()  # alive: pointers
+    ext.decode_attention(**extension_args(q32, k_pages, v_pages, block_tables, lens, out, lse,
+                                          scale, threads, pages_per_split, tuning))
+    return out, lse
+
+
+def extension_args(q32: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                   block_tables: torch.Tensor, context_lens: torch.Tensor, out: torch.Tensor,
+                   lse: torch.Tensor, scale: float, threads: int, pages_per_split: int | None,
+                   tuning: CpuAttentionTuning) -> dict[str, object]:
+    """The C++ entry point's arguments for checked tensors (q32: fp32, contiguous;
+    context_lens contiguous): pointers and strides, so the caller keeps the tensors alive
+    until the call returns."""
+    bt, lens = block_tables, context_lens
+    return dict(
         q=q32.data_ptr(), q_stride_b=q32.stride(0), q_stride_h=q32.stride(1),
         k=k_pages.data_ptr(), v=v_pages.data_ptr(), kv_bf16=k_pages.dtype == torch.bfloat16,
         k_stride_page=k_pages.stride(0), k_stride_head=k_pages.stride(1),
@@ -162,14 +174,13 @@ def cpu_decode_attention(
         block_table=bt.data_ptr(), bt_stride=bt.stride(0), context_lens=lens.data_ptr(),
         out=out.data_ptr(), out_bf16=out.dtype == torch.bfloat16,
         out_stride_b=out.stride(0), out_stride_h=out.stride(1), lse=lse.data_ptr(),
-        batch=q.shape[0], num_heads=q.shape[1], num_kv_heads=k_pages.shape[1],
-        head_dim=q.shape[2], page_size=k_pages.shape[2], num_pages=k_pages.shape[0],
+        batch=q32.shape[0], num_heads=q32.shape[1], num_kv_heads=k_pages.shape[1],
+        head_dim=q32.shape[2], page_size=k_pages.shape[2], num_pages=k_pages.shape[0],
         max_pages=bt.shape[1], scale=scale, num_threads=threads,
         pages_per_split=pages_per_split or 0, heads_per_item=tuning.heads_per_item or 0,
         prefetch_tiles=tuning.prefetch_tiles, prefetch_hint=int(tuning.prefetch),
         use_amx=tuning.amx,
     )
-    return out, lse
 
 
 def cpu_decode_attention_reference(

@@ -435,8 +435,7 @@ void load_queries(const Problem& pb, const Item& it, bool bf16_pages, Scratch& s
     (void)bf16_pages;
 #endif
     s.m[lh] = kNegInf;
-    s.l[lh] = 0.0f;
-    vstore(s.lanes.data() + lh * kWidth, vzero());
+    vstore(s.lanes.data() + lh * kWidth, vzero());  // s.l comes from these (sum_lanes)
   }
   std::fill(s.acc.begin(), s.acc.end(), 0.0f);
   if (pb.amx) {
