@@ -372,6 +372,9 @@ part() {
   cpu-attention-call)  # what one call of NEO's CPU attention costs beyond its KV reads (kernel alone, wrapper, worker thread; small shapes, 16 threads): the lead on the 1.19 ms a layer NEO's host rows were fit at
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 200 python3 -m benchmarks.kernels.bench_cpu_attention_call \
       --threads 16 --out "$(out kernels "cpu_attention_call_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -7 ;;
+  neo-layer)  # what NEO's host rows cost a layer inside a GPU step (a stand-in 8B step, 1 and 4 rows of 2,048 tokens), sequential and pipelined, by part, under the host-thread variants (OMP wait policy, kernel threads, the kernel inline, the main thread's torch threads)
+    TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 400 python3 -m benchmarks.policies.bench_neo_layer \
+      --out "$(out policies "neo_layer_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -15 ;;
   host-decode-attention)  # DirectKV's zero-copy decode attention over pinned host pages vs PCIe H2D; its GPU tests and both systems' engine runs on the GPU (fp32 = GPU-only)
     pytest_gpu "gpu_tests_host_decode_attention_$KVTIER_GIT_COMMIT" 200 tests/kernels/test_host_decode_attention.py \
       tests/policies/test_host_resident_engine.py
