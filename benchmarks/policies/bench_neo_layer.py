@@ -12,13 +12,13 @@ pinned host pages through NEO's own `CpuRows` (kvtier/policies/neo/runner_side.p
     `pipelined_forward`'s order;
 
 each the median step of `--steps`, and, with the GPU idle, the median of each part alone:
-the q/k/v copy to the host, the KV write into the pages, the kernel on the calling thread and
-through the worker thread, the output's copy back.
+a layer's whole call from GPU q/k/v and from host ones (copy down, KV write and attention on
+the kernel's thread, the wait), the kernel's wrapper alone on the main thread, the output's
+copy back.
 
 Each variant runs in a process of its own (OpenMP reads its environment once, at start):
 `default`, `passive` (OMP_WAIT_POLICY=PASSIVE: the kernel's threads sleep between calls),
-`active` (they spin), `threads15` / `threads8` (the kernel's thread count), `inline` (the
-kernel on the main thread, no worker), `main1` (torch.set_num_threads(1) on the main thread).
+`active` (they spin), `threads15` / `threads8` (the kernel's thread count).
 
 `python -m benchmarks.policies.bench_neo_layer --out ...` (on a CUDA device; without one it
 runs on the CPU, a check of the code, not a measurement)
@@ -34,7 +34,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +44,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.common import write_result  # noqa: E402
 from kvtier.bench.environment import cpu_name  # noqa: E402
-from kvtier.kernels.cpu_attention import CpuAttentionWorker, cpu_decode_attention  # noqa: E402
+from kvtier.kernels.cpu_attention import cpu_decode_attention  # noqa: E402
 from kvtier.kernels.cpu_attention_build import cpu_attention_extension  # noqa: E402
-from kvtier.kernels.kv_write import kv_write_ref  # noqa: E402
+from kvtier.kernels.cpu_attention_layers import CpuLayerWorker  # noqa: E402
 from kvtier.policies.host_resident.runner_side import HostRowsLayout  # noqa: E402
 from kvtier.policies.neo.runner_side import CpuRows  # noqa: E402
 
@@ -59,18 +58,7 @@ VARIANTS: dict[str, tuple[dict[str, str], list[str]]] = {
     "active": ({"OMP_WAIT_POLICY": "ACTIVE"}, []),
     "threads15": ({}, ["--threads", "15"]),
     "threads8": ({}, ["--threads", "8"]),
-    "inline": ({}, ["--inline"]),
-    "main1": ({}, ["--main-threads", "1"]),
 }
-
-
-class InlineWorker(CpuAttentionWorker):
-    """The kernel on the calling thread: a done Future, as the worker would hand back."""
-
-    def submit(self, *args: object, **kwargs: object) -> Future[tuple[torch.Tensor, torch.Tensor]]:
-        f: Future[tuple[torch.Tensor, torch.Tensor]] = Future()
-        f.set_result(cpu_decode_attention(*args, **kwargs))  # type: ignore[arg-type]
-        return f
 
 
 class StandIn:
@@ -101,7 +89,7 @@ class StandIn:
         return self.after(x, q)  # the device rows' attention left out: q stands for it
 
 
-def host_rows(args: argparse.Namespace, worker: CpuAttentionWorker) -> CpuRows:
+def host_rows(args: argparse.Namespace, worker: CpuLayerWorker) -> CpuRows:
     """`--rows` rows of `--context` tokens (the new one added) on pinned host pages."""
     n, groups = args.rows, -(-args.layers // F_LAYERS)
     width = -(-(args.context + 1) // BS)
@@ -115,7 +103,7 @@ def host_rows(args: argparse.Namespace, worker: CpuAttentionWorker) -> CpuRows:
     layout = HostRowsLayout(num_rows=n, tables=tables, slots=np.ascontiguousarray(slots),
                             context_lens=np.full(n, args.context + 1, dtype=np.int32),
                             positions=pos)
-    return CpuRows(layout, pages, F_LAYERS, None, worker, args.threads)
+    return CpuRows(layout, pages, F_LAYERS, None, worker, args.threads, HQ, DEVICE == "cuda")
 
 
 def sequential_step(s: StandIn, rows: CpuRows | None, layers: int) -> None:
@@ -157,38 +145,37 @@ def median_ms(fn: Callable[[], object], reps: int, warmup: int = 3) -> float:
     return round(statistics.median(times) * 1e3, 3)
 
 
-def parts_alone(s: StandIn, rows: CpuRows, worker: CpuAttentionWorker, reps: int,
-                threads: int | None) -> dict[str, float]:
+def parts_alone(s: StandIn, rows: CpuRows, reps: int, threads: int | None) -> dict[str, float]:
     """Each part of one layer's host rows, the GPU idle, median µs."""
-    n = rows.num_rows
+    n, calls = rows.num_rows, rows.calls
     q, k, v = (t[:n] for t in s.before(s.x))
-    qkv = torch.cat([q, k, v], dim=1).cpu()
-    qh, kh, vh = qkv.split([HQ, HKV, HKV], dim=1)
+    host = [t.cpu() for t in (q, k, v)]
+    o, _ = calls.submit(0, 0, q, k, v, D**-0.5).result()
     pages = rows.pages[:, 0]
-    call = (qh, pages[:, 0], pages[:, 1], rows.tables[0], rows.lens, D**-0.5)
-    o, _ = cpu_decode_attention(*call, num_threads=threads)
+    kernel = (host[0], pages[:, 0], pages[:, 1], calls.tables[0], calls.lens, D**-0.5)
     dev_out = torch.empty(n, HQ, D, device=DEVICE, dtype=torch.bfloat16)
+
+    def out_back() -> None:
+        dev_out.copy_(o, non_blocking=True)
+        sync()
     parts = {
-        "qkv_to_host": lambda: torch.cat([q, k, v], dim=1).cpu(),
-        "kv_write": lambda: kv_write_ref(pages.transpose(2, 3), kh, vh, rows.slots[0]),
-        "kernel_inline": lambda: cpu_decode_attention(*call, num_threads=threads),
-        "kernel_worker": lambda: worker.submit(*call, num_threads=threads).result(),
-        "out_to_device": lambda: dev_out.copy_(o),
+        "layer_call_from_gpu": lambda: calls.submit(0, 0, q, k, v, D**-0.5).result(),
+        "layer_call_from_host": lambda: calls.submit(0, 0, *host, D**-0.5).result(),
+        "kernel_wrapper": lambda: cpu_decode_attention(*kernel, num_threads=threads),
+        "out_to_device": out_back,
     }
     return {name: round(median_ms(fn, reps) * 1e3, 1) for name, fn in parts.items()}
 
 
 def child(args: argparse.Namespace) -> dict[str, Any]:
-    if args.main_threads:
-        torch.set_num_threads(args.main_threads)
     if cpu_attention_extension() is None:
         sys.exit("the C++ kernel could not be built; nothing to measure")
-    worker = InlineWorker() if args.inline else CpuAttentionWorker()
+    worker = CpuLayerWorker()
     s, rows = StandIn(args.batch), host_rows(args, worker)
     gpu_only = median_ms(lambda: sequential_step(s, None, args.layers), args.steps)
     seq = median_ms(lambda: sequential_step(s, rows, args.layers), args.steps)
     pipe = median_ms(lambda: pipelined_step(s, rows, args.layers), args.steps)
-    parts = parts_alone(s, rows, worker, 50, args.threads)
+    parts = parts_alone(s, rows, 50, args.threads)
     worker.close()
     kv_bytes = 2 * args.rows * (args.context + 1) * HKV * D * 2
     return {"gpu_only_ms": gpu_only, "sequential_ms": seq, "pipelined_ms": pipe,
@@ -218,8 +205,6 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--threads", type=int, default=None, help="the kernel's (default: torch's)")
-    ap.add_argument("--main-threads", type=int, default=0)
-    ap.add_argument("--inline", action="store_true")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--child-timeout", type=int, default=120)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

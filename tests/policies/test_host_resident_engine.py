@@ -125,7 +125,8 @@ def test_the_simulator_runs_it_and_prices_its_host_rows(policy, kind):
     assert all(s.cost.parts["items"] > 0 for s in steps)
 
 
-@pytest.mark.parametrize("policy,flags", [("neo", {}), ("directkv", {}),
+@pytest.mark.parametrize("policy,flags", [("neo", {}), ("neo", {"neo_pipeline": "on"}),
+                                          ("neo", {"neo_pipeline": "off"}), ("directkv", {}),
                                           ("directkv", {"directkv_partial_moves": True})])
 def test_the_simulator_makes_the_real_engines_decisions(policy, flags, monkeypatch):
     """tests/sim/test_equivalence.py's check (same batches, preemptions, copies, step for
@@ -208,7 +209,8 @@ def test_directkv_graph_rows_attend_as_the_step_rows(gpu_only, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("policy,flags", [("neo", {}), ("directkv", {}),
+@pytest.mark.parametrize("policy,flags", [("neo", {}), ("neo", {"neo_pipeline": "on"}),
+                                          ("neo", {"neo_pipeline": "off"}), ("directkv", {}),
                                           ("directkv", {"directkv_side_stream": False}),
                                           ("directkv", {"directkv_graphs": False}),
                                           ("directkv", {"directkv_partial_moves": True}),
@@ -219,7 +221,8 @@ def test_on_the_gpu_greedy_outputs_equal_gpu_only_in_fp32(policy, flags):
     graphs (decode-only steps) and on a side stream beside the backend's own rows (steps with
     prefills; in line without it; and with no graphs), with partial moves (rows with a device
     suffix, read by the same kernel from the device pool and merged), NEO's through the C++
-    kernel on its worker."""
+    kernel on its own thread (by its rule, every step pipelined, none), the outputs coming
+    back through the pinned staging buffer without a wait."""
     reference, _, _ = run("recompute", device="cuda", num_gpu_blocks=256)
     outputs, engine, host_steps = run(policy, device="cuda", **flags)
     assert host_steps > 0 and outputs == reference

@@ -1,5 +1,6 @@
-"""NEO's flags, its refusal of a config it cannot serve, and its CPU attention running on
-the worker thread (not the Python main thread) during an engine's steps."""
+"""NEO's flags, its refusal of a config it cannot serve, and its CPU attention running off
+the Python main thread during an engine's steps (on the kernel's own thread; on a Python
+worker thread where the kernel is not built)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import threading
 import pytest
 
 import kvtier.kernels.cpu_attention as cpu_attention
+import kvtier.kernels.cpu_attention_layers as cpu_attention_layers
 from kvtier.cli import build_parser
 from kvtier.config import ConfigError
 from kvtier.engine.args import EngineArgs
+from kvtier.kernels.cpu_attention_build import cpu_attention_extension
+from kvtier.kernels.cpu_attention_layers import StepLayers
 from kvtier.policies.neo import NeoOptions
 from tests.policies.test_host_resident_engine import run
 
@@ -43,7 +47,35 @@ def test_fp16_kv_is_refused():
         check_config(config)
 
 
-def test_the_cpu_attention_runs_on_the_worker_thread(monkeypatch):
+def recorded_workers(monkeypatch) -> list:
+    """The CpuLayerWorker of every layer call an engine makes."""
+    workers: list = []
+    real = StepLayers.submit
+
+    def recording(self, *args, **kwargs):
+        workers.append(self.worker)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(StepLayers, "submit", recording)
+    return workers
+
+
+def test_the_cpu_attention_runs_on_the_kernels_own_thread(monkeypatch):
+    if cpu_attention_extension() is None:
+        pytest.skip("the C++ kernel could not be built here")
+    workers = recorded_workers(monkeypatch)
+    _, engine, host_steps = run("neo")
+    assert host_steps > 0 and workers
+    native = workers[0].native
+    assert native.jobs_run() == len(workers)  # every layer call ran there
+    assert native.native_id() not in (threading.get_native_id(), -1)
+
+
+def test_without_the_kernel_it_runs_on_a_python_worker_thread(monkeypatch):
+    """The fallback (no compiler): the torch reference on a Python thread, not the main one,
+    with the outputs of GPU-only."""
+    gpu_only, _, _ = run("recompute", num_gpu_blocks=256)
+    monkeypatch.setattr(cpu_attention_layers, "cpu_attention_extension", lambda: None)
     threads: set[str] = set()
     real = cpu_attention.cpu_decode_attention
 
@@ -52,10 +84,10 @@ def test_the_cpu_attention_runs_on_the_worker_thread(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(cpu_attention, "cpu_decode_attention", recording)
-    _, engine, host_steps = run("neo")
+    outputs, _, host_steps = run("neo")
     assert host_steps > 0 and threads
     assert all(name.startswith("cpu-attention") for name in threads)
-    assert threading.main_thread().name not in threads
+    assert outputs == gpu_only
 
 
 def test_pipelined_steps_give_the_sequential_outputs():

@@ -636,14 +636,15 @@ void run(const Problem& pb, int threads, int pages_per_split) {
 
 }  // namespace
 
-void decode_attention(uintptr_t q, int64_t q_stride_b, int64_t q_stride_h, uintptr_t k, uintptr_t v,
-                      bool kv_bf16, int64_t k_stride_page, int64_t k_stride_head, int64_t v_stride_page,
-                      int64_t v_stride_head, uintptr_t block_table, int64_t bt_stride,
-                      uintptr_t context_lens, uintptr_t out, bool out_bf16, int64_t out_stride_b,
-                      int64_t out_stride_h, uintptr_t lse, int batch, int num_heads, int num_kv_heads,
-                      int head_dim, int page_size, int num_pages, int max_pages, float scale,
-                      int num_threads, int pages_per_split, int heads_per_item, int prefetch_tiles,
-                      int prefetch_hint, bool use_amx) {
+// The problem of one call, checked; `q` is fp32 (the layer calls convert theirs first).
+Problem make_problem(uintptr_t q, int64_t q_stride_b, int64_t q_stride_h, uintptr_t k, uintptr_t v,
+                     bool kv_bf16, int64_t k_stride_page, int64_t k_stride_head,
+                     int64_t v_stride_page, int64_t v_stride_head, uintptr_t block_table,
+                     int64_t bt_stride, uintptr_t context_lens, uintptr_t out, bool out_bf16,
+                     int64_t out_stride_b, int64_t out_stride_h, uintptr_t lse, int batch,
+                     int num_heads, int num_kv_heads, int head_dim, int page_size, int num_pages,
+                     int max_pages, float scale, int num_threads, int heads_per_item,
+                     int prefetch_tiles, int prefetch_hint, bool use_amx) {
   if (num_heads % num_kv_heads != 0 || head_dim % kWidth != 0 || num_threads < 1 ||
       heads_per_item < 0 || (heads_per_item > 0 && num_kv_heads % heads_per_item != 0) ||
       prefetch_tiles < 0 || prefetch_hint < 0 || prefetch_hint > 3)
@@ -655,16 +656,41 @@ void decode_attention(uintptr_t q, int64_t q_stride_b, int64_t q_stride_h, uintp
              reinterpret_cast<const int32_t*>(context_lens), reinterpret_cast<void*>(out),
              out_bf16, out_stride_b, out_stride_h, reinterpret_cast<float*>(lse), batch,
              num_heads, num_kv_heads, head_dim, page_size, num_pages, max_pages, scale,
-             1, prefetch_tiles, prefetch_hint, false, false};
-  validate(pb);
+             heads_per_item, prefetch_tiles, prefetch_hint, false, false};
   pb.amx = use_amx && kv_bf16 && bf16_dot(pb) && pb.group() <= kAmxMaxGroup && amx_permitted();
   pb.pair_acc = kv_bf16 && pair_order(head_dim);
-  pb.heads_per_item = choose_heads_per_item(total_pages(pb), num_kv_heads, num_threads, heads_per_item);
+  return pb;
+}
+
+// Runs a made problem (its pointers set): `pb.heads_per_item` 0 picks the default.
+void run_problem(Problem pb, bool kv_bf16, int num_threads, int pages_per_split) {
+  validate(pb);
+  pb.heads_per_item = choose_heads_per_item(total_pages(pb), pb.num_kv_heads, num_threads,
+                                            pb.heads_per_item);
   if (kv_bf16)
     run<uint16_t>(pb, num_threads, pages_per_split);
   else
     run<float>(pb, num_threads, pages_per_split);
 }
+
+void decode_attention(uintptr_t q, int64_t q_stride_b, int64_t q_stride_h, uintptr_t k, uintptr_t v,
+                      bool kv_bf16, int64_t k_stride_page, int64_t k_stride_head, int64_t v_stride_page,
+                      int64_t v_stride_head, uintptr_t block_table, int64_t bt_stride,
+                      uintptr_t context_lens, uintptr_t out, bool out_bf16, int64_t out_stride_b,
+                      int64_t out_stride_h, uintptr_t lse, int batch, int num_heads, int num_kv_heads,
+                      int head_dim, int page_size, int num_pages, int max_pages, float scale,
+                      int num_threads, int pages_per_split, int heads_per_item, int prefetch_tiles,
+                      int prefetch_hint, bool use_amx) {
+  const Problem pb = make_problem(q, q_stride_b, q_stride_h, k, v, kv_bf16, k_stride_page,
+                                  k_stride_head, v_stride_page, v_stride_head, block_table,
+                                  bt_stride, context_lens, out, out_bf16, out_stride_b,
+                                  out_stride_h, lse, batch, num_heads, num_kv_heads, head_dim,
+                                  page_size, num_pages, max_pages, scale, num_threads,
+                                  heads_per_item, prefetch_tiles, prefetch_hint, use_amx);
+  run_problem(pb, kv_bf16, num_threads, pages_per_split);
+}
+
+#include "cpu_layer_call.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Decode attention over host KV pages (split-KV, OpenMP, fp32 accumulation)";
@@ -685,4 +711,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("num_pages"), py::arg("max_pages"), py::arg("scale"), py::arg("num_threads"),
         py::arg("pages_per_split"), py::arg("heads_per_item"), py::arg("prefetch_tiles"),
         py::arg("prefetch_hint"), py::arg("use_amx"));
+  bind_layer_calls(m);
 }

@@ -58,7 +58,9 @@ def pipelined_forward(runner: Any, rows: CpuRows, input_ids: torch.Tensor,
         if ctx0 is not None:  # queued on the GPU while the worker attends for batch 1
             x0, res0 = layer(x0, res0, pos0, ctx0)
         out1, _ = pending.result()
-        x1, res1 = layer.after_attention(out1.to(x1.device, x1.dtype), res1, ops)
+        # Non-blocking from the pinned staging: the next layer's copy to the host orders after
+        x1, res1 = layer.after_attention(out1.to(x1.device, x1.dtype, non_blocking=True),
+                                         res1, ops)
         if i + 1 < len(layers):
             q1, k1, v1, res1 = layers[i + 1].before_attention(x1, res1, pos1, ctx1)
     eps = model.cfg.rms_norm_eps

@@ -1,0 +1,152 @@
+"""NEO's CPU attention a layer at a time, as a step calls it (kvtier/policies/neo/runner_side.py).
+
+Per layer the step's host rows' q, k and v come to the host in one copy, into a staging
+buffer (pinned when they come from a GPU); then one job on the kernel's native thread
+(csrc/cpu_worker.h, csrc/cpu_layer_call.h) writes the new K/V rows into their host pages
+and attends over the pages, writing the output into a second staging buffer the caller
+copies back (non-blocking: the next layer's copy to the host waits for it in stream order).
+The Python main thread only hands over pointers and waits without the GIL; the geometry is
+checked once a step, not once a layer.
+
+Where the kernel could not be built, or the head size does not suit it, the same two steps
+run as `kv_write_ref` and `cpu_decode_attention` (its torch reference) on a Python worker
+thread: the path the tests hold the native one to.
+
+    pages[P, F, 2, Hkv, block_size, D]: layer `slot` of host block p is pages[p, slot]
+    tables[G, n, W] int32, slots[G, n] int64 (-1: no new token there), lens[n] int32
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from kvtier.kernels.cpu_attention import (
+    HEAD_DIM_MULTIPLE,
+    CpuAttentionTuning,
+    CpuAttentionWorker,
+    _check_inputs,
+    cpu_decode_attention,
+)
+from kvtier.kernels.cpu_attention_build import cpu_attention_extension
+from kvtier.kernels.kv_write import kv_write_ref
+from kvtier.kernels.launch import check
+
+
+class PendingLayer(Protocol):
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(output [n, Hq, D], lse [n, Hq] fp32), once the layer's job has run."""
+        ...
+
+
+class CpuLayerWorker:
+    """The thread NEO's layer calls run on: the kernel's native thread where the kernel is
+    built, a Python thread for the fallback. One per runner; `close` stops both."""
+
+    def __init__(self) -> None:
+        self.ext = cpu_attention_extension()
+        self.native = self.ext.JobThread() if self.ext is not None else None
+        self._python: CpuAttentionWorker | None = None
+
+    @property
+    def python(self) -> CpuAttentionWorker:
+        if self._python is None:
+            self._python = CpuAttentionWorker()
+        return self._python
+
+    def close(self) -> None:
+        if self.native is not None:
+            self.native.close()
+        if self._python is not None:
+            self._python.close()
+
+
+class _NativePending:
+    def __init__(self, native: Any, ticket: int, out: torch.Tensor, lse: torch.Tensor,
+                 keep: tuple[torch.Tensor, ...]):
+        self.native, self.ticket, self.out, self.lse = native, ticket, out, lse
+        self.keep = keep  # what the job reads, alive until it has run
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.keep:
+            self.native.wait(self.ticket)
+            self.keep = ()
+        return self.out, self.lse
+
+
+class StepLayers:
+    """One step's host rows, attended a layer at a time (one layer in flight)."""
+
+    def __init__(self, worker: CpuLayerWorker, pages: torch.Tensor, tables: torch.Tensor,
+                 slots: torch.Tensor, lens: torch.Tensor, num_heads: int,
+                 num_threads: int | None, pinned: bool):
+        self.worker, self.pages, self.tables, self.slots, self.lens = (
+            worker, pages, tables, slots, lens)
+        n, (_, _, _, hkv, _, d) = lens.shape[0], pages.shape
+        self.num_threads = torch.get_num_threads() if num_threads is None else num_threads
+        self.heads = (num_heads, hkv, hkv)
+        self.qkv = torch.empty(n, num_heads + 2 * hkv, d, dtype=pages.dtype, pin_memory=pinned)
+        self.out = torch.empty(n, num_heads, d, dtype=pages.dtype, pin_memory=pinned)
+        self.lse = torch.empty(n, num_heads, dtype=torch.float32)
+        self.native = worker.native if d % HEAD_DIM_MULTIPLE == 0 else None
+        self._templates: dict[float, Any] = {}
+
+    def submit(self, group: int, slot: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               scale: float) -> PendingLayer:
+        """Layer (`group`, `slot`)'s new K/V stored and its attention begun for q/k/v of
+        exactly these rows; returns at once."""
+        check(q.dtype == self.pages.dtype, lambda: f"q is {q.dtype}, the pages {self.pages.dtype}")
+        if q.is_cuda:  # one copy down; the wait is the layer's projection's
+            self.qkv.copy_(torch.cat([q, k, v], dim=1), non_blocking=True)
+            torch.cuda.current_stream(q.device).synchronize()
+        else:
+            torch.cat([q, k, v], dim=1, out=self.qkv)
+        qh, kh, vh = self.qkv.split(self.heads, dim=1)
+        pages = self.pages[:, slot]  # [P, 2, Hkv, bs, D]
+        if self.native is None:
+            kv_write_ref(pages.transpose(2, 3), kh, vh, self.slots[group])
+            return self.worker.python.submit(qh, pages[:, 0], pages[:, 1], self.tables[group],
+                                             self.lens, scale, out=self.out,
+                                             num_threads=self.num_threads)
+        ticket = self.native.submit_layer(
+            self._template(float(scale), qh, pages), qh.data_ptr(), pages[:, 0].data_ptr(),
+            pages[:, 1].data_ptr(), self.tables[group].data_ptr(), self.slots[group].data_ptr(),
+            kh.data_ptr(), vh.data_ptr(), self.out.data_ptr(), self.lse.data_ptr())
+        return _NativePending(self.native, ticket, self.out, self.lse,
+                              (self.qkv, self.pages, self.tables, self.slots, self.lens))
+
+    def _template(self, scale: float, qh: torch.Tensor, pages: torch.Tensor) -> Any:
+        """The step's geometry, checked and handed to the kernel once (per scale)."""
+        if scale not in self._templates:
+            kp, vp = pages[:, 0], pages[:, 1]
+            _check_inputs(qh, kp, vp, self.tables[0], self.lens)
+            check(self.tables.is_contiguous() and self.slots.is_contiguous(),
+                  "tables and slots must be contiguous")
+            tuning, ext = CpuAttentionTuning(), self.worker.ext
+            assert ext is not None, "a native worker comes with the kernel"
+            self._templates[scale] = ext.layer_template(
+                q_bf16=qh.dtype == torch.bfloat16, q_stride_b=qh.stride(0),
+                q_stride_h=qh.stride(1), kv_bf16=kp.dtype == torch.bfloat16,
+                k_stride_page=kp.stride(0), k_stride_head=kp.stride(1),
+                v_stride_page=vp.stride(0), v_stride_head=vp.stride(1),
+                bt_stride=self.tables.stride(1), context_lens=self.lens.data_ptr(),
+                out_bf16=self.out.dtype == torch.bfloat16, out_stride_b=self.out.stride(0),
+                out_stride_h=self.out.stride(1), new_stride_b=qh.stride(0),
+                new_stride_h=qh.stride(1), batch=qh.shape[0], num_heads=qh.shape[1],
+                num_kv_heads=kp.shape[1], head_dim=qh.shape[2], page_size=kp.shape[2],
+                num_pages=kp.shape[0], max_pages=self.tables.shape[2], scale=scale,
+                num_threads=self.num_threads, pages_per_split=0,
+                heads_per_item=tuning.heads_per_item or 0,
+                prefetch_tiles=tuning.prefetch_tiles, prefetch_hint=int(tuning.prefetch),
+                use_amx=tuning.amx)
+        return self._templates[scale]
+
+
+def reference_layer(pages: torch.Tensor, tables: torch.Tensor, slots: torch.Tensor,
+                    lens: torch.Tensor, group: int, slot: int, q: torch.Tensor, k: torch.Tensor,
+                    v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The oracle of a layer call: the KV write, then the wrapper's attention."""
+    layer = pages[:, slot]
+    kv_write_ref(layer.transpose(2, 3), k, v, slots[group])
+    return cpu_decode_attention(q, layer[:, 0], layer[:, 1], tables[group], lens, scale)
