@@ -194,12 +194,12 @@ part() {
   host-resident)  # running requests with KV in host memory: neo (pipelined by its rule, and not), directkv, swap, recompute at device pools of 1/2, 3/4 and 9/10 of the batch
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 580 python3 -m benchmarks.policies.bench_host_resident \
       --caps 0.5,0.75,0.9 --out "$(out policies host_resident_h200.json)" 2>&1 | tail -16 ;;
-  host-resident-ab)  # NEO in the engine, this tree against the tree in $BEFORE (default .carry/neo_before, $BEFORE_COMMIT) at 3/4 of the batch (32 x 2,048 + 128, Llama-3.1-8B): neo:off (every host step sequential) in both, then neo by its rule in this one
+  host-resident-ab)  # NEO in the engine, this tree against the tree in $BEFORE (default .carry/neo_before, $BEFORE_COMMIT) at 3/4 of the batch (32 x 2,048 + 128, Llama-3.1-8B), its balance lifted (@0: every overflowing decode moves; the default refuses them on the H200): neo:off (every host step sequential) in both, then neo by its rule in this one
     local c=$KVTIER_GIT_COMMIT b=${BEFORE:-.carry/neo_before} bc=${BEFORE_COMMIT:-before}
     export TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext
     (cd "$b" && KVTIER_GIT_COMMIT=$bc timeout 200 python3 -m benchmarks.policies.bench_host_resident --caps 0.75 \
-      --policies neo:off --out "$(out policies "host_resident_ab_h200_$bc.json")") 2>&1 | tail -3
-    timeout 280 python3 -m benchmarks.policies.bench_host_resident --caps 0.75 --policies neo:off,neo \
+      --policies neo:off@0 --out "$(out policies "host_resident_ab_h200_$bc.json")") 2>&1 | tail -3
+    timeout 280 python3 -m benchmarks.policies.bench_host_resident --caps 0.75 --policies neo:off@0,neo@0 \
       --out "$(out policies "host_resident_ab_h200_$c.json")" 2>&1 | tail -4 ;;
   host-resident-13b)  # the same on llama-2-13b (MHA: 6.25x the KV per token of the 8B's GQA), 16 requests, at 3/4
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 580 python3 -m benchmarks.policies.bench_host_resident \
