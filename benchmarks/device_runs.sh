@@ -201,6 +201,13 @@ part() {
       --policies neo:off@0 --out "$(out policies "host_resident_ab_h200_$bc.json")") 2>&1 | tail -3
     timeout 280 python3 -m benchmarks.policies.bench_host_resident --caps 0.75 --policies neo:off@0,neo@0 \
       --out "$(out policies "host_resident_ab_h200_$c.json")" 2>&1 | tail -4 ;;
+  host-resident-neo)  # NEO's engine runs the host-row cost is fit on (benchmarks/policies/fit_host_rows.py), balance lifted, sequential and by its rule: 32 x 2,048 + 128 at 3/4 and 9/10 of the batch, 8 x 32,768 + 128 at 0.8
+    export TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext
+    timeout 250 python3 -m benchmarks.policies.bench_host_resident --caps 0.75,0.9 --policies neo:off@0,neo@0 \
+      --out "$(out policies "host_resident_neo_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -5
+    timeout 300 python3 -m benchmarks.policies.bench_host_resident --requests 8 --prompt 32768 --output 128 \
+      --max-num-seqs 8 --caps 0.8 --policies neo:off@0,neo@0 \
+      --out "$(out policies "host_resident_neo_long_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -3 ;;
   host-resident-13b)  # the same on llama-2-13b (MHA: 6.25x the KV per token of the 8B's GQA), 16 requests, at 3/4
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 580 python3 -m benchmarks.policies.bench_host_resident \
       --model llama-2-13b --requests 16 --caps 0.75 --policies neo,directkv,swap,recompute \
