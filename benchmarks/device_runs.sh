@@ -208,6 +208,9 @@ part() {
     timeout 300 python3 -m benchmarks.policies.bench_host_resident --requests 8 --prompt 32768 --output 128 \
       --max-num-seqs 8 --caps 0.8 --policies neo:off@0,neo@0 \
       --out "$(out policies "host_resident_neo_long_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -3 ;;
+  host-resident-neo-pipelined)  # NEO with every host step pipelined (neo:on, balance lifted) at 3/4 and 9/10 of 32 x 2,048 + 128: the steps fit_host_rows prices with the fit to fit NEO's launch constant
+    TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 250 python3 -m benchmarks.policies.bench_host_resident --caps 0.75,0.9 \
+      --policies neo:on@0 --out "$(out policies "host_resident_neo_pipelined_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -3 ;;
   host-resident-13b)  # the same on llama-2-13b (MHA: 6.25x the KV per token of the 8B's GQA), 16 requests, at 3/4
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 580 python3 -m benchmarks.policies.bench_host_resident \
       --model llama-2-13b --requests 16 --caps 0.75 --policies neo,directkv,swap,recompute \
