@@ -43,22 +43,23 @@ from kvtier.costmodel.hardware import HostAttention, HostAttentionCost, get_hard
 from kvtier.costmodel.shape import StepShape
 
 # The runs' policies by the way their host rows attend (`@0`: the balance lifted, so they
-# move). NEO's rows from the runs before DirectKV's graphs; DirectKV's rows only from the
+# move). NEO's rows from the runs since its layer calls run on the kernel's own thread
+# (a2e16d4; the runs before paid about twice its fixed cost); DirectKV's rows only from the
 # runs where its decode-only steps replay the full-model decode graph (the default since
 # 6b56c2b): the earlier ones ran them through the piecewise forward, which cost more.
-NEO = {"neo:off": HostAttention.CPU_ROUND_TRIP, "neo@0": HostAttention.CPU_ROUND_TRIP}
-NEO_LONG = {"neo@0": HostAttention.CPU_ROUND_TRIP}
+NEO = {"neo:off@0": HostAttention.CPU_ROUND_TRIP, "neo@0": HostAttention.CPU_ROUND_TRIP}
 DIRECTKV_GRAPHS = {"directkv@0": HostAttention.ZERO_COPY}
 CAL_8B = "results/calibration/calib_h200_llama-3.1-8b.json"
 # (result file, calibration of its model, its policies fit): the runs the fit reads.
 SOURCES = (
-    ("results/policies/host_resident_h200.json", CAL_8B, NEO),
-    ("results/policies/host_resident_gpu_only_h200.json", CAL_8B, NEO),
-    ("results/policies/host_resident_long_h200.json", CAL_8B, NEO_LONG),
+    ("results/policies/host_resident_neo_h200_a2e16d4.json", CAL_8B, NEO),
+    ("results/policies/host_resident_neo_long_h200_a2e16d4.json", CAL_8B, NEO),
+    ("results/policies/host_resident_ab_h200_3911170.json", CAL_8B, NEO),
     ("results/policies/directkv_graphs_h200_6b56c2b.json", CAL_8B, DIRECTKV_GRAPHS),
     ("results/policies/directkv_graphs_long_h200_6b56c2b.json", CAL_8B, DIRECTKV_GRAPHS),
+    ("results/policies/host_resident_neo_pipelined_h200_60717a5.json", CAL_8B, {}),
 )
-CHECKED = {"neo": HostAttention.CPU_ROUND_TRIP}  # priced with the fit, not fit
+CHECKED = {"neo:on@0": HostAttention.CPU_ROUND_TRIP}  # every step pipelined: priced, not fit
 # DirectKV's rows with a device suffix (partial moves; the runs with the one-kernel merge):
 # what their steps take beyond the zero-copy fit's price is the split rows' cost per layer.
 SPLIT = {"directkv:partial@0": HostAttention.ZERO_COPY}

@@ -140,7 +140,7 @@ def _h200() -> HardwareProfile:
         # efficiency. Not measured here (no multi-GPU machine was lent).
         allreduce_bytes_per_s=360e9, allreduce_latency_s=10e-6, measured=True,
         # Fit from the host-resident runs: results/calibration/host_rows_h200.json.
-        host_attention={HostAttention.CPU_ROUND_TRIP: HostAttentionCost(1.190e-3, 38.10e9),
+        host_attention={HostAttention.CPU_ROUND_TRIP: HostAttentionCost(0.780e-3, 63.30e9),
                         HostAttention.ZERO_COPY: HostAttentionCost(0.0885e-3, 53.80e9,
                                                                    split_layer_s=0.0691e-3)},
         # Fit from the measured break-even: results/calibration/host_loads_h200.json.
