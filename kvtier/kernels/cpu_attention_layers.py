@@ -35,6 +35,10 @@ from kvtier.kernels.launch import check
 
 
 class PendingLayer(Protocol):
+    def done(self) -> bool:
+        """Whether the layer's job has run (its buffers free for the next layer)."""
+        ...
+
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(output [n, Hq, D], lse [n, Hq] fp32), once the layer's job has run."""
         ...
@@ -67,11 +71,22 @@ class _NativePending:
                  keep: tuple[torch.Tensor, ...]):
         self.native, self.ticket, self.out, self.lse = native, ticket, out, lse
         self.keep = keep  # what the job reads, alive until it has run
+        self.error: Exception | None = None
+
+    def done(self) -> bool:
+        return not self.keep
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.keep:
-            self.native.wait(self.ticket)
-            self.keep = ()
+            try:
+                self.native.wait(self.ticket)
+            except Exception as e:  # the job's error, raised again to a later caller
+                self.error = e
+                raise
+            finally:
+                self.keep = ()
+        if self.error is not None:
+            raise self.error
         return self.out, self.lse
 
 
@@ -91,12 +106,15 @@ class StepLayers:
         self.lse = torch.empty(n, num_heads, dtype=torch.float32)
         self.native = worker.native if d % HEAD_DIM_MULTIPLE == 0 else None
         self._templates: dict[float, Any] = {}
+        self._pending: PendingLayer | None = None
 
     def submit(self, group: int, slot: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                scale: float) -> PendingLayer:
         """Layer (`group`, `slot`)'s new K/V stored and its attention begun for q/k/v of
         exactly these rows; returns at once."""
         check(q.dtype == self.pages.dtype, lambda: f"q is {q.dtype}, the pages {self.pages.dtype}")
+        if self._pending is not None and not self._pending.done():
+            raise RuntimeError("one layer at a time: wait for the last one's result first")
         if q.is_cuda:  # one copy down; the wait is the layer's projection's
             self.qkv.copy_(torch.cat([q, k, v], dim=1), non_blocking=True)
             torch.cuda.current_stream(q.device).synchronize()
@@ -106,15 +124,18 @@ class StepLayers:
         pages = self.pages[:, slot]  # [P, 2, Hkv, bs, D]
         if self.native is None:
             kv_write_ref(pages.transpose(2, 3), kh, vh, self.slots[group])
-            return self.worker.python.submit(qh, pages[:, 0], pages[:, 1], self.tables[group],
-                                             self.lens, scale, out=self.out,
-                                             num_threads=self.num_threads)
+            self._pending = self.worker.python.submit(
+                qh, pages[:, 0], pages[:, 1], self.tables[group], self.lens, scale,
+                out=self.out, num_threads=self.num_threads)
+            return self._pending
         ticket = self.native.submit_layer(
             self._template(float(scale), qh, pages), qh.data_ptr(), pages[:, 0].data_ptr(),
             pages[:, 1].data_ptr(), self.tables[group].data_ptr(), self.slots[group].data_ptr(),
             kh.data_ptr(), vh.data_ptr(), self.out.data_ptr(), self.lse.data_ptr())
-        return _NativePending(self.native, ticket, self.out, self.lse,
-                              (self.qkv, self.pages, self.tables, self.slots, self.lens))
+        self._pending = _NativePending(self.native, ticket, self.out, self.lse,
+                                       (self.qkv, self.pages, self.tables, self.slots,
+                                        self.lens))
+        return self._pending
 
     def _template(self, scale: float, qh: torch.Tensor, pages: torch.Tensor) -> Any:
         """The step's geometry, checked and handed to the kernel once (per scale)."""

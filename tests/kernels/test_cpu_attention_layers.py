@@ -1,7 +1,8 @@
 """NEO's layer calls (kvtier/kernels/cpu_attention_layers.py): the native job that writes
 the rows' new K/V and attends equals the KV write then the wrapper, bit for bit, on both
 page dtypes; the Python fallback equals it too; bad slots and block ids raise at the wait
-and leave the worker usable; a closed worker refuses more work."""
+and leave the worker usable; one layer in flight at a time; a closed worker refuses more
+work."""
 
 from __future__ import annotations
 
@@ -49,11 +50,11 @@ def qkv(dtype: torch.dtype, seed: int):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("native", [True, False])
-def test_a_layer_call_is_the_kv_write_then_the_attention(worker, dtype, native):
+def test_a_layer_call_is_the_kv_write_then_the_attention(worker, monkeypatch, dtype, native):
     pages, tables, slots, lens = host_rows(dtype)
     expected_pages = pages.clone()
     if not native:
-        worker.native = None  # the fallback: a Python thread
+        monkeypatch.setattr(worker, "native", None)  # the fallback: a Python thread
     step = StepLayers(worker, pages, tables, slots, lens, HQ, num_threads=2, pinned=False)
     for layer in range(GROUPS * F_LAYERS):
         group, slot = divmod(layer, F_LAYERS)
@@ -96,6 +97,19 @@ def test_bad_slots_and_block_ids_raise_at_the_wait_and_the_worker_goes_on(worker
     good = StepLayers(worker, pages, tables, slots, lens, HQ, 1, pinned=False)
     out, _ = good.submit(1, 1, q, k, v, scale=0.3).result()
     assert torch.isfinite(out).all()
+    with pytest.raises(ValueError, match="outside"):  # the failed layer's result, asked again
+        pending.result()
+
+
+def test_one_layer_at_a_time(worker):
+    pages, tables, slots, lens = host_rows(torch.float32)
+    step = StepLayers(worker, pages, tables, slots, lens, HQ, 1, pinned=False)
+    q, k, v = qkv(torch.float32, seed=0)
+    pending = step.submit(0, 0, q, k, v, scale=0.3)
+    with pytest.raises(RuntimeError, match="one layer at a time"):
+        step.submit(0, 1, q, k, v, scale=0.3)
+    pending.result()
+    step.submit(0, 1, q, k, v, scale=0.3).result()
 
 
 def test_a_q_of_another_dtype_than_the_pages_is_refused(worker):

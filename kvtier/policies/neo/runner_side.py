@@ -14,7 +14,6 @@ import torch
 from kvtier.attention.base import Rope
 from kvtier.core.items import PlanItem, group_of
 from kvtier.core.plan import ScheduledRequest
-from kvtier.kernels.cpu_attention_build import cpu_attention_extension
 from kvtier.kernels.cpu_attention_layers import CpuLayerWorker, PendingLayer, StepLayers
 from kvtier.policies.host_resident.items import HostRows
 from kvtier.policies.host_resident.runner_side import (
@@ -55,8 +54,7 @@ class CpuRows(HostRowsAttention):
 class NeoSource(HostResidentSource):
     def __init__(self, runner: Any, rows_item: type[HostRows], num_threads: int | None):
         super().__init__(runner, rows_item)
-        cpu_attention_extension()  # built (or found cached) at start-up, not in a step
-        self.worker = CpuLayerWorker()
+        self.worker = CpuLayerWorker()  # builds (or finds cached) the kernel at start-up
         self.num_threads = num_threads
         self._pipelined: CpuRows | None = None  # this step's rows, when it runs pipelined
 
