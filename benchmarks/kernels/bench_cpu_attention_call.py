@@ -1,12 +1,14 @@
 """What one call of NEO's CPU attention costs beyond its KV reads, at small shapes.
 
-NEO calls the kernel once a layer through a worker thread (`CpuAttentionWorker`), so a step
-pays that cost once per layer. Per shape (Llama-3.1-8B geometry, bf16 pages) the median of:
+NEO called the kernel once a layer through a Python worker thread (`CpuAttentionWorker`)
+until its layer calls moved to the kernel's own native thread (4d7d04a;
+benchmarks/policies/bench_neo_layer.py measures those in a step); this splits the call as it
+was. Per shape (Llama-3.1-8B geometry, bf16 pages) the median of:
 
   - `kernel`: the C++ entry point alone, its arguments prepared once;
   - `wrapper`: `cpu_decode_attention` (argument checks, the fp32 q, the output tensors);
   - `worker`: the wrapper through `CpuAttentionWorker.submit(...).result()`, as NEO's
-    sequential steps wait for it;
+    sequential steps waited for it;
   - and, once, an empty task's round trip through a one-thread `ThreadPoolExecutor`.
 
 `python -m benchmarks.kernels.bench_cpu_attention_call --threads 16 --out ...`
