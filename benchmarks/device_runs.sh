@@ -37,6 +37,12 @@ pytest_gpu() {  # NAME TIMEOUT PATHS...: the GPU tests of PATHS
   pytest_files "$1" "$2" -m gpu "${@:3}"
 }
 
+neo_tests() {  # NAME: NEO's layer calls and engine tests on this host's CPU, its GPU tests
+  pytest_files "$1" 200 tests/kernels/test_cpu_attention_layers.py tests/policies/test_neo.py \
+    "tests/policies/test_host_resident_engine.py::test_on_the_gpu_greedy_outputs_equal_gpu_only_in_fp32" \
+    -k "not flags_parse"  # that one imports the CLI, whose serve flags need uvicorn (absent there)
+}
+
 beside_prefill() {  # NAME PREFILL VARIANTS TIMEOUT: the prefill (engine, engine-graphs,
   # stand-in) alone and beside each page-copy variant, kernels/NAME.json
   timeout "$4" python3 -m benchmarks.kernels.bench_host_page_io_launch --reps 7 --prefill "$2" \
@@ -392,13 +398,13 @@ part() {
   neo-layer)  # what NEO's host rows cost a layer inside a GPU step (a stand-in 8B step, 1 and 4 rows of 2,048 tokens), sequential and pipelined, by part, under the host-thread variants (OMP wait policy, kernel threads, the kernel inline, the main thread's torch threads)
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 400 python3 -m benchmarks.policies.bench_neo_layer \
       --out "$(out policies "neo_layer_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -15 ;;
+  neo-tests)  # NEO's layer-call tests and engine tests on the host's CPU, and its GPU tests (pipelined and not, fp32 = GPU-only)
+    TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext neo_tests "gpu_tests_neo_$KVTIER_GIT_COMMIT" ;;
   neo-layer-ab)  # NEO's layer calls of this tree against the tree in $BEFORE (default .carry/neo_before: kvtier and benchmarks of the commit before, $BEFORE_COMMIT), alternating twice in one call: NEO's GPU tests and its layer-call tests, then bench_neo_layer (1 and 4 rows of 2,048 tokens; variants $NEO_AB_VARIANTS)
     local i c=$KVTIER_GIT_COMMIT b=${BEFORE:-.carry/neo_before} bc=${BEFORE_COMMIT:-before}
     local args="--variants ${NEO_AB_VARIANTS:-default,passive,threads15}"
     export TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext
-    pytest_files "gpu_tests_neo_$c" 200 tests/kernels/test_cpu_attention_layers.py tests/policies/test_neo.py \
-      "tests/policies/test_host_resident_engine.py::test_on_the_gpu_greedy_outputs_equal_gpu_only_in_fp32" \
-      -k "not flags_parse"  # that one imports the CLI, whose serve flags need uvicorn (absent there)
+    neo_tests "gpu_tests_neo_$c"
     for i in $(seq "${NEO_AB_ROUNDS:-2}"); do
       (cd "$b" && KVTIER_GIT_COMMIT=$bc timeout 150 python3 -m benchmarks.policies.bench_neo_layer $args \
         --out "$(out policies "neo_layer_ab_${bc}_$i.json")") 2>&1 | tail -1
