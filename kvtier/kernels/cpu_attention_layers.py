@@ -1,4 +1,5 @@
-"""NEO's CPU attention a layer at a time, as a step calls it (kvtier/policies/neo/runner_side.py).
+"""CPU decode attention a layer at a time, as a step with host-resident rows calls it (the
+CPU-attention memory system's runner side).
 
 Per layer the step's host rows' q, k and v come to the host in one copy, into a staging
 buffer (pinned when they come from a GPU); then one job on the kernel's native thread
@@ -45,7 +46,7 @@ class PendingLayer(Protocol):
 
 
 class CpuLayerWorker:
-    """The thread NEO's layer calls run on: the kernel's native thread where the kernel is
+    """The thread the layer calls run on: the kernel's native thread where the kernel is
     built, a Python thread for the fallback. One per runner; `close` stops both."""
 
     def __init__(self) -> None:

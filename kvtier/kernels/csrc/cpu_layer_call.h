@@ -1,4 +1,4 @@
-// NEO's call a layer (included by cpu_attention.cpp, after make_problem / run_problem): the
+// The CPU attention's call a layer (included by cpu_attention.cpp, after make_problem / run_problem): the
 // step's rows' new K and V written into their host pages, then decode attention over the
 // pages, as one job on a JobThread (cpu_worker.h).
 //

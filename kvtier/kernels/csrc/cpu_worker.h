@@ -1,4 +1,4 @@
-// One native thread that runs jobs in submission order (NEO's CPU attention, a layer a job).
+// One native thread that runs jobs in submission order (CPU attention of host rows, a layer a job).
 //
 // Why not a Python thread: a Python worker must take the GIL to start each call, which the
 // main thread holds while it launches the other sub-batch's GPU work, and a Python future's
