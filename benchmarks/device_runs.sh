@@ -217,6 +217,9 @@ part() {
   host-resident-neo-pipelined)  # NEO with every host step pipelined (neo:on, balance lifted) at 3/4 and 9/10 of 32 x 2,048 + 128: the steps fit_host_rows prices with the fit to fit NEO's launch constant
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 250 python3 -m benchmarks.policies.bench_host_resident --caps 0.75,0.9 \
       --policies neo:on@0 --out "$(out policies "host_resident_neo_pipelined_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -3 ;;
+  neo-step-parts)  # where a NEO step with host rows spends its wall time in the engine (the hook's copy down and wait, the rest), 32 x 2,048 + 128 at 3/4, every host step sequential
+    TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 250 python3 -m benchmarks.policies.bench_neo_step_parts --caps 0.75 \
+      --policies neo:off@0 --out "$(out policies "neo_step_parts_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -2 ;;
   host-resident-13b)  # the same on llama-2-13b (MHA: 6.25x the KV per token of the 8B's GQA), 16 requests, at 3/4
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 580 python3 -m benchmarks.policies.bench_host_resident \
       --model llama-2-13b --requests 16 --caps 0.75 --policies neo,directkv,swap,recompute \
