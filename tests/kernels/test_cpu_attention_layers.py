@@ -91,9 +91,11 @@ def test_bad_slots_and_block_ids_raise_at_the_wait_and_the_worker_goes_on(worker
         bad_tables[0, 0, 0] = pages.shape[0]
     q, k, v = qkv(torch.float32, seed=0)
     step = StepLayers(worker, pages, bad_tables, bad_slots, lens, HQ, 1, pinned=False)
+    before = pages.clone()
     pending = step.submit(0, 0, q, k, v, scale=0.3)
     with pytest.raises(ValueError, match="outside"):
         pending.result()
+    assert torch.equal(pages, before)  # no row written: slots and block ids are checked first
     good = StepLayers(worker, pages, tables, slots, lens, HQ, 1, pinned=False)
     out, _ = good.submit(1, 1, q, k, v, scale=0.3).result()
     assert torch.isfinite(out).all()

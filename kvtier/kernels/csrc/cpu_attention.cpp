@@ -662,15 +662,19 @@ Problem make_problem(uintptr_t q, int64_t q_stride_b, int64_t q_stride_h, uintpt
   return pb;
 }
 
-// Runs a made problem (its pointers set): `pb.heads_per_item` 0 picks the default.
-void run_problem(Problem pb, bool kv_bf16, int num_threads, int pages_per_split) {
-  validate(pb);
+// Runs a made and validated problem (its pointers set): `pb.heads_per_item` 0 picks the default.
+void run_validated(Problem pb, bool kv_bf16, int num_threads, int pages_per_split) {
   pb.heads_per_item = choose_heads_per_item(total_pages(pb), pb.num_kv_heads, num_threads,
                                             pb.heads_per_item);
   if (kv_bf16)
     run<uint16_t>(pb, num_threads, pages_per_split);
   else
     run<float>(pb, num_threads, pages_per_split);
+}
+
+void run_problem(const Problem& pb, bool kv_bf16, int num_threads, int pages_per_split) {
+  validate(pb);
+  run_validated(pb, kv_bf16, num_threads, pages_per_split);
 }
 
 void decode_attention(uintptr_t q, int64_t q_stride_b, int64_t q_stride_h, uintptr_t k, uintptr_t v,

@@ -1,6 +1,6 @@
-// The CPU attention's call a layer (included by cpu_attention.cpp, after make_problem / run_problem): the
-// step's rows' new K and V written into their host pages, then decode attention over the
-// pages, as one job on a JobThread (cpu_worker.h).
+// The CPU attention's call a layer (included by cpu_attention.cpp, after make_problem and
+// run_validated): the step's rows' new K and V written into their host pages, then decode
+// attention over the pages, as one job on a JobThread (cpu_worker.h).
 //
 // A step makes one LayerTemplate (the geometry, strides and settings every layer shares,
 // checked once); each layer submits only its pointers: q and the new K/V rows (bf16 or fp32,
@@ -26,18 +26,20 @@ struct LayerPointers {
   uintptr_t q, k_pages, v_pages, block_table, slots, new_k, new_v, out, lse;
 };
 
-// Writes row b's new K/V ([Hkv, D] each, strided) at its slot (-1: none) of the layer's pages.
+// Writes row b's new K/V ([Hkv, D] each, strided) at its slot (-1: none) of the layer's pages;
+// every slot is checked before the first write, so a bad one changes no page.
 template <typename T>
 void write_new_kv(const LayerTemplate& t, const LayerPointers& p) {
   const Problem& pb = t.pb;
   const int64_t* slots = reinterpret_cast<const int64_t*>(p.slots);
   const int64_t capacity = static_cast<int64_t>(pb.num_pages) * pb.page_size;
+  for (int b = 0; b < pb.batch; ++b)
+    if (slots[b] >= capacity)
+      throw std::invalid_argument("slots[" + std::to_string(b) + "] = " + std::to_string(slots[b]) +
+                                  " outside the " + std::to_string(capacity) + " page rows");
   for (int b = 0; b < pb.batch; ++b) {
     const int64_t slot = slots[b];
     if (slot < 0) continue;
-    if (slot >= capacity)
-      throw std::invalid_argument("slots[" + std::to_string(b) + "] = " + std::to_string(slot) +
-                                  " outside the " + std::to_string(capacity) + " page rows");
     const int64_t page = slot / pb.page_size, row = slot % pb.page_size;
     for (int h = 0; h < pb.num_kv_heads; ++h) {
       const int64_t src = b * t.new_stride_b + h * t.new_stride_h;
@@ -63,11 +65,8 @@ const float* fp32_q(const LayerTemplate& t, uintptr_t q, std::vector<float>& buf
   return buf.data();
 }
 
+// Block ids and slots are checked before the first write: a bad one changes no page.
 void run_layer(const LayerTemplate& t, const LayerPointers& p) {
-  if (t.kv_bf16)
-    write_new_kv<uint16_t>(t, p);
-  else
-    write_new_kv<float>(t, p);
   thread_local std::vector<float> q_buf;  // the job thread's, reused a layer after another
   Problem pb = t.pb;
   pb.q = fp32_q(t, p.q, q_buf);
@@ -80,7 +79,12 @@ void run_layer(const LayerTemplate& t, const LayerPointers& p) {
   pb.block_table = reinterpret_cast<const int32_t*>(p.block_table);
   pb.out = reinterpret_cast<void*>(p.out);
   pb.lse = reinterpret_cast<float*>(p.lse);
-  run_problem(pb, t.kv_bf16, t.num_threads, t.pages_per_split);
+  validate(pb);
+  if (t.kv_bf16)
+    write_new_kv<uint16_t>(t, p);
+  else
+    write_new_kv<float>(t, p);
+  run_validated(pb, t.kv_bf16, t.num_threads, t.pages_per_split);
 }
 
 LayerTemplate make_template(bool q_bf16, int64_t q_stride_b, int64_t q_stride_h, bool kv_bf16,
