@@ -57,6 +57,7 @@ SOURCES = (
     ("results/policies/host_resident_ab_h200_3911170.json", CAL_8B, NEO),
     ("results/policies/directkv_graphs_h200_6b56c2b.json", CAL_8B, DIRECTKV_GRAPHS),
     ("results/policies/directkv_graphs_long_h200_6b56c2b.json", CAL_8B, DIRECTKV_GRAPHS),
+    # Every host step pipelined: nothing fit there, read only by the check (CHECKED).
     ("results/policies/host_resident_neo_pipelined_h200_60717a5.json", CAL_8B, {}),
 )
 CHECKED = {"neo:on@0": HostAttention.CPU_ROUND_TRIP}  # every step pipelined: priced, not fit

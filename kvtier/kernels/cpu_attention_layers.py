@@ -29,10 +29,13 @@ from kvtier.kernels.cpu_attention import (
     CpuAttentionWorker,
     _check_inputs,
     cpu_decode_attention,
+    extension_args,
 )
 from kvtier.kernels.cpu_attention_build import cpu_attention_extension
 from kvtier.kernels.kv_write import kv_write_ref
 from kvtier.kernels.launch import check
+
+LAYER_POINTERS = ("q", "k", "v", "block_table", "out", "lse")  # JobThread.submit_layer's
 
 
 class PendingLayer(Protocol):
@@ -145,23 +148,17 @@ class StepLayers:
             _check_inputs(qh, kp, vp, self.tables[0], self.lens)
             check(self.tables.is_contiguous() and self.slots.is_contiguous(),
                   "tables and slots must be contiguous")
-            tuning, ext = CpuAttentionTuning(), self.worker.ext
+            ext = self.worker.ext
             assert ext is not None, "a native worker comes with the kernel"
+            # The one-call arguments less the pointers each layer gives (q's own strides hold
+            # for the new K/V rows too: one staging buffer holds the three).
+            args = extension_args(qh, kp, vp, self.tables[0], self.lens, self.out, self.lse,
+                                  scale, self.num_threads, None, CpuAttentionTuning())
+            for pointer in LAYER_POINTERS:
+                del args[pointer]
             self._templates[scale] = ext.layer_template(
-                q_bf16=qh.dtype == torch.bfloat16, q_stride_b=qh.stride(0),
-                q_stride_h=qh.stride(1), kv_bf16=kp.dtype == torch.bfloat16,
-                k_stride_page=kp.stride(0), k_stride_head=kp.stride(1),
-                v_stride_page=vp.stride(0), v_stride_head=vp.stride(1),
-                bt_stride=self.tables.stride(1), context_lens=self.lens.data_ptr(),
-                out_bf16=self.out.dtype == torch.bfloat16, out_stride_b=self.out.stride(0),
-                out_stride_h=self.out.stride(1), new_stride_b=qh.stride(0),
-                new_stride_h=qh.stride(1), batch=qh.shape[0], num_heads=qh.shape[1],
-                num_kv_heads=kp.shape[1], head_dim=qh.shape[2], page_size=kp.shape[2],
-                num_pages=kp.shape[0], max_pages=self.tables.shape[2], scale=scale,
-                num_threads=self.num_threads, pages_per_split=0,
-                heads_per_item=tuning.heads_per_item or 0,
-                prefetch_tiles=tuning.prefetch_tiles, prefetch_hint=int(tuning.prefetch),
-                use_amx=tuning.amx)
+                **args, q_bf16=qh.dtype == torch.bfloat16, new_stride_b=qh.stride(0),
+                new_stride_h=qh.stride(1))
         return self._templates[scale]
 
 
