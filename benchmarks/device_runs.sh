@@ -38,7 +38,8 @@ pytest_gpu() {  # NAME TIMEOUT PATHS...: the GPU tests of PATHS
 }
 
 neo_tests() {  # NAME: NEO's layer calls and engine tests on this host's CPU, its GPU tests
-  pytest_files "$1" 200 tests/kernels/test_cpu_attention_layers.py tests/policies/test_neo.py \
+  pytest_files "$1" 200 tests/kernels/test_cpu_attention_layers.py tests/kernels/test_cpu_attention_step.py \
+    tests/kernels/test_host_handoff.py tests/policies/test_neo.py \
     "tests/policies/test_host_resident_engine.py::test_on_the_gpu_greedy_outputs_equal_gpu_only_in_fp32" \
     -k "not flags_parse"  # that one imports the CLI, whose serve flags need uvicorn (absent there)
 }
@@ -403,6 +404,15 @@ part() {
       --out "$(out policies "neo_layer_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -15 ;;
   neo-tests)  # NEO's layer-call tests and engine tests on the host's CPU, and its GPU tests (pipelined and not, fp32 = GPU-only)
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext neo_tests "gpu_tests_neo_$KVTIER_GIT_COMMIT" ;;
+  neo-graphs)  # NEO's sequential decode-only steps replayed as decode graphs (one CPU job a step, each layer handed over through pinned flags) against the piecewise forward (--no-neo-graphs), in one call: NEO's tests, the step parts both ways, then 32 x 2,048 + 128 at 3/4 (balance lifted) both ways, by its rule, and recompute
+    local c=$KVTIER_GIT_COMMIT
+    export TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext
+    neo_tests "gpu_tests_neo_graphs_$c"
+    timeout 200 python3 -m benchmarks.policies.bench_neo_step_parts --caps 0.75 \
+      --policies neo:off@0,neo:off+piecewise@0 --out "$(out policies "neo_step_parts_graphs_h200_$c.json")" 2>&1 | tail -2
+    timeout 280 python3 -m benchmarks.policies.bench_host_resident --caps 0.75 \
+      --policies neo:off@0,neo:off+piecewise@0,neo@0,recompute \
+      --out "$(out policies "host_resident_neo_graphs_h200_$c.json")" 2>&1 | tail -5 ;;
   neo-layer-ab)  # NEO's layer calls of this tree against the tree in $BEFORE (default .carry/neo_before: kvtier and benchmarks of the commit before, $BEFORE_COMMIT), alternating twice in one call: NEO's GPU tests and its layer-call tests, then bench_neo_layer (1 and 4 rows of 2,048 tokens; variants $NEO_AB_VARIANTS)
     local i c=$KVTIER_GIT_COMMIT b=${BEFORE:-.carry/neo_before} bc=${BEFORE_COMMIT:-before}
     local args="--variants ${NEO_AB_VARIANTS:-default,passive,threads15}"

@@ -55,6 +55,7 @@ POLICIES = ("neo", "neo:off", "directkv", "swap", "recompute")
 DIRECTKV_MODES = {"inline": ("directkv_side_stream", False),
                   "piecewise": ("directkv_graphs", False),
                   "partial": ("directkv_partial_moves", True)}
+NEO_MODES = {"piecewise": ("neo_graphs", False)}  # others: the --neo-pipeline value
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,6 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda", help="cuda | cpu (cpu: a smoke run only)")
     p.add_argument("--policies", default=",".join(POLICIES),
                    help="kv policies; neo:on / neo:off / neo:auto set --neo-pipeline, "
+                        "neo:off+piecewise adds --no-neo-graphs, "
                         "directkv:inline runs the host rows without the side stream, "
                         "directkv:piecewise without the full-model decode graphs, "
                         "directkv:partial with --directkv-partial-moves")
@@ -122,15 +124,16 @@ def pool_sizes(args: argparse.Namespace, cap: float = 0.5) -> tuple[int, int, in
 
 def policy_flags(args: argparse.Namespace, policy: str) -> tuple[str, dict[str, Any]]:
     """`name[:mode][@balance]` -> (--kv-policy, its engine flags); the mode is neo's
-    --neo-pipeline, or directkv's `inline` (--no-directkv-side-stream), `piecewise`
-    (--no-directkv-graphs), `partial` (--directkv-partial-moves) or several joined by `+`."""
+    --neo-pipeline and/or `piecewise` (--no-neo-graphs), or directkv's `inline`
+    (--no-directkv-side-stream), `piecewise` (--no-directkv-graphs), `partial`
+    (--directkv-partial-moves); several joined by `+` (e.g. `neo:off+piecewise`)."""
     spec, _, balance = policy.partition("@")
     name, _, mode = spec.partition(":")
     extra: dict[str, Any] = {}
     if mode and name == "directkv":
         extra = dict(DIRECTKV_MODES[m] for m in mode.split("+"))
     elif mode:
-        extra = {"neo_pipeline": mode}
+        extra = dict(NEO_MODES.get(m, ("neo_pipeline", m)) for m in mode.split("+"))
     if balance:
         extra[{"neo": "neo_cpu_balance", "directkv": "directkv_balance"}[name]] = float(balance)
     if name == "neo" and args.neo_max_skipped_steps is not None:

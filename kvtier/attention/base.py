@@ -43,6 +43,15 @@ class ExternalRows(Protocol):
         """Rows [0, num_rows) of the layer's `out` are complete once this returns (on the
         current stream's order: later work on it sees them)."""
 
+    def begin(self) -> None:
+        """A CUDA graph is about to run these rows (its warm-up and capture too, the first
+        time): a system whose work runs beside the replay, not called layer by layer,
+        starts it here."""
+
+    def end(self, failed: bool) -> None:
+        """The graph's run was issued (`failed`: it raised before it ran): the system waits
+        for what `begin` started and raises its errors."""
+
 
 class AttentionBackend(Protocol):
     name: str

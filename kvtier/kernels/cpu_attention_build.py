@@ -34,7 +34,8 @@ log = logging.getLogger("kvtier")
 
 SOURCE = Path(__file__).parent / "csrc" / "cpu_attention.cpp"
 HEADERS = tuple(Path(__file__).parent / "csrc" / h
-                for h in ("cpu_simd.h", "cpu_amx.h", "cpu_worker.h", "cpu_layer_call.h"))  # included by SOURCE
+                for h in ("cpu_simd.h", "cpu_amx.h", "cpu_worker.h", "cpu_layer_call.h",
+                          "cpu_step_call.h"))  # included by SOURCE
 # KVTIER_CPU_ATTENTION_CFLAGS appends flags (e.g. a tuning -D) for experiments; the key follows.
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17",
           *os.environ.get("KVTIER_CPU_ATTENTION_CFLAGS", "").split())

@@ -144,22 +144,30 @@ class StepLayers:
     def _template(self, scale: float, qh: torch.Tensor, pages: torch.Tensor) -> Any:
         """The step's geometry, checked and handed to the kernel once (per scale)."""
         if scale not in self._templates:
-            kp, vp = pages[:, 0], pages[:, 1]
-            _check_inputs(qh, kp, vp, self.tables[0], self.lens)
-            check(self.tables.is_contiguous() and self.slots.is_contiguous(),
-                  "tables and slots must be contiguous")
             ext = self.worker.ext
             assert ext is not None, "a native worker comes with the kernel"
-            # The one-call arguments less the pointers each layer gives (q's own strides hold
-            # for the new K/V rows too: one staging buffer holds the three).
-            args = extension_args(qh, kp, vp, self.tables[0], self.lens, self.out, self.lse,
-                                  scale, self.num_threads, None, CpuAttentionTuning())
-            for pointer in LAYER_POINTERS:
-                del args[pointer]
-            self._templates[scale] = ext.layer_template(
-                **args, q_bf16=qh.dtype == torch.bfloat16, new_stride_b=qh.stride(0),
-                new_stride_h=qh.stride(1))
+            self._templates[scale] = layer_template(
+                ext, qh, pages, self.tables, self.slots, self.lens, self.out, self.lse,
+                scale, self.num_threads)
         return self._templates[scale]
+
+
+def layer_template(ext: Any, qh: torch.Tensor, layer_pages: torch.Tensor, tables: torch.Tensor,
+                   slots: torch.Tensor, lens: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                   scale: float, num_threads: int) -> Any:
+    """A step's geometry for the kernel's layer calls, checked once: qh [n, Hq, D] (the new
+    K/V rows follow it by q's strides: one staging row holds the three), layer_pages
+    [P, 2, Hkv, bs, D] (any layer's), tables [G, n, W], slots [G, n], lens [n], out, lse."""
+    kp, vp = layer_pages[:, 0], layer_pages[:, 1]
+    _check_inputs(qh, kp, vp, tables[0], lens)
+    check(tables.is_contiguous() and slots.is_contiguous(), "tables and slots must be contiguous")
+    # The one-call arguments less the pointers each layer gives.
+    args = extension_args(qh, kp, vp, tables[0], lens, out, lse, scale, num_threads, None,
+                          CpuAttentionTuning())
+    for pointer in LAYER_POINTERS:
+        del args[pointer]
+    return ext.layer_template(**args, q_bf16=qh.dtype == torch.bfloat16,
+                              new_stride_b=qh.stride(0), new_stride_h=qh.stride(1))
 
 
 def reference_layer(pages: torch.Tensor, tables: torch.Tensor, slots: torch.Tensor,

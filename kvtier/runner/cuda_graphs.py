@@ -153,9 +153,18 @@ class DecodeGraphs:
         if external is None:
             self.graphs[size].replay()
         else:
-            self._external_graph(size, external).replay()
-            self.num_external_replays += 1
+            self._replay_external(size, external)
         return self.logits[:b]
+
+    def _replay_external(self, size: int, external: ExternalRows) -> None:
+        external.begin()
+        failed = True
+        try:
+            self._external_graph(size, external).replay()
+            failed = False
+        finally:
+            external.end(failed)
+        self.num_external_replays += 1
 
     def _past_bound(self, size: int, external: ExternalRows) -> bool:
         return ((size, external.num_rows) not in self.external_graphs

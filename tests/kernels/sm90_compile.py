@@ -3,18 +3,20 @@ Triton lowers it to PTX and runs its bundled ptxas, which refuses cache-hint com
 does not allow. Run as `python -m tests.kernels.sm90_compile` without TRITON_INTERPRET (the
 interpreter replaces the kernels by Python functions); prints one JSON object: the ptxas
 error if any, the kernel's global load/store instructions, and whether it reads the global
-timer (the paced path)."""
+timer (the paced path). With `handoff`: the PTX of the CPU hand-over's kernels
+(host_handoff.py), which have no interpreter path at all."""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kvtier.kernels import host_page_io
+from kvtier.kernels import host_handoff, host_page_io
 
 SM90 = GPUTarget("cuda", 90, 32)
 
@@ -35,8 +37,30 @@ def compile_copy_kernel(elem: str) -> str:
     return kernel.asm["ptx"]
 
 
+def compile_handoff_kernels() -> str:
+    """PTX of the CPU hand-over's two kernels (host_handoff.py) at a Llama-8B-like shape."""
+    ptx = []
+    for fn, pointers, const in (
+        (host_handoff._rows_to_host_kernel,
+         dict(q="*bf16", k="*bf16", v="*bf16", dst="*bf16", ready="*i32", counter="*i32",
+              epoch="*i32"), dict(HQ=32, HKV=8, D=128, BLOCK_HQ=32, BLOCK_HKV=8, BLOCK_D=128)),
+        (host_handoff._rows_from_host_kernel,
+         dict(src="*bf16", out="*bf16", done="*i32", epoch="*i32", error="*i32",
+              timeout_ns="i64"), dict(HQ=32, D=128, BLOCK_HQ=32, BLOCK_D=128)),
+    ):
+        sig = {name: "i32" for name in fn.arg_names}
+        sig.update(pointers)
+        sig.update({name: "constexpr" for name in const})
+        src = ASTSource(fn=fn, signature=sig, constexprs=const)
+        ptx.append(triton.compile(src, target=SM90, options={"num_warps": 4}).asm["ptx"])
+    return "\n".join(ptx)
+
+
 def main() -> None:
     assert os.environ.get("TRITON_INTERPRET", "0") != "1", "run without TRITON_INTERPRET"
+    if sys.argv[1:] == ["handoff"]:
+        print(compile_handoff_kernels())
+        return
     out: dict[str, object] = {}
     for elem in ("fp32", "bf16"):
         try:

@@ -126,7 +126,9 @@ def test_the_simulator_runs_it_and_prices_its_host_rows(policy, kind):
 
 
 @pytest.mark.parametrize("policy,flags", [("neo", {}), ("neo", {"neo_pipeline": "on"}),
-                                          ("neo", {"neo_pipeline": "off"}), ("directkv", {}),
+                                          ("neo", {"neo_pipeline": "off"}),
+                                          ("neo", {"neo_pipeline": "off", "neo_graphs": False}),
+                                          ("directkv", {}),
                                           ("directkv", {"directkv_partial_moves": True})])
 def test_the_simulator_makes_the_real_engines_decisions(policy, flags, monkeypatch):
     """tests/sim/test_equivalence.py's check (same batches, preemptions, copies, step for
@@ -210,7 +212,9 @@ def test_directkv_graph_rows_attend_as_the_step_rows(gpu_only, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("policy,flags", [("neo", {}), ("neo", {"neo_pipeline": "on"}),
-                                          ("neo", {"neo_pipeline": "off"}), ("directkv", {}),
+                                          ("neo", {"neo_pipeline": "off"}),
+                                          ("neo", {"neo_pipeline": "off", "neo_graphs": False}),
+                                          ("directkv", {}),
                                           ("directkv", {"directkv_side_stream": False}),
                                           ("directkv", {"directkv_graphs": False}),
                                           ("directkv", {"directkv_partial_moves": True}),
@@ -221,13 +225,19 @@ def test_on_the_gpu_greedy_outputs_equal_gpu_only_in_fp32(policy, flags):
     graphs (decode-only steps) and on a side stream beside the backend's own rows (steps with
     prefills; in line without it; and with no graphs), with partial moves (rows with a device
     suffix, read by the same kernel from the device pool and merged), NEO's through the C++
-    kernel on its own thread (by its rule, every step pipelined, none), the outputs coming
-    back through the pinned staging buffer without a wait."""
+    kernel on its own thread (by its rule, every step pipelined, none; the sequential
+    decode-only steps inside the decode graphs, handing each layer to one CPU job a step, or
+    not), the outputs coming back through the pinned staging buffer without a wait."""
     reference, _, _ = run("recompute", device="cuda", num_gpu_blocks=256)
     outputs, engine, host_steps = run(policy, device="cuda", **flags)
     assert host_steps > 0 and outputs == reference
+    replays = engine.executor.graphs.num_external_replays
+    if policy == "neo" and "neo_pipeline" in flags:  # auto mixes the step kinds
+        graphed = flags["neo_pipeline"] == "off" and flags.get("neo_graphs", True)
+        assert (replays > 0) is graphed
+        if graphed:
+            assert int(engine.executor.external._graph_steps.handoff.error[0]) == 0
     if policy == "directkv":
         side = engine.executor.external.side
         assert (side is not None) is flags.get("directkv_side_stream", True)
-        replays = engine.executor.graphs.num_external_replays
         assert (replays > 0) is flags.get("directkv_graphs", True)

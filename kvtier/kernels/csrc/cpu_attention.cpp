@@ -695,6 +695,7 @@ void decode_attention(uintptr_t q, int64_t q_stride_b, int64_t q_stride_h, uintp
 }
 
 #include "cpu_layer_call.h"
+#include "cpu_step_call.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Decode attention over host KV pages (split-KV, OpenMP, fp32 accumulation)";
@@ -716,4 +717,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("pages_per_split"), py::arg("heads_per_item"), py::arg("prefetch_tiles"),
         py::arg("prefetch_hint"), py::arg("use_amx"));
   bind_layer_calls(m);
+  bind_step_calls(m);
 }

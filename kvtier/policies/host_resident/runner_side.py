@@ -93,6 +93,12 @@ class HostRowsAttention(ABC):
         beside the backend's work."""
         return None
 
+    def begin(self) -> None:  # noqa: B027 - only a system working beside a replay needs it
+        return None
+
+    def end(self, failed: bool) -> None:  # noqa: B027
+        return None
+
 
 class HostResidentSource(ABC):
     """What a host-resident system attaches to the runner (ExternalAttentionSource)."""

@@ -68,6 +68,11 @@ class NeoArgs(HostResidentArgs):
                                         "attention of all host decodes stays <= this times "
                                         "the step's predicted GPU time (else the scheduler "
                                         "preempts); 0: no limit"})
+    graphs: bool = field(
+        default=True, metadata={"help": "neo: sequential decode-only steps with CPU decodes "
+                                        "replay a full-model CUDA graph that hands each "
+                                        "layer's rows to the CPU job through pinned flags "
+                                        "(off: the piecewise forward, a layer at a time)"})
     calibration: str | None = field(
         default=None, metadata={"help": "neo: calibration JSON of the cost model that prices "
                                         "the pipelining rule (default: the hardware profile)"})
@@ -81,6 +86,7 @@ class NeoOptions(HostResidentOptions):
     cpu_balance: float = 1.0  # neo/balance.py's factor; 0: no limit
     max_skipped_steps: int = 4  # a CPU decode sits out at most this many steps in a row
     choice: ModeChoice | None = field(default=None, compare=False)  # set once priced
+    graphs: bool = True  # graph_rows.py: sequential decode-only steps as decode graphs
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -175,7 +181,7 @@ class NeoSystem(HostResidentSystem):
             raise ConfigError(f"--neo-pipeline: auto, on or off, not {args.pipeline!r}") from None
         return NeoOptions(**self.shared_options(args, config), cpu_threads=args.cpu_threads,
                           pipeline=mode, cpu_balance=args.cpu_balance,
-                          max_skipped_steps=args.max_skipped_steps)
+                          max_skipped_steps=args.max_skipped_steps, graphs=args.graphs)
 
     def after_pools(self, config: EngineConfig, ctx: AssemblyContext) -> EngineConfig:
         """NEO's rules (pipelining, balance) priced by the simulator's cost model, or the
@@ -202,8 +208,9 @@ class NeoSystem(HostResidentSystem):
     def make_source(self, runner: Any):
         from kvtier.policies.neo.runner_side import NeoSource
 
-        assert isinstance(runner.config.policy_options, NeoOptions)
-        return NeoSource(runner, CpuRowsItem, runner.config.policy_options.cpu_threads)
+        opts = runner.config.policy_options
+        assert isinstance(opts, NeoOptions)
+        return NeoSource(runner, CpuRowsItem, opts.cpu_threads, opts.graphs)
 
 
 def _marks_only(runner, items) -> None:

@@ -21,6 +21,7 @@ from kvtier.policies.host_resident.runner_side import (
     HostRowsAttention,
     HostRowsLayout,
 )
+from kvtier.policies.neo.graph_rows import CpuGraphRows, GraphSteps
 
 
 class CpuRows(HostRowsAttention):
@@ -29,10 +30,22 @@ class CpuRows(HostRowsAttention):
                  pinned: bool):
         super().__init__(layout.num_rows, pages, layers_per_block, ops, layout)
         assert layout.device is None, "NEO moves whole requests: no row has a device suffix"
-        self.calls = StepLayers(worker, pages, torch.from_numpy(layout.tables),
-                                torch.from_numpy(layout.slots),
-                                torch.from_numpy(layout.context_lens), num_heads, num_threads,
-                                pinned)
+        self._calls_args = (worker, num_heads, num_threads, pinned)
+        self._calls: StepLayers | None = None
+
+    @property
+    def calls(self) -> StepLayers:
+        """The layer calls (their pinned staging made at the first layer: a step replayed
+        as a graph never makes them)."""
+        if self._calls is None:
+            worker, num_heads, num_threads, pinned = self._calls_args
+            layout = self.layout
+            assert layout is not None
+            self._calls = StepLayers(worker, self.pages, torch.from_numpy(layout.tables),
+                                     torch.from_numpy(layout.slots),
+                                     torch.from_numpy(layout.context_lens), num_heads,
+                                     num_threads, pinned)
+        return self._calls
 
     def layer(self, group: int, slot: int, q: torch.Tensor, k: torch.Tensor,
               v: torch.Tensor, scale: float, out: torch.Tensor) -> None:
@@ -52,11 +65,14 @@ class CpuRows(HostRowsAttention):
 
 
 class NeoSource(HostResidentSource):
-    def __init__(self, runner: Any, rows_item: type[HostRows], num_threads: int | None):
+    def __init__(self, runner: Any, rows_item: type[HostRows], num_threads: int | None,
+                 graphs: bool = True):
         super().__init__(runner, rows_item)
         self.worker = CpuLayerWorker()  # builds (or finds cached) the kernel at start-up
         self.num_threads = num_threads
         self._pipelined: CpuRows | None = None  # this step's rows, when it runs pipelined
+        self.graphs = graphs and GraphSteps.available(runner, self.worker)
+        self._graph_steps: GraphSteps | None = None  # on the first graph step
 
     def for_step(self, scheduled: Sequence[ScheduledRequest], batch: Any,
                  items: Mapping[type[PlanItem], Sequence[PlanItem]]) -> HostRowsAttention | None:
@@ -81,6 +97,17 @@ class NeoSource(HostResidentSource):
         from kvtier.policies.neo.pipelined import pipelined_forward
 
         return pipelined_forward(self.runner, rows, input_ids, positions, meta)
+
+    def graph_rows(self, rows: Any) -> CpuGraphRows | None:
+        """A sequential step's rows as a decode graph's (graph_rows.py); None for a
+        pipelined step, under `--no-neo-graphs`, or where the kernel is not built."""
+        if (not self.graphs or not isinstance(rows, CpuRows) or rows.layout is None
+                or rows is self._pipelined):
+            return None
+        if self._graph_steps is None:
+            self._graph_steps = GraphSteps(self.runner, self.pages, self.worker,
+                                           self.num_threads)
+        return self._graph_steps.rows_for(rows.layout)
 
     def close(self) -> None:
         self.worker.close()
