@@ -413,6 +413,16 @@ part() {
     timeout 280 python3 -m benchmarks.policies.bench_host_resident --caps 0.75 \
       --policies neo:off@0,neo:off+piecewise@0,neo@0,recompute \
       --out "$(out policies "host_resident_neo_graphs_h200_$c.json")" 2>&1 | tail -5 ;;
+  neo-graphs-ab)  # NEO's graph steps of this tree against the tree in $BEFORE (default .carry/neo_before, $BEFORE_COMMIT), alternating twice in one call: NEO's tests, then the step parts of 32 x 2,048 + 128 at 3/4, every host step sequential (neo:off@0)
+    local i c=$KVTIER_GIT_COMMIT b=${BEFORE:-.carry/neo_before} bc=${BEFORE_COMMIT:-before}
+    export TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext
+    neo_tests "gpu_tests_neo_graphs_$c"
+    for i in 1 2; do
+      (cd "$b" && KVTIER_GIT_COMMIT=$bc timeout 150 python3 -m benchmarks.policies.bench_neo_step_parts --caps 0.75 \
+        --policies neo:off@0 --out "$(out policies "neo_graphs_ab_${bc}_$i.json")") 2>&1 | tail -2
+      timeout 150 python3 -m benchmarks.policies.bench_neo_step_parts --caps 0.75 --policies neo:off@0 \
+        --out "$(out policies "neo_graphs_ab_${c}_$i.json")" 2>&1 | tail -2
+    done ;;
   neo-layer-ab)  # NEO's layer calls of this tree against the tree in $BEFORE (default .carry/neo_before: kvtier and benchmarks of the commit before, $BEFORE_COMMIT), alternating twice in one call: NEO's GPU tests and its layer-call tests, then bench_neo_layer (1 and 4 rows of 2,048 tokens; variants $NEO_AB_VARIANTS)
     local i c=$KVTIER_GIT_COMMIT b=${BEFORE:-.carry/neo_before} bc=${BEFORE_COMMIT:-before}
     local args="--variants ${NEO_AB_VARIANTS:-default,passive,threads15}"
