@@ -33,50 +33,27 @@ int32_t load_flag(const int32_t* flag) { return __atomic_load_n(flag, __ATOMIC_A
 
 void store_flag(int32_t* flag, int32_t value) { __atomic_store_n(flag, value, __ATOMIC_RELEASE); }
 
-enum class Ready { kYes, kCancelled, kLate };
-
-// Spins until *flag is epoch (the layer's inputs are in place), -epoch (cancelled) or the
-// deadline passes.
-Ready spin_ready(const int32_t* flag, int32_t epoch,
-                 std::chrono::steady_clock::time_point deadline) {
+// Spins until *flag is epoch (the layer's inputs are in place); throws on -epoch (cancelled)
+// or past the deadline.
+void wait_ready(const int32_t* flag, int32_t epoch, double timeout_s, size_t layer) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   for (uint32_t spins = 0;; ++spins) {
     const int32_t seen = load_flag(flag);
-    if (seen == epoch) return Ready::kYes;
-    if (seen == -epoch) return Ready::kCancelled;
-    if ((spins & 1023u) == 0 && std::chrono::steady_clock::now() > deadline) return Ready::kLate;
+    if (seen == epoch) return;
+    if (seen == -epoch) throw std::runtime_error("the step was cancelled before layer " +
+                                                 std::to_string(layer) + "'s inputs came");
+    if ((spins & 1023u) == 0 && std::chrono::steady_clock::now() > deadline)
+      throw std::runtime_error("layer " + std::to_string(layer) + "'s inputs did not come within " +
+                               std::to_string(timeout_s) + " s");
     KVTIER_SPIN_PAUSE();
   }
-}
-
-// The whole thread team waits, not the job's thread alone: between two layers the team
-// would otherwise idle through the GPU's part of the layer and fall asleep, and waking it
-// costs the next layer's attention more than the attention itself at a few rows. Spinning
-// here, the team enters the attention's parallel region hot.
-void wait_ready(const int32_t* flag, int32_t epoch, double timeout_s, size_t layer,
-                int num_threads) {
-  const auto deadline =
-      std::chrono::steady_clock::now() +
-      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-          std::chrono::duration<double>(timeout_s));
-  Ready ready = Ready::kYes;
-#pragma omp parallel num_threads(num_threads)
-  {
-    const Ready seen = spin_ready(flag, epoch, deadline);
-    if (omp_get_thread_num() == 0) ready = seen;
-  }
-  if (ready == Ready::kCancelled)
-    throw std::runtime_error("the step was cancelled before layer " + std::to_string(layer) +
-                             "'s inputs came");
-  if (ready == Ready::kLate)
-    throw std::runtime_error("layer " + std::to_string(layer) + "'s inputs did not come within " +
-                             std::to_string(timeout_s) + " s");
 }
 
 void run_step(const LayerTemplate& t, const std::vector<LayerPointers>& layers, int32_t* ready,
               int32_t* done, int32_t epoch, double timeout_s) {
   for (size_t l = 0; l < layers.size(); ++l) {
     try {
-      wait_ready(ready + l, epoch, timeout_s, l, t.num_threads);
+      wait_ready(ready + l, epoch, timeout_s, l);
       run_layer(t, layers[l]);
     } catch (...) {
       for (size_t j = l; j < layers.size(); ++j) store_flag(done + j, -epoch);
