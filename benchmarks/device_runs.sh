@@ -41,6 +41,7 @@ neo_tests() {  # NAME: NEO's layer calls and engine tests on this host's CPU, it
   pytest_files "$1" 200 tests/kernels/test_cpu_attention_layers.py tests/kernels/test_cpu_attention_step.py \
     tests/kernels/test_host_handoff.py tests/policies/test_neo.py \
     "tests/policies/test_host_resident_engine.py::test_on_the_gpu_greedy_outputs_equal_gpu_only_in_fp32" \
+    "tests/policies/test_host_resident_engine.py::test_a_closed_neo_engine_frees_its_host_pool_without_the_collector" \
     -k "not flags_parse"  # that one imports the CLI, whose serve flags need uvicorn (absent there)
 }
 

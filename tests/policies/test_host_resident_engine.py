@@ -7,7 +7,9 @@ still completes (by recompute); the simulator runs both and prices their host ro
 from __future__ import annotations
 
 import dataclasses
+import gc
 import random
+import weakref
 
 import pytest
 
@@ -241,3 +243,20 @@ def test_on_the_gpu_greedy_outputs_equal_gpu_only_in_fp32(policy, flags):
         side = engine.executor.external.side
         assert (side is not None) is flags.get("directkv_side_stream", True)
         assert (replays > 0) is flags.get("directkv_graphs", True)
+
+
+@pytest.mark.gpu
+def test_a_closed_neo_engine_frees_its_host_pool_without_the_collector():
+    """The graph steps' objects hold the pinned pages but no cycle: closing the engine frees
+    the pool at once (a following engine pins its own; a second pool of long contexts does
+    not fit beside the first)."""
+    gc.disable()
+    try:
+        _, engine, host_steps = run("neo", device="cuda", neo_pipeline="off")
+        assert host_steps > 0 and engine.executor.graphs.num_external_replays > 0
+        pool = weakref.ref(engine.executor.host_kv)
+        engine.close()
+        del engine
+        assert pool() is None
+    finally:
+        gc.enable()

@@ -15,6 +15,7 @@ lengths from host memory, so nothing of the layout is captured.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -60,7 +61,10 @@ class GraphSteps:
         self.layout = layout
         if n not in self.rows:
             r = self.runner
-            self.rows[n] = CpuGraphRows(n, self.pages, r.layers_per_block, r.ops, self)
+            # A proxy: rows held here that held this back would be a cycle, keeping a closed
+            # runner's pinned host pool (the pages) until the collector ran.
+            self.rows[n] = CpuGraphRows(n, self.pages, r.layers_per_block, r.ops,
+                                        weakref.proxy(self))
         return self.rows[n]
 
     def begin(self) -> None:
