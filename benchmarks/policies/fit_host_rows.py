@@ -48,6 +48,10 @@ from kvtier.costmodel.shape import StepShape
 # runs where its decode-only steps replay the full-model decode graph (the default since
 # 6b56c2b): the earlier ones ran them through the piecewise forward, which cost more.
 NEO = {"neo:off@0": HostAttention.CPU_ROUND_TRIP, "neo@0": HostAttention.CPU_ROUND_TRIP}
+# Since ed23f5c NEO's sequential decode-only steps replay the decode graphs (the default;
+# `+piecewise`: --no-neo-graphs); only decode-only steps are fit, so those runs' are graph
+# steps.
+NEO_GRAPHS = {"neo:off@0": HostAttention.CPU_GRAPH, "neo@0": HostAttention.CPU_GRAPH}
 DIRECTKV_GRAPHS = {"directkv@0": HostAttention.ZERO_COPY}
 CAL_8B = "results/calibration/calib_h200_llama-3.1-8b.json"
 # (result file, calibration of its model, its policies fit): the runs the fit reads.
@@ -55,6 +59,9 @@ SOURCES = (
     ("results/policies/host_resident_neo_h200_a2e16d4.json", CAL_8B, NEO),
     ("results/policies/host_resident_neo_long_h200_a2e16d4.json", CAL_8B, NEO),
     ("results/policies/host_resident_ab_h200_3911170.json", CAL_8B, NEO),
+    ("results/policies/host_resident_neo_h200_96c19fd.json", CAL_8B, NEO_GRAPHS),
+    ("results/policies/host_resident_neo_long_h200_962df4b.json", CAL_8B, NEO_GRAPHS),
+    ("results/policies/host_resident_neo_graphs_h200_ed23f5c.json", CAL_8B, NEO_GRAPHS),
     ("results/policies/directkv_graphs_h200_6b56c2b.json", CAL_8B, DIRECTKV_GRAPHS),
     ("results/policies/directkv_graphs_long_h200_6b56c2b.json", CAL_8B, DIRECTKV_GRAPHS),
     # Every host step pipelined: nothing fit there, read only by the check (CHECKED).
@@ -119,7 +126,7 @@ def step_shape(scheduled: int, rows: int, host_tokens: float, host_ctx: int | No
 def gpu_seconds(cm, scheduled: int, rows: int, host_tokens: float,
                 mechanism: HostAttention) -> float:
     """The step's forward without the host rows' attention."""
-    host_ctx = 1 if mechanism is HostAttention.CPU_ROUND_TRIP else None
+    host_ctx = None if mechanism is HostAttention.ZERO_COPY else 1
     return cm.predict(step_shape(scheduled, rows, host_tokens, host_ctx)).executor_s
 
 
@@ -141,7 +148,8 @@ def groups_of(path: str, calibration: str, policies: dict[str, HostAttention]) -
         mechanism = policies.get(run["policy"])
         if mechanism is None or "steps" not in run:
             continue
-        host_steps = [s for s in run["steps"] if s["host_context_tokens"]][2:]  # compiles
+        host_steps = [s for s in run["steps"] if s["host_context_tokens"]
+                      and not s.get("prefill_tokens")][2:]  # the first two compile
         by_shape: dict[tuple[int, int], list[dict[str, Any]]] = {}
         for s in host_steps:
             rows = math.ceil(s["host_context_tokens"] / per_request)

@@ -24,7 +24,12 @@ class _StepViews:
     """Per-step views, built lazily: layer slots of the pool, per-group tables and slots."""
 
     def __init__(self, meta: AttentionMetadata, kv_cache: torch.Tensor):
-        self.meta, self.kv_cache = meta, kv_cache
+        # What it reads of meta, not meta: meta holds these views, and a cycle would keep a
+        # finished step's metadata (and the memory system's rows it names, their host pages
+        # with them) until the collector ran.
+        self.kv_cache = kv_cache
+        self.num_decodes = meta.num_decodes
+        self.block_tables, self.slot_mapping = meta.block_tables, meta.slot_mapping
         self.layers: dict[int, torch.Tensor] = {}
         self.groups: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         nd = meta.num_decodes
@@ -44,9 +49,9 @@ class _StepViews:
         """(decode rows' tables, prefill rows' tables, slot mapping) of layer group g."""
         views = self.groups.get(g)
         if views is None:
-            nd = self.meta.num_decodes
-            tables = self.meta.block_tables[g]
-            views = self.groups[g] = (tables[:nd], tables[nd:], self.meta.slot_mapping[g])
+            nd = self.num_decodes
+            tables = self.block_tables[g]
+            views = self.groups[g] = (tables[:nd], tables[nd:], self.slot_mapping[g])
         return views
 
 

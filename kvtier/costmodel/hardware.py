@@ -39,6 +39,9 @@ class HostAttention(str, enum.Enum):
     """How a step attends over decode rows whose KV lives in host memory."""
 
     CPU_ROUND_TRIP = "cpu_round_trip"  # the CPU attends; per layer q/k/v go down, the output up
+    # The same inside a replayed decode graph: one CPU job a step follows the layers through
+    # pinned flags (no Python between them); the profile's round trip where not fitted.
+    CPU_GRAPH = "cpu_graph"
     ZERO_COPY = "zero_copy"  # a GPU kernel reads the pinned host pages in place (UVA)
 
 
@@ -105,6 +108,8 @@ class HardwareProfile:
         fitted = self.host_attention.get(mechanism)
         if fitted is not None:
             return fitted
+        if mechanism is HostAttention.CPU_GRAPH:
+            return self.host_attention_cost(HostAttention.CPU_ROUND_TRIP)
         if mechanism is HostAttention.ZERO_COPY:
             gather = self.h2d[CopyMechanism.KERNEL_GATHER]
             return HostAttentionCost(gather.beta_s, 1 / gather.alpha_s_per_byte)
@@ -140,9 +145,10 @@ def _h200() -> HardwareProfile:
         # efficiency. Not measured here (no multi-GPU machine was lent).
         allreduce_bytes_per_s=360e9, allreduce_latency_s=10e-6, measured=True,
         # Fit from the host-resident runs: results/calibration/host_rows_h200.json.
-        host_attention={HostAttention.CPU_ROUND_TRIP: HostAttentionCost(0.780e-3, 63.30e9),
-                        HostAttention.ZERO_COPY: HostAttentionCost(0.0885e-3, 53.80e9,
-                                                                   split_layer_s=0.0691e-3)},
+        host_attention={HostAttention.CPU_ROUND_TRIP: HostAttentionCost(0.781e-3, 85.21e9),
+                        HostAttention.CPU_GRAPH: HostAttentionCost(0.356e-3, 126.25e9),
+                        HostAttention.ZERO_COPY: HostAttentionCost(0.0494e-3, 54.99e9,
+                                                                   split_layer_s=0.0746e-3)},
         # Fit from the measured break-even: results/calibration/host_loads_h200.json.
         host_load_step_s={CopyMechanism.KERNEL_GATHER: 0.955e-3,
                           CopyMechanism.MEMCPY_BATCH: 2.19e-3},

@@ -149,3 +149,25 @@ def test_backend_writes_into_a_given_output_buffer() -> None:
         assert out.data_ptr() == buf.data_ptr()
         assert_close(buf[:T], ref)
     assert "triton" in meta.derived and torch.equal(buf[T:], torch.zeros(5, 4, 32))
+
+
+def test_a_steps_views_do_not_keep_its_metadata_alive():
+    """The backend's per-step views live in the metadata but refer to nothing that refers
+    back: a finished step's metadata (and the memory system's rows it names, with their host
+    pages) goes with its last reference, not at the collector's next run."""
+    import gc
+    import weakref
+
+    from kvtier.attention.triton_backend import step_views
+
+    meta = _metadata([1, 1, 5], [9, 17, 5], num_groups=2, F=2, num_blocks=16, num_decodes=2)
+    kv = torch.zeros(16, 2, 2, BLOCK_SIZE, 2, 8)
+    views = step_views(meta, kv)
+    assert views.group(1)[0].shape[0] == 2 and step_views(meta, kv) is views
+    alive = weakref.ref(meta)
+    gc.disable()
+    try:
+        del meta, views
+        assert alive() is None
+    finally:
+        gc.enable()

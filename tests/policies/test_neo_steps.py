@@ -74,7 +74,7 @@ def test_the_launch_constant_is_paid_once_a_layer_in_a_pipelined_step_only(cm):
         return step(n, 2048, 16, 2048, 8192)
 
     holds = [(rule.holds(with_cpu(n), n, n * 2048), rule_free.holds(with_cpu(n), n, n * 2048))
-             for n in range(1, 65)]
+             for n in range(1, 161)]
     assert holds[0] == (True, True) and holds[-1] == (False, False)
     assert (False, True) in holds and (True, False) not in holds
 
@@ -115,21 +115,26 @@ def test_the_simulator_prices_the_policys_choice():
     modes = []
     for s in engine.executor.steps:
         counts = dict(s.shape.items)
-        marks = [m for m in (StepMode.SEQUENTIAL, StepMode.PIPELINED)
-                 if f"neo_{m.value}" in counts]
+        marks = [k for k in ("neo_sequential", "neo_graphed", "neo_pipelined") if k in counts]
         if "neo_cpu_rows" not in counts:
             assert not marks
             continue
-        (mode,) = marks
-        rows, tokens = counts[f"neo_{mode.value}"], counts["neo_cpu_rows"]
+        (mark,) = marks
+        mode = StepMode.PIPELINED if mark == "neo_pipelined" else StepMode.SEQUENTIAL
+        graphed = mark == "neo_graphed"  # a sequential step is replayed as a graph ...
+        if mode is StepMode.SEQUENTIAL:
+            assert graphed is not bool(s.shape.prefills)  # ... exactly when decode-only
+        rows, tokens = counts[mark], counts["neo_cpu_rows"]
         rows_only = replace(s.shape, num_swap_out=0, num_swap_in=0, items=())
         assert choice.best(rows_only, rows, tokens, gpu_only=False) is mode
         rest = replace(s.shape, items=tuple((k, n) for k, n in s.shape.items
                                             if not k.startswith("neo_")))
-        assert s.cost.total_s == pytest.approx(StepPrices(cm).seconds(rest, rows, tokens, mode))
-        modes.append(mode)
-    assert modes.count(StepMode.PIPELINED) == policy.num_pipelined_steps > 0
-    assert StepMode.SEQUENTIAL in modes and policy.num_gpu_only_steps > 0
+        assert s.cost.total_s == pytest.approx(
+            StepPrices(cm, graphs=graphed).seconds(rest, rows, tokens, mode))
+        modes.append(mark)
+    assert modes.count("neo_pipelined") == policy.num_pipelined_steps > 0
+    assert "neo_sequential" in modes and "neo_graphed" in modes
+    assert policy.num_gpu_only_steps > 0
 
 
 def test_the_forecast_seats_no_more_waiting_prompts_than_max_num_seqs():

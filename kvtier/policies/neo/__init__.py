@@ -29,11 +29,13 @@ from kvtier.policies.neo.modes import ModeChoice, forecast
 from kvtier.policies.neo.pipeline import PipelineMode, PipelineRule, step_shape
 from kvtier.policies.neo.steps import (
     CPU_ROWS_KIND,
+    GraphedCpuDecodes,
     PipelinedCpuDecodes,
     SequentialCpuDecodes,
     StepMode,
     StepPrices,
     price_cpu_rows,
+    price_graphed_step,
     price_pipelined_step,
     price_sequential_step,
 )
@@ -151,6 +153,9 @@ class NeoPolicy(HostResidentPolicy):
             items[-1] = CpuRowsItem(rows.request_ids, rows.num_context_tokens, pipelined=True)
             items.append(PipelinedCpuDecodes(n))
             self.num_pipelined_steps += 1
+        elif self.options.graphs and all(sr.num_new_tokens == 1 and sr.sample
+                                         for sr in scheduled):
+            items.append(GraphedCpuDecodes(n))  # a decode-only step: a decode graph replays it
         else:
             items.append(SequentialCpuDecodes(n))
         return items
@@ -194,7 +199,8 @@ class NeoSystem(HostResidentSystem):
         assert isinstance(ctx.system_args, NeoArgs)
         cm = self.pricing(config, ctx, ctx.system_args.calibration)
         rule = PipelineRule(cm, price_cpu_rows) if auto else None
-        choice = ModeChoice(StepPrices(cm), rule) if rule is not None else None
+        choice = (ModeChoice(StepPrices(cm, graphs=opts.graphs), rule) if rule is not None
+                  else None)
         balance = CpuBalance(cm, price_cpu_rows, opts.cpu_balance, opts.max_step_tokens) \
             if opts.cpu_balance > 0 else None
         return config.with_(policy_options=replace(opts, rule=rule, balance_rule=balance,
@@ -221,6 +227,8 @@ def _marks_only(runner, items) -> None:
 register_item(CpuRowsItem, run=run_rows, price=price_cpu_rows)
 register_item(SequentialCpuDecodes, run=_marks_only, price=lambda cm, n: 0.0,
               step=price_sequential_step)
+register_item(GraphedCpuDecodes, run=_marks_only, price=lambda cm, n: 0.0,
+              step=price_graphed_step)
 register_item(PipelinedCpuDecodes, run=_marks_only, price=lambda cm, n: 0.0,
               step=price_pipelined_step)
 

@@ -60,16 +60,26 @@ class SequentialCpuDecodes(PlanItem):
 
 
 @dataclass(frozen=True, slots=True)
+class GraphedCpuDecodes(SequentialCpuDecodes):
+    """Marks a sequential decode-only step that replays a decode graph (neo/graph_rows.py):
+    its CPU decodes priced as such steps cost (HostAttention.CPU_GRAPH)."""
+
+    kind = "neo_graphed"
+
+
+@dataclass(frozen=True, slots=True)
 class PipelinedCpuDecodes(SequentialCpuDecodes):
     """Marks a step that runs its CPU decodes as batch 1 of two pipelined sub-batches."""
 
     kind = "neo_pipelined"
 
 
-def price_cpu_rows(cost_model, num_context_tokens: int) -> float:
+def price_cpu_rows(cost_model, num_context_tokens: int,
+                   mechanism: HostAttention = HostAttention.CPU_ROUND_TRIP) -> float:
     """The CPU reads every context token's K and V of every layer once a step; per layer
-    q/k/v go down and the output comes back, a round trip the profile prices per layer."""
-    cost = cost_model.hw.host_attention_cost(HostAttention.CPU_ROUND_TRIP)
+    q/k/v go down and the output comes back, a round trip the profile prices per layer
+    (CPU_GRAPH: inside a replayed decode graph, through pinned flags)."""
+    cost = cost_model.hw.host_attention_cost(mechanism)
     return cost.seconds(num_context_tokens * kv_bytes_per_token(cost_model),
                         cost_model.mc.num_layers)
 
@@ -95,6 +105,7 @@ class StepPrices:
 
     cost_model: Any  # kvtier.costmodel.CostModel
     launch_s: float = LAUNCH_S
+    graphs: bool = False  # sequential decode-only steps replay a decode graph (--neo-graphs)
 
     def cost(self, shape: StepShape, num_rows: int, host_tokens: int, mode: StepMode):
         """The StepCost of `shape` (its leading `num_rows` decodes on the CPU, `host_tokens`
@@ -107,6 +118,8 @@ class StepPrices:
         cpu = price_cpu_rows(cm, host_tokens)
         parts = dict(gpu.parts)
         if mode is StepMode.SEQUENTIAL:
+            if self.graphs and not shape.prefills:
+                cpu = price_cpu_rows(cm, host_tokens, HostAttention.CPU_GRAPH)
             parts["items"] = parts.get("items", 0.0) + cpu
             return replace(gpu, executor_s=sum(parts.values()), parts=parts)
         # The GPU path of both sub-batches (run eagerly), and what of the CPU path sticks out.
@@ -124,19 +137,18 @@ class StepPrices:
         return self.cost(shape, num_rows, host_tokens, mode).total_s
 
 
-def _priced_step(mode: StepMode):
+def _priced_step(kind: str, mode: StepMode, graphs: bool = False):
     def price(cost_model, shape: StepShape):
         counts = dict(shape.items)
-        num_rows, host_tokens = counts[_KIND_OF[mode]], counts.get(CPU_ROWS_KIND, 0)
-        rest = tuple((k, n) for k, n in shape.items
-                     if k not in (CPU_ROWS_KIND, SequentialCpuDecodes.kind,
-                                  PipelinedCpuDecodes.kind))
-        return StepPrices(cost_model).cost(replace(shape, items=rest), num_rows, host_tokens,
-                                           mode)
+        num_rows, host_tokens = counts[kind], counts.get(CPU_ROWS_KIND, 0)
+        rest = tuple((k, n) for k, n in shape.items if k not in _MARKS)
+        return StepPrices(cost_model, graphs=graphs).cost(replace(shape, items=rest),
+                                                          num_rows, host_tokens, mode)
     return price
 
 
-_KIND_OF = {StepMode.SEQUENTIAL: SequentialCpuDecodes.kind,
-            StepMode.PIPELINED: PipelinedCpuDecodes.kind}
-price_sequential_step = _priced_step(StepMode.SEQUENTIAL)
-price_pipelined_step = _priced_step(StepMode.PIPELINED)
+_MARKS = (CPU_ROWS_KIND, SequentialCpuDecodes.kind, GraphedCpuDecodes.kind,
+          PipelinedCpuDecodes.kind)
+price_sequential_step = _priced_step(SequentialCpuDecodes.kind, StepMode.SEQUENTIAL)
+price_graphed_step = _priced_step(GraphedCpuDecodes.kind, StepMode.SEQUENTIAL, graphs=True)
+price_pipelined_step = _priced_step(PipelinedCpuDecodes.kind, StepMode.PIPELINED)
