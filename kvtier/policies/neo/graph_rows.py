@@ -94,8 +94,8 @@ class GraphSteps:
         self.handoff.cancel(self.handoff.epoch)
         try:
             job.wait()
-        except RuntimeError:
-            pass  # the cancel's own error: the replay's is the one that propagates
+        except Exception:  # noqa: BLE001 - the cancel's (or a layer's) error: the replay's
+            pass  # is the one that propagates
 
 
 class CpuGraphRows(HostRowsAttention):
