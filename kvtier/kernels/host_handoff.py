@@ -27,31 +27,7 @@ import triton
 import triton.language as tl
 
 from kvtier.kernels.launch import check
-
-
-@triton.jit
-def _ld_acquire_sys(ptr):
-    return tl.inline_asm_elementwise("ld.acquire.sys.global.b32 $0, [$1];", "=r,l", [ptr],
-                                     dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _st_release_sys(ptr, value):
-    return tl.inline_asm_elementwise("st.release.sys.global.b32 [$1], $2;\nmov.u32 $0, 0;",
-                                     "=r,l,r", [ptr, value], dtype=tl.int32, is_pure=False,
-                                     pack=1)
-
-
-@triton.jit
-def _fence_sys():
-    return tl.inline_asm_elementwise("fence.sc.sys;\nmov.u32 $0, 0;", "=r", [],
-                                     dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _global_ns():
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
-                                     is_pure=False, pack=1)
+from kvtier.kernels.ptx import fence_sys, global_ns, ld_acquire_sys, st_release_sys
 
 
 @triton.jit
@@ -76,12 +52,12 @@ def _rows_to_host_kernel(q, k, v, dst, ready, counter, epoch, num_rows,
     _store_heads(q + row * q_row, q_head, out, 0, HQ, D, BLOCK_HQ, BLOCK_D)
     _store_heads(k + row * k_row, k_head, out, HQ, HKV, D, BLOCK_HKV, BLOCK_D)
     _store_heads(v + row * v_row, v_head, out, HQ + HKV, HKV, D, BLOCK_HKV, BLOCK_D)
-    _fence_sys()
+    fence_sys()
     tl.debug_barrier()  # every thread's stores fenced before the program counts itself
     before = tl.atomic_add(counter, 1, sem="acq_rel", scope="sys")
     if before == num_rows - 1:  # the last program: every row is out
         tl.store(counter, 0)  # for the next replay (stream order keeps it from this one)
-        _st_release_sys(ready, tl.load(epoch))
+        st_release_sys(ready, tl.load(epoch))
 
 
 @triton.jit
@@ -90,10 +66,10 @@ def _rows_from_host_kernel(src, out, done, epoch, error, timeout_ns, o_row, o_he
                            BLOCK_D: tl.constexpr):
     row = tl.program_id(0)
     e = tl.load(epoch)
-    start = _global_ns()
-    seen = _ld_acquire_sys(done)
-    while (seen != e) & (seen != -e) & (_global_ns() - start < timeout_ns):
-        seen = _ld_acquire_sys(done)
+    start = global_ns()
+    seen = ld_acquire_sys(done)
+    while (seen != e) & (seen != -e) & (global_ns() - start < timeout_ns):
+        seen = ld_acquire_sys(done)
     if seen != e:
         tl.store(error, 1)
     h = tl.arange(0, BLOCK_HQ)[:, None]

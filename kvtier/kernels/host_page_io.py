@@ -46,6 +46,7 @@ from kvtier.kernels.launch import (
     next_pow2,
     upcast,
 )
+from kvtier.kernels.ptx import global_ns
 
 NUM_WARPS = 32  # 1024 threads a program, the shape the published I/O kernels use
 # Two programs move 16-token pages within 1.2 % of four's rate alone, both ways, and slow a
@@ -96,17 +97,10 @@ def _tile_ids(src_ids_ptr, dst_ids_ptr, row, num_rows, ROWS_PER_PAGE: tl.constex
 
 
 @triton.jit
-def _global_ns():
-    """The GPU's global nanosecond timer (PTX %globaltimer); impure, so never hoisted."""
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
-                                     is_pure=False, pack=1)
-
-
-@triton.jit
 def _wait_until(deadline):
-    now = _global_ns()
+    now = global_ns()
     while now < deadline:
-        now = _global_ns()
+        now = global_ns()
 
 
 @triton.jit
@@ -126,7 +120,7 @@ def _copy_rows_kernel(
                                ROWS_PER_PAGE)
     t0 = tl.full((), 0, tl.int64)
     if ns_per_tile > 0:
-        t0 = _global_ns()
+        t0 = global_ns()
     for start in tl.range(pid * TILE_ROWS, num_rows, step):
         if ns_per_tile > 0:  # paced: see `paced_gbps` in _launch
             _wait_until(t0 + ((start - pid * TILE_ROWS) // step).to(tl.int64) * ns_per_tile)
