@@ -32,7 +32,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.common import write_result  # noqa: E402
+from benchmarks.common import time_once, write_result  # noqa: E402
 from kvtier.bench.environment import cpu_name  # noqa: E402
 from kvtier.kernels.cpu_attention import cpu_decode_attention  # noqa: E402
 from kvtier.kernels.cpu_attention_build import cpu_attention_extension  # noqa: E402
@@ -136,12 +135,7 @@ def median_ms(fn: Callable[[], object], reps: int, warmup: int = 3) -> float:
     for _ in range(warmup):
         fn()
     sync()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t)
+    times = [time_once(fn, DEVICE == "cuda") for _ in range(reps)]
     return round(statistics.median(times) * 1e3, 3)
 
 

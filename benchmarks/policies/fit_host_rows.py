@@ -11,8 +11,8 @@ rows' cost, fit as
     extra = num_layers x layer_s + kv_bytes / bytes_per_s
 
 over the medians of steps of one shape (run, rows, scheduled requests), each weighted by its
-number of steps. Only a shape's decode-only steps count: those within twice its fastest
-(a step that also ran a prefill chunk, or compiled, takes far longer). A mechanism
+number of steps. Only decode-only steps count (no prefill chunk), and of a shape's those
+within twice its fastest (a step that compiled or captured a graph takes far longer). A mechanism
 whose runs never vary the host tokens enough keeps the profile's
 rate and fits only layer_s. NEO's pipelined steps are priced with the fit and reported as a
 check (beside the sequential price), and what they took beyond their pipelined price without

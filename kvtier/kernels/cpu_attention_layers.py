@@ -57,6 +57,11 @@ class CpuLayerWorker:
         self.native = self.ext.JobThread() if self.ext is not None else None
         self._python: CpuAttentionWorker | None = None
 
+    def native_for(self, head_dim: int) -> Any:
+        """The native thread where the kernel is built and takes this head size, else None
+        (the Python fallback)."""
+        return self.native if head_dim % HEAD_DIM_MULTIPLE == 0 else None
+
     @property
     def python(self) -> CpuAttentionWorker:
         if self._python is None:
@@ -108,7 +113,7 @@ class StepLayers:
         self.qkv = torch.empty(n, num_heads + 2 * hkv, d, dtype=pages.dtype, pin_memory=pinned)
         self.out = torch.empty(n, num_heads, d, dtype=pages.dtype, pin_memory=pinned)
         self.lse = torch.empty(n, num_heads, dtype=torch.float32)
-        self.native = worker.native if d % HEAD_DIM_MULTIPLE == 0 else None
+        self.native = worker.native_for(d)
         self._templates: dict[float, Any] = {}
         self._pending: PendingLayer | None = None
 

@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvtier.kernels.cpu_attention import HEAD_DIM_MULTIPLE
 from kvtier.kernels.cpu_attention_layers import CpuLayerWorker, layer_template
 from kvtier.kernels.launch import check
 
@@ -70,7 +69,7 @@ class StepJob:
 
 def native_steps(worker: CpuLayerWorker, head_dim: int) -> bool:
     """Whether steps can run as one job here (the kernel built, a head size it takes)."""
-    return worker.native is not None and head_dim % HEAD_DIM_MULTIPLE == 0
+    return worker.native_for(head_dim) is not None
 
 
 def submit_step(worker: CpuLayerWorker, handoff: Handoff, pages: torch.Tensor,

@@ -15,7 +15,7 @@ from kvtier.engine.args import EngineArgs
 from kvtier.policies.neo import price_cpu_rows
 from kvtier.policies.neo.modes import ModeChoice
 from kvtier.policies.neo.pipeline import PipelineRule
-from kvtier.policies.neo.steps import StepMode, StepPrices, linear_only
+from kvtier.policies.neo.steps import StepMode, StepPrices, linear_only, replays_a_graph
 from kvtier.sim import build_sim_engine, run_simulation
 
 
@@ -123,7 +123,7 @@ def test_the_simulator_prices_the_policys_choice():
         mode = StepMode.PIPELINED if mark == "neo_pipelined" else StepMode.SEQUENTIAL
         graphed = mark == "neo_graphed"  # a sequential step is replayed as a graph ...
         if mode is StepMode.SEQUENTIAL:
-            assert graphed is not bool(s.shape.prefills)  # ... exactly when decode-only
+            assert graphed is replays_a_graph(s.shape)  # ... exactly when decode-only
         rows, tokens = counts[mark], counts["neo_cpu_rows"]
         rows_only = replace(s.shape, num_swap_out=0, num_swap_in=0, items=())
         assert choice.best(rows_only, rows, tokens, gpu_only=False) is mode

@@ -15,6 +15,7 @@ from kvtier.core.items import PlanItem, register_item
 from kvtier.core.plan import ScheduledRequest
 from kvtier.core.request import Request
 from kvtier.costmodel.hardware import CPU_ATTENTION_BYTES_PER_S
+from kvtier.costmodel.shape import StepShape
 from kvtier.kv.manager import KVCacheManager
 from kvtier.policies.host_resident import (
     HostResidentArgs,
@@ -38,6 +39,7 @@ from kvtier.policies.neo.steps import (
     price_graphed_step,
     price_pipelined_step,
     price_sequential_step,
+    replays_a_graph,
 )
 from kvtier.policies.options import SystemArgs
 from kvtier.policies.registry import register_system
@@ -149,27 +151,26 @@ class NeoPolicy(HostResidentPolicy):
             return items
         rows = items[-1]
         n = len(rows.request_ids)
-        if self._mode(scheduled, n, rows.num_context_tokens) is StepMode.PIPELINED:
+        shape = step_shape(scheduled)
+        if self._mode(shape, n, rows.num_context_tokens) is StepMode.PIPELINED:
             items[-1] = CpuRowsItem(rows.request_ids, rows.num_context_tokens, pipelined=True)
             items.append(PipelinedCpuDecodes(n))
             self.num_pipelined_steps += 1
-        elif self.options.graphs and all(sr.num_new_tokens == 1 and sr.sample
-                                         for sr in scheduled):
-            items.append(GraphedCpuDecodes(n))  # a decode-only step: a decode graph replays it
+        elif self.options.graphs and replays_a_graph(shape):
+            items.append(GraphedCpuDecodes(n))
         else:
             items.append(SequentialCpuDecodes(n))
         return items
 
-    def _mode(self, scheduled: list[ScheduledRequest], num_rows: int,
-              host_tokens: int) -> StepMode:
-        """Pipelined or sequential, for the step's exact rows (auto: by NEO's rule and the
-        predicted rates, neo/modes.py)."""
+    def _mode(self, shape: StepShape, num_rows: int, host_tokens: int) -> StepMode:
+        """Pipelined or sequential, for the step's exact rows (`shape`: step_shape's; auto:
+        by NEO's rule and the predicted rates, neo/modes.py)."""
         mode, choice = self.options.pipeline, self.options.choice
         if mode is PipelineMode.ON:
             return StepMode.PIPELINED
         if mode is PipelineMode.OFF or choice is None:
             return StepMode.SEQUENTIAL
-        return choice.best(step_shape(scheduled), num_rows, host_tokens, gpu_only=False)
+        return choice.best(shape, num_rows, host_tokens, gpu_only=False)
 
 
 @register_system

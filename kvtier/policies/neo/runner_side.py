@@ -30,7 +30,8 @@ class CpuRows(HostRowsAttention):
                  pinned: bool):
         super().__init__(layout.num_rows, pages, layers_per_block, ops, layout)
         assert layout.device is None, "NEO moves whole requests: no row has a device suffix"
-        self._calls_args = (worker, num_heads, num_threads, pinned)
+        self.worker, self.num_heads, self.num_threads, self.pinned = (
+            worker, num_heads, num_threads, pinned)
         self._calls: StepLayers | None = None
 
     @property
@@ -38,13 +39,12 @@ class CpuRows(HostRowsAttention):
         """The layer calls (their pinned staging made at the first layer: a step replayed
         as a graph never makes them)."""
         if self._calls is None:
-            worker, num_heads, num_threads, pinned = self._calls_args
             layout = self.layout
             assert layout is not None
-            self._calls = StepLayers(worker, self.pages, torch.from_numpy(layout.tables),
+            self._calls = StepLayers(self.worker, self.pages, torch.from_numpy(layout.tables),
                                      torch.from_numpy(layout.slots),
-                                     torch.from_numpy(layout.context_lens), num_heads,
-                                     num_threads, pinned)
+                                     torch.from_numpy(layout.context_lens), self.num_heads,
+                                     self.num_threads, self.pinned)
         return self._calls
 
     def layer(self, group: int, slot: int, q: torch.Tensor, k: torch.Tensor,
@@ -101,12 +101,12 @@ class NeoSource(HostResidentSource):
     def graph_rows(self, rows: Any) -> CpuGraphRows | None:
         """A sequential step's rows as a decode graph's (graph_rows.py); None for a
         pipelined step, under `--no-neo-graphs`, or where the kernel is not built."""
-        if (not self.graphs or not isinstance(rows, CpuRows) or rows.layout is None
-                or rows is self._pipelined):
+        if not self.graphs or not isinstance(rows, CpuRows) or rows is self._pipelined:
             return None
         if self._graph_steps is None:
             self._graph_steps = GraphSteps(self.runner, self.pages, self.worker,
                                            self.num_threads)
+        assert rows.layout is not None, "a step's CpuRows come with its layout"
         return self._graph_steps.rows_for(rows.layout)
 
     def close(self) -> None:

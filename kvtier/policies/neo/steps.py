@@ -74,6 +74,12 @@ class PipelinedCpuDecodes(SequentialCpuDecodes):
     kind = "neo_pipelined"
 
 
+def replays_a_graph(shape: StepShape) -> bool:
+    """Whether the runner replays the step as a decode graph (under --neo-graphs): decodes
+    only, every row sampling."""
+    return not shape.prefills and shape.num_sampled == shape.num_decodes
+
+
 def price_cpu_rows(cost_model, num_context_tokens: int,
                    mechanism: HostAttention = HostAttention.CPU_ROUND_TRIP) -> float:
     """The CPU reads every context token's K and V of every layer once a step; per layer
@@ -118,7 +124,7 @@ class StepPrices:
         cpu = price_cpu_rows(cm, host_tokens)
         parts = dict(gpu.parts)
         if mode is StepMode.SEQUENTIAL:
-            if self.graphs and not shape.prefills:
+            if self.graphs and replays_a_graph(shape):
                 cpu = price_cpu_rows(cm, host_tokens, HostAttention.CPU_GRAPH)
             parts["items"] = parts.get("items", 0.0) + cpu
             return replace(gpu, executor_s=sum(parts.values()), parts=parts)
