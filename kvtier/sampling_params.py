@@ -23,6 +23,14 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; k >= 0: logprob of the chosen token (+ top-k)
+    # vLLM's penalties: presence and frequency over the output tokens, repetition over the
+    # prompt's and the output's (kvtier/runner/penalties.py applies them).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    # {token id: bias} added to the logits before the penalties (given as a dict, kept as
+    # sorted (id, bias) pairs so that the params stay hashable).
+    logit_bias: tuple[tuple[int, float], ...] = ()
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     detokenize: bool = True  # benchmarks with ignore_eos skip it, as vLLM's do
@@ -30,6 +38,9 @@ class SamplingParams:
     # (offline generate: no per-step copies of every request's tokens).
     output_kind: str = "cumulative"
     extra: dict = field(default_factory=dict, compare=False)
+    # Sampling reads the request's earlier tokens (kvtier/runner/penalties.py); set once
+    # here, as the scheduler reads it for every sampling request every step.
+    penalized: bool = field(init=False, default=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # Accept lists / single strings the way users pass them, store tuples.
@@ -39,7 +50,17 @@ class SamplingParams:
             object.__setattr__(self, "stop", tuple(self.stop or ()))
         if not isinstance(self.stop_token_ids, tuple):
             object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        bias = self.logit_bias
+        pairs = bias.items() if isinstance(bias, dict) else (bias or ())
+        try:
+            object.__setattr__(self, "logit_bias", tuple(sorted(
+                (int(t), float(b)) for t, b in pairs)))
+        except (TypeError, ValueError):
+            raise InvalidRequestError("invalid sampling parameter: logit_bias maps token ids "
+                                      f"to numbers, got {bias!r}") from None
         self.validate()
+        object.__setattr__(self, "penalized", self.presence_penalty != 0.0
+                           or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0)
 
     def validate(self) -> None:
         def bad(msg: str) -> InvalidRequestError:
@@ -63,6 +84,7 @@ class SamplingParams:
             raise bad(f"min_tokens ({self.min_tokens}) exceeds max_tokens ({self.max_tokens})")
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
             raise bad(f"logprobs must be in [0, 20], got {self.logprobs!r}")
+        self._validate_penalties(bad)
         if self.output_kind not in ("cumulative", "final_only"):
             raise bad(f"output_kind must be 'cumulative' or 'final_only', got {self.output_kind!r}")
         if self.seed is not None and not isinstance(self.seed, int):
@@ -73,6 +95,18 @@ class SamplingParams:
         for t in self.stop_token_ids:
             if not isinstance(t, int) or t < 0:
                 raise bad(f"stop_token_ids must be non-negative integers, got {t!r}")
+
+    def _validate_penalties(self, bad) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -2.0 <= float(value) <= 2.0:
+                raise bad(f"{name} must be in [-2, 2], got {value!r}")
+        if not float(self.repetition_penalty) > 0.0 or self.repetition_penalty == float("inf"):
+            raise bad(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        for token, value in self.logit_bias:
+            if token < 0 or value != value:
+                raise bad(f"logit_bias needs token ids >= 0 and numeric biases, got "
+                          f"{token}: {value}")
 
     @property
     def greedy(self) -> bool:

@@ -32,6 +32,10 @@ class ScheduledRequest:
     sample: bool  # this step reaches num_tokens: sample the next token
     sampling_params: SamplingParams
     num_output_tokens: int  # before this step (min_tokens, seeded sampling offsets)
+    # Penalized sampling only (SamplingParams.penalized): the request's prompt and output
+    # token lists, live (under async scheduling the output list may lack the token in
+    # flight: num_output_tokens counts it, the runner has it).
+    history: tuple[list[int], list[int]] | None = None
 
     @property
     def num_new_tokens(self) -> int:

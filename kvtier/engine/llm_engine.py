@@ -151,6 +151,8 @@ class LLMEngine:
             # An aborted request's last step is still on the GPU: its token would land here.
             raise ValueError(f"request id {request_id!r} is still in flight; use a new id")
         prompt_text, prompt_ids = self._tokenize(prompt)
+        if params.logit_bias and params.logit_bias[-1][0] >= self.model_config.vocab_size:
+            raise InvalidRequestError("logit_bias has a token id outside the vocabulary")
         max_tokens = self._resolve_max_tokens(len(prompt_ids), params)
         metrics = RequestMetrics(arrival_time=arrival_time if arrival_time is not None else self.clock())
         parent = _Parent(request_id, prompt_text, prompt_ids, metrics,

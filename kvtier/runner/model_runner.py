@@ -38,6 +38,7 @@ from kvtier.kv.manager import cdiv
 from kvtier.model.llama import DecoderLayer, ForwardContext
 from kvtier.model.loader import build_model
 from kvtier.model.rope import cos_sin_cache
+from kvtier.runner import sampler
 from kvtier.runner.async_tokens import DeviceTokens, PendingStep
 from kvtier.runner.block_tables import BlockTables
 from kvtier.runner.cuda_graphs import DecodeGraphs
@@ -46,10 +47,11 @@ from kvtier.runner.external_rows import ExternalAttentionSource
 from kvtier.runner.host_batch import HostBatch, build_host_batch, pad_rows
 from kvtier.runner.kernel_warmup import warm_up_attention
 from kvtier.runner.layer_inputs import LayerInputStore
+from kvtier.runner.penalties import InFlightTokens
 from kvtier.runner.piecewise_graphs import PiecewiseGraphs
 from kvtier.runner.plan_items import run_items
 from kvtier.runner.prefix_rows import copy_window, prefix_truncation, window_prefix_copies
-from kvtier.runner.sampler import SampleRow, plain_greedy, sample, sample_on_device, wants_logprobs
+from kvtier.runner.sampler import SampleRow
 from kvtier.runner.staging import PinnedStaging
 from kvtier.runner.startup import profile_activation_peak, warm_up_steps
 from kvtier.runner.swap_copies import SwapCopies, make_streams
@@ -103,6 +105,7 @@ class ModelRunner:
         self.async_tokens = DeviceTokens(config.scheduler.max_num_seqs, device)
         self.staging = PinnedStaging(device)
         self._placeholders: tuple[np.ndarray, np.ndarray] | None = None
+        self.in_flight = InFlightTokens()  # penalized rows' last tokens (penalties.py)
 
     @property
     def async_by_default(self) -> bool:
@@ -210,6 +213,7 @@ class ModelRunner:
         engine launches the next step before asking for this one's result."""
         for rid in (*plan.finished_ids, *plan.preempted_ids):
             self.block_tables.remove(rid)
+            self.in_flight.forget(rid)
             if self.hidden is not None:
                 self.hidden.forget(rid)
         items = by_kind(plan.items) if plan.items else {}
@@ -244,17 +248,18 @@ class ModelRunner:
 
     def _sample(self, logits: torch.Tensor, rows: list[SampleRow], ids: list[str]) -> PendingStep:
         """The step's tokens kept on the device for the next step's placeholders; read back
-        later, without a sync here, unless logprobs are asked for (or under TP, whose ranks
-        take the driver's draws)."""
-        tokens, greedy = self.async_tokens, plain_greedy(rows)
-        if greedy or (self.tp is None and not wants_logprobs(rows)):
+        later, without a sync here, unless logprobs or penalties are asked for (or under
+        TP, whose ranks take the driver's draws)."""
+        tokens, greedy = self.async_tokens, sampler.plain_greedy(rows)
+        if greedy or (self.tp is None and not sampler.reads_back_now(rows)):
             sampled = (self.ops.argmax_rows(logits) if greedy
-                       else sample_on_device(logits, rows, self.staging.put))
+                       else sampler.sample_on_device(logits, rows, self.staging.put))
             tokens.keep(ids, sampled)
             return tokens.copy_to_host(ids, sampled)
-        out = (sample(logits, rows, self.staging.put) if self.tp is None
+        out = (sampler.sample(logits, rows, self.staging.put) if self.tp is None
                else self.tp.sample(logits, rows, self.staging.put))
         tokens.keep(ids, self.staging.put(np.asarray(out.token_ids, dtype=np.int64)))
+        self.in_flight.record(ids, rows, out.token_ids)
         logprobs = ({i: lp for i, lp in zip(ids, out.logprobs) if lp is not None}
                     if out.logprobs.count(None) != len(ids) else {})
         return PendingStep(ready=StepResult(sampled=dict(zip(ids, out.token_ids)),
@@ -346,12 +351,7 @@ class ModelRunner:
             self.async_tokens.fill(input_ids, self._placeholders, self.staging.put)
 
     def _sample_row(self, sr: ScheduledRequest) -> SampleRow:
-        p = sr.sampling_params
-        num_output = sr.num_output_tokens
-        if num_output >= p.min_tokens:  # the common case: nothing banned
-            return SampleRow(p, num_output, ())
-        eos = () if p.ignore_eos else self.model_config.eos_token_ids
-        return SampleRow(p, num_output, tuple(eos) + tuple(p.stop_token_ids))
+        return sampler.sample_row(sr, self.model_config.eos_token_ids, self.in_flight)
 
     def copy_blocks(self, swap_out: list[BlockCopy], swap_in: list[BlockCopy],
                      deferred: dict[int, list[tuple[int, list]]] | None = None) -> None:

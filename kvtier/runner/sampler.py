@@ -1,4 +1,6 @@
-"""Token sampling: greedy, temperature, top-k, top-p, min-p, seeds, min_tokens, logprobs.
+"""Token sampling: greedy, temperature, top-k, top-p, min-p, seeds, min_tokens, logprobs,
+logit bias and vLLM's penalties (kvtier/runner/penalties.py; logprobs are those of the
+logits before them).
 
 Seeded requests draw from a generator seeded by (seed, output index), so a seeded request
 samples the same tokens whatever the batch, the step boundaries or the preemptions.
@@ -14,12 +16,14 @@ copy-engine transfer, which queues behind other streams' host-tier copies.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from kvtier.core.plan import ScheduledRequest
+from kvtier.runner.penalties import InFlightTokens, adjusts_logits, apply_penalties
 from kvtier.sampling_params import SamplingParams
 
 Upload = Callable[[np.ndarray], torch.Tensor]  # a host array onto the logits' device
@@ -30,12 +34,27 @@ class SampleRow:
     params: SamplingParams
     num_output_tokens: int  # tokens generated before this one
     banned_ids: tuple[int, ...]  # eos/stop ids while min_tokens is not reached
+    # Penalized rows: (prompt ids, output ids before this token), complete.
+    history: tuple[list[int], list[int]] | None = None
 
 
 @dataclass(frozen=True)
 class Sampled:
     token_ids: list[int]
     logprobs: list[dict[int, float] | None]
+
+
+def sample_row(sr: ScheduledRequest, eos_token_ids: Sequence[int],
+               in_flight: InFlightTokens) -> SampleRow:
+    """A sampling request's row: eos and stop ids banned until min_tokens, a penalized
+    row's tokens so far."""
+    p = sr.sampling_params
+    num_output = sr.num_output_tokens
+    history = sr.history and in_flight.history(sr.request_id, sr.history, num_output)
+    if num_output >= p.min_tokens:  # the common case: nothing banned
+        return SampleRow(p, num_output, (), history)
+    eos = () if p.ignore_eos else tuple(eos_token_ids)
+    return SampleRow(p, num_output, eos + tuple(p.stop_token_ids), history)
 
 
 def sample(logits: torch.Tensor, rows: list[SampleRow], upload: Upload | None = None) -> Sampled:
@@ -48,6 +67,7 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], upload: Upload | None = 
     put = upload or _pageable_upload(logits.device)
     logits = _without_banned(logits, rows, put)
     logprobs_all = torch.log_softmax(logits, dim=-1) if wants_logprobs(rows) else None
+    apply_penalties(logits, rows, put)
     token_list = _draw_tokens(logits, rows, put).tolist()
     out_logprobs: list[dict[int, float] | None] = []
     for i, row in enumerate(rows):
@@ -68,11 +88,19 @@ def sample_on_device(logits: torch.Tensor, rows: list[SampleRow],
     """The tokens `sample` draws, as [B] int64 on the logits' device, without a host sync
     (logprobs are not computed: `wants_logprobs` says when they must be)."""
     put = upload or _pageable_upload(logits.device)
-    return _draw_tokens(_without_banned(logits, rows, put), rows, put)
+    logits = _without_banned(logits, rows, put)
+    apply_penalties(logits, rows, put)
+    return _draw_tokens(logits, rows, put)
 
 
 def wants_logprobs(rows: list[SampleRow]) -> bool:
     return any(r.params.logprobs is not None for r in rows)
+
+
+def reads_back_now(rows: list[SampleRow]) -> bool:
+    """The step's tokens must reach the host at once: logprobs are asked for, or a
+    penalized row's next step needs its token (penalties.py's InFlightTokens)."""
+    return any(r.params.logprobs is not None or r.history is not None for r in rows)
 
 
 def _pageable_upload(device: torch.device) -> Upload:
@@ -82,7 +110,8 @@ def _pageable_upload(device: torch.device) -> Upload:
 def _without_banned(logits: torch.Tensor, rows: list[SampleRow], put: Upload) -> torch.Tensor:
     """The fp32 copy of the logits (softmax, temperature, logprobs: fp32) with each row's
     banned ids (eos/stop while min_tokens is not reached) at -inf."""
-    logits = logits.float()  # a copy unless already fp32
+    # Always a copy (bf16 logits need one anyway): the bans and penalties write into it.
+    logits = logits.to(torch.float32, copy=True)
     pairs = [(i, t) for i, row in enumerate(rows) for t in row.banned_ids]
     if pairs:
         at = np.asarray(pairs, dtype=np.int64)
@@ -115,7 +144,7 @@ def plain_greedy(rows: list[SampleRow]) -> bool:
             return False
         p = r.params
         if p is not last:
-            if not p.greedy or p.logprobs is not None:
+            if not p.greedy or p.logprobs is not None or adjusts_logits(p):
                 return False
             last = p
     return True

@@ -324,11 +324,12 @@ class Scheduler:
                                           hidden_store.first_token(rid) // kv.block_size)
                              if reset else HiddenBlocks(rid, new_hidden, reset))
             # Positional, in field order (request_id, token_ids, start_pos, new_block_ids,
-            # reset_blocks, sample, sampling_params, num_output_tokens): keywords cost more,
+            # reset_blocks, sample, sampling_params, num_output_tokens, history): keywords cost more,
             # once per running request a step (benchmarks/gpu_path/bench_host_overhead_cpu.py).
+            params = req.sampling_params
             (decodes if n == 1 else others).append(ScheduledRequest(
-                req.request_id, token_ids, start, blocks, reset, sample, req.sampling_params,
-                len(out) + pending))
+                req.request_id, token_ids, start, blocks, reset, sample, params, len(out) + pending,
+                (prompt, out) if sample and params.penalized else None))
         self.counters.num_prefix_recompute_tokens += prefix_recompute
         if others:
             decodes += others

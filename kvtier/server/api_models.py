@@ -80,12 +80,10 @@ class _SamplingFields(_Request):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # Accepted for compatibility; only their neutral value is supported (checked in params.py).
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
-    logit_bias: dict[str, float] | None = None
-    # vLLM's, likewise: read so that a value the engine would not apply is refused, not ignored.
-    repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
+    logit_bias: dict[str, float] | None = None  # token id -> bias, clipped to [-100, 100]
+    repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None  # vLLM's
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     # vLLM extensions the engine implements.
     top_k: Annotated[int, Field(ge=-1), INTEGRAL] | None = None

@@ -193,13 +193,6 @@ def check_lengths(
 
 
 def _check_unsupported(req: _SamplingFields) -> None:
-    for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0),
-                          ("repetition_penalty", 1.0)):
-        if getattr(req, name) not in (None, neutral):
-            raise _bad(f"{name} is not supported (only {neutral:g})", name,
-                       code="unsupported_value")
-    if req.logit_bias:
-        raise _bad("logit_bias is not supported", "logit_bias", code="unsupported_value")
     if isinstance(req, CompletionRequest):
         if req.echo:
             raise _bad("echo is not supported", "echo", code="unsupported_value")
@@ -213,6 +206,23 @@ def _check_unsupported(req: _SamplingFields) -> None:
             raise _bad(f"response_format {fmt!r} is not supported", "response_format", code="unsupported_value")
         if req.top_logprobs is not None and not req.logprobs:
             raise _bad("top_logprobs requires logprobs to be true", "top_logprobs")
+
+
+def _logit_bias(bias: dict[str, float] | None,
+                vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"token id": bias}, ids in the vocabulary, each bias clipped to [-100, 100]
+    as OpenAI and vLLM clip it."""
+    out: dict[int, float] = {}
+    for key, value in (bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise _bad(f"logit_bias keys are token ids, got {key!r}", "logit_bias") from None
+        if not 0 <= token < vocab_size:
+            raise _bad(f"logit_bias token id {token} is outside the vocabulary "
+                       f"[0, {vocab_size})", "logit_bias")
+        out[token] = min(100.0, max(-100.0, value))
+    return tuple(sorted(out.items()))
 
 
 def sampling_params(
@@ -238,6 +248,10 @@ def sampling_params(
             stop_token_ids=tuple(req.stop_token_ids or ()),
             ignore_eos=req.ignore_eos,
             logprobs=logprobs,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            logit_bias=_logit_bias(req.logit_bias, limits.vocab_size),
             include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens,
         )

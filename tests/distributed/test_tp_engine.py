@@ -80,10 +80,12 @@ def test_tp2_greedy_equals_one_process(policy, extra):
 
 
 def test_tp2_rank0_samples_and_broadcasts():
-    """Seeded random sampling and logprobs (not plain greedy: rank 0 samples, the tokens
-    reach the other rank by broadcast) give one process's tokens."""
+    """Seeded random sampling, logprobs and penalties (not plain greedy: rank 0 samples,
+    the tokens reach the other rank by broadcast) give one process's tokens."""
     params = [SamplingParams(temperature=0.8, top_p=0.9, seed=5, max_tokens=12,
-                             ignore_eos=True, logprobs=2), GREEDY]
+                             ignore_eos=True, logprobs=2), GREEDY,
+              SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
+                             frequency_penalty=1.5, logit_bias={7: 3.0})]
     prompts = _prompts(4, seed=1)
     one, _ = _serve(_engine(1, num_gpu_blocks=40), prompts, params)
     two, _ = _serve(_engine(2, num_gpu_blocks=40), prompts, params)

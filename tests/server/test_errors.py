@@ -98,9 +98,10 @@ def test_min_tokens_past_max_model_len(http, live):
     ("top_p", 0), ("top_p", 1.5), ("logprobs", -1), ("logprobs", 1000), ("seed", -5),
     ("seed", 2**80), ("top_k", 0), ("top_k", -7), ("min_tokens", -1), ("min_tokens", 100),
     ("stop", ""), ("stop", [""]), ("stop", [1, 2]), ("stop_token_ids", [-1]),
-    ("presence_penalty", 1.0), ("presence_penalty", 99.0), ("best_of", 5), ("echo", True),
-    ("repetition_penalty", 1.2), ("repetition_penalty", 0), ("min_p", -0.1), ("min_p", 2),
-    ("logit_bias", {"5": 100}), ("logit_bias", {"5": "x"}),
+    ("presence_penalty", 99.0), ("frequency_penalty", -2.5), ("best_of", 5), ("echo", True),
+    ("repetition_penalty", 0), ("repetition_penalty", -1.0), ("min_p", -0.1), ("min_p", 2),
+    ("logit_bias", {"5": "x"}), ("logit_bias", {"five": 1}), ("logit_bias", {"-1": 1}),
+    ("logit_bias", {"99999999": 1}),
     ("stream", "yes"), ("stream_options", {"include_usage": "maybe"}), ("prompt", ""),
     ("prompt", []), ("prompt", [[]]), ("prompt", [-1]), ("prompt", [10**12]), ("prompt", [1, "a"]),
     ("prompt", "\ud800 lone surrogate"), ("prompt", ["ok"] * 100_000), ("prompt", {"a": 1}),
@@ -123,10 +124,11 @@ def test_invalid_chat_values(http, field, value):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("repetition_penalty", 1.0), ("min_p", 0.0), ("min_p", 0.3), ("logit_bias", {}),
-    ("presence_penalty", 0.0),
+    ("repetition_penalty", 1.0), ("repetition_penalty", 1.2), ("min_p", 0.0), ("min_p", 0.3),
+    ("logit_bias", {}), ("logit_bias", {"5": 100}), ("logit_bias", {"5": 1e9}),
+    ("presence_penalty", 0.0), ("presence_penalty", 1.0), ("frequency_penalty", -2.0),
 ])
-def test_neutral_values_of_unsupported_options_and_min_p_are_accepted(http, field, value):
+def test_penalties_bias_and_min_p_are_accepted(http, field, value):
     resp = post(http, "/v1/completions", {**OK_COMPLETION, field: value})
     assert resp.status_code == 200, resp.text
 

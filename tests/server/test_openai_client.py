@@ -178,3 +178,26 @@ def test_metrics_exposed(live, client):
                  if line.startswith(f"kvtier:request_{phase}_time_seconds_count")]
         assert float(count[0].split()[-1]) >= 1, phase
     assert_engine_clean(live)
+
+
+def test_penalties_and_logit_bias_reach_the_sampler(live, client):
+    """The client's own fields: a strong bias makes every token the biased one; the
+    penalties change a greedy completion that repeats itself, streamed or not alike."""
+    tok = live.engine.tokenizer
+    token = tok.encode(" fox")[-1]
+    kw = dict(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0,
+              extra_body={"ignore_eos": True})
+    biased = client.completions.create(logit_bias={str(token): 100}, **kw)
+    assert biased.choices[0].text == tok.decode([token] * 24)
+    plain = client.completions.create(logprobs=0, **kw).choices[0]
+    assert len(set(plain.logprobs.tokens)) < 24  # greedy repeats itself here
+    pkw = {**kw, "frequency_penalty": 2.0, "presence_penalty": 1.0,
+           "extra_body": {**kw["extra_body"], "repetition_penalty": 1.5}}
+    whole = client.completions.create(**pkw).choices[0].text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, **pkw)
+                       if c.choices)
+    assert whole == streamed and whole != plain.text
+    chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6,
+                                          temperature=0, logit_bias={str(token): 100},
+                                          extra_body={"ignore_eos": True})
+    assert chat.choices[0].message.content == tok.decode([token] * 6)

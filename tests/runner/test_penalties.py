@@ -1,0 +1,111 @@
+"""The logit bias and vLLM's penalties against a plain per-token reference of vLLM's
+formulas: bias, then repetition over the prompt's and the output's tokens, then frequency
+and presence over the output's; only rows that ask for them change; logprobs are those of
+the logits before them."""
+
+import pytest
+import torch
+
+from kvtier.runner.penalties import apply_penalties
+from kvtier.runner.sampler import SampleRow, sample
+from kvtier.sampling_params import InvalidRequestError, SamplingParams
+
+VOCAB = 50
+
+
+def reference(logits: torch.Tensor, params: SamplingParams, prompt, outputs) -> torch.Tensor:
+    x = logits.clone()
+    for t, b in params.logit_bias:
+        if t < VOCAB:
+            x[t] += b
+    rp = params.repetition_penalty
+    for t in set(prompt) | set(outputs):
+        x[t] = x[t] / rp if x[t] > 0 else x[t] * rp
+    for t in set(outputs):
+        x[t] -= params.frequency_penalty * outputs.count(t) + params.presence_penalty
+    return x
+
+
+CASES = [
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=0.0, repetition_penalty=1.7),
+    SamplingParams(temperature=0.0, repetition_penalty=0.6, frequency_penalty=0.4),
+    SamplingParams(temperature=0.0, presence_penalty=-1.5, frequency_penalty=2.0),
+    SamplingParams(temperature=0.0, logit_bias={3: 5.0, 49: -100.0, 500: 1.0},
+                   repetition_penalty=1.2),
+    SamplingParams(temperature=0.0, logit_bias={8: 2.5}),
+]
+
+
+def rows_for(params_list):
+    g = torch.Generator().manual_seed(1)
+    rows = []
+    for p in params_list:
+        prompt = torch.randint(0, VOCAB, (12,), generator=g).tolist()
+        outputs = torch.randint(0, VOCAB, (9,), generator=g).tolist() + [4, 4, 4]
+        rows.append(SampleRow(p, len(outputs), (), (prompt, outputs) if p.penalized else None))
+    return rows
+
+
+def test_each_row_gets_the_reference_adjustment():
+    logits = torch.randn(len(CASES), VOCAB, generator=torch.Generator().manual_seed(0))
+    rows = rows_for(CASES)
+    got = logits.clone()
+    apply_penalties(got, rows, lambda a: torch.from_numpy(a))
+    for i, (row, p) in enumerate(zip(rows, CASES)):
+        prompt, outputs = row.history or ([], [])
+        torch.testing.assert_close(got[i], reference(logits[i], p, prompt, outputs))
+    torch.testing.assert_close(got[0], logits[0])  # a row that asks for none is untouched
+
+
+def test_greedy_picks_from_the_adjusted_logits_and_logprobs_from_the_raw_ones():
+    logits = torch.randn(len(CASES), VOCAB, generator=torch.Generator().manual_seed(2))
+    logits[:, 4] = logits.max() + 1.0  # every row's argmax, until its penalties apply
+    rows = [SampleRow(SamplingParams(**{**_fields(r.params), "logprobs": 1}), r.num_output_tokens,
+                      (), r.history) for r in rows_for(CASES)]
+    before = logits.clone()
+    out = sample(logits, rows)
+    assert torch.equal(logits, before)  # the caller's logits are left as they were
+    raw = torch.log_softmax(logits, dim=-1)
+    for i, row in enumerate(rows):
+        prompt, outputs = row.history or ([], [])
+        want = int(reference(logits[i], row.params, prompt, outputs).argmax())
+        assert out.token_ids[i] == want
+        assert out.logprobs[i][want] == pytest.approx(float(raw[i, want]))
+    assert out.token_ids[3] != 4  # the frequency penalty moved it off the repeated token
+
+
+def _fields(p: SamplingParams) -> dict:
+    return {k: getattr(p, k) for k in ("temperature", "repetition_penalty", "frequency_penalty",
+                                       "presence_penalty", "logit_bias")}
+
+
+def test_a_penalized_row_without_its_tokens_is_an_error():
+    row = SampleRow(SamplingParams(temperature=0.0, presence_penalty=1.0), 0, (), None)
+    with pytest.raises(RuntimeError, match="history"):
+        apply_penalties(torch.zeros(1, VOCAB), [row], lambda a: torch.from_numpy(a))
+
+
+@pytest.mark.parametrize("kw", [dict(presence_penalty=2.5), dict(frequency_penalty=-3.0),
+                                dict(repetition_penalty=0.0), dict(repetition_penalty=-1.0),
+                                dict(presence_penalty=float("nan")), dict(logit_bias={"a": 1}),
+                                dict(logit_bias={-2: 1.0}), dict(logit_bias={1: float("nan")})])
+def test_bad_values_are_refused(kw):
+    with pytest.raises(InvalidRequestError):
+        SamplingParams(**kw)
+
+
+def test_logit_bias_is_kept_hashable_and_sorted():
+    p = SamplingParams(logit_bias={"9": 1, 2: -0.5})
+    assert p.logit_bias == ((2, -0.5), (9, 1.0))
+    assert hash(p) == hash(SamplingParams(logit_bias={2: -0.5, 9: 1.0}))
+
+
+def test_the_engine_refuses_a_bias_outside_the_vocabulary():
+    from kvtier import LLM
+
+    llm = LLM("tiny-llama", load_format="dummy", device="cpu", dtype="float32")
+    vocab = llm.engine.model_config.vocab_size
+    with pytest.raises(InvalidRequestError, match="logit_bias"):
+        llm.engine.add_request("r", [5, 6], SamplingParams(logit_bias={vocab: 1.0}))
+    assert not llm.engine.has_unfinished_requests()
