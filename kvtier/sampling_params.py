@@ -23,6 +23,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; k >= 0: logprob of the chosen token (+ top-k)
+    # vLLM's: each prompt token's logprob (+ the top k at its position); such a request is
+    # not served from the prefix cache
+    prompt_logprobs: int | None = None
     # vLLM's penalties: presence and frequency over the output tokens, repetition over the
     # prompt's and the output's (kvtier/runner/penalties.py applies them).
     presence_penalty: float = 0.0
@@ -82,8 +85,10 @@ class SamplingParams:
             raise bad(f"min_tokens must be >= 0, got {self.min_tokens!r}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise bad(f"min_tokens ({self.min_tokens}) exceeds max_tokens ({self.max_tokens})")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
-            raise bad(f"logprobs must be in [0, 20], got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and (not isinstance(k, int) or not 0 <= k <= 20):
+                raise bad(f"{name} must be in [0, 20], got {k!r}")
         self._validate_penalties(bad)
         if self.output_kind not in ("cumulative", "final_only"):
             raise bad(f"output_kind must be 'cumulative' or 'final_only', got {self.output_kind!r}")

@@ -36,6 +36,9 @@ class ScheduledRequest:
     # token lists, live (under async scheduling the output list may lack the token in
     # flight: num_output_tokens counts it, the runner has it).
     history: tuple[list[int], list[int]] | None = None
+    # Prompt logprobs only (SamplingParams.prompt_logprobs), on the prompt's chunks: the
+    # whole prompt (a chunk's last row scores the next chunk's first token).
+    prompt_ids: list[int] | None = None
 
     @property
     def num_new_tokens(self) -> int:
@@ -141,3 +144,6 @@ class StepResult:
 
     sampled: dict[str, int]
     logprobs: dict[str, dict[int, float]] = field(default_factory=dict)
+    # Requests asking for prompt logprobs: (prompt position, {token: logprob}) of the prompt
+    # tokens this step scored (kvtier/runner/prompt_logprobs.py).
+    prompt_logprobs: dict[str, list[tuple[int, dict[int, float]]]] = field(default_factory=dict)

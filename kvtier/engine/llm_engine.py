@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from kvtier.config import ConfigError, EngineConfig
 from kvtier.core.executor import Executor, PendingResult
@@ -22,7 +22,8 @@ from kvtier.core.request import Request, RequestStatus
 from kvtier.engine.args import EngineArgs
 from kvtier.engine.assembly import EngineParts, assemble, freeze_startup_objects
 from kvtier.engine.detokenizer import IncrementalDetokenizer
-from kvtier.engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
+from kvtier.engine.outputs import EngineStats, RequestMetrics, RequestOutput
+from kvtier.engine.sequences import RequestGroup, SequenceState, completion_output
 from kvtier.kv.manager import KVCacheManager
 from kvtier.kv.prefix_cache import PrefixCacheBusyError, PrefixCacheStats
 from kvtier.offload.install import enable_host_tier
@@ -33,46 +34,6 @@ from kvtier.scheduler.scheduler import Scheduler
 from kvtier.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Child:
-    """One sampled sequence of a (possibly n > 1) request."""
-
-    index: int
-    request: Request
-    detok: IncrementalDetokenizer | None
-    logprobs: list[dict[int, float]] | None
-    cumulative_logprob: float | None = None
-    finish_reason: str | None = None
-
-
-@dataclass
-class _Parent:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    metrics: RequestMetrics
-    final_only: bool = False
-    children: list[_Child] = field(default_factory=list)
-
-    @property
-    def finished(self) -> bool:
-        if len(self.children) == 1:  # the common case, on the per-token path
-            return self.children[0].finish_reason is not None
-        return all(c.finish_reason is not None for c in self.children)
-
-
-def _completion(c: _Child) -> CompletionOutput:
-    # Positional arguments (index, text, token_ids, cumulative_logprob, logprobs,
-    # finish_reason, stop_reason): a streaming step builds one per running request.
-    req = c.request
-    return CompletionOutput(
-        c.index, c.detok.text if c.detok is not None else "",
-        req.output_token_ids[:],  # a snapshot: the request keeps growing
-        c.cumulative_logprob, c.logprobs[:] if c.logprobs is not None else None,
-        c.finish_reason, req.stop_reason,
-    )
 
 
 class LLMEngine:
@@ -97,9 +58,9 @@ class LLMEngine:
                                    get_policy(config.kv_policy, config.policy_options))
         self._inflight: tuple[StepPlan, PendingResult] | None = None  # async: launched, not yet read
         self._inflight_ids: set[str] | None = None  # its request ids, built when first asked
-        self._parents: dict[str, _Parent] = {}
-        self._child_of: dict[str, tuple[_Parent, _Child]] = {}
-        self._unscheduled: dict[str, _Parent] = {}  # not yet scheduled, in arrival order
+        self._parents: dict[str, RequestGroup] = {}
+        self._child_of: dict[str, tuple[RequestGroup, SequenceState]] = {}
+        self._unscheduled: dict[str, RequestGroup] = {}  # not yet scheduled, in arrival order
         self._last_step_tokens = 0
         self._last_step_reqs = 0
         self._last_step_time = 0.0
@@ -155,14 +116,18 @@ class LLMEngine:
             raise InvalidRequestError("logit_bias has a token id outside the vocabulary")
         max_tokens = self._resolve_max_tokens(len(prompt_ids), params)
         metrics = RequestMetrics(arrival_time=arrival_time if arrival_time is not None else self.clock())
-        parent = _Parent(request_id, prompt_text, prompt_ids, metrics,
-                         final_only=params.output_kind == "final_only")
+        parent = RequestGroup(request_id, prompt_text, prompt_ids, metrics,
+                              final_only=params.output_kind == "final_only",
+                              prompt_logprobs=None if params.prompt_logprobs is None
+                              else [None] * len(prompt_ids))
         eos = () if params.ignore_eos else tuple(self.tokenizer.eos_token_ids) + tuple(
             self.model_config.eos_token_ids)
         for i in range(params.n):
             child_params = params
             if params.n > 1 and params.seed is not None:
                 child_params = replace(params, seed=params.seed + i)
+            if i and params.prompt_logprobs is not None:  # the first sequence scores them
+                child_params = replace(child_params, prompt_logprobs=None)
             rid = request_id if params.n == 1 else f"{request_id}#{i}"
             req = Request(rid, list(prompt_ids), child_params, max_tokens, eos,
                           arrival_time=metrics.arrival_time)
@@ -171,8 +136,8 @@ class LLMEngine:
                 detok = IncrementalDetokenizer(self.tokenizer, params.stop,
                                                params.include_stop_str_in_output,
                                                params.skip_special_tokens)
-            child = _Child(i, req, detok, [] if params.logprobs is not None else None,
-                           0.0 if params.logprobs is not None else None)
+            child = SequenceState(i, req, detok, [] if params.logprobs is not None else None,
+                                  0.0 if params.logprobs is not None else None)
             parent.children.append(child)
             self._child_of[rid] = (parent, child)
             self.scheduler.add_request(req)
@@ -281,7 +246,10 @@ class LLMEngine:
         """The outputs of the requests `scheduler.update` touched (the step's last phase)."""
         now = self.clock()
         child_of = self._child_of
-        changed: dict[str, _Parent] = {}
+        for rid, scored in result.prompt_logprobs.items():
+            if rid in child_of:  # (aborted meanwhile: nobody to hand them to)
+                child_of[rid][0].add_prompt_logprobs(scored)
+        changed: dict[str, RequestGroup] = {}
         for req in touched:
             entry = child_of.get(req.request_id)
             if entry is None:
@@ -312,7 +280,7 @@ class LLMEngine:
                 outputs.append(self._make_output(parent, False))
         return outputs
 
-    def _record_token(self, parent: _Parent, child: _Child, req: Request,
+    def _record_token(self, parent: RequestGroup, child: SequenceState, req: Request,
                       result: StepResult) -> None:
         """The new token's logprobs, text and stop string, and the child's end."""
         token = req.output_token_ids[-1]
@@ -333,10 +301,12 @@ class LLMEngine:
             m = parent.metrics
             m.num_preemptions = max(m.num_preemptions, req.num_preemptions)
 
-    def _make_output(self, parent: _Parent, finished: bool) -> RequestOutput:
+    def _make_output(self, parent: RequestGroup, finished: bool) -> RequestOutput:
         return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids,
-                             list(map(_completion, parent.children)), finished, parent.metrics,
-                             parent.children[0].request.num_cached_tokens)
+                             list(map(completion_output, parent.children)), finished, parent.metrics,
+                             parent.children[0].request.num_cached_tokens,
+                             parent.prompt_logprobs[:] if parent.prompt_logprobs is not None
+                             else None)
 
     # ---- introspection ---------------------------------------------------------------
     def get_stats(self) -> EngineStats:

@@ -45,6 +45,9 @@ class RequestOutput:
     # vLLM's: prompt tokens whose KV came from the prefix cache when the request was first
     # admitted (its first sequence's, for n > 1); None before its first admission.
     num_cached_tokens: int | None = None
+    # vLLM's, with SamplingParams(prompt_logprobs=k): per prompt token {token id: logprob}
+    # (its own and the k likeliest at its position), None for the first token.
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
 
 @dataclass(frozen=True)

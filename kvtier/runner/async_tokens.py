@@ -32,6 +32,7 @@ class PendingStep:
     host_tokens: torch.Tensor | None = None  # pinned, filled by a non-blocking copy
     event: torch.cuda.Event | None = None
     ready: StepResult | None = None  # a step that sampled synchronously (or nothing)
+    prompt_logprobs: dict = field(default_factory=dict)  # read back at launch already
 
     def result(self) -> StepResult:
         if self.ready is not None:
@@ -40,7 +41,8 @@ class PendingStep:
         if self.event is not None:
             self.event.synchronize()
         tokens = self.host_tokens[: len(self.request_ids)].tolist()
-        self.ready = StepResult(sampled=dict(zip(self.request_ids, tokens)))
+        self.ready = StepResult(sampled=dict(zip(self.request_ids, tokens)),
+                                prompt_logprobs=self.prompt_logprobs)
         return self.ready
 
 
@@ -61,7 +63,8 @@ class DeviceTokens:
         self.tokens = tokens
         self.row_of = dict(zip(request_ids, range(len(request_ids))))
 
-    def copy_to_host(self, request_ids: list[str], tokens: torch.Tensor) -> PendingStep:
+    def copy_to_host(self, request_ids: list[str], tokens: torch.Tensor,
+                     prompt_logprobs: dict | None = None) -> PendingStep:
         buf = self._buffers[self._next]
         self._next ^= 1
         n = len(request_ids)
@@ -75,7 +78,7 @@ class DeviceTokens:
         if self.device.type == "cuda":
             event = torch.cuda.Event()
             event.record()
-        return PendingStep(request_ids, buf, event)
+        return PendingStep(request_ids, buf, event, prompt_logprobs=prompt_logprobs or {})
 
     def placeholder_sources(self, scheduled: list[ScheduledRequest],
                             input_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:

@@ -51,7 +51,7 @@ from kvtier.runner.penalties import InFlightTokens
 from kvtier.runner.piecewise_graphs import PiecewiseGraphs
 from kvtier.runner.plan_items import run_items
 from kvtier.runner.prefix_rows import copy_window, prefix_truncation, window_prefix_copies
-from kvtier.runner.sampler import SampleRow
+from kvtier.runner.prompt_logprobs import PromptLogprobs, forward_scored
 from kvtier.runner.staging import PinnedStaging
 from kvtier.runner.startup import profile_activation_peak, warm_up_steps
 from kvtier.runner.swap_copies import SwapCopies, make_streams
@@ -236,26 +236,27 @@ class ModelRunner:
                                 self.ops, self.cos_sin, self.layers_per_block)
         external = (self.external.for_step(plan.scheduled, batch, items)
                     if self.external is not None else None)
-        logits = self.forward_logits(batch, external)
+        logits, prompt_lps = forward_scored(self, plan.scheduled, batch, external)
         if self.hidden is not None:
             self.hidden.store(plan.scheduled, batch)
         if logits is None:
-            return PendingStep(ready=StepResult(sampled={}))
-        # C-level getters over the (up to max_num_seqs) scheduled requests.
-        sampling = list(compress(plan.scheduled, map(_sample_flag, plan.scheduled)))
-        return self._sample(logits, list(map(self._sample_row, sampling)),
-                            list(map(_request_id, sampling)))
+            return PendingStep(ready=StepResult(sampled={}, prompt_logprobs=prompt_lps))
+        return self._sample(logits, plan.scheduled, prompt_lps)
 
-    def _sample(self, logits: torch.Tensor, rows: list[SampleRow], ids: list[str]) -> PendingStep:
+    def _sample(self, logits: torch.Tensor, scheduled: list[ScheduledRequest],
+                prompt_lps: PromptLogprobs) -> PendingStep:
         """The step's tokens kept on the device for the next step's placeholders; read back
         later, without a sync here, unless logprobs or penalties are asked for (or under
         TP, whose ranks take the driver's draws)."""
+        # C-level getters over the (up to max_num_seqs) scheduled requests.
+        sampling = list(compress(scheduled, map(_sample_flag, scheduled)))
+        rows, ids = list(map(self._sample_row, sampling)), list(map(_request_id, sampling))
         tokens, greedy = self.async_tokens, sampler.plain_greedy(rows)
         if greedy or (self.tp is None and not sampler.reads_back_now(rows)):
             sampled = (self.ops.argmax_rows(logits) if greedy
                        else sampler.sample_on_device(logits, rows, self.staging.put))
             tokens.keep(ids, sampled)
-            return tokens.copy_to_host(ids, sampled)
+            return tokens.copy_to_host(ids, sampled, prompt_lps)
         out = (sampler.sample(logits, rows, self.staging.put) if self.tp is None
                else self.tp.sample(logits, rows, self.staging.put))
         tokens.keep(ids, self.staging.put(np.asarray(out.token_ids, dtype=np.int64)))
@@ -263,7 +264,7 @@ class ModelRunner:
         logprobs = ({i: lp for i, lp in zip(ids, out.logprobs) if lp is not None}
                     if out.logprobs.count(None) != len(ids) else {})
         return PendingStep(ready=StepResult(sampled=dict(zip(ids, out.token_ids)),
-                                            logprobs=logprobs))
+                                            logprobs=logprobs, prompt_logprobs=prompt_lps))
 
     def prepare_batch(self, scheduled: list[ScheduledRequest],
                       prefixes: Sequence[RecomputePrefix] = ()) -> HostBatch:
@@ -276,15 +277,16 @@ class ModelRunner:
         self.block_tables.sync_device(self.staging.put)
         return batch
 
-    def forward_logits(self, batch: HostBatch, external: ExternalRows | None = None
-                       ) -> torch.Tensor | None:
-        """Logits of the sampling requests' last tokens ([num_sampling, vocab], model dtype).
-        `external`: leading rows a memory system attends for (a full-model graph only where
-        its source hands over rows a graph can replay)."""
+    def forward_logits(self, batch: HostBatch, external: ExternalRows | None = None,
+                       extra_rows: np.ndarray | None = None) -> torch.Tensor | None:
+        """Logits ([rows, vocab], model dtype) of the sampling requests' last tokens, then of
+        `extra_rows` (token indices: prompt rows scored for their logprobs). `external`:
+        leading rows a memory system attends for (a full-model graph only where its source
+        hands over rows a graph can replay)."""
         copies = self.copies
         # Swap-ins under overlap: the piecewise graphs wait between layer groups, the full
         # graph could not (it would wait for every copy before its first kernel).
-        if (self.graphs is not None and batch.is_decode_only
+        if (self.graphs is not None and batch.is_decode_only and extra_rows is None
                 and len(batch.logits_idx) == batch.num_reqs
                 and not (copies.has_swap_in and copies.streams.overlaps
                          and self.piecewise is not None)):
@@ -304,8 +306,9 @@ class ModelRunner:
         sink = self.hidden.sink(batch.num_tokens) if self.hidden is not None else None
         truncate = self._prefix_truncation(batch, meta)
         kv_after = copies.after_layer if copies.deferred else None
-        n = len(batch.logits_idx)
-        idx = self.staging.put(self._padded_logits_idx(batch.logits_idx))
+        rows = batch.logits_idx if extra_rows is None else np.r_[batch.logits_idx, extra_rows]
+        n = len(rows)
+        idx = self.staging.put(self._padded_logits_idx(rows))
         # Past the last attention only the rows with logits go on (none in a step of prompt
         # chunks that all continue); forwards truncated for offloaded prefixes keep every row.
         keep = idx if truncate is None else None
@@ -350,7 +353,7 @@ class ModelRunner:
         if self._placeholders is not None:
             self.async_tokens.fill(input_ids, self._placeholders, self.staging.put)
 
-    def _sample_row(self, sr: ScheduledRequest) -> SampleRow:
+    def _sample_row(self, sr: ScheduledRequest) -> sampler.SampleRow:
         return sampler.sample_row(sr, self.model_config.eos_token_ids, self.in_flight)
 
     def copy_blocks(self, swap_out: list[BlockCopy], swap_in: list[BlockCopy],

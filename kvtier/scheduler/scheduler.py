@@ -274,6 +274,14 @@ class Scheduler:
         else:
             self.waiting.prepend(req)
 
+    def _count_prompt_tokens(self, req: Request, computed: int) -> None:
+        """Prompt tokens computed for the first time (a re-prefill after preemption counts
+        as recomputed, not here)."""
+        first_time = computed - req.num_prompt_tokens_seen
+        if first_time > 0:
+            self.counters.num_prompt_tokens += first_time
+            req.num_prompt_tokens_seen += first_time
+
     def _make_plan(self, step: _StepBuilder) -> StepPlan:
         kv, hidden_store, items = self.kv, self.kv.hidden, step.items
         # Prefixes dropped after a request was scheduled (make_room for a later one) are
@@ -296,17 +304,16 @@ class Scheduler:
             prompt, out = req.prompt_token_ids, req.output_token_ids
             num_prompt = len(prompt)
             pending = req.num_pending_tokens
-            if req.num_prompt_tokens_seen < num_prompt:
-                first_time = min(end, num_prompt) - req.num_prompt_tokens_seen
-                if first_time > 0:  # a re-prefill after preemption counts as recomputed
-                    self.counters.num_prompt_tokens += first_time
-                    req.num_prompt_tokens_seen += first_time
+            if req.num_prompt_tokens_seen < num_prompt:  # prefills only: a call is rare
+                self._count_prompt_tokens(req, min(end, num_prompt))
+            params, scored = req.sampling_params, None
             if start >= num_prompt:  # decodes and chunks of generated tokens
                 token_ids = out[start - num_prompt : end - num_prompt]
                 if pending and len(token_ids) < n:  # the in-flight token: one decode
                     token_ids = [PLACEHOLDER_TOKEN]
             else:
                 token_ids = req.token_ids_slice(start, end)
+                scored = prompt if params.prompt_logprobs is not None else None
             num_known = num_prompt + len(out) + pending
             sample = end == num_known
             if sample and is_async:
@@ -324,12 +331,12 @@ class Scheduler:
                                           hidden_store.first_token(rid) // kv.block_size)
                              if reset else HiddenBlocks(rid, new_hidden, reset))
             # Positional, in field order (request_id, token_ids, start_pos, new_block_ids,
-            # reset_blocks, sample, sampling_params, num_output_tokens, history): keywords cost more,
-            # once per running request a step (benchmarks/gpu_path/bench_host_overhead_cpu.py).
-            params = req.sampling_params
+            # reset_blocks, sample, sampling_params, num_output_tokens, history, prompt_ids):
+            # keywords cost more, once per running request a step
+            # (benchmarks/gpu_path/bench_host_overhead_cpu.py).
             (decodes if n == 1 else others).append(ScheduledRequest(
                 req.request_id, token_ids, start, blocks, reset, sample, params, len(out) + pending,
-                (prompt, out) if sample and params.penalized else None))
+                (prompt, out) if sample and params.penalized else None, scored))
         self.counters.num_prefix_recompute_tokens += prefix_recompute
         if others:
             decodes += others

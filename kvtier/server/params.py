@@ -194,8 +194,6 @@ def check_lengths(
 
 def _check_unsupported(req: _SamplingFields) -> None:
     if isinstance(req, CompletionRequest):
-        if req.echo:
-            raise _bad("echo is not supported", "echo", code="unsupported_value")
         if req.suffix:
             raise _bad("suffix is not supported", "suffix", code="unsupported_value")
         if req.best_of is not None and req.best_of != req.n:
@@ -248,6 +246,8 @@ def sampling_params(
             stop_token_ids=tuple(req.stop_token_ids or ()),
             ignore_eos=req.ignore_eos,
             logprobs=logprobs,
+            # echo with logprobs: the prompt's too (kvtier/server/echo.py)
+            prompt_logprobs=logprobs if isinstance(req, CompletionRequest) and req.echo else None,
             presence_penalty=req.presence_penalty or 0.0,
             frequency_penalty=req.frequency_penalty or 0.0,
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,

@@ -60,6 +60,9 @@ class CachedTokens:
 class Collected:
     choices: list[ChoiceResult]  # indexed prompt_index * n + seq index
     num_cached_tokens: int  # over all prompts
+    # by prompt index, for requests that asked for them (echo with logprobs)
+    prompt_logprobs: dict[int, tuple[dict[int, float] | None, ...]] = field(
+        default_factory=dict)
 
 
 async def collect(stream: RequestStream, n: int) -> Collected:
@@ -67,12 +70,15 @@ async def collect(stream: RequestStream, n: int) -> Collected:
     prompt_index = {rid: i for i, rid in enumerate(stream.request_ids)}
     choices = [ChoiceResult() for _ in range(len(stream.request_ids) * n)]
     cached = CachedTokens()
+    prompt_lps = {}
     async for update in stream:
         cached.add(update)
-        base = prompt_index[update.request_id] * n
+        index = prompt_index[update.request_id]
+        if update.prompt_logprobs is not None:
+            prompt_lps[index] = update.prompt_logprobs
         for delta in update.seqs:
-            choices[base + delta.index].add(delta)
-    return Collected(choices, cached.total)
+            choices[index * n + delta.index].add(delta)
+    return Collected(choices, cached.total, prompt_lps)
 
 
 def usage(num_prompt_tokens: int, num_completion_tokens: int,

@@ -9,6 +9,7 @@ from starlette.responses import Response
 
 from kvtier.server.api_models import CompletionChoice, CompletionRequest, CompletionResponse
 from kvtier.server.async_engine import RequestStream
+from kvtier.server.echo import Echo
 from kvtier.server.params import check_lengths, completion_prompts, prompt_chars, sampling_params
 from kvtier.server.respond import respond
 from kvtier.server.results import CachedTokens, Collected, completion_logprobs, usage
@@ -29,6 +30,7 @@ async def create_completion(
         request_id = state.new_request_id("cmpl")
         stream = await state.submit(request_id, prompts, params, arrival_time, seats)
     num_prompt_tokens = sum(len(p) for p in prompts)
+    echo = Echo(req, prompts, state.tokenizer) if req.echo else None
 
     def build(collected: Collected) -> CompletionResponse:
         results, choices = collected.choices, []
@@ -37,10 +39,14 @@ async def create_completion(
             if req.logprobs is not None:
                 logprobs = completion_logprobs(
                     state.tokenizer, res.token_ids, res.logprobs, req.logprobs, 0)
+            text = res.text
+            if echo is not None:
+                p = i // req.n
+                text, logprobs = echo.prepend(p, text, logprobs, collected.prompt_logprobs.get(p))
             choices.append(
                 CompletionChoice(
                     index=i,
-                    text=res.text,
+                    text=text,
                     logprobs=logprobs,
                     finish_reason=res.finish_reason,
                     stop_reason=res.stop_reason,
@@ -55,7 +61,7 @@ async def create_completion(
 
     return await respond(
         state, raw, stream, req.stream, req.n,
-        lambda: _events(state, req, stream, request_id, model, num_prompt_tokens),
+        lambda: _events(state, req, stream, request_id, model, num_prompt_tokens, echo),
         build,
     )
 
@@ -67,6 +73,7 @@ async def _events(
     request_id: str,
     model: str,
     num_prompt_tokens: int,
+    echo: Echo | None,
 ) -> AsyncIterator[str]:
     prompt_index = state.prompt_index(stream)
     offsets: dict[int, int] = {}  # choice index -> text length sent (logprobs text_offset)
@@ -77,20 +84,25 @@ async def _events(
     try:
         async for update in stream:
             cached.add(update)
-            base = prompt_index[update.request_id] * req.n
+            p = prompt_index[update.request_id]
+            if echo is not None and update.prompt_logprobs is not None:
+                echo.scored[p] = update.prompt_logprobs
             for delta in update.seqs:
-                index = base + delta.index
+                index = p * req.n + delta.index
                 logprobs = None
                 if req.logprobs is not None and delta.logprobs is not None:
                     logprobs = completion_logprobs(
                         state.tokenizer, list(delta.token_ids), list(delta.logprobs),
                         req.logprobs, offsets.get(index, 0),
                     )
-                offsets[index] = offsets.get(index, 0) + len(delta.text)
+                text = delta.text
+                if echo is not None and index not in offsets:  # a choice's first chunk
+                    text, logprobs = echo.prepend(p, text, logprobs, echo.scored.get(p))
+                offsets[index] = offsets.get(index, 0) + len(text)
                 num_completion_tokens += len(delta.token_ids)
                 choice = CompletionChoice(
                     index=index,
-                    text=delta.text,
+                    text=text,
                     logprobs=logprobs,
                     finish_reason=delta.finish_reason,
                     stop_reason=delta.stop_reason,

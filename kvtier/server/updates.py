@@ -39,6 +39,8 @@ class RequestUpdate:
     finished: bool
     metrics: RequestMetrics | None = None  # a copy, only in the finishing update
     num_cached_tokens: int = 0  # prompt tokens the prefix cache supplied (RequestOutput's)
+    # RequestOutput's, for requests that asked for them, until an update has carried them all
+    prompt_logprobs: tuple[dict[int, float] | None, ...] | None = None
 
 
 @dataclass
@@ -65,6 +67,7 @@ class DeltaTracker:
 
     _cursors: dict[str, dict[int, _Cursor]] = field(default_factory=dict)
     _holdback: dict[str, int] = field(default_factory=dict)
+    _prompt_sent: set[str] = field(default_factory=set)  # whole prompt logprobs handed out
 
     def track(self, request_id: str, holdback: int = 0) -> None:
         self._cursors[request_id] = {}
@@ -73,6 +76,7 @@ class DeltaTracker:
     def forget(self, request_id: str) -> None:
         self._cursors.pop(request_id, None)
         self._holdback.pop(request_id, None)
+        self._prompt_sent.discard(request_id)
 
     def is_live(self, request_id: str) -> bool:
         return request_id in self._cursors
@@ -93,6 +97,11 @@ class DeltaTracker:
             delta = _seq_delta(comp, cur)
             if delta is not None:
                 seqs.append(delta)
+        prompt_lps = None
+        if out.prompt_logprobs is not None and out.request_id not in self._prompt_sent:
+            prompt_lps = tuple(out.prompt_logprobs)
+            if all(d is not None for d in prompt_lps[1:]):
+                self._prompt_sent.add(out.request_id)
         metrics = None
         if out.finished:
             self.forget(out.request_id)
@@ -105,6 +114,7 @@ class DeltaTracker:
             finished=out.finished,
             metrics=metrics,
             num_cached_tokens=out.num_cached_tokens or 0,
+            prompt_logprobs=prompt_lps,
         )
 
 

@@ -98,7 +98,7 @@ def test_min_tokens_past_max_model_len(http, live):
     ("top_p", 0), ("top_p", 1.5), ("logprobs", -1), ("logprobs", 1000), ("seed", -5),
     ("seed", 2**80), ("top_k", 0), ("top_k", -7), ("min_tokens", -1), ("min_tokens", 100),
     ("stop", ""), ("stop", [""]), ("stop", [1, 2]), ("stop_token_ids", [-1]),
-    ("presence_penalty", 99.0), ("frequency_penalty", -2.5), ("best_of", 5), ("echo", True),
+    ("presence_penalty", 99.0), ("frequency_penalty", -2.5), ("best_of", 5), ("suffix", "x"),
     ("repetition_penalty", 0), ("repetition_penalty", -1.0), ("min_p", -0.1), ("min_p", 2),
     ("logit_bias", {"5": "x"}), ("logit_bias", {"five": 1}), ("logit_bias", {"-1": 1}),
     ("logit_bias", {"99999999": 1}),

@@ -201,3 +201,34 @@ def test_penalties_and_logit_bias_reach_the_sampler(live, client):
                                           temperature=0, logit_bias={str(token): 100},
                                           extra_body={"ignore_eos": True})
     assert chat.choices[0].message.content == tok.decode([token] * 6)
+
+
+@pytest.mark.parametrize("prompt", [PROMPT, [11, 12, 13, 14, 15, 16]], ids=["text", "ids"])
+def test_echo_puts_the_prompt_and_its_logprobs_first(live, client, prompt):
+    """OpenAI's echo as vLLM serves it (lm-eval's loglikelihood calls: echo, logprobs,
+    max_tokens 1): the prompt's text, then the completion; its tokens' logprobs, the first
+    none, then the completion's; streamed alike."""
+    tok = live.engine.tokenizer
+    ids = tok.encode(prompt) if isinstance(prompt, str) else prompt
+    text = prompt if isinstance(prompt, str) else tok.decode(ids)
+    kw = dict(model=MODEL, prompt=prompt, max_tokens=3, temperature=0, logprobs=2,
+              extra_body={"ignore_eos": True})
+    plain = client.completions.create(**kw).choices[0]
+    echoed = client.completions.create(echo=True, **kw).choices[0]
+    assert echoed.text == text + plain.text
+    lp = echoed.logprobs
+    assert len(lp.tokens) == len(ids) + 3
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v is not None and v <= 0 for v in lp.token_logprobs[1:len(ids)])
+    assert all(1 <= len(t) <= 3 for t in lp.top_logprobs[1:len(ids)])  # the token's + top 2
+    assert lp.token_logprobs[len(ids):] == plain.logprobs.token_logprobs
+    assert lp.text_offset[len(ids):] == [o + len(text) for o in plain.logprobs.text_offset]
+    streamed = [c.choices[0] for c in client.completions.create(echo=True, stream=True, **kw)
+                if c.choices]
+    assert "".join(c.text for c in streamed) == echoed.text
+    assert [v for c in streamed for v in c.logprobs.token_logprobs] == lp.token_logprobs
+    two = client.completions.create(echo=True, n=2, **kw).choices  # one scoring for both
+    assert [c.logprobs.token_logprobs for c in two] == [lp.token_logprobs] * 2
+    bare = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, echo=True,
+                                     temperature=0, extra_body={"ignore_eos": True})
+    assert bare.choices[0].text.startswith(text) and bare.choices[0].logprobs is None
