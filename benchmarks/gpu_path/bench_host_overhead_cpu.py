@@ -68,8 +68,8 @@ def fake_forward(runner: ModelRunner, max_rows: int) -> None:
     logits = torch.zeros(max_rows, 8)
     logits[:, _TOKEN] = 1.0
 
-    def _logits(batch: HostBatch) -> torch.Tensor | None:
-        n = len(batch.logits_idx)
+    def _logits(batch: HostBatch, external=None, extra_rows=None) -> torch.Tensor | None:
+        n = len(batch.logits_idx) + (0 if extra_rows is None else len(extra_rows))
         return logits[:n].clone() if n else None
 
     runner.forward_logits = _logits  # type: ignore[method-assign]

@@ -106,6 +106,9 @@ class ModelRunner:
         self.staging = PinnedStaging(device)
         self._placeholders: tuple[np.ndarray, np.ndarray] | None = None
         self.in_flight = InFlightTokens()  # penalized rows' last tokens (penalties.py)
+        # One C-level call a sampling row (this runs for every one every step).
+        self._sample_row = functools.partial(sampler.sample_row, self.model_config.eos_token_ids,
+                                             self.in_flight)
 
     @property
     def async_by_default(self) -> bool:
@@ -352,9 +355,6 @@ class ModelRunner:
         """Async scheduling: the in-flight tokens into this step's device input ids."""
         if self._placeholders is not None:
             self.async_tokens.fill(input_ids, self._placeholders, self.staging.put)
-
-    def _sample_row(self, sr: ScheduledRequest) -> sampler.SampleRow:
-        return sampler.sample_row(sr, self.model_config.eos_token_ids, self.in_flight)
 
     def copy_blocks(self, swap_out: list[BlockCopy], swap_in: list[BlockCopy],
                      deferred: dict[int, list[tuple[int, list]]] | None = None) -> None:

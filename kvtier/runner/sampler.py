@@ -44,8 +44,8 @@ class Sampled:
     logprobs: list[dict[int, float] | None]
 
 
-def sample_row(sr: ScheduledRequest, eos_token_ids: Sequence[int],
-               in_flight: InFlightTokens) -> SampleRow:
+def sample_row(eos_token_ids: Sequence[int], in_flight: InFlightTokens,
+               sr: ScheduledRequest) -> SampleRow:
     """A sampling request's row: eos and stop ids banned until min_tokens, a penalized
     row's tokens so far."""
     p = sr.sampling_params
