@@ -125,13 +125,18 @@ class PrefixCache(KVCacheHooks):
             self.hasher.extend(state.hashes, req, num_blocks, self.extra_key(req))
         return state.hashes
 
+    def _max_hit_blocks(self, req: Request) -> int:
+        """The most leading blocks an admission may hit: its last token is always computed
+        (it needs logits), and a request asking for prompt logprobs computes its whole
+        prompt (vLLM's rule: a cached token has no logits; its blocks are still cached)."""
+        if req.sampling_params.prompt_logprobs is not None:
+            return 0
+        return max(0, (req.num_tokens - 1) // self.block_size)
+
     def admission_hashes(self, req: Request) -> tuple[list[BlockHash], int]:
         """(hashes of the blocks an admission could hit, how many lead the index now): a
         look-up that changes nothing but the request's hash cache."""
-        # A request asking for prompt logprobs computes its whole prompt (vLLM's rule: a
-        # cached token has no logits); its blocks are still offered to the cache.
-        max_blocks = (max(0, (req.num_tokens - 1) // self.block_size)
-                      if req.sampling_params.prompt_logprobs is None else 0)
+        max_blocks = self._max_hit_blocks(req)
         hashes, index = self._hashes(req, self._state(req), max_blocks), self.index
         n = 0
         while n < max_blocks and hashes[n] in index:
@@ -143,10 +148,7 @@ class PrefixCache(KVCacheHooks):
         rid = req.request_id
         assert rid not in kv.tables, f"{rid} is admitted while it holds blocks"
         state = self._state(req)
-        # A request asking for prompt logprobs computes its whole prompt (vLLM's rule: a
-        # cached token has no logits); its blocks are still offered to the cache.
-        max_blocks = (max(0, (req.num_tokens - 1) // self.block_size)
-                      if req.sampling_params.prompt_logprobs is None else 0)
+        max_blocks = self._max_hit_blocks(req)
         hashes, index = self._hashes(req, state, max_blocks), self.index
         hits: list[CachedBlock] = []
         for j in range(max_blocks):

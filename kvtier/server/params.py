@@ -216,6 +216,8 @@ def _logit_bias(bias: dict[str, float] | None,
             token = int(key)
         except ValueError:
             raise _bad(f"logit_bias keys are token ids, got {key!r}", "logit_bias") from None
+        if value != value:
+            raise _bad(f"logit_bias for token {token} is not a number", "logit_bias")
         if not 0 <= token < vocab_size:
             raise _bad(f"logit_bias token id {token} is outside the vocabulary "
                        f"[0, {vocab_size})", "logit_bias")
