@@ -6,7 +6,12 @@ batch, `neo:off@0`: every host step sequential), with timers around NEO's runner
     of it `submit_ms` (rotary aside: the q/k/v copy down, its wait for the GPU, the job's
     hand-over; `StepLayers.submit`) and `wait_ms` (the CPU job's wait; its result);
   - `rest_ms`: the step's wall time outside the hook (the GPU work and the Python that
-    launches it, run one after the other with the hook in a sequential step).
+    launches it, run one after the other with the hook in a sequential step);
+  - steps replayed as a decode graph (no hook: one CPU job follows the graph's layers,
+    kvtier/kernels/cpu_attention_step.py) split by the job's own timestamps instead:
+    `job_cpu_ms` its layers' work (rows seen to done flag raised, all layers),
+    `job_first_ms` from its start to layer 0's rows, `job_between_ms` from each layer's
+    done flag to the next layer's rows (the GPU's work between, and the flags' trips).
 
 Per host step the medians, beside the median decode step without host rows. The timers
 cost a few µs a layer.
@@ -29,7 +34,7 @@ from benchmarks.policies import bench_host_resident as bhr  # noqa: E402
 from kvtier.kernels import cpu_attention_layers as layers  # noqa: E402
 from kvtier.policies.host_resident.runner_side import HostRowsAttention  # noqa: E402
 
-PARTS = ("hook", "submit", "wait")
+PARTS = ("hook", "submit", "wait", "job_cpu", "job_first", "job_between")
 spent = dict.fromkeys(PARTS, 0.0)
 
 
@@ -48,6 +53,21 @@ def install() -> None:
     HostRowsAttention.forward = timed("hook", HostRowsAttention.forward)  # type: ignore[method-assign]
     layers.StepLayers.submit = timed("submit", layers.StepLayers.submit)  # type: ignore[method-assign]
     layers._NativePending.result = timed("wait", layers._NativePending.result)  # type: ignore[method-assign]
+    from kvtier.policies.neo.graph_rows import GraphSteps
+
+    begin, end = GraphSteps.begin, GraphSteps.end
+    started = [0]
+
+    def timed_begin(self: Any) -> None:
+        started[0] = time.monotonic_ns()
+        begin(self)
+
+    def timed_end(self: Any, failed: bool) -> None:
+        end(self, failed)
+        if not failed:
+            for part, seconds in self.handoff.layer_times(started[0]).items():
+                spent[f"job_{part}"] += seconds
+    GraphSteps.begin, GraphSteps.end = timed_begin, timed_end  # type: ignore[method-assign]
     execute = bhr.StepLog.execute
 
     def logged(self: Any, plan: Any) -> Any:
@@ -73,6 +93,8 @@ def summary(run: dict[str, Any]) -> dict[str, Any]:
     return {"host_steps": len(host), "host_rows": statistics.median(s["host_rows"] for s in host),
             "step_ms": med("step_s"), "hook_ms": med("hook_s"), "submit_ms": med("submit_s"),
             "wait_ms": med("wait_s"), "rest_ms": round(1e3 * statistics.median(rest), 3),
+            "job_cpu_ms": med("job_cpu_s"), "job_first_ms": med("job_first_s"),
+            "job_between_ms": med("job_between_s"),
             "decode_step_without_host_rows_ms":
                 round(1e3 * statistics.median(plain), 3) if plain else None}
 

@@ -12,6 +12,9 @@ the warm-up in place.
 
     Handoff.qkv[L, m, Hq + 2 Hkv, D], Handoff.out[L, m, Hq, D] (the pages' dtype, pinned)
     Handoff.flags[2, L] int32 pinned: ready (GPU -> host), done (host -> GPU), per layer
+    Handoff.times[L, 2] int64: when the job saw each layer's rows and raised its done flag
+        (CLOCK_MONOTONIC ns, time.monotonic_ns()'s clock): the CPU side's time a layer and
+        the GPU's between layers, for profiling (`layer_times`)
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class Handoff:
         self.lse = torch.zeros(max_rows, num_heads, dtype=torch.float32)  # the job's scratch
         self.flags = torch.zeros(2, num_layers, dtype=torch.int32, pin_memory=pinned)
         self.error = torch.zeros(1, dtype=torch.int32, pin_memory=pinned)  # a GPU wait failed
+        self.times = torch.zeros(num_layers, 2, dtype=torch.int64)  # the last job's
         self.epoch = 0
 
     @property
@@ -49,6 +53,16 @@ class Handoff:
     def next_epoch(self) -> int:
         self.epoch = self.epoch % MAX_EPOCH + 1
         return self.epoch
+
+    def layer_times(self, start_ns: int) -> dict[str, float]:
+        """Seconds of the last finished job, submitted at `start_ns`: `cpu` its layers'
+        work (rows seen to done flag raised), `first` until layer 0's rows came, `between`
+        from each done flag to the next layer's rows (the GPU's work and the two flags'
+        trips across the link)."""
+        seen, done = self.times[:, 0].double(), self.times[:, 1].double()
+        return {"cpu": float((done - seen).sum()) * 1e-9,
+                "first": (float(seen[0]) - start_ns) * 1e-9,
+                "between": float((seen[1:] - done[:-1]).sum()) * 1e-9}
 
     def cancel(self, epoch: int) -> None:
         """A job of `epoch` whose layers will never come stops at its next wait."""
@@ -88,7 +102,8 @@ def submit_step(worker: CpuLayerWorker, handoff: Handoff, pages: torch.Tensor,
     pointers = layer_pointers(handoff, pages, layers_per_block, tables, slots)
     flags = handoff.flags
     ticket = ext.submit_step(native, template, pointers.ctypes.data, handoff.num_layers,
-                             flags[0].data_ptr(), flags[1].data_ptr(), epoch, timeout_s)
+                             flags[0].data_ptr(), flags[1].data_ptr(), epoch, timeout_s,
+                             handoff.times.data_ptr())
     return StepJob(native, ticket, (tables, slots, lens))
 
 

@@ -115,3 +115,27 @@ def test_a_job_whose_layers_never_come_stops(worker, how):  # noqa: F811
         job.wait()
     assert handoff.flags[1].tolist() == [-1] * LAYERS
     assert isinstance(job, StepJob)
+
+
+def test_a_job_records_when_each_layer_came_and_went(worker):  # noqa: F811
+    """The job's timestamps (Handoff.times, time.monotonic_ns()'s clock) for profiling: a
+    layer is seen after it was handed over and done before the next is seen; the GPU's
+    side here sleeps 20 ms before each layer, which the waits between show."""
+    pages, tables, slots, lens = host_rows(torch.float32)
+    start_ns = time.monotonic_ns()
+    handoff, job = start(worker, pages, tables, slots, lens, epoch=3)
+    n, marks = len(LENS), []
+    for layer in range(LAYERS):
+        time.sleep(0.02)
+        handoff.qkv[layer, :n] = torch.cat(qkv(torch.float32, seed=layer), dim=1)
+        marks.append(time.monotonic_ns())
+        handoff.flags[0, layer] = 3
+        while int(handoff.flags[1, layer]) != 3:
+            time.sleep(0)
+    job.wait()
+    seen, done = handoff.times[:, 0].tolist(), handoff.times[:, 1].tolist()
+    assert all(m <= s <= d for m, s, d in zip(marks, seen, done))
+    assert all(d <= s for d, s in zip(done, seen[1:]))
+    parts = handoff.layer_times(start_ns)
+    assert parts["between"] >= 0.02 * (LAYERS - 1) and parts["first"] >= 0.02
+    assert 0 < parts["cpu"] < parts["between"]

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include <time.h>
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define KVTIER_SPIN_PAUSE() _mm_pause()
@@ -49,17 +51,27 @@ void wait_ready(const int32_t* flag, int32_t epoch, double timeout_s, size_t lay
   }
 }
 
+int64_t monotonic_ns() {  // CLOCK_MONOTONIC, as Python's time.monotonic_ns()
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+// `times` (or null): per layer, when its inputs were seen and when its done flag was set
+// ([num_layers, 2] int64 ns): what the step's CPU side and the waits between cost.
 void run_step(const LayerTemplate& t, const std::vector<LayerPointers>& layers, int32_t* ready,
-              int32_t* done, int32_t epoch, double timeout_s) {
+              int32_t* done, int32_t epoch, double timeout_s, int64_t* times) {
   for (size_t l = 0; l < layers.size(); ++l) {
     try {
       wait_ready(ready + l, epoch, timeout_s, l);
+      if (times) times[2 * l] = monotonic_ns();
       run_layer(t, layers[l]);
     } catch (...) {
       for (size_t j = l; j < layers.size(); ++j) store_flag(done + j, -epoch);
       throw;
     }
     store_flag(done + l, epoch);
+    if (times) times[2 * l + 1] = monotonic_ns();
   }
 }
 
@@ -87,15 +99,17 @@ void bind_step_calls(py::module& m) {
   m.def(
       "submit_step",
       [](JobThread& w, const LayerTemplate& t, uintptr_t pointers, int64_t num_layers,
-         uintptr_t ready, uintptr_t done, int32_t epoch, double timeout_s) {
+         uintptr_t ready, uintptr_t done, int32_t epoch, double timeout_s, uintptr_t times) {
         if (epoch <= 0) throw std::invalid_argument("the epoch must be > 0");
         auto layers = read_pointers(pointers, num_layers);
         int32_t* r = reinterpret_cast<int32_t*>(ready);
         int32_t* d = reinterpret_cast<int32_t*>(done);
-        return w.submit([t, layers = std::move(layers), r, d, epoch, timeout_s] {
-          run_step(t, layers, r, d, epoch, timeout_s);
+        int64_t* ts = reinterpret_cast<int64_t*>(times);
+        return w.submit([t, layers = std::move(layers), r, d, epoch, timeout_s, ts] {
+          run_step(t, layers, r, d, epoch, timeout_s, ts);
         });
       },
       py::arg("worker"), py::arg("template"), py::arg("pointers"), py::arg("num_layers"),
-      py::arg("ready"), py::arg("done"), py::arg("epoch"), py::arg("timeout_s"));
+      py::arg("ready"), py::arg("done"), py::arg("epoch"), py::arg("timeout_s"),
+      py::arg("times") = 0);
 }
