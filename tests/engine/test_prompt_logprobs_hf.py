@@ -94,3 +94,30 @@ def test_prompt_logprobs_on_the_gpu_match_hf(tiny):
     for out, w in zip(outs, want):
         check(out.prompt_logprobs, w)
     assert llm.engine.get_stats().num_preemptions_total > 0
+
+
+def test_a_request_aborted_mid_prompt_leaves_nothing_behind(tiny):
+    """Aborted between two of its prompt's chunks (their scores of the step in flight then
+    have nobody to go to): the engine goes on, every block comes back."""
+    from kvtier.engine.args import EngineArgs
+    from kvtier.engine.llm_engine import LLMEngine
+
+    path, want = tiny
+    for async_scheduling in (False, True):
+        eng = LLMEngine.from_engine_args(EngineArgs(
+            model=str(path), dtype="float32", device="cpu", max_model_len=80,
+            max_num_batched_tokens=8, async_scheduling=async_scheduling))
+        params = SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=K)
+        eng.add_request("gone", PROMPTS[2], params)
+        eng.add_request("kept", PROMPTS[0], params)
+        eng.step()
+        eng.abort_request("gone")
+        outs = {}
+        while eng.has_unfinished_requests():
+            for out in eng.step():
+                outs[out.request_id] = out
+            eng.check_integrity()
+        assert "gone" not in outs or outs["gone"].finished
+        check(outs["kept"].prompt_logprobs, want[0])
+        assert eng.scheduler.kv.all_free()
+        eng.close()
