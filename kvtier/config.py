@@ -196,6 +196,9 @@ class SchedulerConfig:
     # max_num_partial_prefills prefills stop part-way in one step.
     long_prefill_token_threshold: int = 0
     max_num_partial_prefills: int = 1
+    # The waiting queue's order (kvtier/scheduler/queue.py): fcfs (vLLM's) or lpm (SGLang's
+    # longest prefix match).
+    schedule_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1 or self.max_model_len < 1:
@@ -208,6 +211,8 @@ class SchedulerConfig:
                                                 or self.max_num_partial_prefills > 1):
             raise ConfigError("long_prefill_token_threshold and max_num_partial_prefills > 1 "
                               "need chunked prefill")
+        if self.schedule_policy not in ("fcfs", "lpm"):
+            raise ConfigError(f"--schedule-policy: fcfs or lpm, not {self.schedule_policy!r}")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ConfigError(
                 "without chunked prefill, max_num_batched_tokens must be >= max_model_len"

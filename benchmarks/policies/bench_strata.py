@@ -18,6 +18,10 @@ labels of their own; (a) runs once):
   --load-programs 2,8                          (c) and (d) once per --hicache-load-programs
                                                (the kernel's programs for a hit's loads),
                                                labelled c/lp=8, ...
+  --schedule-policies fcfs,lpm                 every variant, (a) too, once per
+                                               --schedule-policy (the waiting queue's
+                                               order), labelled a/sp=lpm, ...; ratios to
+                                               the (a) of the same policy
   --goodput-sweep --sweep-rates 1,2,3          each run also finds its throughput at the
                                                SLO (--slo-ttft): the highest rate that keeps
                                                --goodput-target of requests inside it
@@ -48,6 +52,7 @@ from kvtier.bench.workload import build_workload
 from kvtier.engine.args import EngineArgs
 from kvtier.kv.host_tier import WritePolicy
 from kvtier.offload.args import HostTierArgs
+from kvtier.scheduler.queue import SCHEDULE_POLICIES
 
 VARIANTS = {"a": "gpu", "b": "direct", "c": "kernel", "d": "kernel+cas"}
 
@@ -59,6 +64,7 @@ class Run:
     write_policy: str | None = None  # None: the run's own --hicache-write-policy
     loading_bound: float | None = None  # None: the run's own --hicache-loading-bound
     load_programs: int | None = None  # None: the run's own --hicache-load-programs
+    schedule_policy: str | None = None  # None: the run's own --schedule-policy
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -75,6 +81,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="run d once per --hicache-loading-bound, a comma list (0: no bound)")
     p.add_argument("--load-programs", type=_counts,
                    help="run c and d once per --hicache-load-programs, a comma list")
+    p.add_argument("--schedule-policies", type=_orders,
+                   help="run every variant once per --schedule-policy, a comma list of "
+                        f"{', '.join(SCHEDULE_POLICIES)}")
     return p.parse_args(argv)
 
 
@@ -84,6 +93,13 @@ def _names(text: str) -> list[str]:
     bad = [n for n in names if n not in known]
     if bad or not names:
         raise argparse.ArgumentTypeError(f"unknown write policies {bad}, give some of {known}")
+    return names
+
+
+def _orders(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names or set(names) - set(SCHEDULE_POLICIES):
+        raise argparse.ArgumentTypeError(f"schedule policies are some of {SCHEDULE_POLICIES}")
     return names
 
 
@@ -108,10 +124,11 @@ def _counts(text: str) -> list[int]:
 
 def plan_runs(variants: str, write_policies: list[str] | None = None,
               loading_bounds: list[float] | None = None,
-              load_programs: list[int] | None = None) -> list[Run]:
+              load_programs: list[int] | None = None,
+              schedule_policies: list[str] | None = None) -> list[Run]:
     """The runs in order: each variant of `variants` once, or once per write policy (b-d),
-    per loading bound (d) and per load program count (c, d), every combination of those
-    given."""
+    per loading bound (d), per load program count (c, d) and per schedule policy (all),
+    every combination of those given."""
     names = [v.strip() for v in variants.split(",") if v.strip()]
     for name in names:
         if name not in VARIANTS:
@@ -131,11 +148,13 @@ def plan_runs(variants: str, write_policies: list[str] | None = None,
             bounds = list(loading_bounds)
         if load_programs and name in ("c", "d"):
             programs = list(load_programs)
-        for wp, lb, lp in itertools.product(policies, bounds, programs):
+        orders: list[str | None] = list(schedule_policies) if schedule_policies else [None]
+        for wp, lb, lp, sp in itertools.product(policies, bounds, programs, orders):
             label = "/".join([name, *([wp] if wp else []),
                               *([f"lb={lb:g}"] if lb is not None else []),
-                              *([f"lp={lp}"] if lp is not None else [])])
-            runs.append(Run(label, name, wp, lb, lp))
+                              *([f"lp={lp}"] if lp is not None else []),
+                              *([f"sp={sp}"] if sp is not None else [])])
+            runs.append(Run(label, name, wp, lb, lp, sp))
     return runs
 
 
@@ -189,17 +208,19 @@ def run_variant(engine_args: EngineArgs, workload: Any, config: Any, simulate: b
             "host_tier": tier.to_dict() if tier is not None else None,
             "load_stall_fraction": (tier.load_stall_seconds / result.duration_s
                                     if tier is not None and result.duration_s else None),
-            "flags": vars(engine_args.host_tier)}
+            "flags": vars(engine_args.host_tier), "schedule_policy": engine_args.schedule_policy}
 
 
 def ratios(results: dict[str, dict]) -> dict[str, dict[str, float | None]]:
     """(a)'s TTFT p50/p90 over each variant's (how many times lower), and each variant's
-    throughput and throughput at the SLO (goodput, when swept) over (a)'s."""
-    base = results.get("a")
-    if base is None:
-        return {}
+    throughput and throughput at the SLO (goodput, when swept) over (a)'s: the (a) of the
+    same schedule policy where the policies were swept."""
     out = {}
     for name, r in results.items():
+        order = next((part for part in name.split("/") if part.startswith("sp=")), None)
+        base = results.get(f"a/{order}" if order else "a")
+        if base is None:
+            continue
         row: dict[str, float | None] = {}
         for q in ("p50", "p90"):
             a, x = _ttft(base, q), _ttft(r, q)
@@ -224,7 +245,7 @@ def _ttft(result: dict, q: str) -> float | None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     runs = plan_runs(args.variants, args.write_policies, args.loading_bounds,
-                     args.load_programs)  # before any work
+                     args.load_programs, args.schedule_policies)  # before any work
     base = EngineArgs.from_cli_args(args)
     config = bench_config(args)
     tokenizer_config = base.create_engine_config()
@@ -235,7 +256,8 @@ def main(argv: list[str] | None = None) -> None:
     workload = build_workload(spec, tokenizer, tokenizer_config.model_config.vocab_size)
     results: dict[str, dict] = {}
     for run in runs:
-        engine_args = replace(base, host_tier=run_host_args(run, base.host_tier, args.host_gib))
+        engine_args = replace(base, host_tier=run_host_args(run, base.host_tier, args.host_gib),
+                              schedule_policy=run.schedule_policy or base.schedule_policy)
         name = run.label
         results[name] = {"label": VARIANTS[run.variant],
                          **run_variant(engine_args, workload, config, args.simulate, args,

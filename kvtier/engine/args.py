@@ -83,6 +83,9 @@ class EngineArgsFields:
                                         "prefill, 0 in the offline LLM)"})
     max_num_partial_prefills: int = field(
         default=1, metadata={"help": "prefills that may stop part-way in one step"})
+    schedule_policy: str = field(
+        default="fcfs", metadata={"help": "waiting queue order: fcfs (vLLM's) or lpm "
+                                          "(SGLang's: the longest cached prefix first)"})
     tensor_parallel_size: int = field(
         default=1, metadata={"help": "GPUs (CPU processes) the model is split over, one "
                                      "process each (docs/TENSOR_PARALLEL.md)",
@@ -110,6 +113,7 @@ class EngineArgsFields:
             async_scheduling=self.async_scheduling,
             long_prefill_token_threshold=self._long_prefill_threshold(),
             max_num_partial_prefills=self.max_num_partial_prefills,
+            schedule_policy=self.schedule_policy,
         )
         cache = CacheConfig(
             block_size=self.block_size,

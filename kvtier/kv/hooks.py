@@ -115,6 +115,11 @@ class PrefixTier:
                kv: KVCacheManager) -> list[tuple[int, ...]]:
         return []
 
+    def held_run(self, hashes: Sequence[Any]) -> int:
+        """How many of `hashes`, from the first, this tier holds: a look-up that changes
+        nothing (what an admission would find; the scheduler's cache-aware order)."""
+        return 0
+
     def on_finish(self, req: Request, num_tokens: int, kv: KVCacheManager) -> int:
         return num_tokens
 

@@ -118,6 +118,12 @@ class HostTier(PrefixTier):
         """Token blocks the plan being made loads so far."""
         return sum(ld.count for _, ld in self._loads.values()) // self.num_groups
 
+    def held_run(self, hashes: Sequence[BlockHash]) -> int:
+        n, index = 0, self.index
+        while n < len(hashes) and hashes[n] in index:
+            n += 1
+        return n
+
     # ---- the device tier's events ------------------------------------------------------
     def on_cached(self, h: BlockHash, ids: Blocks, kv: KVCacheManager) -> None:
         if self.config.write_policy is WritePolicy.WRITE_THROUGH and h not in self.index:

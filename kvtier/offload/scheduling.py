@@ -104,10 +104,7 @@ class CacheAwareAdmission:
 
     def _host_run(self, hashes: list[BlockHash], n_device: int) -> int:
         """How many blocks past the device hit the host tier holds, in a run."""
-        n, index = 0, self.tier.index
-        while n_device + n < len(hashes) and hashes[n_device + n] in index:
-            n += 1
-        return n
+        return self.tier.held_run(hashes[n_device:])
 
     def _over_bound(self, req: Request, n_host: int, cached: int, num_step_tokens: int) -> bool:
         if not self.loading_bound:

@@ -42,7 +42,7 @@ from kvtier.core.request import Request, RequestStatus
 from kvtier.kv.manager import KVCacheManager
 from kvtier.policies.base import KVPolicy
 from kvtier.scheduler.prefill_budget import PrefillChunker
-from kvtier.scheduler.queue import FCFSQueue
+from kvtier.scheduler.queue import FCFSQueue, make_queue
 
 
 class AdmissionGate(Protocol):
@@ -89,7 +89,7 @@ class Scheduler:
         waiting: FCFSQueue | None = None,
     ):
         self.config, self.kv, self.policy = config, kv, policy
-        self.waiting = waiting if waiting is not None else FCFSQueue()
+        self.waiting = waiting if waiting is not None else make_queue(config.schedule_policy)
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
         self.requests: dict[str, Request] = {}
@@ -219,6 +219,8 @@ class Scheduler:
 
     def _schedule_waiting(self, step: _StepBuilder) -> None:
         gate = self.admission_gate
+        if step.budget > 0 and len(self.running) < self.config.max_num_seqs:
+            self.waiting.reorder(self.kv.prefix_cache)
         while self.waiting and step.budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting.peek()
             if gate is not None and not gate.admit_now(
@@ -331,9 +333,8 @@ class Scheduler:
                                           hidden_store.first_token(rid) // kv.block_size)
                              if reset else HiddenBlocks(rid, new_hidden, reset))
             # Positional, in field order (request_id, token_ids, start_pos, new_block_ids,
-            # reset_blocks, sample, sampling_params, num_output_tokens, history, prompt_ids):
-            # keywords cost more, once per running request a step
-            # (benchmarks/gpu_path/bench_host_overhead_cpu.py).
+            # reset_blocks, sample, sampling_params, num_output_tokens, history, prompt_ids): keywords
+            # cost more, once per running request a step (bench_host_overhead_cpu.py).
             (decodes if n == 1 else others).append(ScheduledRequest(
                 req.request_id, token_ids, start, blocks, reset, sample, params, len(out) + pending,
                 (prompt, out) if sample and params.penalized else None, scored))

@@ -106,3 +106,19 @@ def test_a_goodput_sweep_finds_each_variants_rate_at_the_slo(tmp_path):
         met = [p["rate"] for p in goodput["probes"] if p["attainment"] >= 0.9]
         assert goodput["goodput_rate"] == (max(met) if met else None)
     assert "goodput_x" in data["ratios_to_a"]["c"]
+
+
+def test_schedule_policies_sweep_every_variant_against_its_own_a(tmp_path):
+    runs = plan_runs("a,c", schedule_policies=["fcfs", "lpm"])
+    assert [r.label for r in runs] == ["a/sp=fcfs", "a/sp=lpm", "c/sp=fcfs", "c/sp=lpm"]
+    out = tmp_path / "orders.json"
+    main(["--simulate", "--model", "llama-3.1-8b", "--load-format", "dummy", "--no-progress",
+          "--no-gpu-monitor", "--workload", "synthetic", "--num-prompts", "4",
+          "--num-gpu-blocks", "1200", "--host-gib", "1", "--max-model-len", "2048",
+          "--variants", "a,c", "--schedule-policies", "fcfs,lpm", "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert list(data["variants"]) == [r.label for r in runs]
+    assert list(data["ratios_to_a"]) == [r.label for r in runs]
+    assert data["ratios_to_a"]["a/sp=lpm"]["throughput_x"] == 1.0
+    with pytest.raises(SystemExit):
+        parse_args(["--schedule-policies", "random"])
