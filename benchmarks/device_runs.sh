@@ -492,6 +492,11 @@ part() {
     strata leval strata_leval_shuffled_h200.json --dataset-path .carry/leval_paper_assistant.jsonl \
       --leval-order shuffled --leval-max-document-tokens 8000 --num-prompts 69 --arrivals poisson \
       --rate 1 --max-duration 80 ;;  # 80 s: the 69 arrivals span ~60 s
+  strata-leval-lpm)  # L-Eval shuffled as strata-leval at 2 req/s (a queue forms): (a) and (c), each in arrival order and by SGLang's longest prefix match (--schedule-policy lpm)
+    STRATA_VARIANTS=a,c strata leval strata_leval_lpm_rate2_h200.json \
+      --dataset-path .carry/leval_paper_assistant.jsonl --leval-order shuffled \
+      --leval-max-document-tokens 8000 --num-prompts 69 --arrivals poisson --rate 2 \
+      --max-duration 80 --schedule-policies fcfs,lpm ;;
   strata-leval-load-programs)  # L-Eval shuffled as strata-leval: (a), then (c) with a hit's loads on 2 and on 8 kernel programs (--hicache-load-programs)
     STRATA_VARIANTS=a,c strata leval strata_leval_load_programs_h200.json \
       --dataset-path .carry/leval_paper_assistant.jsonl --leval-order shuffled \
