@@ -229,6 +229,13 @@ def test_echo_puts_the_prompt_and_its_logprobs_first(live, client, prompt):
     assert [v for c in streamed for v in c.logprobs.token_logprobs] == lp.token_logprobs
     two = client.completions.create(echo=True, n=2, **kw).choices  # one scoring for both
     assert [c.logprobs.token_logprobs for c in two] == [lp.token_logprobs] * 2
+    by_choice: dict[int, list] = {0: [], 1: []}
+    for chunk in client.completions.create(echo=True, n=2, stream=True, **kw):
+        for c in chunk.choices:
+            by_choice[c.index].append(c)
+    for chunks in by_choice.values():
+        assert chunks[0].text.startswith(text)
+        assert [v for c in chunks for v in c.logprobs.token_logprobs] == lp.token_logprobs
     bare = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, echo=True,
                                      temperature=0, extra_body={"ignore_eos": True})
     assert bare.choices[0].text.startswith(text) and bare.choices[0].logprobs is None
