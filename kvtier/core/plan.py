@@ -33,8 +33,8 @@ class ScheduledRequest:
     sampling_params: SamplingParams
     num_output_tokens: int  # before this step (min_tokens, seeded sampling offsets)
     # Penalized sampling only (SamplingParams.penalized): the request's prompt and output
-    # token lists, live (under async scheduling the output list may lack the token in
-    # flight: num_output_tokens counts it, the runner has it).
+    # token lists, live, from which the runner builds its counts when it has none (under
+    # async scheduling the output list may lack the token in flight; the counts have it).
     history: tuple[list[int], list[int]] | None = None
     # Prompt logprobs only (SamplingParams.prompt_logprobs), on the prompt's chunks: the
     # whole prompt (a chunk's last row scores the next chunk's first token).

@@ -14,6 +14,7 @@ from kvtier.distributed.layers import AllReduceOps, VocabParallelLlama
 from kvtier.distributed.loading import build_sharded_model
 from kvtier.distributed.parallel_state import TPGroup
 from kvtier.distributed.sharding import TPShard
+from kvtier.runner.penalties import PenaltyView
 from kvtier.runner.sampler import Sampled, SampleRow, Upload, sample
 
 
@@ -39,14 +40,14 @@ class TPRank:
         return AllReduceOps(ops, self.group)
 
     def sample(self, logits: torch.Tensor, rows: list[SampleRow],
-               upload: Upload | None = None) -> Sampled:
+               upload: Upload | None = None, penalties: PenaltyView | None = None) -> Sampled:
         """Rank 0 samples (its random draws alone count); every rank gets its tokens, which
         the others need on the device for the next step's in-flight placeholders. Logprobs
         stay on rank 0, the only rank whose result the engine reads. (Plain greedy batches
         skip this: every rank takes the argmax of the same gathered logits.)"""
         n = logits.shape[0]
         tokens = torch.empty(n, dtype=torch.int64, device=logits.device)
-        out = sample(logits, rows, upload) if self.group.is_driver else None
+        out = sample(logits, rows, upload, penalties) if self.group.is_driver else None
         if out is not None:
             drawn = np.asarray(out.token_ids, dtype=np.int64)
             tokens.copy_(upload(drawn) if upload is not None else torch.from_numpy(drawn))

@@ -47,7 +47,7 @@ from kvtier.runner.external_rows import ExternalAttentionSource
 from kvtier.runner.host_batch import HostBatch, build_host_batch, pad_rows
 from kvtier.runner.kernel_warmup import warm_up_attention
 from kvtier.runner.layer_inputs import LayerInputStore
-from kvtier.runner.penalties import InFlightTokens
+from kvtier.runner.penalty_counts import PenaltyCounts
 from kvtier.runner.piecewise_graphs import PiecewiseGraphs
 from kvtier.runner.plan_items import run_items
 from kvtier.runner.prefix_rows import copy_window, prefix_truncation, window_prefix_copies
@@ -105,10 +105,9 @@ class ModelRunner:
         self.async_tokens = DeviceTokens(config.scheduler.max_num_seqs, device)
         self.staging = PinnedStaging(device)
         self._placeholders: tuple[np.ndarray, np.ndarray] | None = None
-        self.in_flight = InFlightTokens()  # penalized rows' last tokens (penalties.py)
+        self.penalties = PenaltyCounts()  # penalized requests' token counts, on the device
         # One C-level call a sampling row (this runs for every one every step).
-        self._sample_row = functools.partial(sampler.sample_row, self.model_config.eos_token_ids,
-                                             self.in_flight)
+        self._sample_row = functools.partial(sampler.sample_row, self.model_config.eos_token_ids)
 
     @property
     def async_by_default(self) -> bool:
@@ -216,7 +215,7 @@ class ModelRunner:
         engine launches the next step before asking for this one's result."""
         for rid in (*plan.finished_ids, *plan.preempted_ids):
             self.block_tables.remove(rid)
-            self.in_flight.forget(rid)
+            self.penalties.forget(rid)
             if self.hidden is not None:
                 self.hidden.forget(rid)
         items = by_kind(plan.items) if plan.items else {}
@@ -248,26 +247,27 @@ class ModelRunner:
 
     def _sample(self, logits: torch.Tensor, scheduled: list[ScheduledRequest],
                 prompt_lps: PromptLogprobs) -> PendingStep:
-        """The step's tokens kept on the device for the next step's placeholders; read back
-        later, without a sync here, unless logprobs or penalties are asked for (or under
-        TP, whose ranks take the driver's draws)."""
+        """The step's tokens kept on the device for the next step's placeholders and the
+        penalized rows' counts; read back later, without a sync here, unless logprobs are
+        asked for (or under TP, whose ranks take the driver's draws)."""
         # C-level getters over the (up to max_num_seqs) scheduled requests.
         sampling = list(compress(scheduled, map(_sample_flag, scheduled)))
         rows, ids = list(map(self._sample_row, sampling)), list(map(_request_id, sampling))
-        tokens, greedy = self.async_tokens, sampler.plain_greedy(rows)
-        if greedy or (self.tp is None and not sampler.reads_back_now(rows)):
+        tokens, greedy, put = self.async_tokens, sampler.plain_greedy(rows), self.staging.put
+        view = None if greedy else self.penalties.view(ids, rows, logits, put)
+        if greedy or (self.tp is None and not sampler.wants_logprobs(rows)):
             sampled = (self.ops.argmax_rows(logits) if greedy
-                       else sampler.sample_on_device(logits, rows, self.staging.put))
+                       else sampler.sample_on_device(logits, rows, put, view))
+            self.penalties.record(view, sampled)
             tokens.keep(ids, sampled)
             return tokens.copy_to_host(ids, sampled, prompt_lps)
-        out = (sampler.sample(logits, rows, self.staging.put) if self.tp is None
-               else self.tp.sample(logits, rows, self.staging.put))
-        tokens.keep(ids, self.staging.put(np.asarray(out.token_ids, dtype=np.int64)))
-        self.in_flight.record(ids, rows, out.token_ids)
-        logprobs = ({i: lp for i, lp in zip(ids, out.logprobs) if lp is not None}
-                    if out.logprobs.count(None) != len(ids) else {})
+        out = (sampler.sample(logits, rows, put, view) if self.tp is None
+               else self.tp.sample(logits, rows, put, view))
+        tokens.keep(ids, drawn := put(np.asarray(out.token_ids, dtype=np.int64)))
+        self.penalties.record(view, drawn)
         return PendingStep(ready=StepResult(sampled=dict(zip(ids, out.token_ids)),
-                                            logprobs=logprobs, prompt_logprobs=prompt_lps))
+                                            logprobs=out.logprobs_by_id(ids),
+                                            prompt_logprobs=prompt_lps))
 
     def prepare_batch(self, scheduled: list[ScheduledRequest],
                       prefixes: Sequence[RecomputePrefix] = ()) -> HostBatch:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from kvtier.core.plan import ScheduledRequest
-from kvtier.runner.penalties import InFlightTokens, adjusts_logits, apply_penalties
+from kvtier.runner.penalties import PenaltyView, adjusts_logits, apply_penalties
 from kvtier.sampling_params import SamplingParams
 
 Upload = Callable[[np.ndarray], torch.Tensor]  # a host array onto the logits' device
@@ -34,7 +34,8 @@ class SampleRow:
     params: SamplingParams
     num_output_tokens: int  # tokens generated before this one
     banned_ids: tuple[int, ...]  # eos/stop ids while min_tokens is not reached
-    # Penalized rows: (prompt ids, output ids before this token), complete.
+    # Penalized rows: (prompt ids, output ids), the request's lists (under async scheduling
+    # the output list may lack the token in flight; kvtier/runner/penalty_counts.py).
     history: tuple[list[int], list[int]] | None = None
 
 
@@ -43,23 +44,29 @@ class Sampled:
     token_ids: list[int]
     logprobs: list[dict[int, float] | None]
 
+    def logprobs_by_id(self, ids: list[str]) -> dict[str, dict[int, float]]:
+        """The logprobs of the rows that asked for them, by request id."""
+        if self.logprobs.count(None) == len(ids):
+            return {}
+        return {i: lp for i, lp in zip(ids, self.logprobs) if lp is not None}
 
-def sample_row(eos_token_ids: Sequence[int], in_flight: InFlightTokens,
-               sr: ScheduledRequest) -> SampleRow:
+
+def sample_row(eos_token_ids: Sequence[int], sr: ScheduledRequest) -> SampleRow:
     """A sampling request's row: eos and stop ids banned until min_tokens, a penalized
-    row's tokens so far."""
+    row's token lists."""
     p = sr.sampling_params
     num_output = sr.num_output_tokens
-    history = sr.history and in_flight.history(sr.request_id, sr.history, num_output)
+    history = sr.history
     if num_output >= p.min_tokens:  # the common case: nothing banned
         return SampleRow(p, num_output, (), history)
     eos = () if p.ignore_eos else tuple(eos_token_ids)
     return SampleRow(p, num_output, eos + tuple(p.stop_token_ids), history)
 
 
-def sample(logits: torch.Tensor, rows: list[SampleRow], upload: Upload | None = None) -> Sampled:
+def sample(logits: torch.Tensor, rows: list[SampleRow], upload: Upload | None = None,
+           penalties: PenaltyView | None = None) -> Sampled:
     """logits: [B, V] in the model's dtype, one row per SampleRow. Reads the tokens (and the
-    logprobs asked for) back to the host."""
+    logprobs asked for) back to the host. `penalties`: the penalized rows' counts."""
     if plain_greedy(rows):
         # The common benchmark/greedy batch: one argmax (exact in any dtype), one device->host
         # copy.
@@ -67,7 +74,7 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], upload: Upload | None = 
     put = upload or _pageable_upload(logits.device)
     logits = _without_banned(logits, rows, put)
     logprobs_all = torch.log_softmax(logits, dim=-1) if wants_logprobs(rows) else None
-    apply_penalties(logits, rows, put)
+    apply_penalties(logits, rows, put, penalties)
     token_list = _draw_tokens(logits, rows, put).tolist()
     out_logprobs: list[dict[int, float] | None] = []
     for i, row in enumerate(rows):
@@ -84,23 +91,18 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], upload: Upload | None = 
 
 
 def sample_on_device(logits: torch.Tensor, rows: list[SampleRow],
-                     upload: Upload | None = None) -> torch.Tensor:
+                     upload: Upload | None = None,
+                     penalties: PenaltyView | None = None) -> torch.Tensor:
     """The tokens `sample` draws, as [B] int64 on the logits' device, without a host sync
     (logprobs are not computed: `wants_logprobs` says when they must be)."""
     put = upload or _pageable_upload(logits.device)
     logits = _without_banned(logits, rows, put)
-    apply_penalties(logits, rows, put)
+    apply_penalties(logits, rows, put, penalties)
     return _draw_tokens(logits, rows, put)
 
 
 def wants_logprobs(rows: list[SampleRow]) -> bool:
     return any(r.params.logprobs is not None for r in rows)
-
-
-def reads_back_now(rows: list[SampleRow]) -> bool:
-    """The step's tokens must reach the host at once: logprobs are asked for, or a
-    penalized row's next step needs its token (penalties.py's InFlightTokens)."""
-    return any(r.params.logprobs is not None or r.history is not None for r in rows)
 
 
 def _pageable_upload(device: torch.device) -> Upload:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from kvtier.runner.penalties import apply_penalties
+from kvtier.runner.penalty_counts import PenaltyCounts
 from kvtier.runner.sampler import SampleRow, sample
 from kvtier.sampling_params import InvalidRequestError, SamplingParams
 
@@ -43,15 +44,24 @@ def rows_for(params_list):
     for p in params_list:
         prompt = torch.randint(0, VOCAB, (12,), generator=g).tolist()
         outputs = torch.randint(0, VOCAB, (9,), generator=g).tolist() + [4, 4, 4]
-        rows.append(SampleRow(p, len(outputs), (), (prompt, outputs) if p.penalized else None))
+        rows.append(SampleRow(p, len(outputs), (), (prompt, outputs)))
     return rows
+
+
+def put(a):
+    return torch.from_numpy(a)
+
+
+def counted(rows, logits):
+    """The rows' counts as the runner keeps them (one request per row)."""
+    return PenaltyCounts().view([f"r{i}" for i in range(len(rows))], rows, logits, put)
 
 
 def test_each_row_gets_the_reference_adjustment():
     logits = torch.randn(len(CASES), VOCAB, generator=torch.Generator().manual_seed(0))
     rows = rows_for(CASES)
     got = logits.clone()
-    apply_penalties(got, rows, lambda a: torch.from_numpy(a))
+    apply_penalties(got, rows, put, counted(rows, logits))
     for i, (row, p) in enumerate(zip(rows, CASES)):
         prompt, outputs = row.history or ([], [])
         torch.testing.assert_close(got[i], reference(logits[i], p, prompt, outputs))
@@ -64,7 +74,7 @@ def test_greedy_picks_from_the_adjusted_logits_and_logprobs_from_the_raw_ones():
     rows = [SampleRow(SamplingParams(**{**_fields(r.params), "logprobs": 1}), r.num_output_tokens,
                       (), r.history) for r in rows_for(CASES)]
     before = logits.clone()
-    out = sample(logits, rows)
+    out = sample(logits, rows, penalties=counted(rows, logits))
     assert torch.equal(logits, before)  # the caller's logits are left as they were
     raw = torch.log_softmax(logits, dim=-1)
     for i, row in enumerate(rows):
@@ -80,10 +90,36 @@ def _fields(p: SamplingParams) -> dict:
                                        "presence_penalty", "logit_bias")}
 
 
-def test_a_penalized_row_without_its_tokens_is_an_error():
-    row = SampleRow(SamplingParams(temperature=0.0, presence_penalty=1.0), 0, (), None)
-    with pytest.raises(RuntimeError, match="history"):
-        apply_penalties(torch.zeros(1, VOCAB), [row], lambda a: torch.from_numpy(a))
+def test_a_penalized_row_without_its_counts_or_tokens_is_an_error():
+    row = SampleRow(SamplingParams(temperature=0.0, presence_penalty=1.0), 2, (), None)
+    with pytest.raises(RuntimeError, match="counts"):
+        apply_penalties(torch.zeros(1, VOCAB), [row], put, None)
+    with pytest.raises(RuntimeError, match="output tokens are needed"):
+        counted([row], torch.zeros(1, VOCAB))
+
+
+def test_counts_follow_the_sampled_tokens_and_are_rebuilt_after_a_forget():
+    """Each step adds the token it sampled on the device; a request whose row was dropped
+    (preempted) is counted again from its lists; rows are reused and the pool grows."""
+    pool = PenaltyCounts()
+    params = SamplingParams(temperature=0.0, frequency_penalty=1.0)
+    logits = torch.zeros(12, VOCAB)
+    outputs = [[3, 3], []] + [[] for _ in range(10)]
+    rows = [SampleRow(params, len(o), (), ([1, 2], o)) for o in outputs]
+    ids = [f"r{i}" for i in range(12)]
+    view = pool.view(ids, rows, logits, put)
+    assert view.output_counts[0, 3] == 2 and view.in_prompt[1, 2] and not view.in_prompt[1, 3]
+    pool.record(view, torch.tensor([5] * 12))
+    outputs[0].append(5)  # the engine appends it later (async): the counts have it already
+    rows[0] = SampleRow(params, 3, (), ([1, 2], outputs[0][:2]))  # one short in its list
+    again = pool.view(ids[:1], rows[:1], logits, put)
+    assert again.output_counts[0, 5] == 1 and again.output_counts[0, 3] == 2
+    pool.forget("r0")
+    with pytest.raises(RuntimeError):  # rebuilt from a list one short: refused
+        pool.view(ids[:1], rows[:1], logits, put)
+    rows[0] = SampleRow(params, 3, (), ([1, 2], outputs[0]))
+    rebuilt = pool.view(["r0"], rows[:1], logits, put)
+    assert rebuilt.output_counts[0].tolist() == again.output_counts[0].tolist()
 
 
 @pytest.mark.parametrize("kw", [dict(presence_penalty=2.5), dict(frequency_penalty=-3.0),
