@@ -32,6 +32,7 @@ class Workers:
     def __init__(self, procs: list[Any], conns: list[Connection]):
         self.procs, self.conns = procs, conns
         self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     def watch(self, on_death: Callable[[], None]) -> None:
         """Call `on_death` (from a daemon thread) as soon as a worker exits before `stop`:
@@ -42,7 +43,8 @@ class Workers:
             if not self._stopping.is_set():
                 on_death()
 
-        threading.Thread(target=run, name="kvtier-tp-watch", daemon=True).start()
+        self._watcher = threading.Thread(target=run, name="kvtier-tp-watch", daemon=True)
+        self._watcher.start()
 
     @classmethod
     def spawn(cls, args: Any, size: int, port: int) -> Workers:
@@ -122,6 +124,11 @@ class Workers:
                 p.join()
         for conn in self.conns:
             conn.close()
+        # The watcher ends once the workers have; joined here, it drops what `on_death`
+        # holds (the group) while this thread waits, not during the interpreter's exit,
+        # where a daemon thread releasing a process group aborts the process.
+        if self._watcher is not None:
+            self._watcher.join(EXIT_WAIT_S)
 
 
 class TPExecutor:
