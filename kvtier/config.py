@@ -179,6 +179,9 @@ class CacheConfig:
         return 2 * self.layers_in_block(model.num_layers) * self.block_size * model.kv_size * dtype_bytes
 
 
+# The waiting queue's orders (kvtier/scheduler/queue.py): vLLM's and SGLang's.
+SCHEDULE_POLICIES = ("fcfs", "lpm")
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_batched_tokens: int = 8192
@@ -211,8 +214,9 @@ class SchedulerConfig:
                                                 or self.max_num_partial_prefills > 1):
             raise ConfigError("long_prefill_token_threshold and max_num_partial_prefills > 1 "
                               "need chunked prefill")
-        if self.schedule_policy not in ("fcfs", "lpm"):
-            raise ConfigError(f"--schedule-policy: fcfs or lpm, not {self.schedule_policy!r}")
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ConfigError(f"--schedule-policy: one of {', '.join(SCHEDULE_POLICIES)}, not "
+                              f"{self.schedule_policy!r}")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ConfigError(
                 "without chunked prefill, max_num_batched_tokens must be >= max_model_len"

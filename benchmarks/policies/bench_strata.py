@@ -49,10 +49,10 @@ from kvtier.bench.cli import add_bench_args, bench_config, workload_spec
 from kvtier.bench.experiment import engine_backends, run_once, sweep_goodput
 from kvtier.bench.metrics import summarize_run
 from kvtier.bench.workload import build_workload
+from kvtier.config import SCHEDULE_POLICIES
 from kvtier.engine.args import EngineArgs
 from kvtier.kv.host_tier import WritePolicy
 from kvtier.offload.args import HostTierArgs
-from kvtier.scheduler.queue import SCHEDULE_POLICIES
 
 VARIANTS = {"a": "gpu", "b": "direct", "c": "kernel", "d": "kernel+cas"}
 
@@ -74,33 +74,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     EngineArgs.add_cli_args(p, positional_model=False)
     p.add_argument("--variants", default="a,b,c,d", help="which of a,b,c,d, in this order")
     p.add_argument("--host-gib", type=float, default=64.0, help="host tier size (b-d)")
-    p.add_argument("--write-policies", type=_names,
+    p.add_argument("--write-policies", type=_choices([w.value for w in WritePolicy],
+                                                     "write policies"),
                    help="run b-d once per write policy, a comma list of "
                         f"{', '.join(w.value for w in WritePolicy)}")
     p.add_argument("--loading-bounds", type=_bounds,
                    help="run d once per --hicache-loading-bound, a comma list (0: no bound)")
     p.add_argument("--load-programs", type=_counts,
                    help="run c and d once per --hicache-load-programs, a comma list")
-    p.add_argument("--schedule-policies", type=_orders,
+    p.add_argument("--schedule-policies", type=_choices(list(SCHEDULE_POLICIES),
+                                                        "schedule policies"),
                    help="run every variant once per --schedule-policy, a comma list of "
                         f"{', '.join(SCHEDULE_POLICIES)}")
     return p.parse_args(argv)
 
 
-def _names(text: str) -> list[str]:
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    known = [w.value for w in WritePolicy]
-    bad = [n for n in names if n not in known]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown write policies {bad}, give some of {known}")
-    return names
-
-
-def _orders(text: str) -> list[str]:
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if not names or set(names) - set(SCHEDULE_POLICIES):
-        raise argparse.ArgumentTypeError(f"schedule policies are some of {SCHEDULE_POLICIES}")
-    return names
+def _choices(known: list[str], what: str):
+    """An argparse type: a comma list of some of `known`."""
+    def parse(text: str) -> list[str]:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        bad = [n for n in names if n not in known]
+        if bad or not names:
+            raise argparse.ArgumentTypeError(f"unknown {what} {bad}, give some of {known}")
+        return names
+    return parse
 
 
 def _numbers(text: str, kind: type, what: str, least: float) -> list:

@@ -305,8 +305,7 @@ class LLMEngine:
         return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids,
                              list(map(completion_output, parent.children)), finished, parent.metrics,
                              parent.children[0].request.num_cached_tokens,
-                             parent.prompt_logprobs[:] if parent.prompt_logprobs is not None
-                             else None)
+                             parent.prompt_logprobs)
 
     # ---- introspection ---------------------------------------------------------------
     def get_stats(self) -> EngineStats:

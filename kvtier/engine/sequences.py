@@ -31,7 +31,9 @@ class RequestGroup:
     final_only: bool = False
     children: list[SequenceState] = field(default_factory=list)
     # SamplingParams.prompt_logprobs: one entry a prompt token (None for the first), filled
-    # as the prompt's chunks are scored; the first sequence scores them for all n.
+    # as the prompt's chunks are scored; the first sequence scores them for all n. Outputs
+    # hand out this list itself, not a copy a step: an output comes once a token is
+    # sampled, when the prompt is scored whole (a re-prefill writes the same values).
     prompt_logprobs: list[dict[int, float] | None] | None = None
 
     def add_prompt_logprobs(self, scored: list[tuple[int, dict[int, float]]]) -> None:

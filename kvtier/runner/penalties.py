@@ -10,16 +10,17 @@ kernels a step however many there are.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 
 from kvtier.sampling_params import SamplingParams
 
-Upload = Callable[[np.ndarray], torch.Tensor]
+if TYPE_CHECKING:  # the sampler imports this module
+    from kvtier.runner.sampler import Upload
 
 
 class PenaltyRow(Protocol):

@@ -11,13 +11,16 @@ before that token reaches the host, and its penalties still count it, with no re
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 
-from kvtier.runner.penalties import PenaltyView, Upload
+from kvtier.runner.penalties import PenaltyView
 from kvtier.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from kvtier.runner.sampler import Upload
 
 INITIAL_ROWS = 8  # the pool doubles as penalized requests come
 

@@ -11,7 +11,7 @@ serve these requests (kvtier/kv/prefix_cache.py), as in vLLM: a cached token has
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from kvtier.core.plan import ScheduledRequest
+from kvtier.runner.sampler import Upload
 
-Upload = Callable[[np.ndarray], torch.Tensor]
 PromptLogprobs = dict[str, list[tuple[int, dict[int, float]]]]  # id -> (position, logprobs)
 SLICE_ROWS = 512  # rows scored at once
 _prompt_ids = attrgetter("prompt_ids")

@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from kvtier.kv.prefix_cache import PrefixCache
 
 LPM_MAX_WAITING = 128  # SGLang's cut-off for its prefix-match ordering
-SCHEDULE_POLICIES = ("fcfs", "lpm")
 
 
 class FCFSQueue:
@@ -105,8 +104,5 @@ def cached_blocks(cache: PrefixCache, req: Request) -> int:
 
 
 def make_queue(policy: str) -> FCFSQueue:
-    if policy == "lpm":
-        return LongestPrefixQueue()
-    if policy == "fcfs":
-        return FCFSQueue()
-    raise ValueError(f"schedule policy {policy!r}: one of {', '.join(SCHEDULE_POLICIES)}")
+    """The queue of a SchedulerConfig.schedule_policy (checked there)."""
+    return LongestPrefixQueue() if policy == "lpm" else FCFSQueue()

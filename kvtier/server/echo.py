@@ -42,8 +42,7 @@ def prompt_texts(req: CompletionRequest, prompts: list[list[int]], tokenizer: An
     return texts
 
 
-def echoed_logprobs(tokenizer: Any, prompt_ids: list[int],
-                    scored: tuple[dict[int, float] | None, ...] | None, k: int,
+def echoed_logprobs(tokenizer: Any, prompt_ids: list[int], scored: Scored | None, k: int,
                     generated: CompletionLogprobs | None, prompt_text: str) -> CompletionLogprobs:
     """The prompt's logprobs (offsets from 0), then the generated tokens' (`generated`,
     whose offsets count from the end of the prompt's text)."""
