@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvtier.structured.params import StructuredOutputsError, StructuredOutputsParams
+
 
 class InvalidRequestError(ValueError):
     """A request the engine refuses; nothing else is disturbed (the server maps it to 400)."""
@@ -34,6 +36,9 @@ class SamplingParams:
     # {token id: bias} added to the logits before the penalties (given as a dict, kept as
     # sorted (id, bias) pairs so that the params stay hashable).
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # vLLM's: the output held to a JSON schema, a regex, choices or a grammar (a dict of
+    # StructuredOutputsParams' fields is accepted too; kvtier/structured/)
+    structured_outputs: StructuredOutputsParams | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     detokenize: bool = True  # benchmarks with ignore_eos skip it, as vLLM's do
@@ -61,6 +66,11 @@ class SamplingParams:
         except (TypeError, ValueError):
             raise InvalidRequestError("invalid sampling parameter: logit_bias maps token ids "
                                       f"to numbers, got {bias!r}") from None
+        try:
+            object.__setattr__(self, "structured_outputs",
+                               StructuredOutputsParams.coerce(self.structured_outputs))
+        except StructuredOutputsError as exc:
+            raise InvalidRequestError(str(exc)) from None
         self.validate()
         object.__setattr__(self, "penalized", self.presence_penalty != 0.0
                            or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0)

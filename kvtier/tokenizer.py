@@ -149,6 +149,13 @@ class BPETokenizer:
         ids = [i for i in ids if i < self._enc.n_vocab]  # model may emit ids past the BPE
         return self._enc.decode(ids, errors="replace")
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one id stands for; b"" for a special token or an id past the BPE (what
+        a grammar engine must never match as text)."""
+        if token_id in self._special_ids or token_id >= self._enc.n_vocab:
+            return b""
+        return self._enc.decode_single_token_bytes(token_id)
+
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
     ) -> list[int]:
@@ -178,6 +185,11 @@ class HFTokenizer:
         added = self._tok.added_tokens_decoder.items()
         self._special_tokens = {t.content: t for _, t in added if t.special}
         self._special_token_ids = {t.content: i for i, t in added if t.special}
+
+    @property
+    def hf_tokenizer(self) -> Any:
+        """The transformers tokenizer itself (what a grammar engine reads the vocabulary from)."""
+        return self._tok
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text))

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import ClassVar, TypeVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from kvtier.core.items import PlanItem
 from kvtier.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # A decode's input token that the step before it sampled but has not handed back yet (async
 # scheduling): the runner puts the sampled token in its place on the device.
@@ -39,6 +42,10 @@ class ScheduledRequest:
     # Prompt logprobs only (SamplingParams.prompt_logprobs), on the prompt's chunks: the
     # whole prompt (a chunk's last row scores the next chunk's first token).
     prompt_ids: list[int] | None = None
+    # Structured outputs only, on a sampling row: the tokens the request's grammar allows
+    # next, one bit a vocabulary entry (int32 words, token t at bit t % 32 of word t // 32;
+    # the engine fills it, kvtier/structured/requests.py). min_tokens' bans are in it.
+    token_mask: np.ndarray | None = None
 
     @property
     def num_new_tokens(self) -> int:

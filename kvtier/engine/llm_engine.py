@@ -31,6 +31,7 @@ from kvtier.offload.metrics import host_tier_metrics
 from kvtier.policies import get_policy
 from kvtier.sampling_params import InvalidRequestError, SamplingParams
 from kvtier.scheduler.scheduler import Scheduler
+from kvtier.structured.requests import SequenceGrammar, StructuredRequests, waits_on
 from kvtier.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class LLMEngine:
         self._parents: dict[str, RequestGroup] = {}
         self._child_of: dict[str, tuple[RequestGroup, SequenceState]] = {}
         self._unscheduled: dict[str, RequestGroup] = {}  # not yet scheduled, in arrival order
+        self._grammars = StructuredRequests(tokenizer, self.model_config.vocab_size)
         self._last_step_tokens = 0
         self._last_step_reqs = 0
         self._last_step_time = 0.0
@@ -115,6 +117,7 @@ class LLMEngine:
         if params.logit_bias and params.logit_bias[-1][0] >= self.model_config.vocab_size:
             raise InvalidRequestError("logit_bias has a token id outside the vocabulary")
         max_tokens = self._resolve_max_tokens(len(prompt_ids), params)
+        grammar = self._grammars.compile(params)
         metrics = RequestMetrics(arrival_time=arrival_time if arrival_time is not None else self.clock())
         parent = RequestGroup(request_id, prompt_text, prompt_ids, metrics,
                               final_only=params.output_kind == "final_only",
@@ -138,6 +141,8 @@ class LLMEngine:
                                                params.skip_special_tokens)
             child = SequenceState(i, req, detok, [] if params.logprobs is not None else None,
                                   0.0 if params.logprobs is not None else None)
+            if grammar is not None:
+                child.grammar = self._grammars.sequence(grammar, child_params, eos)
             parent.children.append(child)
             self._child_of[rid] = (parent, child)
             self.scheduler.add_request(req)
@@ -199,6 +204,7 @@ class LLMEngine:
         if self._async:
             outputs = self._step_async(plan)
         else:
+            self._grammars.fill(plan, self._grammar_of)
             result: StepResult = self.executor.execute(plan)
             outputs = self.make_outputs(self.scheduler.update(plan, result), result)
         self._last_step_tokens = plan.num_scheduled_tokens
@@ -222,12 +228,20 @@ class LLMEngine:
     def _step_async(self, plan: StepPlan) -> list[RequestOutput]:
         """Launch `plan`, then read back the step launched before it (the GPU runs this
         one meanwhile) and hand out that step's outputs."""
+        previous, done = self._inflight, []
+        if previous is not None and waits_on(plan, previous[0], self._grammar_of):
+            done, previous = self._finish_step(*previous), None  # its masks need those tokens
+        self._grammars.fill(plan, self._grammar_of)
         launched = self.executor.launch(plan)
-        previous, self._inflight = self._inflight, (plan, launched)
+        self._inflight = (plan, launched)
         self._inflight_ids = None
         if previous is None:
-            return []
+            return done
         return self._finish_step(*previous)
+
+    def _grammar_of(self, request_id: str) -> SequenceGrammar | None:
+        entry = self._child_of.get(request_id)
+        return None if entry is None else entry[1].grammar
 
     def _in_flight(self, request_id: str) -> bool:
         """Whether the launched step computes for this id (or its n > 1 children `id#i`):
@@ -261,7 +275,7 @@ class LLMEngine:
                     m.first_token_time = now
                 m.token_times.append(now)
             if (child.logprobs is not None or child.detok is not None
-                    or req.status.finished):  # else (benchmarks): nothing more to record
+                    or child.grammar is not None or req.status.finished):  # else (benchmarks): nothing more to record
                 self._record_token(parent, child, req, result)
             if (parent.final_only and child.finish_reason is None
                     and len(parent.children) == 1):
@@ -289,6 +303,9 @@ class LLMEngine:
             child.logprobs.append(lp)
             child.cumulative_logprob = (child.cumulative_logprob or 0.0) + lp.get(token, 0.0)
         stop_str = child.detok.add(token) if child.detok is not None else None
+        if (child.grammar is not None and child.grammar.accept(token)
+                and not req.status.finished):  # the grammar is done: nothing more may follow
+            self.scheduler.finish_request(req.request_id, RequestStatus.FINISHED_STOPPED)
         if stop_str is not None and not req.status.finished:
             self.scheduler.finish_request(req.request_id, RequestStatus.FINISHED_STOPPED)
             req.stop_reason = stop_str

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from kvtier.core.request import Request
 from kvtier.engine.detokenizer import IncrementalDetokenizer
 from kvtier.engine.outputs import CompletionOutput, RequestMetrics
+from kvtier.structured.requests import SequenceGrammar
 
 
 @dataclass
@@ -20,6 +21,7 @@ class SequenceState:
     logprobs: list[dict[int, float]] | None
     cumulative_logprob: float | None = None
     finish_reason: str | None = None
+    grammar: SequenceGrammar | None = None  # structured outputs: its matcher
 
 
 @dataclass

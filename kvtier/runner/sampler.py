@@ -1,5 +1,5 @@
 """Token sampling: greedy, temperature, top-k, top-p, min-p, seeds, min_tokens, logprobs,
-logit bias and vLLM's penalties (kvtier/runner/penalties.py; logprobs are those of the
+grammar masks (structured outputs), logit bias and vLLM's penalties (kvtier/runner/penalties.py; logprobs are those of the
 logits before them).
 
 Seeded requests draw from a generator seeded by (seed, output index), so a seeded request
@@ -25,6 +25,7 @@ import torch
 from kvtier.core.plan import ScheduledRequest
 from kvtier.runner.penalties import PenaltyView, adjusts_logits, apply_penalties
 from kvtier.sampling_params import SamplingParams
+from kvtier.structured.mask import mask_logits
 
 Upload = Callable[[np.ndarray], torch.Tensor]  # a host array onto the logits' device
 
@@ -37,6 +38,9 @@ class SampleRow:
     # Penalized rows: (prompt ids, output ids), the request's lists (under async scheduling
     # the output list may lack the token in flight; kvtier/runner/penalty_counts.py).
     history: tuple[list[int], list[int]] | None = None
+    # Structured outputs: the packed allowed-token mask (ScheduledRequest.token_mask; the
+    # row's min_tokens bans are in it, and banned_ids is then empty).
+    allowed: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,8 @@ def sample_row(eos_token_ids: Sequence[int], sr: ScheduledRequest) -> SampleRow:
     p = sr.sampling_params
     num_output = sr.num_output_tokens
     history = sr.history
+    if sr.token_mask is not None:
+        return SampleRow(p, num_output, (), history, sr.token_mask)
     if num_output >= p.min_tokens:  # the common case: nothing banned
         return SampleRow(p, num_output, (), history)
     eos = () if p.ignore_eos else tuple(eos_token_ids)
@@ -111,7 +117,8 @@ def _pageable_upload(device: torch.device) -> Upload:
 
 def _without_banned(logits: torch.Tensor, rows: list[SampleRow], put: Upload) -> torch.Tensor:
     """The fp32 copy of the logits (softmax, temperature, logprobs: fp32) with each row's
-    banned ids (eos/stop while min_tokens is not reached) at -inf."""
+    banned ids (eos/stop while min_tokens is not reached) and the tokens its grammar does
+    not allow (structured outputs) at -inf."""
     # Always a copy (bf16 logits need one anyway): the bans and penalties write into it.
     logits = logits.to(torch.float32, copy=True)
     pairs = [(i, t) for i, row in enumerate(rows) for t in row.banned_ids]
@@ -119,6 +126,9 @@ def _without_banned(logits: torch.Tensor, rows: list[SampleRow], put: Upload) ->
         at = np.asarray(pairs, dtype=np.int64)
         # the value made on the device: torch.tensor(-inf, device=...) would be an upload
         logits.index_put_((put(at[:, 0]), put(at[:, 1])), logits.new_full((), float("-inf")))
+    masks = [(i, row.allowed) for i, row in enumerate(rows) if row.allowed is not None]
+    if masks:
+        mask_logits(logits, [i for i, _ in masks], [m for _, m in masks], put)
     return logits
 
 
@@ -142,7 +152,7 @@ def plain_greedy(rows: list[SampleRow]) -> bool:
     one SamplingParams object: each distinct one in a run is checked once."""
     last = None
     for r in rows:
-        if r.banned_ids:
+        if r.banned_ids or r.allowed is not None:
             return False
         p = r.params
         if p is not last:

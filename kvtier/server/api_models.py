@@ -95,6 +95,16 @@ class _SamplingFields(_Request):
     # vLLM's extension: each choice (and each streamed chunk) also carries its token ids,
     # which is how the HTTP benchmark backend stamps every token exactly.
     return_token_ids: bool = False
+    # Structured outputs (kvtier/server/structured.py): OpenAI's response_format, vLLM's
+    # structured_outputs and its older guided_* fields, SGLang's regex and ebnf.
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
 
 # --------------------------------------------------------------------------- completions
@@ -175,7 +185,6 @@ class ChatCompletionRequest(_SamplingFields):
     add_generation_prompt: bool = True
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
-    response_format: dict | None = None
 
     @field_validator("tools")
     @classmethod

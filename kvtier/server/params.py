@@ -19,6 +19,7 @@ from kvtier.server.api_models import (
     _SamplingFields,
 )
 from kvtier.server.errors import APIError
+from kvtier.server.structured import structured_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -199,9 +200,6 @@ def _check_unsupported(req: _SamplingFields) -> None:
         if req.best_of is not None and req.best_of != req.n:
             raise _bad("best_of other than n is not supported", "best_of", code="unsupported_value")
     if isinstance(req, ChatCompletionRequest):
-        fmt = (req.response_format or {}).get("type", "text")
-        if fmt != "text":
-            raise _bad(f"response_format {fmt!r} is not supported", "response_format", code="unsupported_value")
         if req.top_logprobs is not None and not req.logprobs:
             raise _bad("top_logprobs requires logprobs to be true", "top_logprobs")
 
@@ -256,6 +254,7 @@ def sampling_params(
             logit_bias=_logit_bias(req.logit_bias, limits.vocab_size),
             include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens,
+            structured_outputs=structured_outputs(req),
         )
     except InvalidRequestError as exc:
         raise _bad(str(exc)) from None

@@ -85,7 +85,9 @@ def test_tp2_rank0_samples_and_broadcasts():
     params = [SamplingParams(temperature=0.8, top_p=0.9, seed=5, max_tokens=12,
                              ignore_eos=True, logprobs=2), GREEDY,
               SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
-                             frequency_penalty=1.5, logit_bias={7: 3.0})]
+                             frequency_penalty=1.5, logit_bias={7: 3.0}),
+              SamplingParams(temperature=0.7, seed=3, max_tokens=12,
+                             structured_outputs={"regex": "[a-f]{3,8}"})]
     prompts = _prompts(4, seed=1)
     one, _ = _serve(_engine(1, num_gpu_blocks=40), prompts, params)
     two, _ = _serve(_engine(2, num_gpu_blocks=40), prompts, params)

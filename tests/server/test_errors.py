@@ -117,7 +117,11 @@ def test_invalid_completion_values(http, field, value):
     ("messages", [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
     ("messages", [{"role": "user", "content": "\udfff"}]), ("messages", "hi"),
     ("tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("response_format", {"type": "json_object"}), ("stop", ["\ud800"]),
+    ("response_format", {"type": "json_schema"}), ("response_format", {"type": "structural_tag"}),
+    ("response_format", {"type": "json_schema", "json_schema": {"schema": "{}"}}),
+    ("structured_outputs", {"regex": "a", "choice": ["b"]}), ("structured_outputs", {"x": 1}),
+    ("guided_choice", []), ("guided_regex", "(unclosed"), ("guided_json", "{not json"),
+    ("guided_grammar", "root ::= "), ("stop", ["\ud800"]),
 ])
 def test_invalid_chat_values(http, field, value):
     assert_error(post(http, "/v1/chat/completions", {**OK_CHAT, field: value}), 400)

@@ -1,0 +1,106 @@
+"""The engine's side of structured outputs: one grammar matcher per sequence, advanced by
+each token the sequence gets, and each step's allowed-token masks for the plan's sampling
+rows (torch-free: masks are numpy words the runner uploads).
+
+A mask needs the sequence's previous token, so under async scheduling a step whose
+structured row sampled in the step still in flight waits for that step's tokens before it
+launches (`waits_on`); the other steps keep their overlap.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from kvtier.core.plan import StepPlan
+from kvtier.sampling_params import SamplingParams
+from kvtier.structured.backend import GrammarBackend
+
+logger = logging.getLogger(__name__)
+
+
+class SequenceGrammar:
+    """One sequence's matcher and the ids it may not end on before min_tokens."""
+
+    def __init__(self, matcher: Any, params: SamplingParams, eos_token_ids: tuple[int, ...]):
+        self.matcher = matcher
+        self.min_tokens = params.min_tokens
+        self._banned = np.asarray(sorted({*eos_token_ids, *params.stop_token_ids}), np.int64)
+
+    def accept(self, token: int) -> bool:
+        """Advance by the sequence's new token; True when the sequence must end here (the
+        grammar is done, or refuses a token it did not allow: a stop string's cut, say)."""
+        if self.matcher.is_terminated():
+            return True
+        if not self.matcher.accept_token(token):
+            logger.warning("structured output: token %d outside the grammar; sequence ended", token)
+            return True
+        return bool(self.matcher.is_terminated())
+
+    def fill(self, masks: np.ndarray, i: int, num_output_tokens: int) -> None:
+        """Row i of `masks`: the tokens allowed next. Before min_tokens the end ids are
+        taken out, unless the grammar allows nothing else (it must end: it wins)."""
+        if self.matcher.is_terminated():  # ended by the token in flight: its next is dropped
+            masks[i] = -1
+            return
+        self.matcher.fill_next_token_bitmask(masks, i)
+        if num_output_tokens >= self.min_tokens or not len(self._banned):
+            return
+        words = masks[i].view(np.uint32)
+        kept = words.copy()
+        np.bitwise_and.at(kept, self._banned >> 5,
+                          ~(np.uint32(1) << (self._banned & 31).astype(np.uint32)))
+        if kept.any():
+            words[:] = kept
+
+
+class StructuredRequests:
+    """The engine's grammars: compiled per request, a matcher per sequence."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int):
+        self._tokenizer, self._vocab_size = tokenizer, vocab_size
+        self._backend: GrammarBackend | None = None
+
+    @property
+    def backend(self) -> GrammarBackend:
+        if self._backend is None:  # at the first request that asks for a format
+            self._backend = GrammarBackend(self._tokenizer, self._vocab_size)
+        return self._backend
+
+    def compile(self, params: SamplingParams) -> Any:
+        """The request's compiled grammar, None when it asks for no format (before any of
+        its sequences is added: a bad schema leaves nothing behind)."""
+        spec = params.structured_outputs
+        return None if spec is None else self.backend.compile(spec)
+
+    def sequence(self, compiled: Any, params: SamplingParams,
+                 eos_token_ids: tuple[int, ...]) -> SequenceGrammar:
+        """`eos_token_ids`: the request's (none under ignore_eos: then the grammar ends on
+        the tokenizer's own, and the engine ends the sequence there)."""
+        return SequenceGrammar(self.backend.matcher(compiled, eos_token_ids), params,
+                               eos_token_ids)
+
+    def fill(self, plan: StepPlan, grammar_of: Callable[[str], SequenceGrammar | None]) -> None:
+        """Each structured sampling row's mask, on its ScheduledRequest."""
+        rows = [(sr, g) for sr in plan.scheduled
+                if sr.sample and (g := grammar_of(sr.request_id)) is not None]
+        if not rows:
+            return
+        masks = np.zeros((len(rows), self.backend.mask_words), dtype=np.int32)
+        for i, (sr, grammar) in enumerate(rows):
+            grammar.fill(masks, i, sr.num_output_tokens)
+            sr.token_mask = masks[i]
+
+
+def waits_on(plan: StepPlan, inflight: StepPlan,
+             grammar_of: Callable[[str], SequenceGrammar | None]) -> bool:
+    """Whether a structured row of `plan` samples after a token of `inflight` not yet read."""
+    rows = [sr.request_id for sr in plan.scheduled
+            if sr.sample and grammar_of(sr.request_id) is not None]
+    if not rows:
+        return False
+    sampling = {sr.request_id for sr in inflight.scheduled if sr.sample}
+    return any(rid in sampling for rid in rows)
