@@ -403,10 +403,10 @@ part() {
   neo-layer)  # what NEO's host rows cost a layer inside a GPU step (a stand-in 8B step, 1 and 4 rows of 2,048 tokens), sequential and pipelined, by part, under the host-thread variants (OMP wait policy, kernel threads, the kernel inline, the main thread's torch threads)
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 400 python3 -m benchmarks.policies.bench_neo_layer \
       --out "$(out policies "neo_layer_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -15 ;;
-  sampling-tests)  # vLLM's penalties and logit bias, and prompt logprobs (echo), on the GPU in fp32 against HF's logits, with the sampler's and runner's GPU tests
+  sampling-tests)  # vLLM's penalties and logit bias, prompt logprobs (echo) and structured outputs (carry the xgrammar and apache-tvm-ffi wheels in .whl), on the GPU in fp32 against HF's logits, with the sampler's and runner's GPU tests
     pytest_files "gpu_tests_sampling_$KVTIER_GIT_COMMIT" 300 tests/engine/test_penalties_hf.py \
       tests/engine/test_prompt_logprobs_hf.py tests/runner/test_penalties.py tests/runner/test_sampler.py \
-      tests/runner/test_gpu_path.py ;;
+      tests/runner/test_gpu_path.py tests/structured ;;
   neo-tests)  # NEO's layer-call tests and engine tests on the host's CPU, and its GPU tests (pipelined and not, fp32 = GPU-only)
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext neo_tests "gpu_tests_neo_$KVTIER_GIT_COMMIT" ;;
   neo-graphs)  # NEO's sequential decode-only steps replayed as decode graphs (one CPU job a step, each layer handed over through pinned flags) against the piecewise forward (--no-neo-graphs), in one call: NEO's tests, the step parts both ways, then 32 x 2,048 + 128 at 3/4 (balance lifted) both ways, by its rule, and recompute

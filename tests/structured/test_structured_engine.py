@@ -168,3 +168,16 @@ def test_an_aborted_structured_request_leaves_nothing(model_dir):
         engine.step()
         engine.check_integrity()
     assert engine.scheduler.kv.all_free()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", sorted(FORMATS))
+def test_on_the_gpu_outputs_follow_the_grammar(model_dir, kind):
+    """The GPU path (async scheduling, graphs, pinned uploads of the masks), fp32 and bf16."""
+    for dtype in ("float32", "bfloat16"):
+        llm = make_llm(model_dir, device="cuda", dtype=dtype)
+        params = SamplingParams(max_tokens=60, temperature=1.0, seed=3,
+                                structured_outputs=FORMATS[kind])
+        for out in run(llm, params):
+            assert out.finish_reason == "stop" and matches(kind, out.text), (dtype, out.text)
+        llm.engine.close()
