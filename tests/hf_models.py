@@ -18,6 +18,9 @@ ARCHS = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True)),
+    "qwen3-yarn": ("Qwen3Config", "Qwen3ForCausalLM", dict(  # Qwen3's long-context config
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32})),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(
         num_attention_heads=4, num_key_value_heads=2, sliding_window=None)),
 }

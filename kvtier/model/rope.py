@@ -1,4 +1,5 @@
-"""Rotary-embedding tables, including Llama 3's frequency scaling."""
+"""Rotary-embedding tables, with the scalings of HF's configs: linear, Llama 3's and YaRN
+(Qwen2.5's and Qwen3's long-context configs), as transformers computes them."""
 
 from __future__ import annotations
 
@@ -21,7 +22,60 @@ def inv_frequencies(cfg: ModelConfig) -> torch.Tensor:
         return inv_freq / float(scaling["factor"])
     if kind == "llama3":
         return _llama3_scale(inv_freq, scaling)
-    raise ConfigError(f"unsupported rope_scaling type {kind!r} (supported: linear, llama3)")
+    if kind == "yarn":
+        return _yarn_scale(cfg, scaling)
+    raise ConfigError(f"unsupported rope_scaling type {kind!r} (supported: linear, llama3, yarn)")
+
+
+def attention_factor(cfg: ModelConfig) -> float:
+    """What cos and sin are multiplied by (YaRN's mscale; 1 for the other scalings)."""
+    s = cfg.rope_scaling_dict
+    if not s or s.get("rope_type", s.get("type")) != "yarn":
+        return 1.0
+    if s.get("attention_factor") is not None:
+        return float(s["attention_factor"])
+    factor = _yarn_factor(cfg, s)
+    mscale, mscale_all_dim = s.get("mscale"), s.get("mscale_all_dim")
+    if mscale and mscale_all_dim:
+        return _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+    return _yarn_mscale(factor)
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn_original_len(cfg: ModelConfig, s: dict[str, Any]) -> int:
+    return int(s.get("original_max_position_embeddings") or cfg.max_position_embeddings)
+
+
+def _yarn_factor(cfg: ModelConfig, s: dict[str, Any]) -> float:
+    if s.get("factor") is not None:
+        return float(s["factor"])
+    return cfg.max_position_embeddings / _yarn_original_len(cfg, s)
+
+
+def _yarn_scale(cfg: ModelConfig, s: dict[str, Any]) -> torch.Tensor:
+    """YaRN: the frequencies that turn fewer than beta_slow times over the original length
+    interpolated by `factor`, those that turn more than beta_fast times kept, a linear ramp
+    between (transformers' `_compute_yarn_parameters`)."""
+    d, base = cfg.head_dim, cfg.rope_theta
+    factor, old_len = _yarn_factor(cfg, s), _yarn_original_len(cfg, s)
+    beta_fast, beta_slow = s.get("beta_fast") or 32, s.get("beta_slow") or 1
+
+    def dim_of(rotations: float) -> float:  # the dimension turning `rotations` times
+        return d * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dim_of(beta_fast), dim_of(beta_slow)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    pos_freqs = base ** (torch.arange(0, d, 2).float() / d)
+    extrapolated = 1 - ramp  # the share of each frequency kept as it was
+    return (1.0 / (factor * pos_freqs)) * (1 - extrapolated) + (1.0 / pos_freqs) * extrapolated
 
 
 def _llama3_scale(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
@@ -41,4 +95,6 @@ def cos_sin_cache(cfg: ModelConfig, max_positions: int, device: torch.device) ->
     inv_freq = inv_frequencies(cfg)
     t = torch.arange(max_positions, dtype=torch.int64).float()
     freqs = torch.outer(t, inv_freq)
-    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(device)
+    table = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+    scale = attention_factor(cfg)
+    return (table * scale if scale != 1.0 else table).to(device)
