@@ -62,7 +62,8 @@ class LLMEngine:
         self._parents: dict[str, RequestGroup] = {}
         self._child_of: dict[str, tuple[RequestGroup, SequenceState]] = {}
         self._unscheduled: dict[str, RequestGroup] = {}  # not yet scheduled, in arrival order
-        self._grammars = StructuredRequests(tokenizer, self.model_config.vocab_size)
+        # Structured outputs' grammars (the server compiles a request's ahead, off this thread)
+        self.grammars = StructuredRequests(tokenizer, self.model_config.vocab_size)
         self._last_step_tokens = 0
         self._last_step_reqs = 0
         self._last_step_time = 0.0
@@ -117,7 +118,7 @@ class LLMEngine:
         if params.logit_bias and params.logit_bias[-1][0] >= self.model_config.vocab_size:
             raise InvalidRequestError("logit_bias has a token id outside the vocabulary")
         max_tokens = self._resolve_max_tokens(len(prompt_ids), params)
-        grammar = self._grammars.compile(params)
+        grammar = self.grammars.compile(params)
         metrics = RequestMetrics(arrival_time=arrival_time if arrival_time is not None else self.clock())
         parent = RequestGroup(request_id, prompt_text, prompt_ids, metrics,
                               final_only=params.output_kind == "final_only",
@@ -142,7 +143,7 @@ class LLMEngine:
             child = SequenceState(i, req, detok, [] if params.logprobs is not None else None,
                                   0.0 if params.logprobs is not None else None)
             if grammar is not None:
-                child.grammar = self._grammars.sequence(grammar, child_params, eos)
+                child.grammar = self.grammars.sequence(grammar, child_params, eos)
             parent.children.append(child)
             self._child_of[rid] = (parent, child)
             self.scheduler.add_request(req)
@@ -204,7 +205,7 @@ class LLMEngine:
         if self._async:
             outputs = self._step_async(plan)
         else:
-            self._grammars.fill(plan, self._grammar_of)
+            self.grammars.fill(plan, self._grammar_of)
             result: StepResult = self.executor.execute(plan)
             outputs = self.make_outputs(self.scheduler.update(plan, result), result)
         self._last_step_tokens = plan.num_scheduled_tokens
@@ -231,7 +232,7 @@ class LLMEngine:
         previous, done = self._inflight, []
         if previous is not None and waits_on(plan, previous[0], self._grammar_of):
             done, previous = self._finish_step(*previous), None  # its masks need those tokens
-        self._grammars.fill(plan, self._grammar_of)
+        self.grammars.fill(plan, self._grammar_of)
         launched = self.executor.launch(plan)
         self._inflight = (plan, launched)
         self._inflight_ids = None

@@ -36,6 +36,7 @@ async def create_chat_completion(
         prompt = await state.tokenize(prompt_chars(req), chat_prompt, req, state.tokenizer, state.limits)
         check_lengths([prompt], max_tokens, state.limits, req.min_tokens)
         params = sampling_params(req, max_tokens, top_k_logprobs, state.limits)
+        await state.compile_format(params)
         request_id = state.new_request_id("chatcmpl")
         stream = await state.submit(request_id, [prompt], params, arrival_time, seats)
 

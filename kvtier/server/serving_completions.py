@@ -27,6 +27,7 @@ async def create_completion(
                                        state.limits)
         check_lengths(prompts, req.max_tokens, state.limits, req.min_tokens)
         params = sampling_params(req, req.max_tokens, req.logprobs, state.limits)
+        await state.compile_format(params)
         request_id = state.new_request_id("cmpl")
         stream = await state.submit(request_id, prompts, params, arrival_time, seats)
     num_prompt_tokens = sum(len(p) for p in prompts)

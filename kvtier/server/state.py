@@ -127,6 +127,20 @@ class ServerState:
     def new_request_id(prefix: str) -> str:
         return f"{prefix}-{uuid.uuid4().hex}"
 
+    async def compile_format(self, params: SamplingParams) -> None:
+        """A structured request's grammar compiled on the tokenizer thread (a large schema
+        may take a while: not on the engine's), where the engine's own compile finds it;
+        a schema, pattern or grammar xgrammar refuses is a 400."""
+        spec = params.structured_outputs
+        if spec is None:
+            return
+        size = sum(len(v) for v in (spec.json, spec.regex, spec.grammar) if v)
+        try:
+            await self.tokenize(size + sum(map(len, spec.choice or ())),
+                                self.engine.grammars.compile, params)
+        except InvalidRequestError as exc:
+            raise APIError(400, str(exc), code="invalid_value") from None
+
     async def submit(
         self, request_id: str, prompts: Sequence[list[int]], params: SamplingParams, arrival_time: float,
         seats: Seats,

@@ -10,6 +10,7 @@ launches (`waits_on`); the other steps keep their overlap.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -63,16 +64,21 @@ class StructuredRequests:
     def __init__(self, tokenizer: Any, vocab_size: int):
         self._tokenizer, self._vocab_size = tokenizer, vocab_size
         self._backend: GrammarBackend | None = None
+        self._lock = threading.Lock()  # the server's tokenizer thread compiles too
 
     @property
     def backend(self) -> GrammarBackend:
         if self._backend is None:  # at the first request that asks for a format
-            self._backend = GrammarBackend(self._tokenizer, self._vocab_size)
+            with self._lock:
+                if self._backend is None:
+                    self._backend = GrammarBackend(self._tokenizer, self._vocab_size)
         return self._backend
 
     def compile(self, params: SamplingParams) -> Any:
         """The request's compiled grammar, None when it asks for no format (before any of
-        its sequences is added: a bad schema leaves nothing behind)."""
+        its sequences is added: a bad schema leaves nothing behind). Thread-safe; the
+        compiler caches what it compiled, so the server compiles a request's grammar on
+        its tokenizer thread first and the engine's own call is a look-up."""
         spec = params.structured_outputs
         return None if spec is None else self.backend.compile(spec)
 

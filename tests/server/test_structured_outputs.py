@@ -40,7 +40,7 @@ def client(live):
 
 def grammar_takes(live, spec: dict, token_ids: list[int]) -> bool:
     """A fresh matcher of the engine's takes every token and is then done."""
-    grammars = live.engine._grammars
+    grammars = live.engine.grammars
     from kvtier.sampling_params import SamplingParams
 
     compiled = grammars.compile(SamplingParams(structured_outputs=spec))

@@ -56,7 +56,7 @@ def matches(kind: str, text: str) -> bool:
 
 def grammar_accepts(llm: LLM, spec: dict, tokens: list[int]) -> bool:
     """A fresh matcher takes every token, and ends after the last (its stop token)."""
-    grammars = llm.engine._grammars
+    grammars = llm.engine.grammars
     compiled = grammars.compile(SamplingParams(structured_outputs=spec))
     matcher = grammars.backend.matcher(compiled, llm.engine.tokenizer.eos_token_ids)
     return all(matcher.accept_token(t) for t in tokens) and matcher.is_terminated()
