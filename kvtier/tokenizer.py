@@ -23,9 +23,25 @@ import jinja2
 
 from kvtier.config import ConfigError
 
+# ChatML; with tools, the tools' signatures in a system turn and calls in <tool_call> blocks
+# (the hermes convention Qwen's templates follow, which `--tool-call-parser hermes` reads).
 CHATML_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% endif %}"
+    "# Tools\n\nThese functions may be called; their signatures:\n<tools>\n"
+    "{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools>\n\n"
+    "To call one, write a JSON object with its name and arguments in a block:\n"
+    "<tool_call>\n{\"name\": <function name>, \"arguments\": <arguments object>}\n"
+    "</tool_call><|im_end|>\n{% endif %}"
+    "{% for m in messages %}{% if not (tools and loop.first and m['role'] == 'system') %}"
+    "{% if m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n"
+    "</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "{% for c in m.get('tool_calls') or [] %}{% if not loop.first or m['content'] %}\n"
+    "{% endif %}<tool_call>\n{\"name\": {{ c['function']['name'] | tojson }}, "
+    "\"arguments\": {{ c['function']['arguments'] | tojson }}}\n</tool_call>{% endfor %}"
+    "<|im_end|>\n{% endif %}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 _QWEN_PATTERN = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
@@ -42,7 +58,8 @@ class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]: ...
 
 
@@ -63,17 +80,22 @@ class ChatText:
         return "".join(piece for piece, _ in self.pieces)
 
 
-def render_chat(render: Callable[[list[dict[str, Any]]], str], messages: list[dict[str, Any]],
-                specials: list[str]) -> ChatText:
-    """`render(messages)` with each special-token string in the messages hidden from the cut.
+Render = Callable[[list[dict[str, Any]], "list[dict[str, Any]] | None"], str]
 
-    Every occurrence in a message (any string in it: content, content parts, name) becomes
+
+def render_chat(render: Render, messages: list[dict[str, Any]], specials: list[str],
+                tools: list[dict[str, Any]] | None = None) -> ChatText:
+    """`render(messages, tools)` with each special-token string in the messages and tools
+    hidden from the cut.
+
+    Every occurrence in a message or tool (any string in it: content, content parts, name,
+    a tool's description or schema) becomes
     a marker no client can guess (a fresh random key per call); the rendered text is cut at
     the special tokens left, which the template wrote; then the markers become the strings
     they hid again.
     """
     if not specials:
-        return ChatText(((render(messages), False),), False)
+        return ChatText(((render(messages, tools), False),), False)
     find = re.compile("|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)))
     key = secrets.token_hex(8)
     markers = {tok: f"\ue000{key}.{i}\ue001" for i, tok in enumerate(specials)}
@@ -91,7 +113,7 @@ def render_chat(render: Callable[[list[dict[str, Any]]], str], messages: list[di
             return {k: hide(v) for k, v in value.items()}
         return value
 
-    rendered = render([hide(m) for m in messages])
+    rendered = render([hide(m) for m in messages], hide(tools))
     if not forged:
         return ChatText(tuple(_cut(rendered, find)), False)
     unhide = re.compile("|".join(re.escape(m) for m in markers.values()))
@@ -157,10 +179,12 @@ class BPETokenizer:
         return self._enc.decode_single_token_bytes(token_id)
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
-        chat = render_chat(lambda msgs: self._template.render(
-            messages=msgs, add_generation_prompt=add_generation_prompt), messages, list(_SPECIALS))
+        chat = render_chat(lambda msgs, tls: self._template.render(
+            messages=msgs, tools=tls, add_generation_prompt=add_generation_prompt),
+            messages, list(_SPECIALS), tools)
         ids: list[int] = []
         for text, special in chat.pieces:
             ids += [self._enc.encode_single_token(text)] if special else self._enc.encode_ordinary(text)
@@ -198,13 +222,15 @@ class HFTokenizer:
         return str(self._tok.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
         if not self._tok.chat_template:
             raise ConfigError("this model's tokenizer has no chat template")
-        chat = render_chat(lambda msgs: str(self._tok.apply_chat_template(
-            msgs, add_generation_prompt=add_generation_prompt, tokenize=False)),
-            messages, list(self._special_tokens))
+        chat = render_chat(lambda msgs, tls: str(self._tok.apply_chat_template(
+            msgs, tools=tls, add_generation_prompt=add_generation_prompt,  # type: ignore[arg-type]
+            tokenize=False)),
+            messages, list(self._special_tokens), tools)
         if not chat.forged:  # what apply_chat_template(tokenize=True) gives
             return self._encode_text(chat.text, split_special_tokens=False)
         return self._encode_pieces(chat.pieces)

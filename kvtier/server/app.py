@@ -39,6 +39,7 @@ from kvtier.server.serving_chat import create_chat_completion
 from kvtier.server.serving_completions import create_completion
 from kvtier.server.state import DEFAULT_MAX_TOKENIZE_QUEUE_CHARS, ServerState
 from kvtier.server.tokenize_api import detokenize_response, tokenize_response, version
+from kvtier.server.tool_parsers import make_parser
 
 DEFAULT_MAX_WAITING_REQUESTS = 256
 DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 2**20
@@ -70,6 +71,7 @@ def build_app(
     max_tokenize_queue_chars: int = DEFAULT_MAX_TOKENIZE_QUEUE_CHARS,
     shutdown_timeout_s: float = 30.0,
     request_timeout_s: float | None = None,
+    tool_call_parser: str | None = None,
 ) -> FastAPI:
     """An OpenAI-compatible app serving `engine` (an LLMEngine, see docs/ENGINE_API.md).
 
@@ -81,6 +83,8 @@ def build_app(
     else 256; `max_seqs_per_request` (prompts x n of one call) to `max_waiting_requests`.
     `api_key` guards /v1/* and POST /reset_prefix_cache (and /metrics with `metrics_need_key`).
     `request_timeout_s`: a request unfinished that long after submission ends with 408.
+    `tool_call_parser` (hermes, llama3_json) turns on tool_choice "auto"
+    (`--enable-auto-tool-choice`; kvtier/server/tool_calls.py).
     """
     if api_key is not None and not api_key.strip():
         raise ValueError("the API key is empty: pass a non-empty key, or none to serve without one")
@@ -92,22 +96,16 @@ def build_app(
     metrics = ServerMetrics()
     async_engine = AsyncEngine(engine, max_waiting_requests=max_waiting_requests, on_update=metrics.observe)
     metrics.attach(async_engine)
-    vocab_size = engine.model_config.vocab_size
     state = ServerState(
         engine=engine,
         async_engine=async_engine,
         served_model_names=tuple(served_model_names or (engine.served_model_name,)),
-        limits=ServingLimits(
-            max_model_len=sched.max_model_len,
-            vocab_size=vocab_size,
-            max_num_seqs=sched.max_num_seqs,
-            max_seqs_per_request=max_seqs_per_request,
-            max_token_chars=max_token_chars(engine.tokenizer, min(vocab_size, engine.tokenizer.vocab_size)),
-        ),
+        limits=_serving_limits(engine, max_seqs_per_request),
         metrics=metrics,
         max_tokenize_queue_chars=max_tokenize_queue_chars,
         shutdown_timeout_s=shutdown_timeout_s,
         request_timeout_s=request_timeout_s,
+        tool_parser=make_parser(tool_call_parser) if tool_call_parser else None,
     )
 
     app = FastAPI(title="kvtier", summary="OpenAI-compatible LLM server",
@@ -118,6 +116,17 @@ def build_app(
     app.openapi = openapi_without_422(app)  # type: ignore[method-assign]
     _add_middleware(app, state, max_request_body_bytes, api_key, metrics_need_key)
     return app
+
+
+def _serving_limits(engine: Any, max_seqs_per_request: int) -> ServingLimits:
+    sched, vocab_size = engine.config.scheduler, engine.model_config.vocab_size
+    return ServingLimits(
+        max_model_len=sched.max_model_len,
+        vocab_size=vocab_size,
+        max_num_seqs=sched.max_num_seqs,
+        max_seqs_per_request=max_seqs_per_request,
+        max_token_chars=max_token_chars(engine.tokenizer, min(vocab_size, engine.tokenizer.vocab_size)),
+    )
 
 
 def _lifespan(state: ServerState, shutdown_timeout_s: float):

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.config import ConfigError
+from kvtier.server.tool_parsers import PARSERS
 
 DEFAULT_PORT = 8000
 API_KEY_ENV = "KVTIER_API_KEY"
@@ -33,6 +34,13 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     _add_limit_args(http)
     http.add_argument("--uvicorn-log-level", default="info",
                       choices=["critical", "error", "warning", "info", "debug", "trace"])
+    tools = parser.add_argument_group("Tool calling")
+    tools.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help='tool_choice "auto": calls read from the model\'s own text by '
+                       "--tool-call-parser (vLLM's flags)")
+    tools.add_argument("--tool-call-parser", choices=sorted(PARSERS), default=None,
+                       help="how the model writes its calls: hermes (Qwen 2.5/3, Hermes: "
+                       "<tool_call> blocks) or llama3_json (Llama 3.1/3.2)")
     parser.set_defaults(func=run_serve)
     return parser
 
@@ -123,6 +131,8 @@ def run_serve(args: argparse.Namespace) -> int:
                                   keep_alive_timeout_s=args.timeout_keep_alive)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise ConfigError("--enable-auto-tool-choice needs --tool-call-parser")
     engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))
     try:
         app = build_app(
@@ -134,6 +144,7 @@ def run_serve(args: argparse.Namespace) -> int:
             max_request_body_bytes=args.max_request_body_bytes or DEFAULT_MAX_REQUEST_BODY_BYTES,
             shutdown_timeout_s=args.shutdown_timeout,
             request_timeout_s=args.request_timeout,
+            tool_call_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

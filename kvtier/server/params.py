@@ -20,6 +20,8 @@ from kvtier.server.api_models import (
 )
 from kvtier.server.errors import APIError
 from kvtier.server.structured import structured_outputs
+from kvtier.server.tool_calls import template_calls, template_tools
+from kvtier.structured.params import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
 
@@ -137,12 +139,15 @@ def completion_prompts(req: CompletionRequest, tokenizer: Any, limits: ServingLi
 
 
 def chat_prompt(req: ChatCompletionRequest, tokenizer: Any, limits: ServingLimits) -> list[int]:
-    return chat_template_ids(req.messages, req.add_generation_prompt, tokenizer, limits)
+    return chat_template_ids(req.messages, req.add_generation_prompt, tokenizer, limits,
+                             template_tools(req))
 
 
 def chat_template_ids(chat: list[ChatMessage], add_generation_prompt: bool, tokenizer: Any,
-                      limits: ServingLimits) -> list[int]:
-    """The messages through the model's chat template, checked as a prompt."""
+                      limits: ServingLimits, tools: list[dict[str, Any]] | None = None
+                      ) -> list[int]:
+    """The messages (and the tools, if any) through the model's chat template, checked as
+    a prompt."""
     messages = []
     for i, msg in enumerate(chat):
         text = msg.text()
@@ -150,9 +155,15 @@ def chat_template_ids(chat: list[ChatMessage], add_generation_prompt: bool, toke
         entry: dict[str, Any] = {"role": msg.role, "content": text}
         if msg.name is not None:
             entry["name"] = msg.name
+        if msg.tool_calls:
+            entry["tool_calls"] = template_calls(msg.tool_calls)
+        if msg.tool_call_id is not None:
+            entry["tool_call_id"] = msg.tool_call_id
         messages.append(entry)
+    extra = {} if tools is None else {"tools": tools}
     try:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                            **extra)
     except Exception as exc:  # templates raise on conversations they do not accept
         raise _bad(f"messages do not fit the model's chat template: {exc}", "messages") from None
     return check_ids(list(ids), limits, "messages")
@@ -224,9 +235,19 @@ def _logit_bias(bias: dict[str, float] | None,
 
 
 def sampling_params(
-    req: _SamplingFields, max_tokens: int | None, logprobs: int | None, limits: ServingLimits
+    req: _SamplingFields, max_tokens: int | None, logprobs: int | None, limits: ServingLimits,
+    tool_format: dict[str, Any] | None = None,
 ) -> SamplingParams:
+    """`tool_format`: the reply's format a tool_choice asks for (kvtier/server/tool_calls.py),
+    which no other format may join."""
     _check_unsupported(req)
+    fmt = structured_outputs(req)
+    if tool_format is not None:
+        if fmt is not None:
+            raise _bad("tool_choice 'required' or a named function holds the reply to the "
+                       "tools' schema; it cannot be combined with another output format",
+                       "tool_choice")
+        fmt = StructuredOutputsParams.coerce(tool_format)
     if req.n > limits.max_num_seqs:
         raise _bad(f"n must be at most {limits.max_num_seqs} (max_num_seqs), got {req.n}", "n")
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
@@ -254,7 +275,7 @@ def sampling_params(
             logit_bias=_logit_bias(req.logit_bias, limits.vocab_size),
             include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens,
-            structured_outputs=structured_outputs(req),
+            structured_outputs=fmt,
         )
     except InvalidRequestError as exc:
         raise _bad(str(exc)) from None

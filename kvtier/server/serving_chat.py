@@ -22,6 +22,8 @@ from kvtier.server.respond import respond
 from kvtier.server.results import CachedTokens, Collected, chat_logprobs, usage
 from kvtier.server.state import ServerState
 from kvtier.server.streaming import DONE, STREAM_FAILURES, failure_event, sse
+from kvtier.server.tool_calls import ReplyStream, ToolPlan, new_call, plan_tools, read_reply
+from kvtier.server.tool_parsers import ParsedCall
 
 
 async def create_chat_completion(
@@ -32,10 +34,11 @@ async def create_chat_completion(
     # max_completion_tokens is the newer name; None lets the engine fill the context.
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     top_k_logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    tools = plan_tools(req, state.tool_parser)
     async with state.admitted(req) as seats:
         prompt = await state.tokenize(prompt_chars(req), chat_prompt, req, state.tokenizer, state.limits)
         check_lengths([prompt], max_tokens, state.limits, req.min_tokens)
-        params = sampling_params(req, max_tokens, top_k_logprobs, state.limits)
+        params = sampling_params(req, max_tokens, top_k_logprobs, state.limits, tools.structured)
         await state.compile_format(params)
         request_id = state.new_request_id("chatcmpl")
         stream = await state.submit(request_id, [prompt], params, arrival_time, seats)
@@ -46,12 +49,18 @@ async def create_chat_completion(
             logprobs = None
             if top_k_logprobs is not None:
                 logprobs = chat_logprobs(state.tokenizer, res.token_ids, res.logprobs, top_k_logprobs)
+            content: str | None = res.text
+            calls: list[ParsedCall] = []
+            finish_reason = res.finish_reason
+            if tools.reads_calls:
+                content, calls, finish_reason = read_reply(tools, res.text, res.finish_reason)
             choices.append(
                 ChatCompletionChoice(
                     index=i,
-                    message=ChatResponseMessage(content=res.text),
+                    message=ChatResponseMessage(content=content,
+                                                tool_calls=[new_call(c) for c in calls]),
                     logprobs=logprobs,
-                    finish_reason=res.finish_reason,
+                    finish_reason=finish_reason,
                     stop_reason=res.stop_reason,
                     token_ids=res.token_ids if req.return_token_ids else None,
                 )
@@ -64,7 +73,8 @@ async def create_chat_completion(
 
     return await respond(
         state, raw, stream, req.stream, req.n,
-        lambda: _events(state, req, stream, request_id, model, len(prompt), top_k_logprobs),
+        lambda: _events(state, req, stream, request_id, model, len(prompt), top_k_logprobs,
+                        tools),
         build,
     )
 
@@ -77,11 +87,13 @@ async def _events(
     model: str,
     num_prompt_tokens: int,
     top_k_logprobs: int | None,
+    tools: ToolPlan,
 ) -> AsyncIterator[str]:
     options = req.stream_options
     continuous = options is not None and options.continuous_usage_stats
     num_completion_tokens = 0
     cached = CachedTokens()
+    replies: dict[int, ReplyStream] = {}  # tool calls read from each choice's stream
 
     def chunk(choice: ChatStreamChoice) -> str:
         # vLLM's continuous_usage_stats: every chunk carries the usage so far.
@@ -102,12 +114,17 @@ async def _events(
                         state.tokenizer, list(delta.token_ids), list(delta.logprobs), top_k_logprobs
                     )
                 num_completion_tokens += len(delta.token_ids)
+                message, finish_reason = DeltaMessage(content=delta.text), delta.finish_reason
+                if tools.reads_calls:
+                    reply = replies.setdefault(delta.index, ReplyStream(tools))
+                    content, calls, finish_reason = reply.feed(delta.text, delta.finish_reason)
+                    message = DeltaMessage(content=content, tool_calls=calls or None)
                 yield chunk(
                     ChatStreamChoice(
                         index=delta.index,
-                        delta=DeltaMessage(content=delta.text),
+                        delta=message,
                         logprobs=logprobs,
-                        finish_reason=delta.finish_reason,
+                        finish_reason=finish_reason,
                         stop_reason=delta.stop_reason,
                         token_ids=list(delta.token_ids) if req.return_token_ids else None,
                     )

@@ -54,3 +54,14 @@ def test_serve_then_sigterm(tiny_model_dir, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_auto_tool_choice_needs_a_parser(tiny_model_dir):
+    """Refused before the engine is built, naming the missing flag (vLLM's pairing)."""
+    cmd = [sys.executable, "-m", "kvtier.cli", "serve", tiny_model_dir, "--load-format", "dummy",
+           "--device", "cpu", "--enable-auto-tool-choice"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "--tool-call-parser" in done.stderr, done.stderr
+    bad = subprocess.run(cmd + ["--tool-call-parser", "nope"], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode != 0 and "hermes" in bad.stderr
