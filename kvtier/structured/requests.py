@@ -52,8 +52,8 @@ class SequenceGrammar:
             return
         words = masks[i].view(np.uint32)
         kept = words.copy()
-        np.bitwise_and.at(kept, self._banned >> 5,
-                          ~(np.uint32(1) << (self._banned & 31).astype(np.uint32)))
+        banned = self._banned[self._banned < 32 * len(words)]  # (a tokenizer id past the model's)
+        np.bitwise_and.at(kept, banned >> 5, ~(np.uint32(1) << (banned & 31).astype(np.uint32)))
         if kept.any():
             words[:] = kept
 

@@ -128,3 +128,18 @@ def assert_engine_clean(srv: LiveServer) -> None:
     assert stats.num_running == stats.num_waiting == stats.num_swapped == 0
     assert stats.gpu_blocks_used == 0 and stats.host_blocks_used == 0
     srv.call(lambda e: e.check_integrity())
+
+
+def serve_until_clean(app: Any) -> Iterator[LiveServer]:
+    """A module fixture's body: serve `app`, and at the end check the engine came back clean."""
+    srv = start_server(app)
+    yield srv
+    assert_engine_clean(srv)
+    srv.stop()
+
+
+def openai_client(srv: LiveServer) -> Any:
+    """The official client on the server (a context manager), no retries."""
+    import openai
+
+    return openai.OpenAI(base_url=srv.base_url + "/v1", api_key="unused", max_retries=0)

@@ -11,7 +11,12 @@ import openai
 import pytest
 
 from kvtier.server.app import build_app
-from tests.server.conftest import MODEL, assert_engine_clean, make_engine, start_server
+from tests.server.conftest import (
+    MODEL,
+    make_engine,
+    openai_client,
+    serve_until_clean,
+)
 
 pytest.importorskip("xgrammar")
 
@@ -26,15 +31,12 @@ DATE = r"[0-9]{4}-[0-9]{2}-[0-9]{2}"
 
 @pytest.fixture(scope="module", params=[False, True], ids=["sync", "async"])
 def live(request, tiny_model_dir):
-    srv = start_server(build_app(make_engine(tiny_model_dir, async_scheduling=request.param)))
-    yield srv
-    assert_engine_clean(srv)
-    srv.stop()
+    yield from serve_until_clean(build_app(make_engine(tiny_model_dir, async_scheduling=request.param)))
 
 
 @pytest.fixture(scope="module")
 def client(live):
-    with openai.OpenAI(base_url=live.base_url + "/v1", api_key="unused", max_retries=0) as c:
+    with openai_client(live) as c:
         yield c
 
 

@@ -10,7 +10,13 @@ import openai
 import pytest
 
 from kvtier.server.app import build_app
-from tests.server.conftest import MODEL, assert_engine_clean, make_engine, start_server
+from tests.server.conftest import (
+    MODEL,
+    make_engine,
+    openai_client,
+    serve_until_clean,
+    start_server,
+)
 
 pytest.importorskip("xgrammar")
 
@@ -34,15 +40,12 @@ FORCED = {"guided_regex": r'Let me check\.<tool_call>\n\{"name": "get_weather", 
 @pytest.fixture(scope="module", params=[False, True], ids=["sync", "async"])
 def live(request, tiny_model_dir):
     engine = make_engine(tiny_model_dir, async_scheduling=request.param, **LONG)
-    srv = start_server(build_app(engine, tool_call_parser="hermes"))
-    yield srv
-    assert_engine_clean(srv)
-    srv.stop()
+    yield from serve_until_clean(build_app(engine, tool_call_parser="hermes"))
 
 
 @pytest.fixture(scope="module")
 def client(live):
-    with openai.OpenAI(base_url=live.base_url + "/v1", api_key="unused", max_retries=0) as c:
+    with openai_client(live) as c:
         yield c
 
 
@@ -168,7 +171,7 @@ def test_refusals(client, kw, match):
 def test_auto_needs_the_servers_parser(tiny_model_dir):
     srv = start_server(build_app(make_engine(tiny_model_dir, **LONG)))
     try:
-        with openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0) as c:
+        with openai_client(srv) as c:
             with pytest.raises(openai.BadRequestError, match="enable-auto-tool-choice"):
                 create(c)
             out = create(c, tool_choice="none", max_tokens=3, extra_body={"ignore_eos": True})
