@@ -17,6 +17,9 @@ from kvtier.structured.params import StructuredOutputsParams
 logger = logging.getLogger(__name__)
 
 INSTALL_HINT = "structured outputs need the xgrammar package (pip install xgrammar)"
+# Compiled grammars kept for reuse at most (least recently used first out): a server that
+# sees many distinct schemas must not grow without bound (vLLM's default limit).
+CACHE_LIMIT_BYTES = 512 * 2**20
 
 
 def _xgrammar() -> Any:
@@ -56,7 +59,8 @@ class GrammarBackend:
         start = time.perf_counter()
         self.vocab_size = vocab_size
         self._compiler = xgr.GrammarCompiler(tokenizer_info(tokenizer, vocab_size, xgr),
-                                             max_threads=max_threads)
+                                             max_threads=max_threads,
+                                             cache_limit_bytes=CACHE_LIMIT_BYTES)
         logger.info("structured outputs: xgrammar over %d tokens, ready in %.2f s",
                     vocab_size, time.perf_counter() - start)
 
