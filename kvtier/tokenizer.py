@@ -60,6 +60,7 @@ class Tokenizer(Protocol):
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]: ...
 
 
@@ -80,22 +81,25 @@ class ChatText:
         return "".join(piece for piece, _ in self.pieces)
 
 
-Render = Callable[[list[dict[str, Any]], "list[dict[str, Any]] | None"], str]
+# (messages, tools, the template's extra variables) -> the rendered text
+Render = Callable[[list[dict[str, Any]], "list[dict[str, Any]] | None", dict[str, Any]], str]
 
 
 def render_chat(render: Render, messages: list[dict[str, Any]], specials: list[str],
-                tools: list[dict[str, Any]] | None = None) -> ChatText:
-    """`render(messages, tools)` with each special-token string in the messages and tools
+                tools: list[dict[str, Any]] | None = None,
+                template_kwargs: dict[str, Any] | None = None) -> ChatText:
+    """`render(messages, tools, template_kwargs)` with each special-token string in them
     hidden from the cut.
 
-    Every occurrence in a message or tool (any string in it: content, content parts, name,
-    a tool's description or schema) becomes
+    Every occurrence in a message, tool or template variable (any string in it: content,
+    content parts, name, a tool's description or schema) becomes
     a marker no client can guess (a fresh random key per call); the rendered text is cut at
     the special tokens left, which the template wrote; then the markers become the strings
     they hid again.
     """
+    kwargs = template_kwargs or {}
     if not specials:
-        return ChatText(((render(messages, tools), False),), False)
+        return ChatText(((render(messages, tools, kwargs), False),), False)
     find = re.compile("|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)))
     key = secrets.token_hex(8)
     markers = {tok: f"\ue000{key}.{i}\ue001" for i, tok in enumerate(specials)}
@@ -113,7 +117,7 @@ def render_chat(render: Render, messages: list[dict[str, Any]], specials: list[s
             return {k: hide(v) for k, v in value.items()}
         return value
 
-    rendered = render([hide(m) for m in messages], hide(tools))
+    rendered = render([hide(m) for m in messages], hide(tools), hide(kwargs))
     if not forged:
         return ChatText(tuple(_cut(rendered, find)), False)
     unhide = re.compile("|".join(re.escape(m) for m in markers.values()))
@@ -181,10 +185,11 @@ class BPETokenizer:
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
-        chat = render_chat(lambda msgs, tls: self._template.render(
-            messages=msgs, tools=tls, add_generation_prompt=add_generation_prompt),
-            messages, list(_SPECIALS), tools)
+        chat = render_chat(lambda msgs, tls, kw: self._template.render(
+            **kw, messages=msgs, tools=tls, add_generation_prompt=add_generation_prompt),
+            messages, list(_SPECIALS), tools, template_kwargs)
         ids: list[int] = []
         for text, special in chat.pieces:
             ids += [self._enc.encode_single_token(text)] if special else self._enc.encode_ordinary(text)
@@ -224,13 +229,16 @@ class HFTokenizer:
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
+        """`template_kwargs`: the template's own variables (vLLM's chat_template_kwargs,
+        e.g. Qwen3's enable_thinking)."""
         if not self._tok.chat_template:
             raise ConfigError("this model's tokenizer has no chat template")
-        chat = render_chat(lambda msgs, tls: str(self._tok.apply_chat_template(
+        chat = render_chat(lambda msgs, tls, kw: str(self._tok.apply_chat_template(
             msgs, tools=tls, add_generation_prompt=add_generation_prompt,  # type: ignore[arg-type]
-            tokenize=False)),
-            messages, list(self._special_tokens), tools)
+            tokenize=False, **kw)),
+            messages, list(self._special_tokens), tools, template_kwargs)
         if not chat.forged:  # what apply_chat_template(tokenize=True) gives
             return self._encode_text(chat.text, split_special_tokens=False)
         return self._encode_pieces(chat.pieces)

@@ -217,6 +217,8 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS), INTEGRAL] | None = None
     add_generation_prompt: bool = True
+    # vLLM's: the chat template's own variables (e.g. Qwen3's {"enable_thinking": false})
+    chat_template_kwargs: dict[str, Any] | None = None
     # Tool calling (kvtier/server/tool_calls.py): OpenAI's fields.
     tools: list[ToolSpec] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
@@ -241,6 +243,7 @@ class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)  # as vLLM: [] without calls
+    reasoning_content: str | None = _omitted_when_none()  # vLLM's, under --reasoning-parser
 
 
 class DeltaFunctionCall(BaseModel):
@@ -278,6 +281,7 @@ class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = _omitted_when_none()
+    reasoning_content: str | None = _omitted_when_none()
 
 
 class ChatStreamChoice(BaseModel):
@@ -323,6 +327,7 @@ class TokenizeRequest(_Request):
     messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
     add_special_tokens: bool = True  # completions: False leaves out a leading BOS
     add_generation_prompt: bool = True  # chat: the assistant header after the messages
+    chat_template_kwargs: dict[str, Any] | None = None  # chat: the template's own variables
 
 
 class TokenizeResponse(BaseModel):

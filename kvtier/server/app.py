@@ -29,6 +29,7 @@ from kvtier.server.metrics import ServerMetrics
 from kvtier.server.middleware import AdmissionMiddleware, APIKeyMiddleware, BodyLimitMiddleware
 from kvtier.server.openapi import openapi_without_422
 from kvtier.server.params import ServingLimits, max_token_chars
+from kvtier.server.reasoning import REASONING_PARSERS, ReasoningParser
 from kvtier.server.reset import (
     FLUSH_CACHE_PATH,
     RESET_PREFIX_CACHE_PATH,
@@ -72,6 +73,7 @@ def build_app(
     shutdown_timeout_s: float = 30.0,
     request_timeout_s: float | None = None,
     tool_call_parser: str | None = None,
+    reasoning_parser: str | None = None,
 ) -> FastAPI:
     """An OpenAI-compatible app serving `engine` (an LLMEngine, see docs/ENGINE_API.md).
 
@@ -84,7 +86,8 @@ def build_app(
     `api_key` guards /v1/* and POST /reset_prefix_cache (and /metrics with `metrics_need_key`).
     `request_timeout_s`: a request unfinished that long after submission ends with 408.
     `tool_call_parser` (hermes, llama3_json) turns on tool_choice "auto"
-    (`--enable-auto-tool-choice`; kvtier/server/tool_calls.py).
+    (`--enable-auto-tool-choice`; kvtier/server/tool_calls.py); `reasoning_parser` (qwen3,
+    deepseek_r1) splits a chat reply's thinking into `reasoning_content`.
     """
     if api_key is not None and not api_key.strip():
         raise ValueError("the API key is empty: pass a non-empty key, or none to serve without one")
@@ -106,6 +109,7 @@ def build_app(
         shutdown_timeout_s=shutdown_timeout_s,
         request_timeout_s=request_timeout_s,
         tool_parser=make_parser(tool_call_parser) if tool_call_parser else None,
+        reasoning_parser=_reasoning_parser(reasoning_parser),
     )
 
     app = FastAPI(title="kvtier", summary="OpenAI-compatible LLM server",
@@ -116,6 +120,14 @@ def build_app(
     app.openapi = openapi_without_422(app)  # type: ignore[method-assign]
     _add_middleware(app, state, max_request_body_bytes, api_key, metrics_need_key)
     return app
+
+
+def _reasoning_parser(name: str | None) -> ReasoningParser | None:
+    if name is None:
+        return None
+    if name not in REASONING_PARSERS:
+        raise ValueError(f"unknown reasoning parser {name!r}; known: {', '.join(REASONING_PARSERS)}")
+    return REASONING_PARSERS[name]
 
 
 def _serving_limits(engine: Any, max_seqs_per_request: int) -> ServingLimits:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.config import ConfigError
+from kvtier.server.reasoning import REASONING_PARSERS
 from kvtier.server.tool_parsers import PARSERS
 
 DEFAULT_PORT = 8000
@@ -41,6 +42,10 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     tools.add_argument("--tool-call-parser", choices=sorted(PARSERS), default=None,
                        help="how the model writes its calls: hermes (Qwen 2.5/3, Hermes: "
                        "<tool_call> blocks) or llama3_json (Llama 3.1/3.2)")
+    tools.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None,
+                       help="a chat reply's thinking (before </think>) as reasoning_content: "
+                       "qwen3 (a reply that opens <think>) or deepseek_r1 (the reply starts "
+                       "thinking; also Qwen3's thinking-only models)")
     parser.set_defaults(func=run_serve)
     return parser
 
@@ -145,6 +150,7 @@ def run_serve(args: argparse.Namespace) -> int:
             shutdown_timeout_s=args.shutdown_timeout,
             request_timeout_s=args.request_timeout,
             tool_call_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,
+            reasoning_parser=args.reasoning_parser,
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -140,14 +140,29 @@ def completion_prompts(req: CompletionRequest, tokenizer: Any, limits: ServingLi
 
 def chat_prompt(req: ChatCompletionRequest, tokenizer: Any, limits: ServingLimits) -> list[int]:
     return chat_template_ids(req.messages, req.add_generation_prompt, tokenizer, limits,
-                             template_tools(req))
+                             template_tools(req), req.chat_template_kwargs)
+
+
+# What apply_chat_template sets itself: no chat_template_kwargs key may stand for them.
+_TEMPLATE_OWN = frozenset({
+    "messages", "conversation", "tools", "documents", "add_generation_prompt", "tokenize",
+    "return_dict", "return_tensors", "continue_final_message", "chat_template", "padding",
+    "truncation", "max_length", "tokenizer_kwargs", "return_assistant_tokens_mask"})
+
+
+def _template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    for key in kwargs or {}:
+        if key in _TEMPLATE_OWN or not key.isidentifier():
+            raise _bad(f"chat_template_kwargs may not set {key!r}", "chat_template_kwargs")
+    return dict(kwargs or {})
 
 
 def chat_template_ids(chat: list[ChatMessage], add_generation_prompt: bool, tokenizer: Any,
-                      limits: ServingLimits, tools: list[dict[str, Any]] | None = None
-                      ) -> list[int]:
+                      limits: ServingLimits, tools: list[dict[str, Any]] | None = None,
+                      template_kwargs: dict[str, Any] | None = None) -> list[int]:
     """The messages (and the tools, if any) through the model's chat template, checked as
-    a prompt."""
+    a prompt; `template_kwargs` (vLLM's chat_template_kwargs) are the template's own
+    variables."""
     messages = []
     for i, msg in enumerate(chat):
         text = msg.text()
@@ -160,7 +175,9 @@ def chat_template_ids(chat: list[ChatMessage], add_generation_prompt: bool, toke
         if msg.tool_call_id is not None:
             entry["tool_call_id"] = msg.tool_call_id
         messages.append(entry)
-    extra = {} if tools is None else {"tools": tools}
+    extra: dict[str, Any] = {} if tools is None else {"tools": tools}
+    if kwargs := _template_kwargs(template_kwargs):
+        extra["template_kwargs"] = kwargs
     try:
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                             **extra)

@@ -17,13 +17,13 @@ from kvtier.server.api_models import (
     DeltaMessage,
 )
 from kvtier.server.async_engine import RequestStream
+from kvtier.server.chat_reply import ReplyRules, StreamedReply, whole_reply
 from kvtier.server.params import chat_prompt, check_lengths, prompt_chars, sampling_params
 from kvtier.server.respond import respond
 from kvtier.server.results import CachedTokens, Collected, chat_logprobs, usage
 from kvtier.server.state import ServerState
 from kvtier.server.streaming import DONE, STREAM_FAILURES, failure_event, sse
-from kvtier.server.tool_calls import ReplyStream, ToolPlan, new_call, plan_tools, read_reply
-from kvtier.server.tool_parsers import ParsedCall
+from kvtier.server.tool_calls import new_call, plan_tools
 
 
 async def create_chat_completion(
@@ -39,6 +39,7 @@ async def create_chat_completion(
         prompt = await state.tokenize(prompt_chars(req), chat_prompt, req, state.tokenizer, state.limits)
         check_lengths([prompt], max_tokens, state.limits, req.min_tokens)
         params = sampling_params(req, max_tokens, top_k_logprobs, state.limits, tools.structured)
+        rules = ReplyRules.of(tools, state.reasoning_parser, params)
         await state.compile_format(params)
         request_id = state.new_request_id("chatcmpl")
         stream = await state.submit(request_id, [prompt], params, arrival_time, seats)
@@ -49,15 +50,12 @@ async def create_chat_completion(
             logprobs = None
             if top_k_logprobs is not None:
                 logprobs = chat_logprobs(state.tokenizer, res.token_ids, res.logprobs, top_k_logprobs)
-            content: str | None = res.text
-            calls: list[ParsedCall] = []
-            finish_reason = res.finish_reason
-            if tools.reads_calls:
-                content, calls, finish_reason = read_reply(tools, res.text, res.finish_reason)
+            reasoning, content, calls, finish_reason = whole_reply(rules, res.text,
+                                                                   res.finish_reason)
             choices.append(
                 ChatCompletionChoice(
                     index=i,
-                    message=ChatResponseMessage(content=content,
+                    message=ChatResponseMessage(content=content, reasoning_content=reasoning,
                                                 tool_calls=[new_call(c) for c in calls]),
                     logprobs=logprobs,
                     finish_reason=finish_reason,
@@ -74,7 +72,7 @@ async def create_chat_completion(
     return await respond(
         state, raw, stream, req.stream, req.n,
         lambda: _events(state, req, stream, request_id, model, len(prompt), top_k_logprobs,
-                        tools),
+                        rules),
         build,
     )
 
@@ -87,13 +85,13 @@ async def _events(
     model: str,
     num_prompt_tokens: int,
     top_k_logprobs: int | None,
-    tools: ToolPlan,
+    rules: ReplyRules,
 ) -> AsyncIterator[str]:
     options = req.stream_options
     continuous = options is not None and options.continuous_usage_stats
     num_completion_tokens = 0
     cached = CachedTokens()
-    replies: dict[int, ReplyStream] = {}  # tool calls read from each choice's stream
+    replies: dict[int, StreamedReply] = {}  # each choice's thinking and tool calls
 
     def chunk(choice: ChatStreamChoice) -> str:
         # vLLM's continuous_usage_stats: every chunk carries the usage so far.
@@ -114,11 +112,13 @@ async def _events(
                         state.tokenizer, list(delta.token_ids), list(delta.logprobs), top_k_logprobs
                     )
                 num_completion_tokens += len(delta.token_ids)
-                message, finish_reason = DeltaMessage(content=delta.text), delta.finish_reason
-                if tools.reads_calls:
-                    reply = replies.setdefault(delta.index, ReplyStream(tools))
-                    content, calls, finish_reason = reply.feed(delta.text, delta.finish_reason)
-                    message = DeltaMessage(content=content, tool_calls=calls or None)
+                reply = replies.get(delta.index)
+                if reply is None:
+                    reply = replies[delta.index] = StreamedReply(rules)
+                reasoning, content, calls, finish_reason = reply.feed(delta.text,
+                                                                      delta.finish_reason)
+                message = DeltaMessage(content=content, reasoning_content=reasoning,
+                                       tool_calls=calls or None)
                 yield chunk(
                     ChatStreamChoice(
                         index=delta.index,

@@ -23,6 +23,7 @@ from kvtier.server.async_engine import (
 from kvtier.server.errors import APIError
 from kvtier.server.metrics import ServerMetrics
 from kvtier.server.params import ServingLimits, check_before_tokenizing
+from kvtier.server.reasoning import ReasoningParser
 from kvtier.server.tool_parsers import ToolParser
 
 RETRY_AFTER_S = 1
@@ -56,6 +57,7 @@ class ServerState:
     request_timeout_s: float | None = None  # from submission; None: no server-side deadline
     # --enable-auto-tool-choice's --tool-call-parser (kvtier/server/tool_parsers.py), or None
     tool_parser: ToolParser | None = None
+    reasoning_parser: ReasoningParser | None = None  # --reasoning-parser (kvtier/server/reasoning.py)
     # Sequences of requests admitted but not submitted yet (tokenizing): they count
     # against the waiting bound, so a burst is refused before it queues at the tokenizer.
     _reserved_seqs: int = 0

@@ -24,7 +24,8 @@ from kvtier.server.state import ServerState
 def _tokenize(req: TokenizeRequest, state: ServerState) -> list[int]:
     tok, limits = state.tokenizer, state.limits
     if req.messages is not None:
-        return chat_template_ids(req.messages, req.add_generation_prompt, tok, limits)
+        return chat_template_ids(req.messages, req.add_generation_prompt, tok, limits,
+                                 template_kwargs=req.chat_template_kwargs)
     assert req.prompt is not None
     ids = encode_text(tok, req.prompt, "prompt")
     bos = getattr(tok, "bos_token_id", None)

@@ -91,15 +91,15 @@ def test_render_chat_hides_strings_in_content_parts_and_names():
 
     seen = []
 
-    def render(msgs, tools):
-        seen.append((msgs, tools))
+    def render(msgs, tools, kwargs):
+        seen.append((msgs, tools, kwargs))
         return ("".join(f"<s>{m['name']}:{m['content'][0]['text']}</s>" for m in msgs)
-                + "".join(t["function"]["description"] for t in tools))
+                + "".join(t["function"]["description"] for t in tools) + kwargs["note"])
 
     tools = [{"type": "function", "function": {"name": "f", "description": "x<s>y"}}]
     chat = render_chat(render, [{"role": "user", "name": "<s>", "content": [
-        {"type": "text", "text": "a</s>b"}]}], ["<s>", "</s>"], tools)
+        {"type": "text", "text": "a</s>b"}]}], ["<s>", "</s>"], tools, {"note": "</s>"})
     assert chat.forged
     assert "<s>" not in str(seen[0]) and "</s>" not in str(seen[0])
     assert chat.pieces == (("<s>", True), ("<s>:a</s>b", False), ("</s>", True),
-                           ("x<s>y", False))
+                           ("x<s>y</s>", False))
