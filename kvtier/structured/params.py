@@ -15,7 +15,8 @@ _KINDS = ("json", "json_object", "regex", "choice", "grammar")
 
 @dataclass(frozen=True)
 class StructuredOutputsParams:
-    # A JSON schema: a dict or its JSON text (kept as canonical text, so params stay hashable).
+    # A JSON schema: a dict or its JSON text (kept as text, so params stay hashable; keys in
+    # their order: a schema's order of properties is the order the output writes them).
     json: str | None = None
     json_object: bool = False  # any JSON object (OpenAI's response_format json_object)
     regex: str | None = None
@@ -28,7 +29,7 @@ class StructuredOutputsParams:
         schema: Any = self.json
         if schema is not None and not isinstance(schema, str):
             try:
-                schema = json.dumps(schema, sort_keys=True)
+                schema = json.dumps(schema)
             except (TypeError, ValueError) as exc:
                 raise _bad(f"json must be a JSON schema, got {exc}") from None
             object.__setattr__(self, "json", schema)

@@ -50,7 +50,7 @@ def matches(kind: str, text: str) -> bool:
     if kind == "grammar":
         return re.fullmatch(r"\((?:[a-c]|zz)(?:,(?:[a-c]|zz))*\)", text) is not None
     value = json.loads(text)
-    return (set(value) == {"name", "ok"} and isinstance(value["ok"], bool)
+    return (list(value) == ["name", "ok"]  # in the schema's order and isinstance(value["ok"], bool)
             and isinstance(value["name"], str) and len(value["name"]) <= 6)
 
 
@@ -150,8 +150,8 @@ def test_params_check_their_shape():
         with pytest.raises(InvalidRequestError):
             SamplingParams(structured_outputs=bad)
     a = SamplingParams(structured_outputs={"json": {"b": 1, "a": 2}})
-    b = SamplingParams(structured_outputs={"json": '{"a": 2, "b": 1}'})
-    assert a.structured_outputs.json == '{"a": 2, "b": 1}' and a == b
+    b = SamplingParams(structured_outputs={"json": '{"b": 1, "a": 2}'})
+    assert a.structured_outputs.json == '{"b": 1, "a": 2}' and a == b  # the order kept
     assert hash(a)  # params stay hashable (the schema is kept as text)
 
 
