@@ -38,6 +38,7 @@ from kvtier.server.reset import (
 )
 from kvtier.server.serving_chat import create_chat_completion
 from kvtier.server.serving_completions import create_completion
+from kvtier.server.sglang_generate import GenerateRequest, create_generate
 from kvtier.server.state import DEFAULT_MAX_TOKENIZE_QUEUE_CHARS, ServerState
 from kvtier.server.tokenize_api import detokenize_response, tokenize_response, version
 from kvtier.server.tool_parsers import make_parser
@@ -172,7 +173,7 @@ def _add_middleware(app: FastAPI, state: ServerState, max_request_body_bytes: in
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_body_bytes)
     app.add_middleware(AdmissionMiddleware, refusal=state.refusal)  # before the body is read
     if api_key:
-        protected = ("/v1", "/tokenize", "/detokenize", RESET_PREFIX_CACHE_PATH,
+        protected = ("/v1", "/generate", "/tokenize", "/detokenize", RESET_PREFIX_CACHE_PATH,
                      FLUSH_CACHE_PATH) + (
             ("/metrics",) if metrics_need_key else ())
         app.add_middleware(APIKeyMiddleware, api_key=api_key, protected=protected)  # outermost: first
@@ -251,3 +252,8 @@ def _add_utility_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/ping", include_in_schema=False)
     async def ping() -> Response:  # vLLM's (SageMaker's) liveness probe: /health's answer
         return _health(state)
+
+    # SGLang's native endpoint (kvtier/server/sglang_generate.py)
+    @app.post("/generate", responses={**_ERRORS, 200: _STREAM_DOC})
+    async def generate(req: GenerateRequest, raw: Request) -> Any:
+        return await create_generate(state, req, raw)

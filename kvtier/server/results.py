@@ -63,6 +63,7 @@ class Collected:
     # by prompt index, for requests that asked for them (echo with logprobs)
     prompt_logprobs: dict[int, tuple[dict[int, float] | None, ...]] = field(
         default_factory=dict)
+    cached_by_prompt: dict[int, int] = field(default_factory=dict)  # by prompt index
 
 
 async def collect(stream: RequestStream, n: int) -> Collected:
@@ -78,7 +79,8 @@ async def collect(stream: RequestStream, n: int) -> Collected:
             prompt_lps[index] = update.prompt_logprobs
         for delta in update.seqs:
             choices[index * n + delta.index].add(delta)
-    return Collected(choices, cached.total, prompt_lps)
+    by_prompt = {prompt_index[rid]: n for rid, n in cached.by_request.items()}
+    return Collected(choices, cached.total, prompt_lps, by_prompt)
 
 
 def usage(num_prompt_tokens: int, num_completion_tokens: int,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -17,19 +18,36 @@ from kvtier.server.state import ServerState
 from kvtier.server.streaming import DONE, STREAM_FAILURES, failure_event, sse
 
 
-async def create_completion(
-    state: ServerState, req: CompletionRequest, raw: Request
-) -> CompletionResponse | Response:
+@dataclass(frozen=True)
+class Submitted:
+    request_id: str
+    prompts: list[list[int]]
+    stream: RequestStream
+    arrival_time: float
+
+
+async def submit_completion(state: ServerState, req: CompletionRequest,
+                            id_prefix: str = "cmpl") -> Submitted:
+    """A completions request checked, tokenized and handed to the engine (also what SGLang's
+    /generate becomes, kvtier/server/sglang_generate.py)."""
     arrival_time = state.async_engine.now()
-    model = state.resolve_model(req.model)
     async with state.admitted(req) as seats:
         prompts = await state.tokenize(prompt_chars(req), completion_prompts, req, state.tokenizer,
                                        state.limits)
         check_lengths(prompts, req.max_tokens, state.limits, req.min_tokens)
         params = sampling_params(req, req.max_tokens, req.logprobs, state.limits)
         await state.compile_format(params)
-        request_id = state.new_request_id("cmpl")
+        request_id = state.new_request_id(id_prefix)
         stream = await state.submit(request_id, prompts, params, arrival_time, seats)
+    return Submitted(request_id, prompts, stream, arrival_time)
+
+
+async def create_completion(
+    state: ServerState, req: CompletionRequest, raw: Request
+) -> CompletionResponse | Response:
+    model = state.resolve_model(req.model)
+    submitted = await submit_completion(state, req)
+    request_id, prompts, stream = submitted.request_id, submitted.prompts, submitted.stream
     num_prompt_tokens = sum(len(p) for p in prompts)
     echo = Echo(req, prompts, state.tokenizer) if req.echo else None
 

@@ -1,0 +1,156 @@
+"""SGLang's native `POST /generate`: `text` or `input_ids` (one prompt or a batch) with
+`sampling_params`, answered with `{"text", "output_ids", "meta_info"}` per sequence (a list
+for a batch or n > 1), or streamed as server-sent events whose `text` is the sequence's text
+so far (SGLang's; each event names its sequence's `index`), ending with `[DONE]`.
+
+It is a completions request underneath (kvtier/server/serving_completions.py): the same
+checks, admission, prefix cache and structured outputs (`json_schema`, `regex`, `ebnf`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import Field, ValidationError
+from starlette.requests import Request
+
+from kvtier.server.api_models import INTEGRAL, CompletionRequest, _Request
+from kvtier.server.errors import APIError
+from kvtier.server.respond import respond
+from kvtier.server.results import ChoiceResult, Collected
+from kvtier.server.serving_completions import Submitted, submit_completion
+from kvtier.server.state import ServerState
+from kvtier.server.streaming import DONE, STREAM_FAILURES, failure_event
+
+
+class GenerateSamplingParams(_Request):
+    """SGLang's names and defaults (max_new_tokens 128); ranges are checked as the
+    completions request's."""
+
+    max_new_tokens: Annotated[int, Field(ge=1), INTEGRAL] | None = 128
+    min_new_tokens: Annotated[int, Field(ge=0), INTEGRAL] = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: Annotated[int, INTEGRAL] = -1
+    min_p: float = 0.0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[Annotated[int, INTEGRAL]] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    n: Annotated[int, INTEGRAL] = 1
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+
+
+class GenerateRequest(_Request):
+    text: str | list[str] | None = None
+    input_ids: list[Annotated[int, INTEGRAL]] | list[list[Annotated[int, INTEGRAL]]] | None = None
+    sampling_params: GenerateSamplingParams = Field(default_factory=GenerateSamplingParams)
+    stream: bool = False
+    return_logprob: bool = False
+
+
+def as_completion(req: GenerateRequest) -> CompletionRequest:
+    """The completions request /generate stands for (its checks give the 400s)."""
+    if (req.text is None) == (req.input_ids is None):
+        raise APIError(400, "give exactly one of text and input_ids", param="text",
+                       code="invalid_value")
+    if req.return_logprob:
+        raise APIError(400, "return_logprob is not supported on /generate (the completions "
+                       "endpoint's logprobs are)", param="return_logprob",
+                       code="unsupported_value")
+    sp = req.sampling_params
+    body: dict[str, Any] = {
+        "prompt": req.text if req.text is not None else req.input_ids,
+        "max_tokens": sp.max_new_tokens, "min_tokens": sp.min_new_tokens,
+        "temperature": float(sp.temperature), "top_p": float(sp.top_p), "top_k": sp.top_k,
+        "min_p": float(sp.min_p), "stop": sp.stop, "stop_token_ids": sp.stop_token_ids,
+        "ignore_eos": sp.ignore_eos, "skip_special_tokens": sp.skip_special_tokens, "n": sp.n,
+        "frequency_penalty": float(sp.frequency_penalty),
+        "presence_penalty": float(sp.presence_penalty),
+        "repetition_penalty": float(sp.repetition_penalty),
+        "regex": sp.regex, "ebnf": sp.ebnf, "stream": req.stream,
+    }
+    if sp.json_schema is not None:
+        body["structured_outputs"] = {"json": sp.json_schema}
+    try:
+        return CompletionRequest.model_validate(body)
+    except ValidationError as exc:  # a 400 that names the field as the client sent it
+        raise RequestValidationError([{**e, "loc": _generate_loc(e["loc"])}
+                                      for e in exc.errors()]) from None
+
+
+_RENAMED = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens",
+            "structured_outputs": "json_schema"}
+
+
+def _generate_loc(loc: tuple) -> tuple:
+    if not loc or loc[0] == "prompt":
+        return ("body", "text", *loc[1:])
+    return ("body", "sampling_params", _RENAMED.get(loc[0], loc[0]), *loc[1:])
+
+
+def finish_reason(res: ChoiceResult) -> dict[str, Any] | None:
+    """SGLang's shape: the stop that matched (a stop string or token id), or the length."""
+    if res.finish_reason is None:
+        return None
+    if res.finish_reason == "length":
+        return {"type": "length", "length": len(res.token_ids)}
+    if res.finish_reason == "stop":
+        matched = res.stop_reason if res.stop_reason is not None else (
+            res.token_ids[-1] if res.token_ids else None)
+        return {"type": "stop", "matched": matched}
+    return {"type": res.finish_reason}
+
+
+async def create_generate(state: ServerState, req: GenerateRequest, raw: Request) -> Any:
+    completion = as_completion(req)
+    n = completion.n
+    sub = await submit_completion(state, completion, id_prefix="generate")
+    batch = n > 1 or not (isinstance(req.text, str) or
+                          (req.input_ids is not None and all(isinstance(t, int) for t in req.input_ids)))
+
+    def item(i: int, res: ChoiceResult, cached: int) -> dict[str, Any]:
+        return {"text": res.text, "output_ids": res.token_ids,
+                "meta_info": _meta(sub, state, i // n, i % n, res, cached)}
+
+    def build(collected: Collected) -> Any:
+        items = [item(i, res, collected.cached_by_prompt.get(i // n, 0))
+                 for i, res in enumerate(collected.choices)]
+        return items if batch else items[0]
+
+    return await respond(state, raw, sub.stream, req.stream, n,
+                         lambda: _events(state, sub, n), build)
+
+
+def _meta(sub: Submitted, state: ServerState, prompt: int, seq: int, res: ChoiceResult,
+          cached: int) -> dict[str, Any]:
+    return {"id": f"{sub.request_id}-{prompt}" + (f"-{seq}" if seq else ""),
+            "finish_reason": finish_reason(res), "prompt_tokens": len(sub.prompts[prompt]),
+            "completion_tokens": len(res.token_ids), "cached_tokens": cached,
+            "e2e_latency": state.async_engine.now() - sub.arrival_time}
+
+
+async def _events(state: ServerState, sub: Submitted, n: int) -> AsyncIterator[str]:
+    prompt_index = state.prompt_index(sub.stream)
+    so_far: dict[int, ChoiceResult] = {}
+    try:
+        async for update in sub.stream:
+            p = prompt_index[update.request_id]
+            for delta in update.seqs:
+                index = p * n + delta.index
+                res = so_far.setdefault(index, ChoiceResult())
+                res.add(delta)
+                event = {"text": res.text, "meta_info": _meta(
+                    sub, state, p, delta.index, res, update.num_cached_tokens), "index": index}
+                yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
+    except STREAM_FAILURES as exc:
+        yield failure_event(exc)
+    yield DONE
