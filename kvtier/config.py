@@ -250,6 +250,7 @@ class EngineConfig:
     device: str = "auto"
     load_format: str = "auto"  # auto | safetensors | dummy
     tokenizer: str | None = None
+    chat_template: str | None = None  # a file or the Jinja text, in place of the tokenizer's
     seed: int = 0
     attention_backend: str = "auto"  # auto | torch | triton
     enforce_eager: bool = False  # no CUDA graphs

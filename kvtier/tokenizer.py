@@ -57,6 +57,7 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
+    def set_chat_template(self, template: str) -> None: ...
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
@@ -175,6 +176,9 @@ class BPETokenizer:
         ids = [i for i in ids if i < self._enc.n_vocab]  # model may emit ids past the BPE
         return self._enc.decode(ids, errors="replace")
 
+    def set_chat_template(self, template: str) -> None:
+        self._template = jinja2.Environment().from_string(template)
+
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one id stands for; b"" for a special token or an id past the BPE (what
         a grammar engine must never match as text)."""
@@ -214,6 +218,9 @@ class HFTokenizer:
         added = self._tok.added_tokens_decoder.items()
         self._special_tokens = {t.content: t for _, t in added if t.special}
         self._special_token_ids = {t.content: i for i, t in added if t.special}
+
+    def set_chat_template(self, template: str) -> None:
+        self._tok.chat_template = template
 
     @property
     def hf_tokenizer(self) -> Any:
@@ -270,8 +277,18 @@ class HFTokenizer:
         return ids
 
 
-def load_tokenizer(model_dir: Path | None, tokenizer: str | None, vocab_size: int) -> Tokenizer:
-    """Explicit tokenizer dir > the model dir's own tokenizer > offline BPE sized to the vocab."""
+def load_tokenizer(model_dir: Path | None, tokenizer: str | None, vocab_size: int,
+                   chat_template: str | None = None) -> Tokenizer:
+    """Explicit tokenizer dir > the model dir's own tokenizer > offline BPE sized to the
+    vocab; `chat_template` (a file or the Jinja text) replaces the tokenizer's template."""
+    tok = _load_tokenizer(model_dir, tokenizer, vocab_size)
+    if chat_template is not None:
+        tok.set_chat_template(read_chat_template(chat_template))
+    return tok
+
+
+def _load_tokenizer(model_dir: Path | None, tokenizer: str | None, vocab_size: int
+                    ) -> HFTokenizer | BPETokenizer:
     for cand in (tokenizer, model_dir):
         if cand is None:
             continue
@@ -281,3 +298,21 @@ def load_tokenizer(model_dir: Path | None, tokenizer: str | None, vocab_size: in
         if tokenizer is not None and cand == tokenizer:
             raise ConfigError(f"tokenizer path {cand!r} has no tokenizer.json")
     return BPETokenizer(vocab_size)
+
+
+def read_chat_template(value: str) -> str:
+    """vLLM's reading of --chat-template: a file's text, else the value itself when it reads
+    as a Jinja template; a path that names no file is an error, not a template."""
+    path = Path(value)
+    try:
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"--chat-template {value!r}: {exc}") from None
+    if any(mark in value for mark in ("{{", "{%", "\n")):
+        try:
+            jinja2.Environment().parse(value)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ConfigError(f"--chat-template is not a valid Jinja template: {exc}") from None
+        return value
+    raise ConfigError(f"--chat-template {value!r}: no such file, and not a Jinja template")

@@ -231,7 +231,8 @@ def _tokenizer_and_config(engine_args):
 
     config = engine_args.create_engine_config()
     _, ckpt = resolve_model_config(config.model, config.load_format)
-    return load_tokenizer(ckpt, config.tokenizer, config.model_config.vocab_size), config
+    return load_tokenizer(ckpt, config.tokenizer, config.model_config.vocab_size,
+                          config.chat_template), config
 
 
 def _check_policies(policies: tuple[str, ...]) -> None:

@@ -31,6 +31,9 @@ class EngineArgsFields:
 
     model: str = field(metadata={"help": "local HF model directory, or a dummy preset name"})
     tokenizer: str | None = field(default=None, metadata={"help": "tokenizer directory"})
+    chat_template: str | None = field(default=None, metadata={
+        "help": "a chat template, a file or the Jinja text itself, in place of the "
+        "tokenizer's (vLLM's --chat-template)"})
     dtype: str = field(default="auto", metadata={"help": "auto|float32|bfloat16|float16"})
     device: str = field(default="auto", metadata={"help": "auto|cpu|cuda"})
     load_format: str = field(default="auto", metadata={"help": "auto|safetensors|dummy"})
@@ -129,7 +132,8 @@ class EngineArgsFields:
         config = EngineConfig(
             model=self.model, model_config=model_config, cache=cache, scheduler=sched,
             kv_policy=self.kv_policy, dtype=self.dtype, device=self.device,
-            load_format=self.load_format, tokenizer=self.tokenizer, seed=self.seed,
+            load_format=self.load_format, tokenizer=self.tokenizer,
+            chat_template=self.chat_template, seed=self.seed,
             attention_backend=self.attention_backend, enforce_eager=self.enforce_eager,
             max_graph_batch_size=self.max_graph_batch_size,
             piecewise_graphs=self.piecewise_graphs, overlap_swap=self.overlap_swap,

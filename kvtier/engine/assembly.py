@@ -175,7 +175,7 @@ def check_config(config: EngineConfig) -> None:
 def _tokenizer(config: EngineConfig) -> tuple[EngineConfig, Tokenizer, Any]:
     mc = config.model_config
     _, ckpt = resolve_model_config(config.model, config.load_format)
-    tokenizer = load_tokenizer(ckpt, config.tokenizer, mc.vocab_size)
+    tokenizer = load_tokenizer(ckpt, config.tokenizer, mc.vocab_size, config.chat_template)
     if not mc.eos_token_ids or ckpt is None:
         # Dummy weights: end-of-sequence is whatever the tokenizer we picked calls it.
         config = config.with_(model_config=replace(mc, eos_token_ids=tuple(
