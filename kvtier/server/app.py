@@ -36,6 +36,8 @@ from kvtier.server.reset import (
     ResetPrefixCacheResponse,
     reset_prefix_cache_response,
 )
+from kvtier.server.responses_api import create_response
+from kvtier.server.responses_request import ResponsesRequest
 from kvtier.server.serving_chat import create_chat_completion
 from kvtier.server.serving_completions import create_completion
 from kvtier.server.sglang_generate import GenerateRequest, create_generate
@@ -252,6 +254,11 @@ def _add_utility_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/ping", include_in_schema=False)
     async def ping() -> Response:  # vLLM's (SageMaker's) liveness probe: /health's answer
         return _health(state)
+
+    # OpenAI's Responses API (kvtier/server/responses_api.py)
+    @app.post("/v1/responses", responses={**_ERRORS, 200: _STREAM_DOC})
+    async def responses(req: ResponsesRequest, raw: Request) -> Any:
+        return await create_response(state, req, raw)
 
     # SGLang's native endpoint (kvtier/server/sglang_generate.py)
     @app.post("/generate", responses={**_ERRORS, 200: _STREAM_DOC})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -26,11 +27,19 @@ from kvtier.server.streaming import DONE, STREAM_FAILURES, failure_event, sse
 from kvtier.server.tool_calls import new_call, plan_tools
 
 
-async def create_chat_completion(
-    state: ServerState, req: ChatCompletionRequest, raw: Request
-) -> ChatCompletionResponse | Response:
+@dataclass(frozen=True)
+class SubmittedChat:
+    request_id: str
+    prompt: list[int]
+    stream: RequestStream
+    rules: ReplyRules  # how the reply reads: its thinking, its tool calls
+
+
+async def submit_chat(state: ServerState, req: ChatCompletionRequest,
+                      id_prefix: str = "chatcmpl") -> SubmittedChat:
+    """A chat request checked, rendered through the template, tokenized and handed to the
+    engine (also what a Responses API request becomes, kvtier/server/responses_api.py)."""
     arrival_time = state.async_engine.now()
-    model = state.resolve_model(req.model)
     # max_completion_tokens is the newer name; None lets the engine fill the context.
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     top_k_logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -41,8 +50,18 @@ async def create_chat_completion(
         params = sampling_params(req, max_tokens, top_k_logprobs, state.limits, tools.structured)
         rules = ReplyRules.of(tools, state.reasoning_parser, params)
         await state.compile_format(params)
-        request_id = state.new_request_id("chatcmpl")
+        request_id = state.new_request_id(id_prefix)
         stream = await state.submit(request_id, [prompt], params, arrival_time, seats)
+    return SubmittedChat(request_id, prompt, stream, rules)
+
+
+async def create_chat_completion(
+    state: ServerState, req: ChatCompletionRequest, raw: Request
+) -> ChatCompletionResponse | Response:
+    model = state.resolve_model(req.model)
+    top_k_logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    sub = await submit_chat(state, req)
+    request_id, prompt, stream, rules = sub.request_id, sub.prompt, sub.stream, sub.rules
 
     def build(collected: Collected) -> ChatCompletionResponse:
         results, choices = collected.choices, []
