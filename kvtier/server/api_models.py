@@ -328,6 +328,7 @@ class TokenizeRequest(_Request):
     add_special_tokens: bool = True  # completions: False leaves out a leading BOS
     add_generation_prompt: bool = True  # chat: the assistant header after the messages
     chat_template_kwargs: dict[str, Any] | None = None  # chat: the template's own variables
+    tools: list[ToolSpec] | None = None  # chat: the tools, as a chat request's template sees them
 
 
 class TokenizeResponse(BaseModel):

@@ -24,8 +24,9 @@ from kvtier.server.state import ServerState
 def _tokenize(req: TokenizeRequest, state: ServerState) -> list[int]:
     tok, limits = state.tokenizer, state.limits
     if req.messages is not None:
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         return chat_template_ids(req.messages, req.add_generation_prompt, tok, limits,
-                                 template_kwargs=req.chat_template_kwargs)
+                                 tools, req.chat_template_kwargs)
     assert req.prompt is not None
     ids = encode_text(tok, req.prompt, "prompt")
     bos = getattr(tok, "bos_token_id", None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import openai
 import pytest
 
@@ -152,6 +153,8 @@ def test_earlier_calls_and_tool_answers_go_to_the_template(live, client):
         "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}}]}
     ids = tokenizer.apply_chat_template(as_template, tools=TOOLS)
     assert out.usage.prompt_tokens == len(ids)
+    counted = httpx.post(live.base_url + "/tokenize", json={"messages": messages, "tools": TOOLS})
+    assert counted.json()["count"] == len(ids)  # /tokenize renders the tools the same
     text = tokenizer.decode(ids, skip_special_tokens=False)
     assert "<tool_response>\nsunny, 21 C\n</tool_response>" in text
     assert '"name": "get_weather", "arguments": {"city": "Paris", "days": 3}' in text
