@@ -32,8 +32,10 @@ class SequenceGrammar:
         self._banned = np.asarray(sorted({*eos_token_ids, *params.stop_token_ids}), np.int64)
 
     def accept(self, token: int) -> bool:
-        """Advance by the sequence's new token; True when the sequence must end here (the
-        grammar is done, or refuses a token it did not allow: a stop string's cut, say)."""
+        """Advance by the sequence's new token; True when the sequence must end here: the
+        grammar is done (under ignore_eos the engine ends it at the grammar's end token), or
+        the token is one the grammar refuses, which its mask should have made impossible:
+        the sequence ends rather than run on outside its grammar."""
         if self.matcher.is_terminated():
             return True
         if not self.matcher.accept_token(token):
