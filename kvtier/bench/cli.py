@@ -15,6 +15,8 @@ from dataclasses import asdict, replace
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
+
 from kvtier.bench.arrivals import PAPER_AZURE_CV, ArrivalKind, ArrivalSpec, paper_azure_gamma
 from kvtier.bench.azure_trace import load_azure_trace
 from kvtier.bench.experiment import (
@@ -27,6 +29,8 @@ from kvtier.bench.experiment import (
 from kvtier.bench.extras import warn_missing_extras
 from kvtier.bench.leval import LEvalOrder
 from kvtier.bench.metrics import Slo
+from kvtier.bench.mooncake_trace import load_mooncake_trace
+from kvtier.bench.mooncake_trace import trace_gaps_s as mooncake_gaps
 from kvtier.bench.multiturn import MultiTurnSpec
 from kvtier.bench.prepared import prepared_dataset, save_prepared
 from kvtier.bench.report import write_result_dir
@@ -97,7 +101,8 @@ def _add_arrival_args(a: argparse._ArgumentGroup) -> None:
     a.add_argument("--rate-scale", type=float, default=1.0,
                    help="send this many times faster, same draws (the paper sweeps 0.5-3)")
     a.add_argument("--trace-path", default=None,
-                   help="Azure trace CSV for --arrivals trace (default: --dataset-path)")
+                   help="Azure trace CSV or Mooncake trace JSONL for --arrivals trace "
+                   "(default: --dataset-path of --workload azure or mooncake)")
 
 
 def _add_goodput_args(s: argparse._ArgumentGroup) -> None:
@@ -129,16 +134,23 @@ def arrival_spec(args: argparse.Namespace) -> ArrivalSpec:
     if kind == "paper-gamma":
         return paper_azure_gamma(_source_dataset(args), args.rate_scale)
     if kind == "trace":
-        path = args.trace_path or (args.dataset_path if args.workload == "azure" else None)
+        own = args.workload in ("azure", "mooncake")
+        path = args.trace_path or (args.dataset_path if own else None)
         if path is None:
             raise SystemExit("kvtier bench: --arrivals trace needs --trace-path")
-        trace = load_azure_trace(path)
-        gaps = tuple(float(g) for g in trace.gaps_s()[args.trace_start:])
+        gaps = tuple(float(g) for g in trace_gaps(path)[args.trace_start:])
         return ArrivalSpec(ArrivalKind.TRACE, trace_gaps_s=gaps, scale=args.rate_scale)
     if args.rate is None:
         raise SystemExit(f"kvtier bench: --arrivals {kind} needs --rate")
     cv = args.cv if kind == "gamma" else 1.0
     return ArrivalSpec(ArrivalKind(kind), rate=args.rate, cv=cv, scale=args.rate_scale)
+
+
+def trace_gaps(path: str) -> np.ndarray:
+    """A trace's gaps in seconds: Mooncake's JSON lines, else an Azure CSV."""
+    if str(path).endswith((".jsonl", ".json")):
+        return mooncake_gaps(load_mooncake_trace(path))
+    return load_azure_trace(path).gaps_s()
 
 
 def _source_dataset(args: argparse.Namespace) -> str:
@@ -184,6 +196,7 @@ def workload_spec(args: argparse.Namespace, max_model_len: int) -> WorkloadSpec:
         seed=args.workload_seed, path=args.dataset_path, limits=length_limits(args, max_model_len),
         input_len=args.input_len, output_len=args.output_len, range_ratio=args.range_ratio,
         max_document_tokens=args.leval_max_document_tokens, trace_start=args.trace_start,
+        mooncake_block_size=args.mooncake_block_size,
         leval_order=LEvalOrder(args.leval_order), multiturn=multiturn, shared_prefix=gsp,
     )
 

@@ -11,6 +11,8 @@ import numpy as np
 from kvtier.bench.arrivals import ArrivalSpec, arrival_offsets
 from kvtier.bench.azure_trace import load_azure_trace
 from kvtier.bench.leval import LEVAL_LIMITS, LEvalOrder, load_leval, sample_leval
+from kvtier.bench.mooncake_trace import BLOCK_SIZE as MOONCAKE_BLOCK_SIZE
+from kvtier.bench.mooncake_trace import load_mooncake_trace, mooncake_requests
 from kvtier.bench.multiturn import MultiTurnSpec, load_conversations, sample_multiturn
 from kvtier.bench.prepared import load_prepared_reported
 from kvtier.bench.request import AS_GIVEN, BenchRequest, LengthLimits, LengthReport, Tokenizer
@@ -28,6 +30,7 @@ class Dataset(str, enum.Enum):
     # Workloads whose prompts share prefixes (kvtier/bench/sharing.py measures how much):
     SHAREGPT_MULTITURN = "sharegpt-multiturn"  # every turn a request, closed loop per conversation
     GENERATED_SHARED_PREFIX = "generated-shared-prefix"  # SGLang's: groups sharing a system prompt
+    MOONCAKE = "mooncake"  # Mooncake's trace: lengths and hash-block prefixes, random tokens
 
 
 # Conversations and L-Eval documents are long: no maximum but the model's by default.
@@ -46,7 +49,8 @@ class WorkloadSpec:
     output_len: int = 128  # synthetic
     range_ratio: float = 0.0  # synthetic
     max_document_tokens: int | None = None  # L-Eval
-    trace_start: int = 0  # Azure: first request of the window
+    trace_start: int = 0  # Azure, Mooncake: first request of the window
+    mooncake_block_size: int = MOONCAKE_BLOCK_SIZE  # tokens a Mooncake hash id stands for
     leval_order: LEvalOrder = LEvalOrder.GROUPED
     multiturn: MultiTurnSpec = MultiTurnSpec()
     shared_prefix: SharedPrefixSpec = SharedPrefixSpec()
@@ -131,6 +135,15 @@ def sample_requests(spec: WorkloadSpec, tokenizer: Tokenizer, vocab_size: int,
         if spec.path is None:
             raise ValueError("the prepared workload needs its JSON path (--dataset-path)")
         return load_prepared_reported(spec.path, n, limits)
+    if spec.dataset is Dataset.MOONCAKE:
+        if spec.path is None:
+            raise ValueError("the Mooncake workload needs the trace JSONL path (--dataset-path)")
+        rows = load_mooncake_trace(spec.path)[spec.trace_start:spec.trace_start + n]
+        if len(rows) < n:
+            raise ValueError(f"the Mooncake trace has {len(rows)} requests from "
+                             f"{spec.trace_start} on; asked for {n}")
+        return mooncake_requests(rows, limits, vocab_size, _stream_seed(spec.seed, 1),
+                                 spec.mooncake_block_size)
     if spec.dataset is Dataset.AZURE:
         if spec.path is None:
             raise ValueError("the Azure workload needs the trace CSV path (--dataset-path)")
