@@ -1,4 +1,5 @@
-"""The Azure LLM inference trace (CSV: TIMESTAMP, ContextTokens, GeneratedTokens).
+"""The Azure LLM inference trace (CSV: TIMESTAMP, ContextTokens, GeneratedTokens), and
+BurstGPT's in the same form (`load_burstgpt_trace`).
 
 Three ways to use it, as two orthogonal choices of `kvtier bench`:
 - replay:       lengths from the trace (`--workload azure`) + its arrival times (`--arrivals trace`);
@@ -101,6 +102,45 @@ def load_azure_trace(path: Path | str) -> AzureTrace:
     if (ctx < 0).any() or (gen < 0).any():
         raise ValueError(f"{path}: negative token counts")
     return AzureTrace(ts - ts[0], ctx, gen)
+
+
+BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
+
+
+def load_burstgpt_trace(path: Path | str) -> AzureTrace:
+    """BurstGPT's trace (CSV: Timestamp in seconds, Model, Request tokens, Response tokens,
+    Total tokens, Log Type; v2 adds Session ID and Elapsed time), in the Azure trace's
+    form. Failed requests (0 response tokens, the trace's failures) and empty requests are
+    left out, as vLLM's BurstGPT dataset leaves them."""
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise ValueError(f"{path}: empty trace")
+    missing = set(BURSTGPT_COLUMNS) - set(rows[0])
+    if missing:
+        raise ValueError(f"{path}: missing columns {sorted(missing)}")
+    kept = []
+    for line, r in enumerate(rows, 2):
+        try:
+            t, req, resp = (float(r["Timestamp"]), int(r["Request tokens"]),
+                            int(r["Response tokens"]))
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{path}:{line}: {e}") from None
+        if req > 0 and resp > 0:
+            kept.append((t, req, resp))
+    if not kept:
+        raise ValueError(f"{path}: no request with tokens both ways")
+    kept.sort(key=lambda row: row[0])
+    ts = np.array([t for t, _, _ in kept])
+    return AzureTrace(ts - ts[0], np.array([q for _, q, _ in kept]),
+                      np.array([g for _, _, g in kept]))
+
+
+def load_trace_csv(path: Path | str) -> AzureTrace:
+    """An Azure or a BurstGPT trace, by its header."""
+    with open(path, newline="", encoding="utf-8") as f:
+        header = next(csv.reader(f), [])
+    return load_burstgpt_trace(path) if "Request tokens" in header else load_azure_trace(path)
 
 
 def gap_statistics(trace: AzureTrace) -> tuple[float, float]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from kvtier.bench.arrivals import PAPER_AZURE_CV, ArrivalKind, ArrivalSpec, paper_azure_gamma
-from kvtier.bench.azure_trace import load_azure_trace
+from kvtier.bench.azure_trace import load_trace_csv
 from kvtier.bench.experiment import (
     BackendFactory,
     BenchConfig,
@@ -101,8 +101,8 @@ def _add_arrival_args(a: argparse._ArgumentGroup) -> None:
     a.add_argument("--rate-scale", type=float, default=1.0,
                    help="send this many times faster, same draws (the paper sweeps 0.5-3)")
     a.add_argument("--trace-path", default=None,
-                   help="Azure trace CSV or Mooncake trace JSONL for --arrivals trace "
-                   "(default: --dataset-path of --workload azure or mooncake)")
+                   help="Azure or BurstGPT trace CSV, or Mooncake trace JSONL, for --arrivals "
+                   "trace (default: the --dataset-path of a trace workload)")
 
 
 def _add_goodput_args(s: argparse._ArgumentGroup) -> None:
@@ -134,7 +134,7 @@ def arrival_spec(args: argparse.Namespace) -> ArrivalSpec:
     if kind == "paper-gamma":
         return paper_azure_gamma(_source_dataset(args), args.rate_scale)
     if kind == "trace":
-        own = args.workload in ("azure", "mooncake")
+        own = args.workload in ("azure", "burstgpt", "mooncake")
         path = args.trace_path or (args.dataset_path if own else None)
         if path is None:
             raise SystemExit("kvtier bench: --arrivals trace needs --trace-path")
@@ -147,10 +147,10 @@ def arrival_spec(args: argparse.Namespace) -> ArrivalSpec:
 
 
 def trace_gaps(path: str) -> np.ndarray:
-    """A trace's gaps in seconds: Mooncake's JSON lines, else an Azure CSV."""
+    """A trace's gaps in seconds: Mooncake's JSON lines, else an Azure or BurstGPT CSV."""
     if str(path).endswith((".jsonl", ".json")):
         return mooncake_gaps(load_mooncake_trace(path))
-    return load_azure_trace(path).gaps_s()
+    return load_trace_csv(path).gaps_s()
 
 
 def _source_dataset(args: argparse.Namespace) -> str:

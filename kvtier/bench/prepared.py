@@ -58,7 +58,7 @@ def prepared_dataset(path: Path | str) -> str | None:
         return None
     # Longer names first: "sharegpt-multiturn" is not "sharegpt".
     for known in ("sharegpt-multiturn", "generated-shared-prefix", "sharegpt", "leval", "azure",
-                  "mooncake", "synthetic"):
+                  "mooncake", "burstgpt", "synthetic"):
         if name.lower().startswith(known):
             return known
     return None

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from kvtier.bench.arrivals import ArrivalSpec, arrival_offsets
-from kvtier.bench.azure_trace import load_azure_trace
+from kvtier.bench.azure_trace import load_azure_trace, load_burstgpt_trace
 from kvtier.bench.leval import LEVAL_LIMITS, LEvalOrder, load_leval, sample_leval
 from kvtier.bench.mooncake_trace import BLOCK_SIZE as MOONCAKE_BLOCK_SIZE
 from kvtier.bench.mooncake_trace import load_mooncake_trace, mooncake_requests
@@ -31,6 +31,7 @@ class Dataset(str, enum.Enum):
     SHAREGPT_MULTITURN = "sharegpt-multiturn"  # every turn a request, closed loop per conversation
     GENERATED_SHARED_PREFIX = "generated-shared-prefix"  # SGLang's: groups sharing a system prompt
     MOONCAKE = "mooncake"  # Mooncake's trace: lengths and hash-block prefixes, random tokens
+    BURSTGPT = "burstgpt"  # BurstGPT's trace: its lengths, random prompt tokens
 
 
 # Conversations and L-Eval documents are long: no maximum but the model's by default.
@@ -144,10 +145,12 @@ def sample_requests(spec: WorkloadSpec, tokenizer: Tokenizer, vocab_size: int,
                              f"{spec.trace_start} on; asked for {n}")
         return mooncake_requests(rows, limits, vocab_size, _stream_seed(spec.seed, 1),
                                  spec.mooncake_block_size)
-    if spec.dataset is Dataset.AZURE:
+    if spec.dataset in (Dataset.AZURE, Dataset.BURSTGPT):
         if spec.path is None:
-            raise ValueError("the Azure workload needs the trace CSV path (--dataset-path)")
-        trace = load_azure_trace(Path(spec.path)).window(spec.trace_start, n)
+            raise ValueError(f"the {spec.dataset.value} workload needs the trace CSV path "
+                             "(--dataset-path)")
+        load = load_azure_trace if spec.dataset is Dataset.AZURE else load_burstgpt_trace
+        trace = load(Path(spec.path)).window(spec.trace_start, n)
         lengths, report = trace.lengths_reported(limits)
         return requests_with_lengths(lengths, vocab_size, _stream_seed(spec.seed, 1)), report
     lengths = synthetic_lengths(n, spec.input_len, spec.output_len, spec.range_ratio, _stream_seed(spec.seed, 0))

