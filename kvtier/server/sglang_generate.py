@@ -58,7 +58,7 @@ class GenerateRequest(_Request):
 
 
 def as_completion(req: GenerateRequest) -> CompletionRequest:
-    """The completions request /generate stands for (its checks give the 400s)."""
+    """The completions request /generate stands for (its checks refuse what is bad)."""
     if (req.text is None) == (req.input_ids is None):
         raise APIError(400, "give exactly one of text and input_ids", param="text",
                        code="invalid_value")

@@ -143,3 +143,30 @@ def openai_client(srv: LiveServer) -> Any:
     import openai
 
     return openai.OpenAI(base_url=srv.base_url + "/v1", api_key="unused", max_retries=0)
+
+
+# The tool-calling servers (tests/server/test_tool_calls.py, test_responses_api.py): hermes
+# parser on, room for the tools' system turn, one step at a time and async.
+TOOL_ENGINE = {"max_model_len": 1024, "num_gpu_blocks": 1024}
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async"])
+def tool_server(request, tiny_model_dir):
+    engine = make_engine(tiny_model_dir, async_scheduling=request.param, **TOOL_ENGINE)
+    yield from serve_until_clean(build_app(engine, tool_call_parser="hermes"))
+
+
+@pytest.fixture(scope="module")
+def tool_client(tool_server):
+    with openai_client(tool_server) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def compact(tool_server):
+    """logit_bias against every whitespace-only token of the 2,048-token vocabulary: a
+    random model otherwise spends its tokens on the whitespace JSON allows between values
+    (the grammar still decides where whitespace must go; -inf outside it stays -inf)."""
+    tok = tool_server.engine.tokenizer
+    space = [i for i in range(2048) if tok.decode([i]) and not tok.decode([i]).strip()]
+    return {"logit_bias": {str(i): -100 for i in space}}

@@ -9,41 +9,20 @@ import json
 import openai
 import pytest
 
-from kvtier.server.app import build_app
-from tests.server.conftest import MODEL, make_engine, openai_client, serve_until_clean
+from tests.server.conftest import MODEL
 
-LONG = {"max_model_len": 1024, "num_gpu_blocks": 1024}
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
            "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
                           "required": ["city"], "additionalProperties": False}}
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async"])
-def live(request, tiny_model_dir):
-    engine = make_engine(tiny_model_dir, async_scheduling=request.param, **LONG)
-    yield from serve_until_clean(build_app(engine, tool_call_parser="hermes"))
-
-
-@pytest.fixture(scope="module")
-def client(live):
-    with openai_client(live) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def compact(live):
-    tok = live.engine.tokenizer
-    return {"logit_bias": {str(i): -100 for i in range(2048)
-                           if tok.decode([i]) and not tok.decode([i]).strip()}}
-
-
-def test_text_equals_chat(client):
-    out = client.responses.create(model=MODEL, input="Hello there", instructions="Be terse.",
+def test_text_equals_chat(tool_client):
+    out = tool_client.responses.create(model=MODEL, input="Hello there", instructions="Be terse.",
                                   max_output_tokens=8, temperature=0)
     assert out.object == "response" and out.status == "incomplete"
     assert out.incomplete_details.reason == "max_output_tokens"
     assert out.usage.output_tokens == 8 and out.usage.input_tokens > 0
-    chat = client.chat.completions.create(
+    chat = tool_client.chat.completions.create(
         model=MODEL, max_tokens=8, temperature=0,
         messages=[{"role": "system", "content": "Be terse."},
                   {"role": "user", "content": "Hello there"}])
@@ -51,11 +30,11 @@ def test_text_equals_chat(client):
     assert out.output[0].type == "message" and out.output[0].role == "assistant"
 
 
-def test_streamed_text_equals_whole(client):
+def test_streamed_text_equals_whole(tool_client):
     """Cut by max_output_tokens, the stream ends with response.incomplete, as OpenAI's does."""
     kw = dict(model=MODEL, input="Hello there", max_output_tokens=12, temperature=0)
-    whole = client.responses.create(**kw)
-    events = list(client.responses.create(stream=True, **kw))
+    whole = tool_client.responses.create(**kw)
+    events = list(tool_client.responses.create(stream=True, **kw))
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert events[0].type == "response.created" and events[-1].type == "response.incomplete"
     deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
@@ -64,13 +43,13 @@ def test_streamed_text_equals_whole(client):
     assert events[-1].response.usage.output_tokens == 12
 
 
-def test_named_function_and_a_follow_up_turn(client, compact):
-    out = client.responses.create(model=MODEL, input="Weather in Paris?", tools=[WEATHER],
+def test_named_function_and_a_follow_up_turn(tool_client, compact):
+    out = tool_client.responses.create(model=MODEL, input="Weather in Paris?", tools=[WEATHER],
                                   tool_choice={"type": "function", "name": "get_weather"},
                                   max_output_tokens=200, temperature=0, extra_body=compact)
     (call,) = [o for o in out.output if o.type == "function_call"]
     assert call.name == "get_weather" and json.loads(call.arguments)["city"] in ("Paris", "Rome")
-    follow = client.responses.create(
+    follow = tool_client.responses.create(
         model=MODEL, tools=[WEATHER], tool_choice="none", max_output_tokens=4, temperature=0,
         input=[{"role": "user", "content": "Weather in Paris?"},
                {"type": "function_call", "call_id": call.call_id, "name": call.name,
@@ -79,28 +58,28 @@ def test_named_function_and_a_follow_up_turn(client, compact):
     assert follow.output[0].type == "message" and follow.usage.input_tokens > out.usage.input_tokens
 
 
-def test_streamed_function_call(client, compact):
+def test_streamed_function_call(tool_client, compact):
     kw = dict(model=MODEL, input="Weather?", tools=[WEATHER], tool_choice="required",
               parallel_tool_calls=False, max_output_tokens=200, temperature=0,
               extra_body=compact)
-    whole = [o for o in client.responses.create(**kw).output if o.type == "function_call"]
-    with client.responses.stream(**kw) as stream:
+    whole = [o for o in tool_client.responses.create(**kw).output if o.type == "function_call"]
+    with tool_client.responses.stream(**kw) as stream:
         final = stream.get_final_response()
     streamed = [o for o in final.output if o.type == "function_call"]
     assert [(c.name, c.arguments) for c in streamed] == [(c.name, c.arguments) for c in whole]
     assert whole and all(c.status == "completed" for c in streamed)
 
 
-def test_text_format_json_schema(client, compact):
+def test_text_format_json_schema(tool_client, compact):
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
               "additionalProperties": False}
     kw = dict(model=MODEL, input="Is it ok?", max_output_tokens=200, temperature=0,
               extra_body=compact, text={"format": {"type": "json_schema", "name": "answer",
                                                    "schema": schema, "strict": True}})
-    out = client.responses.create(**kw)
+    out = tool_client.responses.create(**kw)
     assert out.status == "completed"
     assert set(json.loads(out.output_text)) == {"ok"}
-    with client.responses.stream(**kw) as stream:  # the client's own accumulation
+    with tool_client.responses.stream(**kw) as stream:  # the client's own accumulation
         final = stream.get_final_response()
     assert final.output_text == out.output_text
 
@@ -112,8 +91,8 @@ def test_text_format_json_schema(client, compact):
      "input.0.0"),
     ({"input": [{"type": "computer_call"}]}, "input.0"),
 ])
-def test_refusals_name_the_field(client, kw, param):
+def test_refusals_name_the_field(tool_client, kw, param):
     kw = {"model": MODEL, "input": "hi", **kw}
     with pytest.raises(openai.BadRequestError) as err:
-        client.responses.create(**kw)
+        tool_client.responses.create(**kw)
     assert err.value.body["param"] == param

@@ -11,13 +11,7 @@ import openai
 import pytest
 
 from kvtier.server.app import build_app
-from tests.server.conftest import (
-    MODEL,
-    make_engine,
-    openai_client,
-    serve_until_clean,
-    start_server,
-)
+from tests.server.conftest import MODEL, TOOL_ENGINE, make_engine, openai_client, start_server
 
 pytest.importorskip("xgrammar")
 
@@ -31,33 +25,10 @@ TIME = {"type": "function", "function": {
     "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC"]}},
                                        "required": ["zone"], "additionalProperties": False}}}
 TOOLS = [WEATHER, TIME]
-LONG = {"max_model_len": 1024, "num_gpu_blocks": 1024}  # the tools' system turn is long
 MESSAGES = [{"role": "user", "content": "Weather in Paris for 3 days?"}]
 # "auto" reads the model's own text: a random model is made to write a hermes block.
 FORCED = {"guided_regex": r'Let me check\.<tool_call>\n\{"name": "get_weather", "arguments": '
           r'\{"city": "(Paris|Rome)", "days": [1-7]\}\}\n</tool_call>'}
-
-
-@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async"])
-def live(request, tiny_model_dir):
-    engine = make_engine(tiny_model_dir, async_scheduling=request.param, **LONG)
-    yield from serve_until_clean(build_app(engine, tool_call_parser="hermes"))
-
-
-@pytest.fixture(scope="module")
-def client(live):
-    with openai_client(live) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def compact(live):
-    """logit_bias against every whitespace-only token: a random model otherwise spends its
-    tokens on the whitespace JSON allows between values (the grammar still decides where
-    whitespace must go; -inf outside it stays -inf)."""
-    tok = live.engine.tokenizer
-    space = [i for i in range(2048) if tok.decode([i]) and not tok.decode([i]).strip()]
-    return {"logit_bias": {str(i): -100 for i in space}}
 
 
 def check_weather_args(arguments: str) -> None:
@@ -72,8 +43,8 @@ def create(client, **kw):
     return client.chat.completions.create(**kw)
 
 
-def test_named_function(client, compact):
-    out = create(client, tool_choice={"type": "function", "function": {"name": "get_weather"}},
+def test_named_function(tool_client, compact):
+    out = create(tool_client, tool_choice={"type": "function", "function": {"name": "get_weather"}},
                  **compact)
     choice = out.choices[0]
     assert choice.finish_reason == "stop" and choice.message.content is None
@@ -83,8 +54,8 @@ def test_named_function(client, compact):
 
 
 @pytest.mark.parametrize("parallel", [True, False])
-def test_required(client, compact, parallel):
-    out = create(client, tool_choice="required", parallel_tool_calls=parallel, temperature=1.0,
+def test_required(tool_client, compact, parallel):
+    out = create(tool_client, tool_choice="required", parallel_tool_calls=parallel, temperature=1.0,
                  seed=4, max_tokens=200, **compact)
     choice = out.choices[0]
     assert choice.finish_reason == "tool_calls", choice.message
@@ -98,8 +69,8 @@ def test_required(client, compact, parallel):
             assert json.loads(call.function.arguments) == {"zone": "UTC"}
 
 
-def test_auto_reads_the_models_calls(client):
-    out = create(client, extra_body=FORCED)
+def test_auto_reads_the_models_calls(tool_client):
+    out = create(tool_client, extra_body=FORCED)
     choice = out.choices[0]
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content == "Let me check."
@@ -108,8 +79,8 @@ def test_auto_reads_the_models_calls(client):
     check_weather_args(call.function.arguments)
 
 
-def test_auto_without_a_call_is_text(client):
-    out = create(client, max_tokens=8, extra_body={"ignore_eos": True})
+def test_auto_without_a_call_is_text(tool_client):
+    out = create(tool_client, max_tokens=8, extra_body={"ignore_eos": True})
     choice = out.choices[0]
     assert choice.finish_reason == "length" and choice.message.tool_calls == []
     assert isinstance(choice.message.content, str)
@@ -120,10 +91,10 @@ def test_auto_without_a_call_is_text(client):
     {"tool_choice": "required"},
     {"extra_body": FORCED},
 ], ids=["named", "required", "auto"])
-def test_streamed_calls_equal_unstreamed(client, compact, kw):
+def test_streamed_calls_equal_unstreamed(tool_client, compact, kw):
     kw = {**compact, **kw}
-    whole = create(client, **kw).choices[0]
-    chunks = list(create(client, stream=True, **kw))
+    whole = create(tool_client, **kw).choices[0]
+    chunks = list(create(tool_client, stream=True, **kw))
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     calls: dict[int, dict] = {}
     for c in chunks:
@@ -139,21 +110,21 @@ def test_streamed_calls_equal_unstreamed(client, compact, kw):
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.finish_reason
 
 
-def test_earlier_calls_and_tool_answers_go_to_the_template(live, client):
+def test_earlier_calls_and_tool_answers_go_to_the_template(tool_server, tool_client):
     messages = MESSAGES + [
         {"role": "assistant", "content": None, "tool_calls": [{
             "id": "call_1", "type": "function",
             "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 3}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
-    out = create(client, messages=messages, max_tokens=4, extra_body={"ignore_eos": True})
-    tokenizer = live.engine.tokenizer
+    out = create(tool_client, messages=messages, max_tokens=4, extra_body={"ignore_eos": True})
+    tokenizer = tool_server.engine.tokenizer
     as_template = [dict(m) for m in messages]
     as_template[1] = {"role": "assistant", "content": "", "tool_calls": [{
         "id": "call_1", "type": "function",
         "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}}]}
     ids = tokenizer.apply_chat_template(as_template, tools=TOOLS)
     assert out.usage.prompt_tokens == len(ids)
-    counted = httpx.post(live.base_url + "/tokenize", json={"messages": messages, "tools": TOOLS})
+    counted = httpx.post(tool_server.base_url + "/tokenize", json={"messages": messages, "tools": TOOLS})
     assert counted.json()["count"] == len(ids)  # /tokenize renders the tools the same
     text = tokenizer.decode(ids, skip_special_tokens=False)
     assert "<tool_response>\nsunny, 21 C\n</tool_response>" in text
@@ -166,13 +137,13 @@ def test_earlier_calls_and_tool_answers_go_to_the_template(live, client):
     ({"tools": None, "tool_choice": "required"}, "needs tools"),
     ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "cannot be combined"),
 ])
-def test_refusals(client, kw, match):
+def test_refusals(tool_client, kw, match):
     with pytest.raises(openai.BadRequestError, match=match):
-        create(client, **kw)
+        create(tool_client, **kw)
 
 
 def test_auto_needs_the_servers_parser(tiny_model_dir):
-    srv = start_server(build_app(make_engine(tiny_model_dir, **LONG)))
+    srv = start_server(build_app(make_engine(tiny_model_dir, **TOOL_ENGINE)))
     try:
         with openai_client(srv) as c:
             with pytest.raises(openai.BadRequestError, match="enable-auto-tool-choice"):
