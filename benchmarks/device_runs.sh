@@ -409,7 +409,8 @@ part() {
   sampling-tests)  # vLLM's penalties and logit bias, prompt logprobs (echo) and structured outputs (carry the xgrammar and apache-tvm-ffi wheels in .whl), on the GPU in fp32 against HF's logits, with the sampler's and runner's GPU tests
     pytest_files "gpu_tests_sampling_$KVTIER_GIT_COMMIT" 300 tests/engine/test_penalties_hf.py \
       tests/engine/test_prompt_logprobs_hf.py tests/runner/test_penalties.py tests/runner/test_sampler.py \
-      tests/runner/test_gpu_path.py tests/structured ;;
+      tests/runner/test_gpu_path.py tests/structured/test_structured_engine.py \
+      tests/structured/test_mask.py ;;
   neo-tests)  # NEO's layer-call tests and engine tests on the host's CPU, and its GPU tests (pipelined and not, fp32 = GPU-only)
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext neo_tests "gpu_tests_neo_$KVTIER_GIT_COMMIT" ;;
   neo-graphs)  # NEO's sequential decode-only steps replayed as decode graphs (one CPU job a step, each layer handed over through pinned flags) against the piecewise forward (--no-neo-graphs), in one call: NEO's tests, the step parts both ways, then 32 x 2,048 + 128 at 3/4 (balance lifted) both ways, by its rule, and recompute
