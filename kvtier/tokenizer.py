@@ -61,7 +61,7 @@ class Tokenizer(Protocol):
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
+        template_kwargs: dict[str, Any] | None = None, continue_final_message: bool = False,
     ) -> list[int]: ...
 
 
@@ -128,6 +128,17 @@ def render_chat(render: Render, messages: list[dict[str, Any]], specials: list[s
     return ChatText(tuple(pieces), True)
 
 
+def open_final_message(text: str, messages: list[dict[str, Any]]) -> str:
+    """The rendered chat cut right after the final message's content, as transformers'
+    continue_final_message cuts it: the model goes on writing that message."""
+    final = messages[-1].get("content") if messages else None
+    final = final.strip() if isinstance(final, str) else ""
+    if not final or final not in text:
+        raise ValueError("continue_final_message: the final message's text does not appear "
+                         "in the rendered chat")
+    return text[:text.rindex(final) + len(final)]
+
+
 def _cut(text: str, find: re.Pattern[str]) -> list[tuple[str, bool]]:
     pieces: list[tuple[str, bool]] = []
     pos = 0
@@ -189,11 +200,14 @@ class BPETokenizer:
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
+        template_kwargs: dict[str, Any] | None = None, continue_final_message: bool = False,
     ) -> list[int]:
-        chat = render_chat(lambda msgs, tls, kw: self._template.render(
-            **kw, messages=msgs, tools=tls, add_generation_prompt=add_generation_prompt),
-            messages, list(_SPECIALS), tools, template_kwargs)
+        def render(msgs: list[dict[str, Any]], tls: Any, kw: dict[str, Any]) -> str:
+            text = self._template.render(**kw, messages=msgs, tools=tls,
+                                         add_generation_prompt=add_generation_prompt)
+            return open_final_message(text, msgs) if continue_final_message else text
+
+        chat = render_chat(render, messages, list(_SPECIALS), tools, template_kwargs)
         ids: list[int] = []
         for text, special in chat.pieces:
             ids += [self._enc.encode_single_token(text)] if special else self._enc.encode_ordinary(text)
@@ -236,15 +250,16 @@ class HFTokenizer:
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
+        template_kwargs: dict[str, Any] | None = None, continue_final_message: bool = False,
     ) -> list[int]:
         """`template_kwargs`: the template's own variables (vLLM's chat_template_kwargs,
-        e.g. Qwen3's enable_thinking)."""
+        e.g. Qwen3's enable_thinking); `continue_final_message`: the last message left open
+        (transformers cuts the rendered chat after its content)."""
         if not self._tok.chat_template:
             raise ConfigError("this model's tokenizer has no chat template")
         chat = render_chat(lambda msgs, tls, kw: str(self._tok.apply_chat_template(
             msgs, tools=tls, add_generation_prompt=add_generation_prompt,  # type: ignore[arg-type]
-            tokenize=False, **kw)),
+            continue_final_message=continue_final_message, tokenize=False, **kw)),
             messages, list(self._special_tokens), tools, template_kwargs)
         if not chat.forged:  # what apply_chat_template(tokenize=True) gives
             return self._encode_text(chat.text, split_special_tokens=False)

@@ -217,6 +217,10 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS), INTEGRAL] | None = None
     add_generation_prompt: bool = True
+    # vLLM's: the final (assistant) message left open, the reply continuing it ("prefill");
+    # needs add_generation_prompt false. echo: the reply starts with that message's text.
+    continue_final_message: bool = False
+    echo: bool = False
     # vLLM's: the chat template's own variables (e.g. Qwen3's {"enable_thinking": false})
     chat_template_kwargs: dict[str, Any] | None = None
     # Tool calling (kvtier/server/tool_calls.py): OpenAI's fields.

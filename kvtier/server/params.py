@@ -139,8 +139,12 @@ def completion_prompts(req: CompletionRequest, tokenizer: Any, limits: ServingLi
 
 
 def chat_prompt(req: ChatCompletionRequest, tokenizer: Any, limits: ServingLimits) -> list[int]:
+    if req.continue_final_message and req.add_generation_prompt:
+        raise _bad("continue_final_message needs add_generation_prompt false (the final "
+                   "message is continued, no new turn is opened)", "continue_final_message")
     return chat_template_ids(req.messages, req.add_generation_prompt, tokenizer, limits,
-                             template_tools(req), req.chat_template_kwargs)
+                             template_tools(req), req.chat_template_kwargs,
+                             req.continue_final_message)
 
 
 # What apply_chat_template sets itself: no chat_template_kwargs key may stand for them.
@@ -159,7 +163,8 @@ def _template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
 
 def chat_template_ids(chat: list[ChatMessage], add_generation_prompt: bool, tokenizer: Any,
                       limits: ServingLimits, tools: list[dict[str, Any]] | None = None,
-                      template_kwargs: dict[str, Any] | None = None) -> list[int]:
+                      template_kwargs: dict[str, Any] | None = None,
+                      continue_final_message: bool = False) -> list[int]:
     """The messages (and the tools, if any) through the model's chat template, checked as
     a prompt; `template_kwargs` (vLLM's chat_template_kwargs) are the template's own
     variables."""
@@ -178,6 +183,8 @@ def chat_template_ids(chat: list[ChatMessage], add_generation_prompt: bool, toke
     extra: dict[str, Any] = {} if tools is None else {"tools": tools}
     if kwargs := _template_kwargs(template_kwargs):
         extra["template_kwargs"] = kwargs
+    if continue_final_message:
+        extra["continue_final_message"] = True
     try:
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                             **extra)

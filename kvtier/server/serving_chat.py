@@ -55,6 +55,13 @@ async def submit_chat(state: ServerState, req: ChatCompletionRequest,
     return SubmittedChat(request_id, prompt, stream, rules)
 
 
+def echo_text(req: ChatCompletionRequest) -> str:
+    """vLLM's chat echo: the final message's text when the reply continues it (an assistant
+    message), else nothing."""
+    last = req.messages[-1]
+    return last.text() if req.echo and last.role == "assistant" else ""
+
+
 async def create_chat_completion(
     state: ServerState, req: ChatCompletionRequest, raw: Request
 ) -> ChatCompletionResponse | Response:
@@ -62,6 +69,7 @@ async def create_chat_completion(
     top_k_logprobs = (req.top_logprobs or 0) if req.logprobs else None
     sub = await submit_chat(state, req)
     request_id, prompt, stream, rules = sub.request_id, sub.prompt, sub.stream, sub.rules
+    echoed = echo_text(req)
 
     def build(collected: Collected) -> ChatCompletionResponse:
         results, choices = collected.choices, []
@@ -71,6 +79,8 @@ async def create_chat_completion(
                 logprobs = chat_logprobs(state.tokenizer, res.token_ids, res.logprobs, top_k_logprobs)
             reasoning, content, calls, finish_reason = whole_reply(rules, res.text,
                                                                    res.finish_reason)
+            if echoed:
+                content = echoed + (content or "")
             choices.append(
                 ChatCompletionChoice(
                     index=i,
@@ -118,9 +128,11 @@ async def _events(
                   if continuous else None)
         return sse(ChatCompletionStreamResponse(id=request_id, model=model, choices=[choice], usage=so_far))
 
-    # OpenAI opens every choice with the role; content follows in later chunks.
+    # OpenAI opens every choice with the role; content follows in later chunks (vLLM's echo:
+    # the continued message's text first).
     for i in range(req.n):
-        yield chunk(ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")))
+        yield chunk(ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant",
+                                                                 content=echo_text(req))))
     try:
         async for update in stream:
             cached.add(update)
