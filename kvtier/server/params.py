@@ -80,11 +80,13 @@ def check_ids(ids: list[int], limits: ServingLimits, param: str) -> list[int]:
     return ids
 
 
+def one_prompt(req: CompletionRequest) -> bool:
+    """A single prompt (text or token ids), not a list of them."""
+    return isinstance(req.prompt, str) or all(isinstance(p, int) for p in req.prompt)
+
+
 def num_prompts(req: CompletionRequest) -> int:
-    prompt = req.prompt
-    if isinstance(prompt, str) or all(isinstance(p, int) for p in prompt):
-        return 1
-    return len(prompt)
+    return 1 if one_prompt(req) else len(req.prompt)
 
 
 def check_before_tokenizing(req: _SamplingFields, limits: ServingLimits) -> int:
@@ -143,7 +145,7 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer: Any, limits: ServingLimit
         raise _bad("continue_final_message needs add_generation_prompt false (the final "
                    "message is continued, no new turn is opened)", "continue_final_message")
     return chat_template_ids(req.messages, req.add_generation_prompt, tokenizer, limits,
-                             template_tools(req), req.chat_template_kwargs,
+                             template_tools(req.tools), req.chat_template_kwargs,
                              req.continue_final_message)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvtier.server.tool_parsers import _partial_suffix
+from kvtier.server.tool_parsers import partial_suffix
 
 THINK, END = "<think>", "</think>"
 
@@ -67,7 +67,7 @@ class ReasoningStream:
             reasoning, content = self.pending[:at], self.pending[at + len(END):]
             self.pending, self.state = "", "answer"
             return reasoning, content
-        keep = _partial_suffix(self.pending, END)
+        keep = partial_suffix(self.pending, END)
         out, self.pending = self.pending[:len(self.pending) - keep], self.pending[len(self.pending) - keep:]
         return out, ""
 

@@ -19,6 +19,7 @@ from starlette.requests import Request
 
 from kvtier.server.api_models import INTEGRAL, CompletionRequest, _Request
 from kvtier.server.errors import APIError
+from kvtier.server.params import one_prompt
 from kvtier.server.respond import respond
 from kvtier.server.results import ChoiceResult, Collected
 from kvtier.server.serving_completions import Submitted, submit_completion
@@ -114,8 +115,7 @@ async def create_generate(state: ServerState, req: GenerateRequest, raw: Request
     completion = as_completion(req)
     n = completion.n
     sub = await submit_completion(state, completion, id_prefix="generate")
-    batch = n > 1 or not (isinstance(req.text, str) or
-                          (req.input_ids is not None and all(isinstance(t, int) for t in req.input_ids)))
+    batch = n > 1 or not one_prompt(completion)  # SGLang answers a list for a batch
 
     def item(i: int, res: ChoiceResult, cached: int) -> dict[str, Any]:
         return {"text": res.text, "output_ids": res.token_ids,

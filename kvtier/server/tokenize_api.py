@@ -19,14 +19,14 @@ from kvtier.server.api_models import (
 from kvtier.server.errors import APIError
 from kvtier.server.params import chat_template_ids, check_ids, encode_text
 from kvtier.server.state import ServerState
+from kvtier.server.tool_calls import template_tools
 
 
 def _tokenize(req: TokenizeRequest, state: ServerState) -> list[int]:
     tok, limits = state.tokenizer, state.limits
     if req.messages is not None:
-        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         return chat_template_ids(req.messages, req.add_generation_prompt, tok, limits,
-                                 tools, req.chat_template_kwargs)
+                                 template_tools(req.tools), req.chat_template_kwargs)
     assert req.prompt is not None
     ids = encode_text(tok, req.prompt, "prompt")
     bos = getattr(tok, "bos_token_id", None)

@@ -25,6 +25,7 @@ from kvtier.server.api_models import (
     DeltaToolCall,
     FunctionCall,
     ToolCall,
+    ToolSpec,
 )
 from kvtier.server.errors import APIError
 from kvtier.server.tool_parsers import ParsedCall, ToolParser
@@ -85,11 +86,12 @@ def _calls_schema(tools: dict[str, Any], parallel: bool) -> dict[str, Any]:
     return schema
 
 
-def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
-    """The tools as the chat template takes them (OpenAI's shape, as HF templates expect)."""
-    if not req.tools:
+def template_tools(tools: list[ToolSpec] | None) -> list[dict[str, Any]] | None:
+    """A request's tools as the chat template takes them (OpenAI's shape, as HF templates
+    expect): chat requests and /tokenize alike."""
+    if not tools:
         return None
-    return [t.model_dump(exclude_none=True) for t in req.tools]
+    return [t.model_dump(exclude_none=True) for t in tools]
 
 
 def template_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
@@ -106,9 +108,12 @@ def template_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
     return out
 
 
+def call_id() -> str:
+    return f"chatcmpl-tool-{uuid.uuid4().hex}"
+
+
 def new_call(call: ParsedCall) -> ToolCall:
-    return ToolCall(id=f"chatcmpl-tool-{uuid.uuid4().hex}",
-                    function=FunctionCall(name=call.name, arguments=call.arguments))
+    return ToolCall(id=call_id(), function=FunctionCall(name=call.name, arguments=call.arguments))
 
 
 def read_reply(plan: ToolPlan, text: str, finish_reason: str | None
@@ -122,8 +127,7 @@ def read_reply(plan: ToolPlan, text: str, finish_reason: str | None
         if calls is None:  # cut short (length): the text as it is
             return text, [], finish_reason
         return None, calls, "tool_calls"
-    if plan.parser is None:
-        return text, [], finish_reason
+    assert plan.parser is not None, "plan_tools gives every auto plan the server's parser"
     content, calls = plan.parser.parse(text)
     return content, calls, "tool_calls" if calls else finish_reason
 
@@ -147,14 +151,14 @@ class ReplyStream:
         self._parts: list[str] = []
         self._calls = 0
         self._named_id: str | None = None
-        self._auto = plan.parser.stream() if plan.choice == "auto" and plan.parser else None
+        self._auto = plan.parser.stream() if plan.parser is not None else None
 
     def feed(self, text: str, finish_reason: str | None
              ) -> tuple[str | None, list[DeltaToolCall], str | None]:
         plan = self.plan
         if plan.choice == "named":
             if self._named_id is None:
-                self._named_id = new_call(ParsedCall(plan.name or "", "")).id
+                self._named_id = call_id()
                 fn = DeltaFunctionCall(name=plan.name, arguments=text)
                 return None, [DeltaToolCall(index=0, id=self._named_id, type="function",
                                             function=fn)], finish_reason
@@ -166,8 +170,7 @@ class ReplyStream:
                 return None, [], None
             content, calls, finish = read_reply(plan, "".join(self._parts), finish_reason)
             return content, self._deltas(calls), finish
-        if self._auto is None:
-            return text, [], finish_reason
+        assert self._auto is not None, "plan_tools gives every auto plan the server's parser"
         content, calls = self._auto.feed(text)
         if finish_reason is not None:
             rest, last = self._auto.finish()
@@ -180,8 +183,7 @@ class ReplyStream:
     def _deltas(self, calls: list[ParsedCall]) -> list[DeltaToolCall]:
         out = []
         for call in calls:
-            whole = new_call(call)
-            out.append(DeltaToolCall(index=self._calls, id=whole.id, type="function",
+            out.append(DeltaToolCall(index=self._calls, id=call_id(), type="function",
                                      function=DeltaFunctionCall(name=call.name,
                                                                 arguments=call.arguments)))
             self._calls += 1

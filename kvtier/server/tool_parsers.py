@@ -85,7 +85,7 @@ class HermesStream:
             if not self.in_call:
                 at = self.pending.find(OPEN)
                 if at < 0:
-                    keep = _partial_suffix(self.pending, OPEN)
+                    keep = partial_suffix(self.pending, OPEN)
                     out.append(self.pending[:len(self.pending) - keep])
                     self.pending = self.pending[len(self.pending) - keep:]
                     return "".join(out), calls
@@ -170,7 +170,7 @@ class Llama3JsonStream:
         return content or "", calls
 
 
-def _partial_suffix(text: str, tag: str) -> int:
+def partial_suffix(text: str, tag: str) -> int:
     """The length of the longest end of `text` that begins `tag` (held back: it may open one)."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if tag.startswith(text[-n:]):
