@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -25,6 +26,7 @@ from kvtier.server.api_models import (
 )
 from kvtier.server.async_engine import AsyncEngine
 from kvtier.server.errors import error_response, install_error_handlers
+from kvtier.server.http_options import CorsOptions
 from kvtier.server.metrics import ServerMetrics
 from kvtier.server.middleware import AdmissionMiddleware, APIKeyMiddleware, BodyLimitMiddleware
 from kvtier.server.openapi import openapi_without_422
@@ -77,6 +79,7 @@ def build_app(
     request_timeout_s: float | None = None,
     tool_call_parser: str | None = None,
     reasoning_parser: str | None = None,
+    cors: CorsOptions | None = CorsOptions(),
 ) -> FastAPI:
     """An OpenAI-compatible app serving `engine` (an LLMEngine, see docs/ENGINE_API.md).
 
@@ -91,6 +94,8 @@ def build_app(
     `tool_call_parser` (hermes, llama3_json) turns on tool_choice "auto"
     (`--enable-auto-tool-choice`; kvtier/server/tool_calls.py); `reasoning_parser` (qwen3,
     deepseek_r1) splits a chat reply's thinking into `reasoning_content`.
+    `cors`: vLLM's default, any origin and no credentials; None, no CORS headers
+    (kvtier/server/http_options.py).
     """
     if api_key is not None and not api_key.strip():
         raise ValueError("the API key is empty: pass a non-empty key, or none to serve without one")
@@ -122,6 +127,8 @@ def build_app(
     _add_routes(app, state)
     app.openapi = openapi_without_422(app)  # type: ignore[method-assign]
     _add_middleware(app, state, max_request_body_bytes, api_key, metrics_need_key)
+    if cors is not None:  # outermost: preflights carry no key, and a 401 must be readable
+        app.add_middleware(CORSMiddleware, **cors.middleware_kwargs())
     return app
 
 

@@ -10,6 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.config import ConfigError
+from kvtier.server.http_options import (
+    add_http_args,
+    cors_from_args,
+    root_path_from_args,
+    tls_from_args,
+)
 from kvtier.server.reasoning import REASONING_PARSERS
 from kvtier.server.tool_parsers import PARSERS
 
@@ -33,6 +39,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     http.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (default 8000)")
     _add_auth_args(http)
     _add_limit_args(http)
+    add_http_args(http)
     http.add_argument("--uvicorn-log-level", default="info",
                       choices=["critical", "error", "warning", "info", "debug", "trace"])
     tools = parser.add_argument_group("Tool calling")
@@ -138,6 +145,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ConfigError(str(exc)) from None
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ConfigError("--enable-auto-tool-choice needs --tool-call-parser")
+    tls, root_path = tls_from_args(args), root_path_from_args(args)  # checked before the engine loads
     engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))
     try:
         app = build_app(
@@ -151,6 +159,7 @@ def run_serve(args: argparse.Namespace) -> int:
             request_timeout_s=args.request_timeout,
             tool_call_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,
             reasoning_parser=args.reasoning_parser,
+            cors=cors_from_args(args),
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
@@ -161,7 +170,8 @@ def run_serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _after_graceful_shutdown)
     config = server_config(app, host=args.host, port=args.port, limits=limits,
-                           shutdown_timeout_s=args.shutdown_timeout, log_level=args.uvicorn_log_level)
+                           shutdown_timeout_s=args.shutdown_timeout, log_level=args.uvicorn_log_level,
+                           tls=tls, root_path=root_path, access_log=not args.disable_uvicorn_access_log)
     KVTierServer(config, drain=app.state.server.drain).run()
     return 0
 

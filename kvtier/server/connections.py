@@ -25,6 +25,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from kvtier.server.errors import error_body, error_response
+from kvtier.server.http_options import TLSOptions
 
 logger = logging.getLogger(__name__)
 
@@ -166,10 +167,13 @@ class KVTierServer(uvicorn.Server):
 
 
 def server_config(app: Any, *, host: str, port: int, limits: ConnectionLimits, shutdown_timeout_s: float,
-                  log_level: str = "info") -> uvicorn.Config:
-    """The uvicorn config `kvtier serve` runs with (tests start theirs from it too)."""
+                  log_level: str = "info", tls: TLSOptions | None = None, root_path: str = "",
+                  access_log: bool = True) -> uvicorn.Config:
+    """The uvicorn config `kvtier serve` runs with (tests start theirs from it too);
+    `root_path`: a reverse proxy's prefix (kvtier/server/http_options.py)."""
     return uvicorn.Config(
-        app, host=host, port=port, log_level=log_level,
+        app, host=host, port=port, log_level=log_level, access_log=access_log, root_path=root_path,
+        **(tls.uvicorn_kwargs() if tls else {}),
         http=guarded_protocol(limits),
         timeout_keep_alive=int(max(1, round(limits.keep_alive_timeout_s))),
         h11_max_incomplete_event_size=limits.max_header_bytes,

@@ -91,15 +91,18 @@ class LiveServer:
         assert not self.thread.is_alive(), "server did not stop"
 
 
-def start_server(app: Any, limits: ConnectionLimits | None = None) -> LiveServer:
-    """Serve `app` as `kvtier serve` does (its protocol, limits and draining shutdown)."""
+def start_server(app: Any, limits: ConnectionLimits | None = None, tls: Any = None,
+                 root_path: str = "") -> LiveServer:
+    """Serve `app` as `kvtier serve` does (its protocol, limits, TLS, root path and draining
+    shutdown)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     state = app.state.server
     config = server_config(app, host="127.0.0.1", port=port, limits=limits or ConnectionLimits(),
-                           shutdown_timeout_s=state.shutdown_timeout_s, log_level="warning")
+                           shutdown_timeout_s=state.shutdown_timeout_s, log_level="warning", tls=tls,
+                           root_path=root_path)
     server = KVTierServer(config, drain=state.drain)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
