@@ -65,7 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda", help="cuda | cpu (cpu: a smoke run only)")
     p.add_argument("--policies", default=",".join(POLICIES),
                    help="kv policies; neo:on / neo:off / neo:auto set --neo-pipeline, "
-                        "neo:off+piecewise adds --no-neo-graphs, "
+                        "neo:off+piecewise adds --no-neo-graphs, neo:off+threads15 "
+                        "--neo-cpu-threads 15, "
                         "directkv:inline runs the host rows without the side stream, "
                         "directkv:piecewise without the full-model decode graphs, "
                         "directkv:partial with --directkv-partial-moves")
@@ -124,7 +125,8 @@ def pool_sizes(args: argparse.Namespace, cap: float = 0.5) -> tuple[int, int, in
 
 def policy_flags(args: argparse.Namespace, policy: str) -> tuple[str, dict[str, Any]]:
     """`name[:mode][@balance]` -> (--kv-policy, its engine flags); the mode is neo's
-    --neo-pipeline and/or `piecewise` (--no-neo-graphs), or directkv's `inline`
+    --neo-pipeline and/or `piecewise` (--no-neo-graphs), `threadsN` (--neo-cpu-threads N),
+    or directkv's `inline`
     (--no-directkv-side-stream), `piecewise` (--no-directkv-graphs), `partial`
     (--directkv-partial-moves); several joined by `+` (e.g. `neo:off+piecewise`)."""
     spec, _, balance = policy.partition("@")
@@ -133,12 +135,19 @@ def policy_flags(args: argparse.Namespace, policy: str) -> tuple[str, dict[str, 
     if mode and name == "directkv":
         extra = dict(DIRECTKV_MODES[m] for m in mode.split("+"))
     elif mode:
-        extra = dict(NEO_MODES.get(m, ("neo_pipeline", m)) for m in mode.split("+"))
+        extra = dict(_neo_mode(m) for m in mode.split("+"))
     if balance:
         extra[{"neo": "neo_cpu_balance", "directkv": "directkv_balance"}[name]] = float(balance)
     if name == "neo" and args.neo_max_skipped_steps is not None:
         extra["neo_max_skipped_steps"] = args.neo_max_skipped_steps
     return name, extra
+
+
+def _neo_mode(mode: str) -> tuple[str, Any]:
+    """neo's `piecewise`, `threadsN` (--neo-cpu-threads N), else a --neo-pipeline value."""
+    if mode.startswith("threads"):
+        return "neo_cpu_threads", int(mode.removeprefix("threads"))
+    return NEO_MODES.get(mode, ("neo_pipeline", mode))
 
 
 def make_engine(args: argparse.Namespace, engine_args: Any) -> tuple[Any, Any]:
