@@ -425,6 +425,10 @@ part() {
     timeout 280 python3 -m benchmarks.policies.bench_host_resident --caps 0.75 \
       --policies neo:off@0,neo:off+piecewise@0,neo@0,recompute \
       --out "$(out policies "host_resident_neo_graphs_h200_$c.json")" 2>&1 | tail -5 ;;
+  neo-step-threads)  # why NEO's layer call takes 4.5x its reads inside a graph step: the step parts of 32 x 2,048 + 128 at 3/4 (every host step sequential) with the CPU attention on 16 (torch's default), 14 and 8 threads (cores left to the main thread, which spins while it waits for the GPU)
+    TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 280 python3 -m benchmarks.policies.bench_neo_step_parts --caps 0.75 \
+      --policies neo:off@0,neo:off+threads14@0,neo:off+threads8@0 \
+      --out "$(out policies "neo_step_parts_threads_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -4 ;;
   neo-graphs-ab)  # NEO's graph steps of this tree against the tree in $BEFORE (default .carry/neo_before, $BEFORE_COMMIT), alternating twice in one call: NEO's tests, then the step parts of 32 x 2,048 + 128 at 3/4, every host step sequential (neo:off@0)
     local i c=$KVTIER_GIT_COMMIT b=${BEFORE:-.carry/neo_before} bc=${BEFORE_COMMIT:-before}
     export TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext

@@ -1,6 +1,6 @@
 """Host cost of structured outputs a step, on this machine's CPU: what the engine thread
 spends building the step's allowed-token masks (`StructuredRequests.fill`: one xgrammar
-matcher a row), advancing the matchers by the sampled tokens (`SequenceGrammar.accept`), and
+matcher a row; from `--batch-fill-min-rows` rows on xgrammar's threads), advancing the matchers by the sampled tokens (`SequenceGrammar.accept`), and
 what the sampler's mask op costs (`kvtier.structured.mask.mask_logits`, the masks' upload
 included; on the CPU's logits, or with `--device cuda` on the GPU's, timed after a
 synchronize), at batch sizes 1-256 over Llama-3.1-8B's 128,256-token vocabulary (the dummy
@@ -26,6 +26,7 @@ import torch
 from benchmarks.common import write_result
 from kvtier.core.plan import ScheduledRequest, StepPlan
 from kvtier.sampling_params import SamplingParams
+from kvtier.structured import backend
 from kvtier.structured.mask import mask_logits
 from kvtier.structured.requests import StructuredRequests
 from kvtier.tokenizer import BPETokenizer
@@ -103,10 +104,15 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--threads", type=int, default=1, help="torch threads (the mask op)")
     p.add_argument("--device", default="cpu", help="where the logits are (cpu, cuda)")
+    p.add_argument("--batch-fill-min-rows", type=int, default=None,
+                   help="fill a step's masks on xgrammar's threads from this many rows "
+                        f"(default: the engine's, {backend.BATCH_FILL_MIN_ROWS}; 1000000: never)")
     p.add_argument("--label", default="", help="what this run measures (kept in the JSON)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    if args.batch_fill_min_rows is not None:
+        backend.BATCH_FILL_MIN_ROWS = args.batch_fill_min_rows
     tok = BPETokenizer(VOCAB)
     t0 = time.perf_counter()
     grammars = StructuredRequests(tok, VOCAB)
@@ -122,6 +128,7 @@ def main() -> None:
     write_result(args.out, {"label": args.label, "vocab_size": VOCAB,
                             "backend_setup_s": setup_s, "device": args.device,
                             "torch_threads": args.threads, "reps": args.reps, "rows": rows,
+                            "batch_fill_min_rows": backend.BATCH_FILL_MIN_ROWS,
                             "numpy": np.__version__})
 
 

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from typing import Any
+
+import numpy as np
 
 from kvtier.sampling_params import InvalidRequestError
 from kvtier.structured.params import StructuredOutputsParams
@@ -20,6 +23,9 @@ INSTALL_HINT = "structured outputs need the xgrammar package (pip install xgramm
 # Compiled grammars kept for reuse at most (least recently used first out): a server that
 # sees many distinct schemas must not grow without bound (vLLM's default limit).
 CACHE_LIMIT_BYTES = 512 * 2**20
+# Rows from which a step's masks are filled on several threads: below, the threads'
+# hand-offs cost more than they save (results/gpu_path/structured_overhead_cpu_{serial,threaded}_fill.json).
+BATCH_FILL_MIN_ROWS = 32
 
 
 def _xgrammar() -> Any:
@@ -58,6 +64,8 @@ class GrammarBackend:
         xgr = self._xgr = _xgrammar()
         start = time.perf_counter()
         self.vocab_size = vocab_size
+        self._fill_threads = max(1, min(max_threads, os.cpu_count() or 1))
+        self._batch: Any = None  # xgrammar's BatchGrammarMatcher, made at the first large batch
         self._compiler = xgr.GrammarCompiler(tokenizer_info(tokenizer, vocab_size, xgr),
                                              max_threads=max_threads,
                                              cache_limit_bytes=CACHE_LIMIT_BYTES)
@@ -87,6 +95,18 @@ class GrammarBackend:
         except Exception as exc:  # xgrammar raises RuntimeError / ValueError alike
             raise InvalidRequestError(f"invalid structured_outputs {kind}: "
                                       f"{str(exc).strip()[:500]}") from None
+
+    def fill_masks(self, matchers: list[Any], masks: np.ndarray, rows: list[int]) -> None:
+        """masks[rows[i]]: what matchers[i] allows next. Past BATCH_FILL_MIN_ROWS rows the
+        fills run on xgrammar's own threads (its batch matcher; the GIL released), as
+        vLLM fills large batches in parallel: one matcher's fill is tens of µs."""
+        if len(matchers) < BATCH_FILL_MIN_ROWS:
+            for m, i in zip(matchers, rows):
+                m.fill_next_token_bitmask(masks, i)
+            return
+        if self._batch is None:
+            self._batch = self._xgr.BatchGrammarMatcher(max_threads=self._fill_threads)
+        self._batch.batch_fill_next_token_bitmask(matchers, masks, rows)
 
     def matcher(self, compiled: Any, stop_token_ids: tuple[int, ...]) -> Any:
         """A fresh matcher at the grammar's start; the sequence ends on one of its stop ids."""

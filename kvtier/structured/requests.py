@@ -43,13 +43,9 @@ class SequenceGrammar:
             return True
         return bool(self.matcher.is_terminated())
 
-    def fill(self, masks: np.ndarray, i: int, num_output_tokens: int) -> None:
-        """Row i of `masks`: the tokens allowed next. Before min_tokens the end ids are
-        taken out, unless the grammar allows nothing else (it must end: it wins)."""
-        if self.matcher.is_terminated():  # ended by the token in flight: its next is dropped
-            masks[i] = -1
-            return
-        self.matcher.fill_next_token_bitmask(masks, i)
+    def hold_ends(self, masks: np.ndarray, i: int, num_output_tokens: int) -> None:
+        """Row i of `masks`, filled by the matcher: before min_tokens the end ids are taken
+        out, unless the grammar allows nothing else (it must end: it wins)."""
         if num_output_tokens >= self.min_tokens or not len(self._banned):
             return
         words = masks[i].view(np.uint32)
@@ -98,8 +94,15 @@ class StructuredRequests:
         if not rows:
             return
         masks = np.zeros((len(rows), self.backend.mask_words), dtype=np.int32)
-        for i, (sr, grammar) in enumerate(rows):
-            grammar.fill(masks, i, sr.num_output_tokens)
+        # A sequence ended by the token in flight: its next token is dropped, anything goes.
+        ended = np.array([g.matcher.is_terminated() for _, g in rows])
+        masks[ended] = -1
+        live = np.flatnonzero(~ended).tolist()
+        self.backend.fill_masks([rows[i][1].matcher for i in live], masks, live)
+        for i in live:
+            sr, grammar = rows[i]
+            grammar.hold_ends(masks, i, sr.num_output_tokens)
+        for i, (sr, _) in enumerate(rows):
             sr.token_mask = masks[i]
 
 
