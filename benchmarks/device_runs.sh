@@ -406,9 +406,13 @@ part() {
   neo-layer)  # what NEO's host rows cost a layer inside a GPU step (a stand-in 8B step, 1 and 4 rows of 2,048 tokens), sequential and pipelined, by part, under the host-thread variants (OMP wait policy, kernel threads, the kernel inline, the main thread's torch threads)
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 400 python3 -m benchmarks.policies.bench_neo_layer \
       --out "$(out policies "neo_layer_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -15 ;;
-  structured-overhead)  # structured outputs' host cost a step (mask fill, matcher advance) on the H200 host, and the mask op on the GPU's logits (carry the xgrammar wheels)
-    timeout 280 python3 -m benchmarks.gpu_path.bench_structured_overhead --device cuda \
-      --label "H200, mask on the GPU" --out "$(out gpu_path "structured_overhead_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -12 ;;
+  structured-overhead)  # structured outputs' host cost a step (mask fill, matcher advance) on the H200 host, and the mask op on the GPU's logits (carry the xgrammar, apache-tvm-ffi and pydantic wheels): masks filled on xgrammar's threads from 64 rows (the default), then one row after another
+    local c=$KVTIER_GIT_COMMIT
+    timeout 140 python3 -m benchmarks.gpu_path.bench_structured_overhead --device cuda --batches 1,8,32,64,128,256 \
+      --label "H200, mask on the GPU" --out "$(out gpu_path "structured_overhead_h200_$c.json")" 2>&1 | tail -12
+    timeout 140 python3 -m benchmarks.gpu_path.bench_structured_overhead --device cuda --batches 1,8,32,64,128,256 \
+      --batch-fill-min-rows 1000000 --label "H200, mask on the GPU, masks filled one row after another" \
+      --out "$(out gpu_path "structured_overhead_serial_fill_h200_$c.json")" 2>&1 | grep fill ;;
   sampling-tests)  # vLLM's penalties and logit bias, prompt logprobs (echo) and structured outputs (carry the xgrammar and apache-tvm-ffi wheels in .whl), on the GPU in fp32 against HF's logits, with the sampler's and runner's GPU tests
     pytest_files "gpu_tests_sampling_$KVTIER_GIT_COMMIT" 300 tests/engine/test_penalties_hf.py \
       tests/engine/test_prompt_logprobs_hf.py tests/runner/test_penalties.py tests/runner/test_sampler.py \

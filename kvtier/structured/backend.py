@@ -25,7 +25,7 @@ INSTALL_HINT = "structured outputs need the xgrammar package (pip install xgramm
 CACHE_LIMIT_BYTES = 512 * 2**20
 # Rows from which a step's masks are filled on several threads: below, the threads'
 # hand-offs cost more than they save (results/gpu_path/structured_overhead_cpu_{serial,threaded}_fill.json).
-BATCH_FILL_MIN_ROWS = 32
+BATCH_FILL_MIN_ROWS = 64
 
 
 def _xgrammar() -> Any:
