@@ -239,6 +239,19 @@ class SystemOptions:
 
 
 @dataclass(frozen=True)
+class GenerationDefaults:
+    """What the model's generation_config.json asks of requests that do not say
+    (kvtier/model/generation_config.py reads it): sampling fields by SamplingParams' names
+    (temperature, top_p, top_k, min_p, repetition_penalty, max_tokens), and end tokens."""
+
+    sampling: tuple[tuple[str, Any], ...] = ()
+    eos_token_ids: tuple[int, ...] = ()
+
+    def get(self, name: str, fallback: Any) -> Any:
+        return dict(self.sampling).get(name, fallback)
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: str
     model_config: ModelConfig
@@ -265,6 +278,12 @@ class EngineConfig:
     # that group's first attention (kvtier/runner/swap_copies.py); off: copies then forward.
     overlap_swap: bool = True
     served_model_name: str | None = None
+    # Where default sampling and end tokens come from (vLLM's --generation-config): auto,
+    # the model folder's generation_config.json; vllm, nowhere; else a folder of one. The
+    # override's fields win over the file's; `generation_defaults` is what they resolved to.
+    generation_config: str = "auto"
+    override_generation_config: tuple[tuple[str, Any], ...] = ()
+    generation_defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
 
     def __post_init__(self) -> None:
         if self.max_graph_batch_size < 1:

@@ -10,6 +10,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Self
 
 from kvtier.config import CacheConfig, ConfigError, EngineConfig, ModelConfig, SchedulerConfig
+from kvtier.model.generation_config import parse_override
 from kvtier.model.loader import resolve_model_config
 from kvtier.offload.args import HostTierArgs
 from kvtier.policies import get_system, policy_names
@@ -77,6 +78,14 @@ class EngineArgsFields:
                                         "the GPU (host work hidden behind the GPU); default: "
                                         "on for a GPU, off on the CPU and in the simulator"})
     served_model_name: str | None = field(default=None, metadata={"help": "name in the API"})
+    generation_config: str = field(
+        default="auto", metadata={"help": "default sampling (temperature, top_p, top_k, min_p, "
+                                          "repetition_penalty, max_new_tokens) and end tokens "
+                                          "for requests that do not set them: auto, the model's "
+                                          "generation_config.json; vllm, none; or a folder"})
+    override_generation_config: str | None = field(
+        default=None, metadata={"help": "JSON object of those fields, over the file's, e.g. "
+                                        "'{\"temperature\": 0.5}'"})
     max_waiting_requests: int | None = field(
         default=None, metadata={"help": "bound on queued requests (server back-pressure)"})
     long_prefill_token_threshold: int | None = field(
@@ -138,6 +147,8 @@ class EngineArgsFields:
             max_graph_batch_size=self.max_graph_batch_size,
             piecewise_graphs=self.piecewise_graphs, overlap_swap=self.overlap_swap,
             served_model_name=self.served_model_name,
+            generation_config=self.generation_config,
+            override_generation_config=parse_override(self.override_generation_config),
         )
         system = get_system(self.kv_policy)
         for name in policy_names():  # flags of the other systems must not be set for nothing

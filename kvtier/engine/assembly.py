@@ -26,6 +26,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Protocol, cast
 
 from kvtier.config import ConfigError, EngineConfig
@@ -35,6 +36,7 @@ from kvtier.engine.memory import PoolSizes
 from kvtier.kv.block_hash import HashAlgo
 from kvtier.kv.manager import KVCacheManager
 from kvtier.kv.prefix_cache import PrefixCacheConfig
+from kvtier.model.generation_config import load_generation_defaults
 from kvtier.model.loader import resolve_model_config
 from kvtier.policies import get_system
 from kvtier.policies.base import HostPools
@@ -178,8 +180,13 @@ def _tokenizer(config: EngineConfig) -> tuple[EngineConfig, Tokenizer, Any]:
     tokenizer = load_tokenizer(ckpt, config.tokenizer, mc.vocab_size, config.chat_template)
     if not mc.eos_token_ids or ckpt is None:
         # Dummy weights: end-of-sequence is whatever the tokenizer we picked calls it.
-        config = config.with_(model_config=replace(mc, eos_token_ids=tuple(
-            tokenizer.eos_token_ids)))
+        mc = replace(mc, eos_token_ids=tuple(tokenizer.eos_token_ids))
+    model_dir = Path(config.model).expanduser()  # dummy weights too: the file is the model's
+    defaults = load_generation_defaults(config.generation_config,
+                                        model_dir if model_dir.is_dir() else None,
+                                        config.override_generation_config)
+    eos = tuple(dict.fromkeys(mc.eos_token_ids + defaults.eos_token_ids))
+    config = config.with_(model_config=replace(mc, eos_token_ids=eos), generation_defaults=defaults)
     return config, tokenizer, ckpt
 
 

@@ -34,6 +34,11 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What `generate` samples with when given no SamplingParams: the model's
+        generation_config.json fields over SamplingParams' defaults (vLLM's)."""
+        return SamplingParams(**dict(self.engine.config.generation_defaults.sampling))
+
     def reset_prefix_cache(self) -> bool:
         """Drop every cached KV block (vLLM's); between `generate` calls no request holds
         blocks, so it returns True unless another caller left requests in the engine."""
@@ -52,7 +57,7 @@ class LLM:
         ):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)  # type: ignore[arg-type]
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.get_default_sampling_params()
         param_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(param_list) != len(prompts):
             raise ValueError("need one SamplingParams, or one per prompt")

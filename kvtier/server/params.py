@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from kvtier.config import GenerationDefaults
 from kvtier.sampling_params import InvalidRequestError, SamplingParams
 from kvtier.server.api_models import (
     ChatCompletionRequest,
@@ -262,10 +263,12 @@ def _logit_bias(bias: dict[str, float] | None,
 
 def sampling_params(
     req: _SamplingFields, max_tokens: int | None, logprobs: int | None, limits: ServingLimits,
-    tool_format: dict[str, Any] | None = None,
+    tool_format: dict[str, Any] | None = None, defaults: GenerationDefaults = GenerationDefaults(),
 ) -> SamplingParams:
     """`tool_format`: the reply's format a tool_choice asks for (kvtier/server/tool_calls.py),
-    which no other format may join."""
+    which no other format may join. `defaults`: the model's (generation_config.json) for
+    the sampling fields the request leaves unset; its max_tokens caps the request's, as
+    vLLM's does."""
     _check_unsupported(req)
     fmt = structured_outputs(req)
     if tool_format is not None:
@@ -282,12 +285,12 @@ def sampling_params(
     try:
         return SamplingParams(
             n=req.n,
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=-1 if req.top_k is None else req.top_k,
-            min_p=0.0 if req.min_p is None else req.min_p,
+            temperature=_given(req.temperature, defaults, "temperature", 1.0),
+            top_p=_given(req.top_p, defaults, "top_p", 1.0),
+            top_k=_given(req.top_k, defaults, "top_k", -1),
+            min_p=_given(req.min_p, defaults, "min_p", 0.0),
             seed=req.seed,
-            max_tokens=max_tokens,
+            max_tokens=_capped(max_tokens, defaults.get("max_tokens", None)),
             min_tokens=req.min_tokens,
             stop=tuple(stop),
             stop_token_ids=tuple(req.stop_token_ids or ()),
@@ -297,7 +300,7 @@ def sampling_params(
             prompt_logprobs=logprobs if isinstance(req, CompletionRequest) and req.echo else None,
             presence_penalty=req.presence_penalty or 0.0,
             frequency_penalty=req.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            repetition_penalty=_given(req.repetition_penalty, defaults, "repetition_penalty", 1.0),
             logit_bias=_logit_bias(req.logit_bias, limits.vocab_size),
             include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens,
@@ -305,3 +308,12 @@ def sampling_params(
         )
     except InvalidRequestError as exc:
         raise _bad(str(exc)) from None
+
+
+def _given(value: Any, defaults: GenerationDefaults, name: str, fallback: Any) -> Any:
+    """The request's value, else the model's default, else kvtier's."""
+    return defaults.get(name, fallback) if value is None else value
+
+
+def _capped(max_tokens: int | None, default: int | None) -> int | None:
+    return default if max_tokens is None else min(max_tokens, default or max_tokens)

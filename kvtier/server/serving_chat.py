@@ -47,7 +47,8 @@ async def submit_chat(state: ServerState, req: ChatCompletionRequest,
     async with state.admitted(req) as seats:
         prompt = await state.tokenize(prompt_chars(req), chat_prompt, req, state.tokenizer, state.limits)
         check_lengths([prompt], max_tokens, state.limits, req.min_tokens)
-        params = sampling_params(req, max_tokens, top_k_logprobs, state.limits, tools.structured)
+        params = sampling_params(req, max_tokens, top_k_logprobs, state.limits, tools.structured,
+                                 state.generation_defaults)
         rules = ReplyRules.of(tools, state.reasoning_parser, params)
         await state.compile_format(params)
         request_id = state.new_request_id(id_prefix)

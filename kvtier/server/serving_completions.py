@@ -35,7 +35,8 @@ async def submit_completion(state: ServerState, req: CompletionRequest,
         prompts = await state.tokenize(prompt_chars(req), completion_prompts, req, state.tokenizer,
                                        state.limits)
         check_lengths(prompts, req.max_tokens, state.limits, req.min_tokens)
-        params = sampling_params(req, req.max_tokens, req.logprobs, state.limits)
+        params = sampling_params(req, req.max_tokens, req.logprobs, state.limits,
+                                 defaults=state.generation_defaults)
         await state.compile_format(params)
         request_id = state.new_request_id(id_prefix)
         stream = await state.submit(request_id, prompts, params, arrival_time, seats)

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from kvtier.config import GenerationDefaults
 from kvtier.sampling_params import InvalidRequestError, SamplingParams
 from kvtier.server.api_models import _SamplingFields
 from kvtier.server.async_engine import (
@@ -71,6 +72,11 @@ class ServerState:
     @property
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
+
+    @property
+    def generation_defaults(self) -> GenerationDefaults:
+        """The model's default sampling, for the fields a request leaves unset."""
+        return self.engine.config.generation_defaults
 
     @asynccontextmanager
     async def admitted(self, req: _SamplingFields) -> AsyncIterator[Seats]:
