@@ -278,6 +278,7 @@ class EngineConfig:
     # that group's first attention (kvtier/runner/swap_copies.py); off: copies then forward.
     overlap_swap: bool = True
     served_model_name: str | None = None
+    max_logprobs: int = 20  # logprobs / prompt_logprobs a request may ask for; -1: the vocabulary
     # Where default sampling and end tokens come from (vLLM's --generation-config): auto,
     # the model folder's generation_config.json; vllm, nowhere; else a folder of one. The
     # override's fields win over the file's; `generation_defaults` is what they resolved to.
@@ -288,6 +289,13 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.max_graph_batch_size < 1:
             raise ConfigError(f"max_graph_batch_size must be >= 1, got {self.max_graph_batch_size}")
+        if self.max_logprobs < -1:
+            raise ConfigError(f"max_logprobs must be >= 0, or -1 for the vocabulary, got {self.max_logprobs}")
+
+    @property
+    def logprobs_limit(self) -> int:
+        """The most logprobs a request may ask for (-1 resolved to the vocabulary)."""
+        return self.model_config.vocab_size if self.max_logprobs == -1 else self.max_logprobs
 
     def with_(self, **kw: Any) -> EngineConfig:
         return replace(self, **kw)

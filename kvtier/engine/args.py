@@ -78,6 +78,9 @@ class EngineArgsFields:
                                         "the GPU (host work hidden behind the GPU); default: "
                                         "on for a GPU, off on the CPU and in the simulator"})
     served_model_name: str | None = field(default=None, metadata={"help": "name in the API"})
+    max_logprobs: int = field(
+        default=20, metadata={"help": "top logprobs a request may ask for, per token and for "
+                                      "the prompt (vLLM's; -1: the whole vocabulary)"})
     generation_config: str = field(
         default="auto", metadata={"help": "default sampling (temperature, top_p, top_k, min_p, "
                                           "repetition_penalty, max_new_tokens) and end tokens "
@@ -147,6 +150,7 @@ class EngineArgsFields:
             max_graph_batch_size=self.max_graph_batch_size,
             piecewise_graphs=self.piecewise_graphs, overlap_swap=self.overlap_swap,
             served_model_name=self.served_model_name,
+            max_logprobs=self.max_logprobs,
             generation_config=self.generation_config,
             override_generation_config=parse_override(self.override_generation_config),
         )

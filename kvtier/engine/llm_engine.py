@@ -118,6 +118,7 @@ class LLMEngine:
         if params.logit_bias and params.logit_bias[-1][0] >= self.model_config.vocab_size:
             raise InvalidRequestError("logit_bias has a token id outside the vocabulary")
         max_tokens = self._resolve_max_tokens(len(prompt_ids), params)
+        self._check_logprobs(params)
         grammar = self.grammars.compile(params)
         metrics = RequestMetrics(arrival_time=arrival_time if arrival_time is not None else self.clock())
         parent = RequestGroup(request_id, prompt_text, prompt_ids, metrics,
@@ -166,6 +167,14 @@ class LLMEngine:
         if any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):
             raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab})")
         return None, ids
+
+    def _check_logprobs(self, params: SamplingParams) -> None:
+        limit = self.config.logprobs_limit
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(params, name)
+            if k is not None and k > limit:
+                raise InvalidRequestError(f"{name} asks for {k}, more than max_logprobs {limit} "
+                                          "(the engine's --max-logprobs)")
 
     def _resolve_max_tokens(self, prompt_len: int, params: SamplingParams) -> int:
         max_len = self.config.scheduler.max_model_len

@@ -16,7 +16,6 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 # torch.Generator seeds are 64-bit; larger values would fail inside the engine step.
 MAX_SEED = 2**63 - 1
-MAX_LOGPROBS = 20  # SamplingParams' bound
 
 
 def _integral(value: object) -> object:
@@ -117,7 +116,7 @@ class CompletionRequest(_SamplingFields):
         | Annotated[list[Annotated[list[Int], Field(min_length=1)]], Field(min_length=1)]
     )
     max_tokens: Annotated[int, Field(ge=1), INTEGRAL] | None = 16
-    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS), INTEGRAL] | None = None
+    logprobs: Annotated[int, Field(ge=0), INTEGRAL] | None = None
     echo: bool = False
     best_of: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     suffix: str | None = None
@@ -215,7 +214,7 @@ class ChatCompletionRequest(_SamplingFields):
     max_tokens: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS), INTEGRAL] | None = None
+    top_logprobs: Annotated[int, Field(ge=0), INTEGRAL] | None = None
     add_generation_prompt: bool = True
     # vLLM's: the final (assistant) message left open, the reply continuing it ("prefill");
     # needs add_generation_prompt false. echo: the reply starts with that message's text.

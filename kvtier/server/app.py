@@ -148,6 +148,7 @@ def _serving_limits(engine: Any, max_seqs_per_request: int) -> ServingLimits:
         max_num_seqs=sched.max_num_seqs,
         max_seqs_per_request=max_seqs_per_request,
         max_token_chars=max_token_chars(engine.tokenizer, min(vocab_size, engine.tokenizer.vocab_size)),
+        max_logprobs=engine.config.logprobs_limit,
     )
 
 

@@ -37,6 +37,7 @@ class ServingLimits:
     # space a tokenizer drops when decoding one token alone): a prompt with more than
     # max_model_len * max_token_chars characters cannot fit, and is refused untokenized.
     max_token_chars: int | None = None
+    max_logprobs: int = 20  # the engine's --max-logprobs, resolved
 
     @property
     def max_prompt_chars(self) -> int | None:
@@ -279,6 +280,9 @@ def sampling_params(
         fmt = StructuredOutputsParams.coerce(tool_format)
     if req.n > limits.max_num_seqs:
         raise _bad(f"n must be at most {limits.max_num_seqs} (max_num_seqs), got {req.n}", "n")
+    if logprobs is not None and logprobs > limits.max_logprobs:
+        raise _bad(f"at most {limits.max_logprobs} logprobs a token (the server's --max-logprobs), "
+                   f"got {logprobs}", "logprobs" if isinstance(req, CompletionRequest) else "top_logprobs")
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     for i, s in enumerate(stop):
         _check_text(s, f"stop.{i}")

@@ -197,7 +197,7 @@ def test_bad_requests_are_refused_and_others_continue(llm):
 
 @pytest.mark.parametrize("kw,match", [
     (dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"), (dict(top_k=0), "top_k"),
-    (dict(max_tokens=0), "max_tokens"), (dict(n=0), "n must"), (dict(logprobs=99), "logprobs"),
+    (dict(max_tokens=0), "max_tokens"), (dict(n=0), "n must"), (dict(logprobs=-1), "logprobs"),
     (dict(min_tokens=5, max_tokens=2), "min_tokens"), (dict(stop=[""]), "stop"),
 ])
 def test_invalid_sampling_params(kw, match):
