@@ -97,10 +97,7 @@ def build_app(
     `cors`: vLLM's default, any origin and no credentials; None, no CORS headers
     (kvtier/server/http_options.py).
     """
-    if api_key is not None and not api_key.strip():
-        raise ValueError("the API key is empty: pass a non-empty key, or none to serve without one")
-    if request_timeout_s is not None and not request_timeout_s > 0:
-        raise ValueError(f"request_timeout_s must be > 0, got {request_timeout_s}")
+    _check_options(api_key, request_timeout_s)
     sched = engine.config.scheduler
     max_waiting_requests, max_seqs_per_request = _queue_limits(sched, max_waiting_requests,
                                                                max_seqs_per_request)
@@ -126,10 +123,15 @@ def build_app(
     install_error_handlers(app)
     _add_routes(app, state)
     app.openapi = openapi_without_422(app)  # type: ignore[method-assign]
-    _add_middleware(app, state, max_request_body_bytes, api_key, metrics_need_key)
-    if cors is not None:  # outermost: preflights carry no key, and a 401 must be readable
-        app.add_middleware(CORSMiddleware, **cors.middleware_kwargs())
+    _add_middleware(app, state, max_request_body_bytes, api_key, metrics_need_key, cors)
     return app
+
+
+def _check_options(api_key: str | None, request_timeout_s: float | None) -> None:
+    if api_key is not None and not api_key.strip():
+        raise ValueError("the API key is empty: pass a non-empty key, or none to serve without one")
+    if request_timeout_s is not None and not request_timeout_s > 0:
+        raise ValueError(f"request_timeout_s must be > 0, got {request_timeout_s}")
 
 
 def _reasoning_parser(name: str | None) -> ReasoningParser | None:
@@ -179,14 +181,16 @@ def _queue_limits(sched: Any, max_waiting_requests: int | None,
 
 
 def _add_middleware(app: FastAPI, state: ServerState, max_request_body_bytes: int,
-                    api_key: str | None, metrics_need_key: bool) -> None:
+                    api_key: str | None, metrics_need_key: bool, cors: CorsOptions | None) -> None:
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_body_bytes)
     app.add_middleware(AdmissionMiddleware, refusal=state.refusal)  # before the body is read
     if api_key:
         protected = ("/v1", "/generate", "/tokenize", "/detokenize", RESET_PREFIX_CACHE_PATH,
                      FLUSH_CACHE_PATH) + (
             ("/metrics",) if metrics_need_key else ())
-        app.add_middleware(APIKeyMiddleware, api_key=api_key, protected=protected)  # outermost: first
+        app.add_middleware(APIKeyMiddleware, api_key=api_key, protected=protected)
+    if cors is not None:  # outermost: preflights carry no key, and a 401 must be readable
+        app.add_middleware(CORSMiddleware, **cors.middleware_kwargs())
 
 
 def _add_routes(app: FastAPI, state: ServerState) -> None:

@@ -2,7 +2,7 @@
 
 Named as `vllm serve` names them (`--allowed-origins '["https://a.example"]'`, `--root-path`,
 `--ssl-keyfile`, ...), with vLLM's defaults: every origin allowed, no credentials. CORS sits
-outside the API-key check (`app._add_middleware`), so a browser's preflight (OPTIONS, which
+outside the API-key check (`app.py`, `_add_middleware`), so a browser's preflight (OPTIONS, which
 carries no key) is answered and a 401 still carries the headers the page needs to read it.
 """
 
@@ -86,7 +86,8 @@ def add_http_args(http: argparse._ArgumentGroup) -> None:
     http.add_argument("--allow-credentials", action="store_true",
                       help="CORS: let browsers send cookies and auth headers cross-origin")
     http.add_argument("--root-path", default="",
-                      help="the path prefix a reverse proxy serves the API under (FastAPI's root_path)")
+                      help="the path prefix a reverse proxy serves the API under and strips "
+                      "(uvicorn's root_path; /openapi.json names it)")
     http.add_argument("--ssl-keyfile", type=Path, default=None, help="serve HTTPS with this private key")
     http.add_argument("--ssl-certfile", type=Path, default=None, help="... and this certificate chain")
     http.add_argument("--ssl-ca-certs", type=Path, default=None,
