@@ -433,6 +433,9 @@ part() {
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 280 python3 -m benchmarks.policies.bench_neo_step_parts --caps 0.75 \
       --policies neo:off@0,neo:off+threads14@0,neo:off+threads8@0 \
       --out "$(out policies "neo_step_parts_threads_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -4 ;;
+  neo-step-contention)  # NEO's step job alone on the host (a sleeping Python thread in the GPU's place), its layer calls on 16, 15 and 14 threads, with and without one busy process beside it (the main thread spinning in a CUDA sync): does one more busy thread cost the OpenMP team its barriers
+    TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 280 python3 -m benchmarks.policies.probe_neo_step_contention \
+      --threads 16,15,14 --spinners 0,1,2 --out "$(out policies "neo_step_contention_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -10 ;;
   neo-graphs-ab)  # NEO's graph steps of this tree against the tree in $BEFORE (default .carry/neo_before, $BEFORE_COMMIT), alternating twice in one call: NEO's tests, then the step parts of 32 x 2,048 + 128 at 3/4, every host step sequential (neo:off@0)
     local i c=$KVTIER_GIT_COMMIT b=${BEFORE:-.carry/neo_before} bc=${BEFORE_COMMIT:-before}
     export TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext
