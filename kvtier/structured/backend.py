@@ -97,7 +97,7 @@ class GrammarBackend:
                                       f"{str(exc).strip()[:500]}") from None
 
     def fill_masks(self, matchers: list[Any], masks: np.ndarray, rows: list[int]) -> None:
-        """masks[rows[i]]: what matchers[i] allows next. Past BATCH_FILL_MIN_ROWS rows the
+        """masks[rows[i]]: what matchers[i] allows next. From BATCH_FILL_MIN_ROWS rows on the
         fills run on xgrammar's own threads (its batch matcher; the GIL released), as
         vLLM fills large batches in parallel: one matcher's fill is tens of µs."""
         if len(matchers) < BATCH_FILL_MIN_ROWS:
