@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kvtier.bench.leval import LEvalOrder
+from kvtier.bench.mooncake_trace import BLOCK_SIZE as MOONCAKE_BLOCK_SIZE
 from kvtier.bench.multiturn import MultiTurnSpec
 from kvtier.bench.shared_prefix import SharedPrefixSpec
 from kvtier.bench.workload import Dataset
@@ -44,7 +45,7 @@ def add_workload_args(w: argparse._ArgumentGroup) -> None:
     w.add_argument("--trace-start", type=int, default=0,
                    help="Azure, BurstGPT or Mooncake trace: first request of the window "
                    "(lengths and gaps)")
-    w.add_argument("--mooncake-block-size", type=int, default=512,
+    w.add_argument("--mooncake-block-size", type=int, default=MOONCAKE_BLOCK_SIZE,
                    help="Mooncake trace: prompt tokens one hash id stands for")
     w.add_argument("--save-workload", default=None,
                    help="write the workload's token ids here (replay: --workload prepared)")

@@ -10,9 +10,11 @@ Types are strict: `"max_tokens": true` or `"16"` is a client bug, answered with 
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 # torch.Generator seeds are 64-bit; larger values would fail inside the engine step.
 MAX_SEED = 2**63 - 1
@@ -36,6 +38,18 @@ NonEmptyStr = Annotated[str, Field(min_length=1)]
 class _Request(BaseModel):
     # NaN and Infinity (Python's json reads them) are refused: no range check catches NaN.
     model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+
+_R = TypeVar("_R", bound=_Request)
+
+
+def validate_as(model: type[_R], body: dict[str, Any], loc: Callable[[tuple], tuple]) -> _R:
+    """`body` (another endpoint's request rewritten) as `model`; a field it refuses is a 400
+    whose location `loc` maps back to the field as the client sent it."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise RequestValidationError([{**e, "loc": loc(e["loc"])} for e in exc.errors()]) from None
 
 
 # --------------------------------------------------------------------------- shared pieces
@@ -226,6 +240,11 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[ToolSpec] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+
+    @property
+    def top_k_logprobs(self) -> int | None:
+        """Top logprobs a token (0: the sampled token's only); None without logprobs."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class TopLogprob(BaseModel):

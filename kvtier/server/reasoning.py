@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvtier.server.tool_parsers import partial_suffix
+from kvtier.server.tool_parsers import hold_back
 
 THINK, END = "<think>", "</think>"
 
@@ -67,8 +67,7 @@ class ReasoningStream:
             reasoning, content = self.pending[:at], self.pending[at + len(END):]
             self.pending, self.state = "", "answer"
             return reasoning, content
-        keep = partial_suffix(self.pending, END)
-        out, self.pending = self.pending[:len(self.pending) - keep], self.pending[len(self.pending) - keep:]
+        out, self.pending = hold_back(self.pending, END)
         return out, ""
 
     def finish(self) -> tuple[str, str]:

@@ -30,10 +30,13 @@ def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
+def text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
 def text_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
-    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
     return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-            "content": [part] if status == "completed" else []}
+            "content": [text_part(text)] if status == "completed" else []}
 
 
 def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
@@ -174,11 +177,10 @@ class ResponseEvents:
             return []
         self.text = (self.new_index(), _id("msg"), [])
         index, item_id, _ = self.text
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         return [self.event("response.output_item.added", output_index=index,
                            item=text_item(item_id, "", status="in_progress")),
                 self.event("response.content_part.added", item_id=item_id, output_index=index,
-                           content_index=0, part=part)]
+                           content_index=0, part=text_part(""))]
 
     def _call_events(self, call: Any) -> list[str]:
         out = []

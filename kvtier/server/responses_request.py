@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi.exceptions import RequestValidationError
-from pydantic import Field, ValidationError
+from pydantic import Field
 
-from kvtier.server.api_models import INTEGRAL, ChatCompletionRequest, _Request
+from kvtier.server.api_models import INTEGRAL, ChatCompletionRequest, _Request, validate_as
 from kvtier.server.errors import APIError
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -133,11 +132,7 @@ def as_chat(req: ResponsesRequest) -> ChatCompletionRequest:
             "tool_choice": _tool_choice(req.tool_choice),
             "parallel_tool_calls": req.parallel_tool_calls,
             "response_format": _response_format(req.text)}
-    try:
-        return ChatCompletionRequest.model_validate(body)
-    except ValidationError as exc:
-        raise RequestValidationError([{**e, "loc": _responses_loc(e["loc"])}
-                                      for e in exc.errors()]) from None
+    return validate_as(ChatCompletionRequest, body, _responses_loc)
 
 
 _RENAMED = {"messages": "input", "max_completion_tokens": "max_output_tokens",

@@ -42,12 +42,11 @@ async def submit_chat(state: ServerState, req: ChatCompletionRequest,
     arrival_time = state.async_engine.now()
     # max_completion_tokens is the newer name; None lets the engine fill the context.
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    top_k_logprobs = (req.top_logprobs or 0) if req.logprobs else None
     tools = plan_tools(req, state.tool_parser)
     async with state.admitted(req) as seats:
         prompt = await state.tokenize(prompt_chars(req), chat_prompt, req, state.tokenizer, state.limits)
         check_lengths([prompt], max_tokens, state.limits, req.min_tokens)
-        params = sampling_params(req, max_tokens, top_k_logprobs, state.limits, tools.structured,
+        params = sampling_params(req, max_tokens, req.top_k_logprobs, state.limits, tools.structured,
                                  state.generation_defaults)
         rules = ReplyRules.of(tools, state.reasoning_parser, params)
         await state.compile_format(params)
@@ -67,7 +66,7 @@ async def create_chat_completion(
     state: ServerState, req: ChatCompletionRequest, raw: Request
 ) -> ChatCompletionResponse | Response:
     model = state.resolve_model(req.model)
-    top_k_logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    top_k_logprobs = req.top_k_logprobs
     sub = await submit_chat(state, req)
     request_id, prompt, stream, rules = sub.request_id, sub.prompt, sub.stream, sub.rules
     echoed = echo_text(req)

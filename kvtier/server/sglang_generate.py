@@ -13,11 +13,10 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi.exceptions import RequestValidationError
-from pydantic import Field, ValidationError
+from pydantic import Field
 from starlette.requests import Request
 
-from kvtier.server.api_models import INTEGRAL, CompletionRequest, _Request
+from kvtier.server.api_models import INTEGRAL, CompletionRequest, _Request, validate_as
 from kvtier.server.errors import APIError
 from kvtier.server.params import one_prompt
 from kvtier.server.respond import respond
@@ -81,11 +80,7 @@ def as_completion(req: GenerateRequest) -> CompletionRequest:
     }
     if sp.json_schema is not None:
         body["structured_outputs"] = {"json": sp.json_schema}
-    try:
-        return CompletionRequest.model_validate(body)
-    except ValidationError as exc:  # a 400 that names the field as the client sent it
-        raise RequestValidationError([{**e, "loc": _generate_loc(e["loc"])}
-                                      for e in exc.errors()]) from None
+    return validate_as(CompletionRequest, body, _generate_loc)
 
 
 _RENAMED = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens",

@@ -13,7 +13,7 @@ to open a call (held back until it does or does not); a call goes out whole once
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -85,9 +85,8 @@ class HermesStream:
             if not self.in_call:
                 at = self.pending.find(OPEN)
                 if at < 0:
-                    keep = partial_suffix(self.pending, OPEN)
-                    out.append(self.pending[:len(self.pending) - keep])
-                    self.pending = self.pending[len(self.pending) - keep:]
+                    send, self.pending = hold_back(self.pending, OPEN)
+                    out.append(send)
                     return "".join(out), calls
                 out.append(self.pending[:at])
                 self.pending, self.in_call = self.pending[at + len(OPEN):], True
@@ -147,7 +146,6 @@ class Llama3JsonStream:
     parser: Llama3JsonParser
     pending: str = ""
     calls: bool | None = None  # decided by the reply's first characters
-    seen: list[str] = field(default_factory=list)
 
     def feed(self, text: str) -> tuple[str, list[ParsedCall]]:
         if self.calls is False:
@@ -170,12 +168,13 @@ class Llama3JsonStream:
         return content or "", calls
 
 
-def partial_suffix(text: str, tag: str) -> int:
-    """The length of the longest end of `text` that begins `tag` (held back: it may open one)."""
+def hold_back(text: str, tag: str) -> tuple[str, str]:
+    """(what may go out now, what is held back): the longest end of `text` that begins
+    `tag` waits, since the next piece may complete the tag."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if tag.startswith(text[-n:]):
-            return n
-    return 0
+            return text[:-n], text[-n:]
+    return text, ""
 
 
 PARSERS: dict[str, type] = {"hermes": HermesParser, "llama3_json": Llama3JsonParser}
