@@ -1,6 +1,7 @@
 """Host cost of structured outputs a step, on this machine's CPU: what the engine thread
 spends building the step's allowed-token masks (`StructuredRequests.fill`: one xgrammar
-matcher a row; from `--batch-fill-min-rows` rows on xgrammar's threads), advancing the matchers by the sampled tokens (`SequenceGrammar.accept`), and
+matcher a row; from 64 rows on xgrammar's threads where that has been faster, or as
+`--fill` says), advancing the matchers by the sampled tokens (`SequenceGrammar.accept`), and
 what the sampler's mask op costs (`kvtier.structured.mask.mask_logits`, the masks' upload
 included; on the CPU's logits, or with `--device cuda` on the GPU's, timed after a
 synchronize), at batch sizes 1-256 over Llama-3.1-8B's 128,256-token vocabulary (the dummy
@@ -27,6 +28,7 @@ from benchmarks.common import write_result
 from kvtier.core.plan import ScheduledRequest, StepPlan
 from kvtier.sampling_params import SamplingParams
 from kvtier.structured import backend
+from kvtier.structured.fill_choice import FillChoice
 from kvtier.structured.mask import mask_logits
 from kvtier.structured.requests import StructuredRequests
 from kvtier.tokenizer import BPETokenizer
@@ -107,6 +109,9 @@ def main() -> None:
     p.add_argument("--batch-fill-min-rows", type=int, default=None,
                    help="fill a step's masks on xgrammar's threads from this many rows "
                         f"(default: the engine's, {backend.BATCH_FILL_MIN_ROWS}; 1000000: never)")
+    p.add_argument("--fill", choices=("auto", "threaded", "serial"), default="auto",
+                   help="large steps' masks: the engine's choice by measured cost (auto), "
+                        "always on xgrammar's threads, or always one row after another")
     p.add_argument("--label", default="", help="what this run measures (kept in the JSON)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
@@ -117,6 +122,9 @@ def main() -> None:
     t0 = time.perf_counter()
     grammars = StructuredRequests(tok, VOCAB)
     _ = grammars.backend  # the compiler over the vocabulary: once an engine
+    if args.fill != "auto":
+        grammars.backend.fill_choice = FillChoice(backend.BATCH_FILL_MIN_ROWS,
+                                                  fixed=args.fill == "threaded")
     setup_s = time.perf_counter() - t0
     device = torch.device(args.device)
     rows = [measure(grammars, tok, name, int(b), args.reps, device)
@@ -129,6 +137,7 @@ def main() -> None:
                             "backend_setup_s": setup_s, "device": args.device,
                             "torch_threads": args.threads, "reps": args.reps, "rows": rows,
                             "batch_fill_min_rows": backend.BATCH_FILL_MIN_ROWS,
+                            "fill": args.fill,
                             "numpy": np.__version__})
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from kvtier.sampling_params import InvalidRequestError
+from kvtier.structured.fill_choice import FillChoice
 from kvtier.structured.params import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
@@ -23,8 +24,9 @@ INSTALL_HINT = "structured outputs need the xgrammar package (pip install xgramm
 # Compiled grammars kept for reuse at most (least recently used first out): a server that
 # sees many distinct schemas must not grow without bound (vLLM's default limit).
 CACHE_LIMIT_BYTES = 512 * 2**20
-# Rows from which a step's masks are filled on several threads: below, the threads'
-# hand-offs cost more than they save (results/gpu_path/structured_overhead_cpu_{serial,threaded}_fill.json).
+# Rows from which a step's masks may be filled on several threads (fill_choice.py picks by
+# their measured cost): below, the threads' hand-offs cost more than they save
+# (results/gpu_path/structured_overhead_cpu_{serial,threaded}_fill.json).
 BATCH_FILL_MIN_ROWS = 64
 
 
@@ -66,6 +68,7 @@ class GrammarBackend:
         self.vocab_size = vocab_size
         self._fill_threads = max(1, min(max_threads, os.cpu_count() or 1))
         self._batch: Any = None  # xgrammar's BatchGrammarMatcher, made at the first large batch
+        self.fill_choice = FillChoice(BATCH_FILL_MIN_ROWS)
         self._compiler = xgr.GrammarCompiler(tokenizer_info(tokenizer, vocab_size, xgr),
                                              max_threads=max_threads,
                                              cache_limit_bytes=CACHE_LIMIT_BYTES)
@@ -98,15 +101,19 @@ class GrammarBackend:
 
     def fill_masks(self, matchers: list[Any], masks: np.ndarray, rows: list[int]) -> None:
         """masks[rows[i]]: what matchers[i] allows next. From BATCH_FILL_MIN_ROWS rows on the
-        fills run on xgrammar's own threads (its batch matcher; the GIL released), as
-        vLLM fills large batches in parallel: one matcher's fill is tens of µs."""
-        if len(matchers) < BATCH_FILL_MIN_ROWS:
+        fills may run on xgrammar's own threads (its batch matcher; the GIL released), as
+        vLLM fills large batches in parallel, where that has been the faster way here."""
+        n = len(matchers)
+        threaded = self.fill_choice.threaded(n)
+        start = time.perf_counter()
+        if threaded:
+            if self._batch is None:
+                self._batch = self._xgr.BatchGrammarMatcher(max_threads=self._fill_threads)
+            self._batch.batch_fill_next_token_bitmask(matchers, masks, rows)
+        else:
             for m, i in zip(matchers, rows):
                 m.fill_next_token_bitmask(masks, i)
-            return
-        if self._batch is None:
-            self._batch = self._xgr.BatchGrammarMatcher(max_threads=self._fill_threads)
-        self._batch.batch_fill_next_token_bitmask(matchers, masks, rows)
+        self.fill_choice.record(threaded, n, time.perf_counter() - start)
 
     def matcher(self, compiled: Any, stop_token_ids: tuple[int, ...]) -> Any:
         """A fresh matcher at the grammar's start; the sequence ends on one of its stop ids."""

@@ -9,6 +9,7 @@ import pytest
 from kvtier.core.plan import ScheduledRequest, StepPlan
 from kvtier.sampling_params import SamplingParams
 from kvtier.structured.backend import BATCH_FILL_MIN_ROWS
+from kvtier.structured.fill_choice import FillChoice
 from kvtier.structured.requests import StructuredRequests
 from kvtier.tokenizer import BPETokenizer
 
@@ -20,11 +21,14 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
           "required": ["name", "age"]}
 
 
-def _step(batch: int, min_tokens: int = 0, spec: dict | None = None, reply: str = REPLY):
+def _step(batch: int, min_tokens: int = 0, spec: dict | None = None, reply: str = REPLY,
+          threaded: bool | None = None):
     """`batch` sequences advanced into `reply` and its end token, the first to the end (it
-    ended), the next one token less, ...; their plan, and the grammars."""
+    ended), the next one token less, ...; their plan, and the grammars (large fills on
+    xgrammar's threads or not, as `threaded` says; None: as the backend chooses)."""
     tok = BPETokenizer(VOCAB)
     grammars = StructuredRequests(tok, VOCAB)
+    grammars.backend.fill_choice = FillChoice(BATCH_FILL_MIN_ROWS, fixed=threaded)
     params = SamplingParams(structured_outputs=spec or {"json": SCHEMA}, min_tokens=min_tokens)
     compiled = grammars.compile(params)
     ids = tok.encode(reply) + [tok.eos_token_ids[0]]
@@ -47,9 +51,10 @@ def _own_mask(seq, words: int) -> np.ndarray:
     return want[0]
 
 
+@pytest.mark.parametrize("threaded", [True, False])
 @pytest.mark.parametrize("batch", [3, BATCH_FILL_MIN_ROWS, 3 * BATCH_FILL_MIN_ROWS + 1])
-def test_each_row_gets_its_own_matchers_mask(batch):
-    grammars, plan, seqs, _ = _step(batch)
+def test_each_row_gets_its_own_matchers_mask(batch, threaded):
+    grammars, plan, seqs, _ = _step(batch, threaded=threaded)
     grammars.fill(plan, seqs.get)
     words = grammars.backend.mask_words
     assert any(s.matcher.is_terminated() for s in seqs.values())  # ended rows are covered
@@ -62,10 +67,12 @@ def _bits(mask: np.ndarray, tokens) -> list[bool]:
     return [bool((words[t >> 5] >> np.uint32(t & 31)) & 1) for t in tokens]
 
 
-def test_min_tokens_holds_the_ends_on_the_threaded_path_too():
+@pytest.mark.parametrize("threaded", [True, False])
+def test_min_tokens_holds_the_ends_either_way(threaded):
     # a word of letters may end after any letter: its masks allow the end beside more
     grammars, plan, seqs, tok = _step(2 * BATCH_FILL_MIN_ROWS, min_tokens=1,
-                                      spec={"regex": "[a-z]+"}, reply="structured")
+                                      spec={"regex": "[a-z]+"}, reply="structured",
+                                      threaded=threaded)
     grammars.fill(plan, seqs.get)
     ends = list(tok.eos_token_ids)
     held = 0

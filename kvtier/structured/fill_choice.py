@@ -1,0 +1,51 @@
+"""Whether a large step's masks are filled on xgrammar's threads or one row after another,
+chosen by what each way has cost here lately.
+
+Threads pay where one row's fill is expensive (a JSON schema's tens of µs) and cost where it
+is cheap (a regex's few µs: the hand-offs outweigh the work); which holds depends on the
+grammars being served and on the host (results/gpu_path/structured_overhead_h200_75f8e2a.json
+against structured_overhead_serial_fill_h200_75f8e2a.json). So from `min_rows` rows on both
+ways are timed: each keeps a moving average of its cost a row, the cheaper one fills, and
+every `probe_every` large fills the other is tried once, so a change in the mix is seen (a
+way not taken on the fill before starts its average afresh: the old one is stale).
+Either way fills the same masks; only the time differs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SMOOTHING = 0.2  # weight of the newest fill in a way's moving average
+
+
+@dataclass
+class FillChoice:
+    min_rows: int  # below, always one row after another
+    probe_every: int = 32
+    fixed: bool | None = None  # always this way from min_rows on (benchmarks, tests)
+    per_row_s: dict[bool, float] = field(default_factory=dict)  # threaded? -> s a row
+    _fills: int = 0
+    _last: bool | None = None  # the way of the last large fill
+
+    def threaded(self, num_rows: int) -> bool:
+        """Whether to fill `num_rows` rows on the threads."""
+        if num_rows < self.min_rows:
+            return False
+        if self.fixed is not None:
+            return self.fixed
+        self._fills += 1
+        for way in (True, False):  # each way timed once before any comparison
+            if way not in self.per_row_s:
+                return way
+        best = self.per_row_s[True] <= self.per_row_s[False]
+        return (not best) if self._fills % self.probe_every == 0 else best
+
+    def record(self, threaded: bool, num_rows: int, seconds: float) -> None:
+        """The time a large fill took (small ones are not compared)."""
+        if num_rows < self.min_rows:
+            return
+        cost, old = seconds / num_rows, self.per_row_s.get(threaded)
+        if old is not None and threaded == self._last:
+            cost = old + SMOOTHING * (cost - old)
+        self.per_row_s[threaded] = cost
+        self._last = threaded
