@@ -391,6 +391,16 @@ part() {
         --tunings=-/t0/2,-/t0/2/amx,-/t0/1,-/t0/1/amx,-/t0/4,-/t0/4/amx $([ $s -gt 0 ] && echo --pages-per-split $s) \
         --out "$(out kernels "cpu_attention_amx_h200_split${s}_$c.json")" 2>&1 | tail -6
     done ;;
+  cpu-attention-threads)  # NEO's CPU attention at 1x8192 and 8x4096 on 16, 15 and 14 threads (the layer calls' default leaves two cores), alternating twice in one call, 30 calls a median
+    local i t c=$KVTIER_GIT_COMMIT
+    export TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext
+    for i in 1 2; do
+      for t in 16 15 14; do
+        timeout 90 python3 -m benchmarks.kernels.bench_cpu_attention --threads $t --shapes 1x8192,8x4096 \
+          --no-sdpa --thread-sweep= --tunings= --sweep-shapes 0 --iters 30 \
+          --out "$(out "kernels/cpu_attention_threads_h200_$c" "t${t}_$i.json")" 2>&1 | grep -i "gb/s" | head -2
+      done
+    done ;;
   cpu-attention-ab)  # NEO's CPU attention of this tree against the tree in $BEFORE (default .carry/cpu_before: kvtier and benchmarks of the commit before, $BEFORE_COMMIT), alternating twice in one call: the kernel's tests on this CPU, then 16 threads at 1x8192 and 8x4096 with the compute-only rates, 30 calls a median
     local i c=$KVTIER_GIT_COMMIT b=${BEFORE:-.carry/cpu_before} bc=${BEFORE_COMMIT:-before}
     local args="--threads 16 --shapes 1x8192,8x4096 --no-sdpa --thread-sweep= --tunings= --sweep-shapes 0 --iters 30"
@@ -408,13 +418,15 @@ part() {
   neo-layer)  # what NEO's host rows cost a layer inside a GPU step (a stand-in 8B step, 1 and 4 rows of 2,048 tokens), sequential and pipelined, by part, under the host-thread variants (OMP wait policy, kernel threads, the kernel inline, the main thread's torch threads)
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 400 python3 -m benchmarks.policies.bench_neo_layer \
       --out "$(out policies "neo_layer_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -15 ;;
-  structured-overhead)  # structured outputs' host cost a step (mask fill, matcher advance) on the H200 host, and the mask op on the GPU's logits (carry the xgrammar, apache-tvm-ffi and pydantic wheels): masks filled on xgrammar's threads from 64 rows (the default), then one row after another
-    local c=$KVTIER_GIT_COMMIT
+  structured-overhead)  # structured outputs' host cost a step (mask fill, matcher advance) on the H200 host, and the mask op on the GPU's logits (carry the xgrammar, apache-tvm-ffi and pydantic wheels): large steps' masks filled the engine's way (threads or not, by measured cost), always on xgrammar's threads, always one row after another
+    local c=$KVTIER_GIT_COMMIT way
     timeout 140 python3 -m benchmarks.gpu_path.bench_structured_overhead --device cuda --batches 1,8,32,64,128,256 \
       --label "H200, mask on the GPU" --out "$(out gpu_path "structured_overhead_h200_$c.json")" 2>&1 | tail -12
-    timeout 140 python3 -m benchmarks.gpu_path.bench_structured_overhead --device cuda --batches 1,8,32,64,128,256 \
-      --batch-fill-min-rows 1000000 --label "H200, mask on the GPU, masks filled one row after another" \
-      --out "$(out gpu_path "structured_overhead_serial_fill_h200_$c.json")" 2>&1 | grep fill ;;
+    for way in threaded serial; do
+      timeout 140 python3 -m benchmarks.gpu_path.bench_structured_overhead --device cuda --batches 1,8,32,64,128,256 \
+        --fill $way --label "H200, mask on the GPU, large fills $way" \
+        --out "$(out gpu_path "structured_overhead_${way}_fill_h200_$c.json")" 2>&1 | grep fill
+    done ;;
   sampling-tests)  # vLLM's penalties and logit bias, prompt logprobs (echo) and structured outputs (carry the xgrammar and apache-tvm-ffi wheels in .whl), on the GPU in fp32 against HF's logits, with the sampler's and runner's GPU tests
     pytest_files "gpu_tests_sampling_$KVTIER_GIT_COMMIT" 300 tests/engine/test_penalties_hf.py \
       tests/engine/test_prompt_logprobs_hf.py tests/runner/test_penalties.py tests/runner/test_sampler.py \
@@ -431,6 +443,13 @@ part() {
     timeout 280 python3 -m benchmarks.policies.bench_host_resident --caps 0.75 \
       --policies neo:off@0,neo:off+piecewise@0,neo@0,recompute \
       --out "$(out policies "host_resident_neo_graphs_h200_$c.json")" 2>&1 | tail -5 ;;
+  neo-flags)  # NEO at the layer calls' new thread default (torch's less two), its pipelined steps handing batch 1 over through the step job's flags: NEO's GPU exactness tests, then 32 x 2,048 + 128 at 3/4 (balance lifted): sequential graph steps, every host step pipelined through the main thread (the default) and through the flags (+flagged), and recompute
+    local c=$KVTIER_GIT_COMMIT
+    export TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext
+    pytest_files "gpu_tests_neo_flags_$c" 150 -m gpu -k neo tests/policies/test_host_resident_engine.py
+    timeout 300 python3 -m benchmarks.policies.bench_host_resident --caps 0.75 \
+      --policies neo:off@0,neo:on@0,neo:on+flagged@0,recompute \
+      --out "$(out policies "host_resident_neo_flags_h200_$c.json")" 2>&1 | grep "tok/s" | cut -c1-150 ;;
   neo-step-threads)  # why NEO's layer call takes 4.5x its reads inside a graph step: the step parts of 32 x 2,048 + 128 at 3/4 (every host step sequential) with the CPU attention on 16 (torch's default), 14 and 8 threads (cores left to the main thread, which spins while it waits for the GPU)
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 280 python3 -m benchmarks.policies.bench_neo_step_parts --caps 0.75 \
       --policies neo:off@0,neo:off+threads14@0,neo:off+threads8@0 \

@@ -55,7 +55,8 @@ POLICIES = ("neo", "neo:off", "directkv", "swap", "recompute")
 DIRECTKV_MODES = {"inline": ("directkv_side_stream", False),
                   "piecewise": ("directkv_graphs", False),
                   "partial": ("directkv_partial_moves", True)}
-NEO_MODES = {"piecewise": ("neo_graphs", False)}  # others: the --neo-pipeline value
+NEO_MODES = {"piecewise": ("neo_graphs", False),  # others: the --neo-pipeline value
+             "flagged": ("neo_flagged_pipeline", True)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -65,7 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda", help="cuda | cpu (cpu: a smoke run only)")
     p.add_argument("--policies", default=",".join(POLICIES),
                    help="kv policies; neo:on / neo:off / neo:auto set --neo-pipeline, "
-                        "neo:off+piecewise adds --no-neo-graphs, neo:off+threads15 "
+                        "neo:off+piecewise adds --no-neo-graphs, neo:on+flagged "
+                        "--neo-flagged-pipeline, neo:off+threads15 "
                         "--neo-cpu-threads 15, "
                         "directkv:inline runs the host rows without the side stream, "
                         "directkv:piecewise without the full-model decode graphs, "

@@ -144,9 +144,10 @@ def _h200() -> HardwareProfile:
         # NVLink 4 (H200 SXM): the datasheet's rate each way times NCCL's typical ring
         # efficiency. Not measured here (no multi-GPU machine was lent).
         allreduce_bytes_per_s=360e9, allreduce_latency_s=10e-6, measured=True,
-        # Fit from the host-resident runs: results/calibration/host_rows_h200.json.
+        # Fit from the host-resident runs: results/calibration/host_rows_h200.json (the
+        # graph steps' since the CPU layer calls leave two cores; the round trip's before).
         host_attention={HostAttention.CPU_ROUND_TRIP: HostAttentionCost(0.781e-3, 85.21e9),
-                        HostAttention.CPU_GRAPH: HostAttentionCost(0.356e-3, 126.25e9),
+                        HostAttention.CPU_GRAPH: HostAttentionCost(0.0615e-3, 60.18e9),
                         HostAttention.ZERO_COPY: HostAttentionCost(0.0494e-3, 54.99e9,
                                                                    split_layer_s=0.0746e-3)},
         # Fit from the measured break-even: results/calibration/host_loads_h200.json.

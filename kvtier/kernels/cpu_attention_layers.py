@@ -37,6 +37,19 @@ from kvtier.kernels.launch import check
 
 LAYER_POINTERS = ("q", "k", "v", "block_table", "out", "lse")  # JobThread.submit_layer's
 
+# Cores the layer calls leave to the rest of the process (the Python main thread, CUDA's
+# threads, the GPU's stand-in). An OpenMP team with a thread on every core waits at each
+# region's barrier for whichever thread the OS has just preempted: on the H200 host 16
+# threads were several times slower a layer than 15 or 14
+# (results/policies/neo_step_contention_h200_75f8e2a.json), and inside the engine's graph
+# steps 14 threads beat 16 and 8 (results/policies/neo_step_parts_threads_h200_75f8e2a.json).
+SPARE_CORES = 2
+
+
+def default_num_threads() -> int:
+    """The layer calls' threads when none are given: torch's, less SPARE_CORES."""
+    return max(1, torch.get_num_threads() - SPARE_CORES)
+
 
 class PendingLayer(Protocol):
     def done(self) -> bool:
@@ -108,7 +121,7 @@ class StepLayers:
         self.worker, self.pages, self.tables, self.slots, self.lens = (
             worker, pages, tables, slots, lens)
         n, (_, _, _, hkv, _, d) = lens.shape[0], pages.shape
-        self.num_threads = torch.get_num_threads() if num_threads is None else num_threads
+        self.num_threads = default_num_threads() if num_threads is None else num_threads
         self.heads = (num_heads, hkv, hkv)
         self.qkv = torch.empty(n, num_heads + 2 * hkv, d, dtype=pages.dtype, pin_memory=pinned)
         self.out = torch.empty(n, num_heads, d, dtype=pages.dtype, pin_memory=pinned)

@@ -214,6 +214,8 @@ def test_directkv_graph_rows_attend_as_the_step_rows(gpu_only, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("policy,flags", [("neo", {}), ("neo", {"neo_pipeline": "on"}),
+                                          ("neo", {"neo_pipeline": "on", "neo_flagged_pipeline": True}),
+                                          ("neo", {"neo_pipeline": "on", "neo_graphs": False}),
                                           ("neo", {"neo_pipeline": "off"}),
                                           ("neo", {"neo_pipeline": "off", "neo_graphs": False}),
                                           ("directkv", {}),
@@ -228,8 +230,9 @@ def test_on_the_gpu_greedy_outputs_equal_gpu_only_in_fp32(policy, flags):
     prefills; in line without it; and with no graphs), with partial moves (rows with a device
     suffix, read by the same kernel from the device pool and merged), NEO's through the C++
     kernel on its own thread (by its rule, every step pipelined, none; the sequential
-    decode-only steps inside the decode graphs, handing each layer to one CPU job a step, or
-    not), the outputs coming back through the pinned staging buffer without a wait."""
+    decode-only steps inside the decode graphs and the pipelined steps' batch 1, handing
+    each layer to one CPU job a step through pinned flags, or not), the outputs coming back
+    through the pinned staging buffer without a wait."""
     reference, _, _ = run("recompute", device="cuda", num_gpu_blocks=256)
     outputs, engine, host_steps = run(policy, device="cuda", **flags)
     assert host_steps > 0 and outputs == reference
@@ -237,8 +240,12 @@ def test_on_the_gpu_greedy_outputs_equal_gpu_only_in_fp32(policy, flags):
     if policy == "neo" and "neo_pipeline" in flags:  # auto mixes the step kinds
         graphed = flags["neo_pipeline"] == "off" and flags.get("neo_graphs", True)
         assert (replays > 0) is graphed
-        if graphed:
-            assert int(engine.executor.external._graph_steps.handoff.error[0]) == 0
+        steps = engine.executor.external._graph_steps  # the flags' hand-over, when used
+        flagged = flags.get("neo_graphs", True) and (flags["neo_pipeline"] == "off"
+                                                     or flags.get("neo_flagged_pipeline", False))
+        assert (steps is not None and steps.handoff.epoch > 0) is flagged
+        if steps is not None:
+            assert int(steps.handoff.error[0]) == 0
     if policy == "directkv":
         side = engine.executor.external.side
         assert (side is not None) is flags.get("directkv_side_stream", True)

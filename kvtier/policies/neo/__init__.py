@@ -58,7 +58,8 @@ class CpuRowsItem(HostRows):
 class NeoArgs(HostResidentArgs):
     prefix = "neo"
     cpu_threads: int | None = field(
-        default=None, metadata={"help": "neo: threads of the CPU attention (default: torch's)"})
+        default=None, metadata={"help": "neo: threads of the CPU attention (default: torch's "
+                                  "less two, left to the main thread)"})
     pipeline: str = field(
         default="auto", metadata={"help": "neo: run steps with CPU decodes as two pipelined "
                                           "sub-batches: auto (NEO's rule, priced by the cost "
@@ -77,6 +78,11 @@ class NeoArgs(HostResidentArgs):
                                         "replay a full-model CUDA graph that hands each "
                                         "layer's rows to the CPU job through pinned flags "
                                         "(off: the piecewise forward, a layer at a time)"})
+    flagged_pipeline: bool = field(
+        default=False, metadata={"help": "neo: pipelined steps hand batch 1 to the CPU "
+                                          "through the graph steps' flags, the main thread "
+                                          "never waiting inside the step (off: it hands "
+                                          "each layer over and waits; needs --neo-graphs)"})
     calibration: str | None = field(
         default=None, metadata={"help": "neo: calibration JSON of the cost model that prices "
                                         "the pipelining rule (default: the hardware profile)"})
@@ -91,6 +97,7 @@ class NeoOptions(HostResidentOptions):
     max_skipped_steps: int = 4  # a CPU decode sits out at most this many steps in a row
     choice: ModeChoice | None = field(default=None, compare=False)  # set once priced
     graphs: bool = True  # graph_rows.py: sequential decode-only steps as decode graphs
+    flagged_pipeline: bool = False  # pipelined.py: batch 1 through the graph steps' flags
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -187,7 +194,8 @@ class NeoSystem(HostResidentSystem):
             raise ConfigError(f"--neo-pipeline: auto, on or off, not {args.pipeline!r}") from None
         return NeoOptions(**self.shared_options(args, config), cpu_threads=args.cpu_threads,
                           pipeline=mode, cpu_balance=args.cpu_balance,
-                          max_skipped_steps=args.max_skipped_steps, graphs=args.graphs)
+                          max_skipped_steps=args.max_skipped_steps, graphs=args.graphs,
+                          flagged_pipeline=args.flagged_pipeline)
 
     def after_pools(self, config: EngineConfig, ctx: AssemblyContext) -> EngineConfig:
         """NEO's rules (pipelining, balance) priced by the simulator's cost model, or the
@@ -217,7 +225,8 @@ class NeoSystem(HostResidentSystem):
 
         opts = runner.config.policy_options
         assert isinstance(opts, NeoOptions)
-        return NeoSource(runner, CpuRowsItem, opts.cpu_threads, opts.graphs)
+        return NeoSource(runner, CpuRowsItem, opts.cpu_threads, opts.graphs,
+                         opts.flagged_pipeline)
 
 
 def _marks_only(runner, items) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvtier.kernels.cpu_attention_layers import CpuLayerWorker
+from kvtier.kernels.cpu_attention_layers import CpuLayerWorker, default_num_threads
 from kvtier.kernels.cpu_attention_step import Handoff, StepJob, native_steps, submit_step
 from kvtier.kernels.host_handoff import rows_from_host, rows_to_host
 from kvtier.policies.host_resident.runner_side import HostRowsAttention, HostRowsLayout
@@ -40,7 +40,7 @@ class GraphSteps:
         cfg, dev = runner.model_config, runner.device
         self.runner, self.pages, self.worker = runner, pages, worker
         self.scale = float(runner.model.layers[0].attn.scale)
-        self.num_threads = torch.get_num_threads() if num_threads is None else num_threads
+        self.num_threads = default_num_threads() if num_threads is None else num_threads
         self.handoff = Handoff(cfg.num_layers, runner.config.scheduler.max_num_seqs,
                                cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, pages.dtype,
                                pinned=True)

@@ -4,14 +4,26 @@ rows) and batch 0 (the rest) go through the model as two sub-batches. Per layer 
     GPU:  b1 norm+qkv(l) | b0 layer l (norm, qkv, attention, o, MLP) | b1 o+MLP(l) | ...
     CPU:                 | b1 attention(l), on the worker thread     |
 
-so batch 1's CPU attention runs under batch 0's whole layer on the GPU (the main thread
-only launches batch 0's kernels, then waits for the worker). Rows are independent outside
-attention, and batch 0's attention over the device pool is the backend's with its own
-metadata, so the outputs are the sequential step's.
+so batch 1's CPU attention runs under batch 0's whole layer on the GPU. Two hand-overs:
+
+  * per layer (the default): the main thread copies q/k/v down (waiting for the stream),
+    hands the layer to the worker, launches batch 0's layer and waits for the worker's
+    output;
+  * flagged (`--neo-flagged-pipeline`, where the step job is built, neo/graph_rows.py):
+    one CPU job follows the step; per layer a kernel writes batch 1's q/k/v into pinned
+    memory and raises the layer's ready flag, and a kernel before batch 1's o+MLP waits for
+    the done flag, so the main thread never waits inside the step. These eager steps are
+    bound by their launches on the H200, and the flags' extra kernels made them slower
+    (results/policies/host_resident_neo_flags_h200_6709e73.json); a captured graph of the
+    pipelined step would need them.
+
+Rows are independent outside attention, and batch 0's attention over the device pool is
+the backend's with its own metadata, so the outputs are the sequential step's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -21,6 +33,8 @@ from kvtier.attention.metadata import AttentionMetadata
 from kvtier.model.llama import DecoderLayer, ForwardContext
 
 if TYPE_CHECKING:
+    from kvtier.attention.base import Rope
+    from kvtier.policies.neo.graph_rows import CpuGraphRows
     from kvtier.policies.neo.runner_side import CpuRows
 
 
@@ -38,10 +52,53 @@ def rows_after(meta: AttentionMetadata, n: int) -> AttentionMetadata | None:
         query_lens_cpu=q_lens, seq_lens_cpu=s_lens)
 
 
+def per_layer(rows: CpuRows) -> Callable[..., Callable[[], torch.Tensor]]:
+    """Batch 1's layer handed to the worker by the main thread; the output once it ran."""
+    def start(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+              rope: Rope) -> Callable[[], torch.Tensor]:
+        pending = rows.submit(i, q, k, v, scale, rope)
+        # Non-blocking from the pinned staging: the next layer's copy to the host orders
+        # after it in the stream.
+        return lambda: pending.result()[0].to(q.device, q.dtype, non_blocking=True)
+    return start
+
+
+def flagged(rows: CpuGraphRows) -> Callable[..., Callable[[], torch.Tensor]]:
+    """Batch 1's layer handed to the step's CPU job through pinned flags, on the stream."""
+    def start(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+              rope: Rope) -> Callable[[], torch.Tensor]:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous rows
+        rows.forward(i, q, k, v, scale, out, rope)
+
+        def done() -> torch.Tensor:
+            rows.join(i)  # a kernel that waits for the layer's done flag, then reads out
+            return out
+        return done
+    return start
+
+
 def pipelined_forward(runner: Any, rows: CpuRows, input_ids: torch.Tensor,
-                      positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-    """Final hidden states of every row ([num_tokens, hidden]), batch 1's rows first."""
-    n, model, ops = rows.num_rows, runner.model, runner.ops
+                      positions: torch.Tensor, meta: AttentionMetadata,
+                      flag_rows: CpuGraphRows | None = None) -> torch.Tensor:
+    """Final hidden states of every row ([num_tokens, hidden]), batch 1's rows first;
+    batch 1's layers go to the CPU through `flag_rows` when given (flagged), else one at a
+    time through `rows`."""
+    if flag_rows is None:
+        return _forward(runner, rows.num_rows, per_layer(rows), input_ids, positions, meta)
+    flag_rows.begin()  # the step's CPU job, waiting for layer 0's flag
+    failed = True
+    try:
+        out = _forward(runner, rows.num_rows, flagged(flag_rows), input_ids, positions, meta)
+        failed = False
+    finally:
+        flag_rows.end(failed)
+    return out
+
+
+def _forward(runner: Any, n: int, start: Callable[..., Callable[[], torch.Tensor]],
+             input_ids: torch.Tensor, positions: torch.Tensor,
+             meta: AttentionMetadata) -> torch.Tensor:
+    model, ops = runner.model, runner.ops
     meta0 = rows_after(meta, n)
     ctx1 = ForwardContext(ops, runner.attention, runner.gpu_kv, meta, runner.cos_sin)
     ctx0 = ForwardContext(ops, runner.attention, runner.gpu_kv, meta0, runner.cos_sin) \
@@ -54,13 +111,10 @@ def pipelined_forward(runner: Any, rows: CpuRows, input_ids: torch.Tensor,
     layers: list[DecoderLayer] = list(model.layers)  # type: ignore[arg-type]
     q1, k1, v1, res1 = layers[0].before_attention(x1, None, pos1, ctx1)
     for i, layer in enumerate(layers):
-        pending = rows.submit(i, q1, k1, v1, layer.attn.scale, rope1)
-        if ctx0 is not None:  # queued on the GPU while the worker attends for batch 1
+        out1 = start(i, q1, k1, v1, layer.attn.scale, rope1)
+        if ctx0 is not None:  # queued on the GPU while the CPU attends for batch 1
             x0, res0 = layer(x0, res0, pos0, ctx0)
-        out1, _ = pending.result()
-        # Non-blocking from the pinned staging: the next layer's copy to the host orders after
-        x1, res1 = layer.after_attention(out1.to(x1.device, x1.dtype, non_blocking=True),
-                                         res1, ops)
+        x1, res1 = layer.after_attention(out1(), res1, ops)
         if i + 1 < len(layers):
             q1, k1, v1, res1 = layers[i + 1].before_attention(x1, res1, pos1, ctx1)
     eps = model.cfg.rms_norm_eps

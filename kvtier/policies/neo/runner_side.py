@@ -66,12 +66,13 @@ class CpuRows(HostRowsAttention):
 
 class NeoSource(HostResidentSource):
     def __init__(self, runner: Any, rows_item: type[HostRows], num_threads: int | None,
-                 graphs: bool = True):
+                 graphs: bool = True, flagged_pipeline: bool = False):
         super().__init__(runner, rows_item)
         self.worker = CpuLayerWorker()  # builds (or finds cached) the kernel at start-up
         self.num_threads = num_threads
         self._pipelined: CpuRows | None = None  # this step's rows, when it runs pipelined
         self.graphs = graphs and GraphSteps.available(runner, self.worker)
+        self.flagged_pipeline = flagged_pipeline and self.graphs
         self._graph_steps: GraphSteps | None = None  # on the first graph step
 
     def for_step(self, scheduled: Sequence[ScheduledRequest], batch: Any,
@@ -90,24 +91,34 @@ class NeoSource(HostResidentSource):
 
     def run_forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                     meta: Any) -> torch.Tensor | None:
-        """The pipelined forward when the plan chose it for this step (neo/pipeline.py)."""
+        """The pipelined forward when the plan chose it for this step (neo/pipeline.py):
+        batch 1's layers handed over one at a time, or through the step job's flags under
+        --neo-flagged-pipeline (slower on the H200, where these eager steps are bound by
+        their launches: results/policies/host_resident_neo_flags_h200_6709e73.json)."""
         rows, self._pipelined = self._pipelined, None
         if rows is None:
             return None
         from kvtier.policies.neo.pipelined import pipelined_forward
 
-        return pipelined_forward(self.runner, rows, input_ids, positions, meta)
+        assert rows.layout is not None, "a step's CpuRows come with its layout"
+        flag_rows = self.steps.rows_for(rows.layout) if self.flagged_pipeline else None
+        return pipelined_forward(self.runner, rows, input_ids, positions, meta, flag_rows)
+
+    @property
+    def steps(self) -> GraphSteps:
+        """The hand-over buffers and the step job (made at the first step that needs them)."""
+        if self._graph_steps is None:
+            self._graph_steps = GraphSteps(self.runner, self.pages, self.worker,
+                                           self.num_threads)
+        return self._graph_steps
 
     def graph_rows(self, rows: Any) -> CpuGraphRows | None:
         """A sequential step's rows as a decode graph's (graph_rows.py); None for a
         pipelined step, under `--no-neo-graphs`, or where the kernel is not built."""
         if not self.graphs or not isinstance(rows, CpuRows) or rows is self._pipelined:
             return None
-        if self._graph_steps is None:
-            self._graph_steps = GraphSteps(self.runner, self.pages, self.worker,
-                                           self.num_threads)
         assert rows.layout is not None, "a step's CpuRows come with its layout"
-        return self._graph_steps.rows_for(rows.layout)
+        return self.steps.rows_for(rows.layout)
 
     def close(self) -> None:
         self.worker.close()
