@@ -180,7 +180,7 @@ class CacheConfig:
 
 
 # The waiting queue's orders (kvtier/scheduler/queue.py): vLLM's and SGLang's.
-SCHEDULE_POLICIES = ("fcfs", "lpm")
+SCHEDULE_POLICIES = ("fcfs", "lpm", "priority")
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -199,8 +199,8 @@ class SchedulerConfig:
     # max_num_partial_prefills prefills stop part-way in one step.
     long_prefill_token_threshold: int = 0
     max_num_partial_prefills: int = 1
-    # The waiting queue's order (kvtier/scheduler/queue.py): fcfs (vLLM's) or lpm (SGLang's
-    # longest prefix match).
+    # The waiting queue's order (kvtier/scheduler/queue.py): fcfs (vLLM's), priority (vLLM's:
+    # requests' priority, then arrival) or lpm (SGLang's longest prefix match).
     schedule_policy: str = "fcfs"
 
     def __post_init__(self) -> None:

@@ -35,6 +35,7 @@ class Request:
     max_tokens: int  # resolved: never beyond max_model_len - prompt length
     eos_token_ids: tuple[int, ...] = ()
     arrival_time: float = 0.0
+    priority: int = 0  # --scheduling-policy priority: lower values run first (vLLM's)
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING

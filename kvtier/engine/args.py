@@ -99,8 +99,11 @@ class EngineArgsFields:
     max_num_partial_prefills: int = field(
         default=1, metadata={"help": "prefills that may stop part-way in one step"})
     schedule_policy: str = field(
-        default="fcfs", metadata={"help": "waiting queue order: fcfs (vLLM's) or lpm "
-                                          "(SGLang's: the longest cached prefix first)"})
+        default="fcfs", metadata={"help": "waiting queue order: fcfs (vLLM's), priority "
+                                          "(vLLM's: a request's priority, lower first, then "
+                                          "arrival) or lpm (SGLang's: the longest cached "
+                                          "prefix first)",
+                                  "aliases": ("--scheduling-policy",)})
     tensor_parallel_size: int = field(
         default=1, metadata={"help": "GPUs (CPU processes) the model is split over, one "
                                      "process each (docs/TENSOR_PARALLEL.md)",

@@ -108,6 +108,7 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        priority: int = 0,
     ) -> None:
         if request_id in self._parents:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -118,7 +119,7 @@ class LLMEngine:
         if params.logit_bias and params.logit_bias[-1][0] >= self.model_config.vocab_size:
             raise InvalidRequestError("logit_bias has a token id outside the vocabulary")
         max_tokens = self._resolve_max_tokens(len(prompt_ids), params)
-        self._check_logprobs(params)
+        self._check_options(params, priority)
         grammar = self.grammars.compile(params)
         metrics = RequestMetrics(arrival_time=arrival_time if arrival_time is not None else self.clock())
         parent = RequestGroup(request_id, prompt_text, prompt_ids, metrics,
@@ -135,7 +136,7 @@ class LLMEngine:
                 child_params = replace(child_params, prompt_logprobs=None)
             rid = request_id if params.n == 1 else f"{request_id}#{i}"
             req = Request(rid, list(prompt_ids), child_params, max_tokens, eos,
-                          arrival_time=metrics.arrival_time)
+                          arrival_time=metrics.arrival_time, priority=priority)
             detok = None
             if params.detokenize:
                 detok = IncrementalDetokenizer(self.tokenizer, params.stop,
@@ -168,7 +169,9 @@ class LLMEngine:
             raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab})")
         return None, ids
 
-    def _check_logprobs(self, params: SamplingParams) -> None:
+    def _check_options(self, params: SamplingParams, priority: int) -> None:
+        if priority and self.config.scheduler.schedule_policy != "priority":
+            raise InvalidRequestError(f"priority {priority} needs --scheduling-policy priority")
         limit = self.config.logprobs_limit
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(params, name)

@@ -3,6 +3,7 @@
     llm = LLM("tiny-llama", load_format="dummy", kv_policy="swap")
     outs = llm.generate(["Hello"], SamplingParams(max_tokens=32))
     outs[0].outputs[0].text
+    llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=32))
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from kvtier.engine.args import EngineArgs
 from kvtier.engine.batch_defaults import offline_batch_defaults
 from kvtier.engine.llm_engine import LLMEngine
 from kvtier.engine.outputs import RequestOutput
+from kvtier.entrypoints.chat import Conversation, chat_prompts
 from kvtier.sampling_params import SamplingParams
 
 PromptLike = str | list[int] | dict[str, Any]
@@ -27,6 +29,8 @@ class LLM:
         vLLM's offline ones (`kvtier/engine/batch_defaults.py`)."""
         # Offline, no client waits between tokens: prompts' chunks go uncapped (as vLLM's LLM).
         options = {"long_prefill_token_threshold": 0, **offline_batch_defaults(options), **options}
+        if "scheduling_policy" in options:  # vLLM's name for it
+            options["schedule_policy"] = options.pop("scheduling_policy")
         self.engine_args = EngineArgs(model=model, **options)
         self.engine = LLMEngine.from_engine_args(self.engine_args)
         self._ids = itertools.count()
@@ -49,9 +53,11 @@ class LLM:
         prompts: PromptLike | Sequence[PromptLike],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in the prompts' order.
-        A prompt is text, a list of token ids, or {"prompt_token_ids": [...]}/{"prompt": s}."""
+        A prompt is text, a list of token ids, or {"prompt_token_ids": [...]}/{"prompt": s}.
+        `priority`: one a prompt, lower first (vLLM's; needs scheduling_policy="priority")."""
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
@@ -61,17 +67,37 @@ class LLM:
         param_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(param_list) != len(prompts):
             raise ValueError("need one SamplingParams, or one per prompt")
+        priorities = [0] * len(prompts) if priority is None else list(priority)
+        if len(priorities) != len(prompts):
+            raise ValueError("need one priority per prompt")
         ids: list[str] = []
         try:
-            for prompt, p in zip(prompts, param_list):
+            for prompt, p, rank in zip(prompts, param_list, priorities):
                 p = replace(p, output_kind="final_only")  # generate() returns finished outputs only
                 rid = str(next(self._ids))
-                self.engine.add_request(rid, _unwrap(prompt), p)
+                self.engine.add_request(rid, _unwrap(prompt), p, priority=rank)
                 ids.append(rid)
         except Exception:
             self.engine.abort_request(ids)  # a bad prompt fails the call, leaving nothing queued
             raise
         return self._run(ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: Conversation | Sequence[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """vLLM's offline chat: one conversation (a list of {"role", "content"} messages) or
+        several, each through the model's chat template, then `generate`."""
+        prompts = chat_prompts(self.engine.tokenizer, messages, add_generation_prompt,
+                               continue_final_message, tools, chat_template_kwargs)
+        return self.generate([{"prompt_token_ids": p} for p in prompts], sampling_params,
+                             use_tqdm)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}

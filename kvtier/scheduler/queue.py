@@ -1,6 +1,10 @@
 """Waiting queues: the order in which waiting requests are offered admission.
 
   fcfs  arrival order (vLLM's scheduler);
+  priority  vLLM's `--scheduling-policy priority`: the lowest `priority` value first, then
+        arrival; a preempted request goes back to its place (its own priority and arrival),
+        and the running request preempted when blocks run out is the one of the highest
+        value (the newest among equals) instead of the newest;
   lpm   SGLang's longest prefix match (`--schedule-policy lpm`): before a step's admissions
         the requests are ordered by how many of their leading token blocks the prefix
         cache holds, in either tier, the longest first (arrival order among equals), so
@@ -9,11 +13,13 @@
         arrival order (the look-ups would cost more than they win), and without a prefix
         cache the order is arrival order.
 
-In both, a preempted request goes first (it arrived before everything still waiting).
+In fcfs and lpm a preempted request goes first (it arrived before everything still waiting),
+and the newest running request is preempted first.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections import deque
 from collections.abc import Iterator
@@ -50,6 +56,11 @@ class FCFSQueue:
     def reorder(self, cache: PrefixCache | None) -> None:
         """Before a step's admissions (arrival order: nothing to do)."""
         return None
+
+    def victim_index(self, running: list[Request]) -> int:
+        """Which running request is preempted when blocks run out: the newest (it has the
+        least work to lose)."""
+        return len(running) - 1
 
     def __len__(self) -> int:
         return len(self._q)
@@ -96,6 +107,42 @@ class LongestPrefixQueue(FCFSQueue):
         self._q = deque(first + rest)
 
 
+class PriorityQueue(FCFSQueue):
+    """Waiting requests by (priority, arrival), kept sorted (the queue is short next to a
+    step; a sorted deque keeps FCFSQueue's reads)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._rank: dict[str, int] = {}  # request id -> rank of its add (ties of arrival)
+        self._ranks = itertools.count()
+
+    def _key(self, req: Request) -> tuple[int, float, int]:
+        return req.priority, req.arrival_time, self._rank[req.request_id]
+
+    def add(self, req: Request) -> None:
+        self._rank[req.request_id] = next(self._ranks)
+        items = list(self._q)
+        bisect.insort(items, req, key=self._key)
+        self._q = deque(items)
+
+    def prepend(self, req: Request) -> None:
+        self.add(req)  # back to its own place: priority decides, not the preemption
+
+    def pop(self) -> Request:
+        req = super().pop()
+        del self._rank[req.request_id]  # a preempted request comes back by its arrival time
+        return req
+
+    def remove(self, req: Request) -> None:
+        super().remove(req)
+        del self._rank[req.request_id]
+
+    def victim_index(self, running: list[Request]) -> int:
+        """The running request of the highest (priority, arrival), the newest among equals."""
+        return max(range(len(running)), key=lambda i: (running[i].priority,
+                                                       running[i].arrival_time, i))
+
+
 def cached_blocks(cache: PrefixCache, req: Request) -> int:
     """Leading token blocks of a waiting request the cache holds, in either tier (a look-up
     that changes nothing but the request's hash cache)."""
@@ -105,4 +152,6 @@ def cached_blocks(cache: PrefixCache, req: Request) -> int:
 
 def make_queue(policy: str) -> FCFSQueue:
     """The queue of a SchedulerConfig.schedule_policy (checked there)."""
+    if policy == "priority":
+        return PriorityQueue()
     return LongestPrefixQueue() if policy == "lpm" else FCFSQueue()

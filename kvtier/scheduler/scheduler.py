@@ -2,8 +2,9 @@
 
 Each step, in order (vLLM V1's order):
   1. running requests, oldest first, get their next tokens (a decode: 1; a chunked prefill:
-     up to the remaining budget); when blocks run out, the newest running request is
-     preempted until the allocation fits (possibly the request itself);
+     up to the remaining budget); when blocks run out, the newest running request (under
+     the priority policy, the one of the highest priority value) is preempted until the
+     allocation fits (possibly the request itself);
   2. if nobody was preempted: swapped requests come back (FCFS) while they fit;
   3. if nobody was preempted and nothing is still swapped out: waiting requests are
      admitted (FCFS) while they fit — swapped requests arrived first (vLLM V0's rule).
@@ -23,14 +24,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Protocol
 
 from kvtier.config import SchedulerConfig
-from kvtier.core.items import PlanItem
 from kvtier.core.plan import (
     PLACEHOLDER_TOKEN,
-    BlockCopy,
     HiddenBlocks,
     HiddenRestore,
     RecomputePrefix,
@@ -43,6 +41,7 @@ from kvtier.kv.manager import KVCacheManager
 from kvtier.policies.base import KVPolicy
 from kvtier.scheduler.prefill_budget import PrefillChunker
 from kvtier.scheduler.queue import FCFSQueue, make_queue
+from kvtier.scheduler.step_builder import SchedulerCounters, StepBuilder
 
 
 class AdmissionGate(Protocol):
@@ -50,37 +49,6 @@ class AdmissionGate(Protocol):
 
     # After the step's admissions: the requests left waiting (they wait at least this step).
     def fill_bubbles(self, waiting: Iterable[Request], step_tokens: int) -> None: ...
-
-
-@dataclass
-class SchedulerCounters:
-    num_preemptions: int = 0
-    num_swap_out_blocks: int = 0
-    num_swap_in_blocks: int = 0
-    num_recomputed_tokens: int = 0  # KV dropped by preemption, to be computed again
-    num_prompt_tokens: int = 0
-    num_generation_tokens: int = 0
-    num_prefix_recompute_tokens: int = 0  # dropped-prefix tokens recomputed, all steps
-    num_restored_tokens: int = 0  # tokens whose KV was rebuilt from hidden states
-
-
-class _StepBuilder:
-    """Collects one step's decisions."""
-
-    def __init__(self, budget: int, prefills: PrefillChunker):
-        self.budget = budget
-        self.prefills = prefills
-        self.entries: list[tuple[Request, int, tuple[tuple[int, ...], ...], bool, int]] = []
-        self.swap_out: list[BlockCopy] = []
-        self.swap_in: list[BlockCopy] = []
-        self.items: list[PlanItem] = []  # the memory system's own work (kvtier/core/items.py)
-        self.preempted: list[Request] = []
-
-    def add(self, req: Request, n: int, blocks: tuple[tuple[int, ...], ...], reset: bool,
-            recompute: int = 0) -> None:
-        """`recompute`: dropped-prefix tokens this request recomputes (they cost budget)."""
-        self.entries.append((req, n, blocks, reset, recompute))
-        self.budget -= n + recompute
 
 
 class Scheduler:
@@ -133,7 +101,7 @@ class Scheduler:
 
     # ---- one step ------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
-        step = _StepBuilder(self.config.max_num_batched_tokens, PrefillChunker.for_step(self.config))
+        step = StepBuilder(self.config.max_num_batched_tokens, PrefillChunker.for_step(self.config))
         self.policy.before_step(self.running, self.kv, self.waiting)
         self._schedule_running(step)
         if not step.preempted:
@@ -142,7 +110,7 @@ class Scheduler:
                 self._schedule_waiting(step)
         return self._make_plan(step)
 
-    def _schedule_running(self, step: _StepBuilder) -> None:
+    def _schedule_running(self, step: StepBuilder) -> None:
         # The hot loop of every step (one pass over up to max_num_seqs requests): locals
         # instead of attribute lookups, counts read straight off the token lists.
         kv, running = self.kv, self.running
@@ -180,19 +148,23 @@ class Scheduler:
                     blocks = allocate_slots(req, n)
                     recompute = kv.num_dropped_tokens(req)  # it may have dropped more
                     continue
-                victim = running.pop()  # the newest: it has the least work to lose
+                j = self.waiting.victim_index(running)  # the newest, or by priority
+                victim = running.pop(j)
                 self._preempt(victim, step)
                 if victim is req:
                     break
+                if j < i:  # scheduled this step already (or held back): no longer
+                    budget += step.unschedule(victim)
+                    i -= 1
                 blocks = allocate_slots(req, n)
             if blocks is None:
-                break  # req itself was preempted and was the last one
+                continue  # req itself was preempted: the next runner is at i now
             entries.append((req, n, blocks, False, recompute))  # step.add, inlined
             budget -= n + recompute
             i += 1
         step.budget = budget
 
-    def _schedule_swapped(self, step: _StepBuilder) -> None:
+    def _schedule_swapped(self, step: StepBuilder) -> None:
         while self.swapped and step.budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.swapped[0]
             remaining = req.num_tokens - req.num_computed_tokens
@@ -217,7 +189,7 @@ class Scheduler:
             self.running.append(req)
             step.add(req, n, self.kv.block_table(req), reset=True)
 
-    def _schedule_waiting(self, step: _StepBuilder) -> None:
+    def _schedule_waiting(self, step: StepBuilder) -> None:
         gate = self.admission_gate
         if step.budget > 0 and len(self.running) < self.config.max_num_seqs:
             self.waiting.reorder(self.kv.prefix_cache)
@@ -260,7 +232,7 @@ class Scheduler:
             self.kv.free(req)
             req.num_computed_tokens = 0
 
-    def _preempt(self, req: Request, step: _StepBuilder) -> None:
+    def _preempt(self, req: Request, step: StepBuilder) -> None:
         result = self.policy.preempt(req, self.kv)
         req.num_preemptions += 1
         self.counters.num_preemptions += 1
@@ -284,7 +256,7 @@ class Scheduler:
             self.counters.num_prompt_tokens += first_time
             req.num_prompt_tokens_seen += first_time
 
-    def _make_plan(self, step: _StepBuilder) -> StepPlan:
+    def _make_plan(self, step: StepBuilder) -> StepPlan:
         kv, hidden_store, items = self.kv, self.kv.hidden, step.items
         # Prefixes dropped after a request was scheduled (make_room for a later one) are
         # recomputed this step too: read them now, when anything is dropped at all.
@@ -343,7 +315,7 @@ class Scheduler:
             decodes += others
         return self._plan(step, decodes)
 
-    def _plan(self, step: _StepBuilder, scheduled: list[ScheduledRequest]) -> StepPlan:
+    def _plan(self, step: StepBuilder, scheduled: list[ScheduledRequest]) -> StepPlan:
         """The step's plan: its scheduled requests (decodes first), copies and items."""
         kv = self.kv
         if kv.pending_swap_out:  # prefixes offloaded this step: out before any swap-in

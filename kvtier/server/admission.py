@@ -23,6 +23,7 @@ class PendingCall:
     call_id: int
     params: SamplingParams
     arrival_time: float | None
+    priority: int = 0
     prompts: deque[tuple[str, list[int]]] = field(default_factory=deque)  # (request_id, ids)
     request_ids: tuple[str, ...] = ()  # all of the call's, fed or not
 
@@ -43,9 +44,10 @@ class RoundRobinBacklog:
         self._next_id = 0
 
     def add(
-        self, prompts: Sequence[tuple[str, list[int]]], params: SamplingParams, arrival_time: float | None
+        self, prompts: Sequence[tuple[str, list[int]]], params: SamplingParams,
+        arrival_time: float | None, priority: int = 0,
     ) -> PendingCall:
-        call = PendingCall(self._next_id, params, arrival_time, deque(prompts),
+        call = PendingCall(self._next_id, params, arrival_time, priority, deque(prompts),
                            tuple(rid for rid, _ in prompts))
         self._next_id += 1
         if call.prompts:

@@ -105,6 +105,9 @@ class _SamplingFields(_Request):
     stop_token_ids: list[Annotated[int, Field(ge=0), INTEGRAL]] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # Under --scheduling-policy priority, lower values are admitted (and kept running) first;
+    # otherwise only 0 is accepted (vLLM's field and rule).
+    priority: Annotated[int, INTEGRAL] = 0
     # vLLM's extension: each choice (and each streamed chunk) also carries its token ids,
     # which is how the HTTP benchmark backend stamps every token exactly.
     return_token_ids: bool = False

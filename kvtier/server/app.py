@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -27,6 +28,7 @@ from kvtier.server.api_models import (
 from kvtier.server.async_engine import AsyncEngine
 from kvtier.server.errors import error_response, install_error_handlers
 from kvtier.server.http_options import CorsOptions
+from kvtier.server.logs import ServerLogs
 from kvtier.server.metrics import ServerMetrics
 from kvtier.server.middleware import AdmissionMiddleware, APIKeyMiddleware, BodyLimitMiddleware
 from kvtier.server.openapi import openapi_without_422
@@ -44,6 +46,7 @@ from kvtier.server.serving_chat import create_chat_completion
 from kvtier.server.serving_completions import create_completion
 from kvtier.server.sglang_generate import GenerateRequest, create_generate
 from kvtier.server.state import DEFAULT_MAX_TOKENIZE_QUEUE_CHARS, ServerState
+from kvtier.server.stats_log import log_stats_every
 from kvtier.server.tokenize_api import detokenize_response, tokenize_response, version
 from kvtier.server.tool_parsers import make_parser
 
@@ -80,6 +83,7 @@ def build_app(
     tool_call_parser: str | None = None,
     reasoning_parser: str | None = None,
     cors: CorsOptions | None = CorsOptions(),
+    logs: ServerLogs = ServerLogs(),
 ) -> FastAPI:
     """An OpenAI-compatible app serving `engine` (an LLMEngine, see docs/ENGINE_API.md).
 
@@ -94,13 +98,12 @@ def build_app(
     `tool_call_parser` (hermes, llama3_json) turns on tool_choice "auto"
     (`--enable-auto-tool-choice`; kvtier/server/tool_calls.py); `reasoning_parser` (qwen3,
     deepseek_r1) splits a chat reply's thinking into `reasoning_content`.
-    `cors`: vLLM's default, any origin and no credentials; None, no CORS headers
-    (kvtier/server/http_options.py).
+    `cors`: vLLM's default, any origin, no credentials (None: no CORS; http_options.py).
+    `logs`: vLLM's stats line and request lines (logs.py; by default neither).
     """
     _check_options(api_key, request_timeout_s)
-    sched = engine.config.scheduler
-    max_waiting_requests, max_seqs_per_request = _queue_limits(sched, max_waiting_requests,
-                                                               max_seqs_per_request)
+    max_waiting_requests, max_seqs_per_request = _queue_limits(
+        engine.config.scheduler, max_waiting_requests, max_seqs_per_request)
     metrics = ServerMetrics()
     async_engine = AsyncEngine(engine, max_waiting_requests=max_waiting_requests, on_update=metrics.observe)
     metrics.attach(async_engine)
@@ -115,10 +118,10 @@ def build_app(
         request_timeout_s=request_timeout_s,
         tool_parser=make_parser(tool_call_parser) if tool_call_parser else None,
         reasoning_parser=_reasoning_parser(reasoning_parser),
+        logs=logs,
     )
-
     app = FastAPI(title="kvtier", summary="OpenAI-compatible LLM server",
-                  lifespan=_lifespan(state, shutdown_timeout_s))
+                  lifespan=_lifespan(state, shutdown_timeout_s, logs.stats_interval_s))
     app.state.server = state
     install_error_handlers(app)
     _add_routes(app, state)
@@ -151,16 +154,24 @@ def _serving_limits(engine: Any, max_seqs_per_request: int) -> ServingLimits:
         max_seqs_per_request=max_seqs_per_request,
         max_token_chars=max_token_chars(engine.tokenizer, min(vocab_size, engine.tokenizer.vocab_size)),
         max_logprobs=engine.config.logprobs_limit,
+        priority_scheduling=sched.schedule_policy == "priority",
     )
 
 
-def _lifespan(state: ServerState, shutdown_timeout_s: float):
-    """The app's lifespan: the engine's step loop runs while the app serves."""
+def _lifespan(state: ServerState, shutdown_timeout_s: float, log_stats_interval_s: float | None):
+    """The app's lifespan: the engine's step loop (and the stats line's task) runs while the
+    app serves."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         state.async_engine.start()
+        stats_task = None
+        if log_stats_interval_s is not None:
+            stats_task = asyncio.create_task(
+                log_stats_every(log_stats_interval_s, lambda: state.async_engine.stats))
         yield
+        if stats_task is not None:
+            stats_task.cancel()
         await state.async_engine.shutdown(shutdown_timeout_s)
         state.tokenize_pool.shutdown(wait=False, cancel_futures=True)
 

@@ -144,7 +144,7 @@ class AsyncEngine:
         self,
         prompts: Sequence[tuple[str, list[int]]],
         params: SamplingParams,
-        arrival_time: float | None = None,
+        arrival_time: float | None = None, priority: int = 0,
     ) -> RequestStream:
         """Accept one engine request per (request_id, prompt ids), each with `params.n`
         sequences; those the engine takes at once are all-or-none (InvalidRequestError).
@@ -162,7 +162,7 @@ class AsyncEngine:
             self._pending[rid] = params.n
         self._num_pending_seqs += len(ids) * params.n
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._enqueue(Add(prompts, params, future, arrival_time), future)
+        self._enqueue(Add(prompts, params, future, arrival_time, priority), future)
         try:
             await asyncio.wrap_future(future)
         except BaseException:
@@ -331,7 +331,7 @@ class AsyncEngine:
         validated now, all or none."""
         if not cmd.future.set_running_or_notify_cancel():
             return  # the caller gave up before we got here
-        call = self._backlog.add(cmd.prompts, cmd.params, cmd.arrival_time)
+        call = self._backlog.add(cmd.prompts, cmd.params, cmd.arrival_time, cmd.priority)
         try:
             self._feed(submitting=call)
         except Exception as exc:  # InvalidRequestError mostly
@@ -358,7 +358,8 @@ class AsyncEngine:
 
     def _add_one(self, item: FeedItem) -> None:
         call = item.call
-        self.engine.add_request(item.request_id, item.prompt_ids, call.params, call.arrival_time)
+        self.engine.add_request(item.request_id, item.prompt_ids, call.params, call.arrival_time,
+                                call.priority)
         self._tracker.track(item.request_id, stop_holdback(call.params.stop))
 
     def _drop_call(self, call: PendingCall) -> None:

@@ -16,7 +16,9 @@ from kvtier.server.http_options import (
     root_path_from_args,
     tls_from_args,
 )
+from kvtier.server.logs import ServerLogs
 from kvtier.server.reasoning import REASONING_PARSERS
+from kvtier.server.stats_log import DEFAULT_INTERVAL_S, INTERVAL_ENV, interval_from_env
 from kvtier.server.tool_parsers import PARSERS
 
 DEFAULT_PORT = 8000
@@ -42,6 +44,14 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_http_args(http)
     http.add_argument("--uvicorn-log-level", default="info",
                       choices=["critical", "error", "warning", "info", "debug", "trace"])
+    http.add_argument("--disable-log-stats", action="store_true",
+                      help="do not log the engine's throughput, queue and KV usage every "
+                      f"${INTERVAL_ENV} seconds (default {DEFAULT_INTERVAL_S:g}; vLLM's flag)")
+    http.add_argument("--enable-log-requests", action="store_true",
+                      help="log each request as it is submitted: its prompt ids and sampling "
+                      "parameters (vLLM's flag)")
+    http.add_argument("--max-log-len", type=int, default=None,
+                      help="prompt ids a logged request shows at most (default: all)")
     tools = parser.add_argument_group("Tool calling")
     tools.add_argument("--enable-auto-tool-choice", action="store_true",
                        help='tool_choice "auto": calls read from the model\'s own text by '
@@ -146,6 +156,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ConfigError("--enable-auto-tool-choice needs --tool-call-parser")
     tls, root_path = tls_from_args(args), root_path_from_args(args)  # checked before the engine loads
+    logs = logs_from_args(args)
     engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))
     try:
         app = build_app(
@@ -160,6 +171,7 @@ def run_serve(args: argparse.Namespace) -> int:
             tool_call_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,
             reasoning_parser=args.reasoning_parser,
             cors=cors_from_args(args),
+            logs=logs,
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
@@ -174,6 +186,16 @@ def run_serve(args: argparse.Namespace) -> int:
                            tls=tls, root_path=root_path, access_log=not args.disable_uvicorn_access_log)
     KVTierServer(config, drain=app.state.server.drain).run()
     return 0
+
+
+def logs_from_args(args: argparse.Namespace) -> ServerLogs:
+    """The stats line every $KVTIER_LOG_STATS_INTERVAL s unless --disable-log-stats; the
+    request lines under --enable-log-requests."""
+    try:
+        return ServerLogs(stats_interval_s=None if args.disable_log_stats else interval_from_env(),
+                          requests=args.enable_log_requests, max_log_len=args.max_log_len)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _after_graceful_shutdown(signum: int, frame: object) -> None:

@@ -16,6 +16,7 @@ class Add:
     params: SamplingParams
     future: concurrent.futures.Future
     arrival_time: float | None = None  # on the engine's clock
+    priority: int = 0  # --scheduling-policy priority's (lower first)
 
 
 @dataclass

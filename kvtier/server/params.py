@@ -38,6 +38,7 @@ class ServingLimits:
     # max_model_len * max_token_chars characters cannot fit, and is refused untokenized.
     max_token_chars: int | None = None
     max_logprobs: int = 20  # the engine's --max-logprobs, resolved
+    priority_scheduling: bool = False  # --scheduling-policy priority: `priority` may be != 0
 
     @property
     def max_prompt_chars(self) -> int | None:
@@ -92,9 +93,13 @@ def num_prompts(req: CompletionRequest) -> int:
 
 
 def check_before_tokenizing(req: _SamplingFields, limits: ServingLimits) -> int:
-    """What can be refused without tokenizing (the tokenizer is a queue): sequences per
-    request, and prompts with more characters than any `max_model_len` tokens can hold.
-    Returns the request's number of sequences (prompts x n)."""
+    """What can be refused without tokenizing (the tokenizer is a queue): a priority the
+    server does not schedule by, sequences per request, and prompts with more characters
+    than any `max_model_len` tokens can hold. Returns the request's number of sequences
+    (prompts x n)."""
+    if req.priority and not limits.priority_scheduling:
+        raise _bad(f"priority {req.priority} needs the server started with --scheduling-policy "
+                   "priority", "priority")
     num_seqs = req.n * (num_prompts(req) if isinstance(req, CompletionRequest) else 1)
     if num_seqs > limits.max_seqs_per_request:
         raise _bad(f"a request may ask for at most {limits.max_seqs_per_request} sequences "

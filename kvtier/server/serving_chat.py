@@ -51,7 +51,7 @@ async def submit_chat(state: ServerState, req: ChatCompletionRequest,
         rules = ReplyRules.of(tools, state.reasoning_parser, params)
         await state.compile_format(params)
         request_id = state.new_request_id(id_prefix)
-        stream = await state.submit(request_id, [prompt], params, arrival_time, seats)
+        stream = await state.submit(request_id, [prompt], params, arrival_time, seats, req.priority)
     return SubmittedChat(request_id, prompt, stream, rules)
 
 

@@ -39,7 +39,7 @@ async def submit_completion(state: ServerState, req: CompletionRequest,
                                  defaults=state.generation_defaults)
         await state.compile_format(params)
         request_id = state.new_request_id(id_prefix)
-        stream = await state.submit(request_id, prompts, params, arrival_time, seats)
+        stream = await state.submit(request_id, prompts, params, arrival_time, seats, req.priority)
     return Submitted(request_id, prompts, stream, arrival_time)
 
 

@@ -22,6 +22,7 @@ from kvtier.server.async_engine import (
     ShuttingDownError,
 )
 from kvtier.server.errors import APIError
+from kvtier.server.logs import ServerLogs
 from kvtier.server.metrics import ServerMetrics
 from kvtier.server.params import ServingLimits, check_before_tokenizing
 from kvtier.server.reasoning import ReasoningParser
@@ -59,6 +60,7 @@ class ServerState:
     # --enable-auto-tool-choice's --tool-call-parser (kvtier/server/tool_parsers.py), or None
     tool_parser: ToolParser | None = None
     reasoning_parser: ReasoningParser | None = None  # --reasoning-parser (kvtier/server/reasoning.py)
+    logs: ServerLogs = ServerLogs()  # --enable-log-requests and the stats line (logs.py)
     # Sequences of requests admitted but not submitted yet (tokenizing): they count
     # against the waiting bound, so a burst is refused before it queues at the tokenizer.
     _reserved_seqs: int = 0
@@ -154,13 +156,14 @@ class ServerState:
 
     async def submit(
         self, request_id: str, prompts: Sequence[list[int]], params: SamplingParams, arrival_time: float,
-        seats: Seats,
+        seats: Seats, priority: int = 0,
     ) -> RequestStream:
         """One engine request per prompt; engine and admission errors become API errors."""
         engine_prompts = [(f"{request_id}-{i}", p) for i, p in enumerate(prompts)]
+        self.logs.request(request_id, prompts, params)
         self._release(seats)  # from here on the engine counts them as pending
         try:
-            stream = await self.async_engine.submit(engine_prompts, params, arrival_time)
+            stream = await self.async_engine.submit(engine_prompts, params, arrival_time, priority)
         except InvalidRequestError as exc:
             raise APIError(400, str(exc), code="invalid_value") from None
         except (ServerOverloadedError, ShuttingDownError, EngineDeadError) as exc:
