@@ -45,6 +45,7 @@ from kvtier.server.responses_request import ResponsesRequest
 from kvtier.server.serving_chat import create_chat_completion
 from kvtier.server.serving_completions import create_completion
 from kvtier.server.sglang_generate import GenerateRequest, create_generate
+from kvtier.server.sglang_info import SGLANG_INFO_PATHS, health_generate, model_info, server_info
 from kvtier.server.state import DEFAULT_MAX_TOKENIZE_QUEUE_CHARS, ServerState
 from kvtier.server.stats_log import log_stats_every
 from kvtier.server.tokenize_api import detokenize_response, tokenize_response, version
@@ -197,7 +198,7 @@ def _add_middleware(app: FastAPI, state: ServerState, max_request_body_bytes: in
     app.add_middleware(AdmissionMiddleware, refusal=state.refusal)  # before the body is read
     if api_key:
         protected = ("/v1", "/generate", "/tokenize", "/detokenize", RESET_PREFIX_CACHE_PATH,
-                     FLUSH_CACHE_PATH) + (
+                     FLUSH_CACHE_PATH) + SGLANG_INFO_PATHS + (
             ("/metrics",) if metrics_need_key else ())
         app.add_middleware(APIKeyMiddleware, api_key=api_key, protected=protected)
     if cors is not None:  # outermost: preflights carry no key, and a 401 must be readable
@@ -287,3 +288,23 @@ def _add_utility_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/generate", responses={**_ERRORS, 200: _STREAM_DOC})
     async def generate(req: GenerateRequest, raw: Request) -> Any:
         return await create_generate(state, req, raw)
+
+    _add_sglang_info_routes(app, state)
+
+
+def _add_sglang_info_routes(app: FastAPI, state: ServerState) -> None:
+    # Each under its old name too: SGLang's tools still ask for /get_model_info and
+    # /get_server_info.
+    @app.get("/get_model_info", responses={401: _ERRORS[401]})
+    @app.get("/model_info", include_in_schema=False)
+    async def get_model_info() -> dict[str, Any]:
+        return model_info(state)
+
+    @app.get("/get_server_info", responses={401: _ERRORS[401]})
+    @app.get("/server_info", include_in_schema=False)
+    async def get_server_info() -> dict[str, Any]:
+        return server_info(state)
+
+    @app.get("/health_generate", responses={503: _ERRORS[503]})
+    async def health_generate_probe() -> Response:
+        return await health_generate(state)
