@@ -42,6 +42,12 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     detokenize: bool = True  # benchmarks with ignore_eos skip it, as vLLM's do
+    # vLLM's request field `cache_salt`: mixed into the request's prefix-cache block hashes,
+    # so only requests with the same salt share cached KV (tenants cannot probe each other's
+    # prompts by their hit timing). vLLM carries it beside the sampling options; here it
+    # rides with them, so every path a request takes (server, LLM, backlog, preemption, each
+    # of n sequences) keeps it.
+    cache_salt: str | None = None
     # "cumulative": an output every step (streaming); "final_only": only when finished
     # (offline generate: no per-step copies of every request's tokens).
     output_kind: str = "cumulative"
@@ -110,6 +116,9 @@ class SamplingParams:
         for t in self.stop_token_ids:
             if not isinstance(t, int) or t < 0:
                 raise bad(f"stop_token_ids must be non-negative integers, got {t!r}")
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str)
+                                            or not self.cache_salt):
+            raise bad(f"cache_salt must be a non-empty string, got {self.cache_salt!r}")
 
     def _validate_penalties(self, bad) -> None:
         for name in ("presence_penalty", "frequency_penalty"):

@@ -1,8 +1,9 @@
 """Chained content hashes of full token blocks (vLLM's block hashing).
 
 Block j's hash covers block j-1's hash, block j's token ids and an extra key (anything
-besides the tokens that changes the KV: a LoRA adapter, a cache salt; nothing today), so
-two requests whose block-j hashes are equal have equal first (j+1) * block_size tokens.
+besides the tokens that keys the KV: the request's cache salt, kvtier/kv/prefix_cache.py),
+so two requests whose block-j hashes are equal have equal first (j+1) * block_size tokens
+(and equal salts).
 Only full blocks are hashed: a partial block's content still changes.
 
         block 0            block 1            block 2

@@ -81,14 +81,15 @@ class _RequestState:
     hit: int = 0
 
 
-def _no_extra_key(req: Request) -> Hashable:
-    return None  # nothing but the token ids changes the KV today
+def cache_salt_key(req: Request) -> Hashable:
+    """What keys a request's blocks besides their tokens: its cache salt (None: nothing)."""
+    return req.sampling_params.cache_salt
 
 
 class PrefixCache(KVCacheHooks):
     def __init__(self, block_size: int, num_groups: int,
                  config: PrefixCacheConfig = PrefixCacheConfig(),
-                 extra_key: Callable[[Request], Hashable] = _no_extra_key):
+                 extra_key: Callable[[Request], Hashable] = cache_salt_key):
         self.block_size, self.num_groups, self.config = block_size, num_groups, config
         self.hasher = BlockHasher(block_size, config.hash_algo)
         self.extra_key = extra_key

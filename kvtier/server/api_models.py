@@ -108,6 +108,8 @@ class _SamplingFields(_Request):
     # Under --scheduling-policy priority, lower values are admitted (and kept running) first;
     # otherwise only 0 is accepted (vLLM's field and rule).
     priority: Annotated[int, INTEGRAL] = 0
+    # vLLM's: only requests with the same salt share prefix-cached KV (SamplingParams).
+    cache_salt: NonEmptyStr | None = None
     # vLLM's extension: each choice (and each streamed chunk) also carries its token ids,
     # which is how the HTTP benchmark backend stamps every token exactly.
     return_token_ids: bool = False

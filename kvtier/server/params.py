@@ -314,6 +314,7 @@ def sampling_params(
             include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens,
             structured_outputs=fmt,
+            cache_salt=req.cache_salt,
         )
     except InvalidRequestError as exc:
         raise _bad(str(exc)) from None

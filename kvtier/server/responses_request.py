@@ -43,9 +43,10 @@ class ResponsesRequest(_Request):
     logit_bias: Any = None
     stop: Any = None
     ignore_eos: Any = None
+    cache_salt: Any = None
 
 _PASSED_ON = ("seed", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
-              "presence_penalty", "logit_bias", "stop", "ignore_eos")
+              "presence_penalty", "logit_bias", "stop", "ignore_eos", "cache_salt")
 
 
 def _bad(message: str, param: str) -> APIError:

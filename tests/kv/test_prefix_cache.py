@@ -311,3 +311,29 @@ def test_block_hashes_chain_and_depend_on_every_input(algo):
         h.extend(hashes, r, 3)
     with pytest.raises(ValueError, match="unknown prefix-caching hash algo"):
         BlockHasher(B, "md5")  # type: ignore[arg-type]
+
+
+def salted(rid: str, tokens, salt: str | None) -> Request:
+    return Request(rid, list(tokens), SamplingParams(max_tokens=8, cache_salt=salt), max_tokens=8)
+
+
+@pytest.mark.parametrize("algo", ["sha256", "builtin"])
+def test_a_cache_salt_shares_blocks_only_with_the_same_salt(algo):
+    kv = make_kv(algo=algo)
+    tokens = list(range(3 * B + 1))
+    a = salted("a", tokens, "tenant-a")
+    assert prefill(kv, a) == 0
+    assert prefill(kv, salted("a2", tokens, "tenant-a")) == 3 * B  # the same tenant hits
+    assert prefill(kv, salted("b", tokens, "tenant-b")) == 0  # another tenant does not
+    assert prefill(kv, salted("none", tokens, None)) == 0  # nor an unsalted request
+    assert prefill(kv, salted("none2", tokens, None)) == 3 * B  # which hits its own kind
+    hasher = BlockHasher(B, algo)
+    assert hasher.hash_tokens(tokens, "tenant-a")[0] != hasher.hash_tokens(tokens)[0]
+
+
+def test_an_empty_or_non_string_cache_salt_is_refused():
+    from kvtier.sampling_params import InvalidRequestError
+
+    for bad in ("", 7):
+        with pytest.raises(InvalidRequestError, match="cache_salt"):
+            SamplingParams(cache_salt=bad)

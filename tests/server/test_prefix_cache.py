@@ -206,3 +206,37 @@ def test_help_shows_the_prefix_caching_flags(command, capsys):
 def test_openapi_lists_the_reset_endpoint(live):
     spec = json.loads(httpx.get(live.base_url + "/openapi.json").text)
     assert "post" in spec["paths"]["/reset_prefix_cache"]
+
+
+def test_cache_salt_keeps_tenants_apart(client):
+    """vLLM's cache_salt: the same prompt hits only under the same salt (completions and
+    chat, as vLLM's request field); an empty salt is a 400 naming it."""
+    doc = _ids(11, 3 * BLOCK + 2)
+
+    def complete(salt):
+        return client.completions.create(model=MODEL, prompt=doc, max_tokens=2, temperature=0,
+                                         extra_body={"cache_salt": salt} if salt is not None else None)
+
+    complete("tenant-a")
+    same, other, unsalted = complete("tenant-a"), complete("tenant-b"), complete(None)
+    assert _cached(same.usage) == 3 * BLOCK
+    assert _cached(other.usage) == 0 and _cached(unsalted.usage) == 0
+    messages = [{"role": "user", "content": "salted " * 40}]
+    for salt, hits in (("x", False), ("x", True), ("y", False)):
+        out = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2,
+                                             extra_body={"cache_salt": salt})
+        assert (_cached(out.usage) > 0) is hits, salt
+    with pytest.raises(openai.BadRequestError, match="cache_salt"):
+        complete("")
+
+
+def test_responses_pass_the_cache_salt_on(live):
+    body = {"model": MODEL, "input": "salted " * 40, "max_output_tokens": 2}
+    with httpx.Client(base_url=live.base_url, timeout=60) as http:
+        assert http.post("/v1/responses", json={**body, "cache_salt": "r"}).status_code == 200
+        again = http.post("/v1/responses", json={**body, "cache_salt": "r"}).json()
+        assert again["usage"]["input_tokens_details"]["cached_tokens"] > 0
+        other = http.post("/v1/responses", json={**body, "cache_salt": "s"}).json()
+        assert other["usage"]["input_tokens_details"]["cached_tokens"] == 0
+        bad = http.post("/v1/responses", json={**body, "cache_salt": ""})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "cache_salt"
