@@ -110,6 +110,8 @@ class _SamplingFields(_Request):
     priority: Annotated[int, INTEGRAL] = 0
     # vLLM's: only requests with the same salt share prefix-cached KV (SamplingParams).
     cache_salt: NonEmptyStr | None = None
+    # vLLM's: keep only each prompt's last k tokens (-1: max_model_len of them).
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1), INTEGRAL] | None = None
     # vLLM's extension: each choice (and each streamed chunk) also carries its token ids,
     # which is how the HTTP benchmark backend stamps every token exactly.
     return_token_ids: bool = False

@@ -104,6 +104,9 @@ def check_before_tokenizing(req: _SamplingFields, limits: ServingLimits) -> int:
     if num_seqs > limits.max_seqs_per_request:
         raise _bad(f"a request may ask for at most {limits.max_seqs_per_request} sequences "
                    f"(prompts x n); this one asks for {num_seqs}", "n", code="too_many_sequences")
+    if req.truncate_prompt_tokens is not None:
+        _check_truncation(req.truncate_prompt_tokens, limits)
+        return num_seqs  # any length may come: the tokenized prompt is cut
     max_chars = limits.max_prompt_chars
     if max_chars is None:
         return num_seqs
@@ -118,6 +121,26 @@ def check_before_tokenizing(req: _SamplingFields, limits: ServingLimits) -> int:
                    "can hold.", "messages" if isinstance(req, ChatCompletionRequest) else "prompt",
                    code="context_length_exceeded")
     return num_seqs
+
+
+def _check_truncation(k: int, limits: ServingLimits) -> None:
+    if k == 0:
+        raise _bad("truncate_prompt_tokens must be -1 (max_model_len) or at least 1",
+                   "truncate_prompt_tokens")
+    if k > limits.max_model_len:
+        raise _bad(f"truncate_prompt_tokens ({k}) is greater than max_model_len "
+                   f"({limits.max_model_len}); select a smaller truncation size",
+                   "truncate_prompt_tokens")
+
+
+def truncated(prompts: list[list[int]], req: _SamplingFields,
+              limits: ServingLimits) -> list[list[int]]:
+    """vLLM's truncate_prompt_tokens: each prompt's last k tokens (-1: max_model_len)."""
+    k = req.truncate_prompt_tokens
+    if k is None:
+        return prompts
+    keep = limits.max_model_len if k == -1 else k
+    return [p[-keep:] for p in prompts]
 
 
 def prompt_chars(req: _SamplingFields) -> int:

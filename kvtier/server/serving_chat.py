@@ -19,7 +19,13 @@ from kvtier.server.api_models import (
 )
 from kvtier.server.async_engine import RequestStream
 from kvtier.server.chat_reply import ReplyRules, StreamedReply, whole_reply
-from kvtier.server.params import chat_prompt, check_lengths, prompt_chars, sampling_params
+from kvtier.server.params import (
+    chat_prompt,
+    check_lengths,
+    prompt_chars,
+    sampling_params,
+    truncated,
+)
 from kvtier.server.respond import respond
 from kvtier.server.results import CachedTokens, Collected, chat_logprobs, usage
 from kvtier.server.state import ServerState
@@ -45,6 +51,7 @@ async def submit_chat(state: ServerState, req: ChatCompletionRequest,
     tools = plan_tools(req, state.tool_parser)
     async with state.admitted(req) as seats:
         prompt = await state.tokenize(prompt_chars(req), chat_prompt, req, state.tokenizer, state.limits)
+        prompt = truncated([prompt], req, state.limits)[0]
         check_lengths([prompt], max_tokens, state.limits, req.min_tokens)
         params = sampling_params(req, max_tokens, req.top_k_logprobs, state.limits, tools.structured,
                                  state.generation_defaults)

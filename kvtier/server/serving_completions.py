@@ -11,7 +11,13 @@ from starlette.responses import Response
 from kvtier.server.api_models import CompletionChoice, CompletionRequest, CompletionResponse
 from kvtier.server.async_engine import RequestStream
 from kvtier.server.echo import Echo
-from kvtier.server.params import check_lengths, completion_prompts, prompt_chars, sampling_params
+from kvtier.server.params import (
+    check_lengths,
+    completion_prompts,
+    prompt_chars,
+    sampling_params,
+    truncated,
+)
 from kvtier.server.respond import respond
 from kvtier.server.results import CachedTokens, Collected, completion_logprobs, usage
 from kvtier.server.state import ServerState
@@ -34,6 +40,7 @@ async def submit_completion(state: ServerState, req: CompletionRequest,
     async with state.admitted(req) as seats:
         prompts = await state.tokenize(prompt_chars(req), completion_prompts, req, state.tokenizer,
                                        state.limits)
+        prompts = truncated(prompts, req, state.limits)
         check_lengths(prompts, req.max_tokens, state.limits, req.min_tokens)
         params = sampling_params(req, req.max_tokens, req.logprobs, state.limits,
                                  defaults=state.generation_defaults)
