@@ -141,6 +141,7 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
     best_of: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     suffix: str | None = None
+    add_special_tokens: bool = True  # vLLM's: False leaves out a text prompt's leading BOS
 
 
 class CompletionLogprobs(BaseModel):

@@ -76,6 +76,16 @@ def encode_text(tokenizer: Any, text: str, param: str) -> list[int]:
         raise _bad(f"{param} could not be tokenized: {exc}", param) from None
 
 
+def encode_prompt(tokenizer: Any, text: str, param: str, add_special_tokens: bool) -> list[int]:
+    """A text prompt's ids; without add_special_tokens (vLLM's field) its leading BOS is
+    left out (the only special token a plain encode adds)."""
+    ids = encode_text(tokenizer, text, param)
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if not add_special_tokens and bos is not None and ids[:1] == [bos]:
+        return ids[1:]
+    return ids
+
+
 def check_ids(ids: list[int], limits: ServingLimits, param: str) -> list[int]:
     for tok in ids:
         if not 0 <= tok < limits.vocab_size:
@@ -155,16 +165,16 @@ def prompt_chars(req: _SamplingFields) -> int:
 
 def completion_prompts(req: CompletionRequest, tokenizer: Any, limits: ServingLimits) -> list[list[int]]:
     """Token ids of every prompt of a completions request (str, [str], [int] or [[int]])."""
-    prompt = req.prompt
+    prompt, special = req.prompt, req.add_special_tokens
     if isinstance(prompt, str):
-        return [encode_text(tokenizer, prompt, "prompt")]
+        return [encode_prompt(tokenizer, prompt, "prompt", special)]
     if all(isinstance(p, int) for p in prompt):
         return [check_ids([int(p) for p in prompt], limits, "prompt")]  # type: ignore[arg-type]
     prompts = []
     for i, p in enumerate(prompt):
         param = f"prompt.{i}"
         if isinstance(p, str):
-            prompts.append(encode_text(tokenizer, p, param))
+            prompts.append(encode_prompt(tokenizer, p, param, special))
         elif isinstance(p, list):
             prompts.append(check_ids(list(p), limits, param))
     return prompts

@@ -17,7 +17,7 @@ from kvtier.server.api_models import (
     TokenizeResponse,
 )
 from kvtier.server.errors import APIError
-from kvtier.server.params import chat_template_ids, check_ids, encode_text
+from kvtier.server.params import chat_template_ids, check_ids, encode_prompt
 from kvtier.server.state import ServerState
 from kvtier.server.tool_calls import template_tools
 
@@ -28,11 +28,7 @@ def _tokenize(req: TokenizeRequest, state: ServerState) -> list[int]:
         return chat_template_ids(req.messages, req.add_generation_prompt, tok, limits,
                                  template_tools(req.tools), req.chat_template_kwargs)
     assert req.prompt is not None
-    ids = encode_text(tok, req.prompt, "prompt")
-    bos = getattr(tok, "bos_token_id", None)
-    if not req.add_special_tokens and bos is not None and ids[:1] == [bos]:
-        ids = ids[1:]
-    return ids
+    return encode_prompt(tok, req.prompt, "prompt", req.add_special_tokens)
 
 
 async def tokenize_response(state: ServerState, req: TokenizeRequest) -> TokenizeResponse:

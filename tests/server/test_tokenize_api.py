@@ -3,11 +3,14 @@ prompt_tokens, /detokenize inverts it, /version, /ping, and OpenAI's models.retr
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import httpx
 import openai
 import pytest
 
 from kvtier.server.app import build_app
+from kvtier.server.params import encode_prompt
 from tests.server.conftest import MODEL, start_server
 
 
@@ -75,3 +78,34 @@ def test_the_api_key_guards_tokenize_too(engine):
         assert httpx.get(url + "/ping").status_code == 200  # a probe, like /health
     finally:
         srv.stop()
+
+
+
+class _BosTokenizer:
+    """Adds a BOS as Llama's tokenizers do (the test model's has none)."""
+
+    bos_token_id = 1
+
+    def encode(self, text: str) -> list[int]:
+        return [1, *(ord(c) for c in text)]
+
+
+def test_add_special_tokens_false_leaves_out_only_a_leading_bos():
+    tok = _BosTokenizer()
+    assert encode_prompt(tok, "hi", "prompt", True) == [1, 104, 105]
+    assert encode_prompt(tok, "hi", "prompt", False) == [104, 105]
+    bare = SimpleNamespace(bos_token_id=None, encode=lambda text: [5, 6])
+    assert encode_prompt(bare, "hi", "prompt", False) == [5, 6]
+
+
+def test_completions_take_add_special_tokens(live):
+    """vLLM's field reaches the prompt's encoding (the test model adds no BOS: the same
+    count either way), on completions as on /tokenize."""
+    with httpx.Client(base_url=live.base_url, timeout=60) as http:
+        counts = {http.post("/v1/completions", json={
+            "model": MODEL, "prompt": ["Hello there"] * 2, "max_tokens": 1,
+            "add_special_tokens": special}).json()["usage"]["prompt_tokens"]
+            for special in (True, False)}
+        tokenized = http.post("/tokenize", json={"prompt": "Hello there",
+                                                 "add_special_tokens": False}).json()
+    assert counts == {2 * tokenized["count"]}
