@@ -10,6 +10,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Self
 
 from kvtier.config import CacheConfig, ConfigError, EngineConfig, ModelConfig, SchedulerConfig
+from kvtier.engine.other_flags import add_other_flags, model_from_args
 from kvtier.model.generation_config import parse_override
 from kvtier.model.loader import resolve_model_config
 from kvtier.offload.args import HostTierArgs
@@ -38,17 +39,23 @@ class EngineArgsFields:
     dtype: str = field(default="auto", metadata={"help": "auto|float32|bfloat16|float16"})
     device: str = field(default="auto", metadata={"help": "auto|cpu|cuda"})
     load_format: str = field(default="auto", metadata={"help": "auto|safetensors|dummy"})
-    seed: int = field(default=0, metadata={"help": "seed for dummy weights"})
-    max_model_len: int | None = field(default=None, metadata={"help": "context length limit"})
+    seed: int = field(default=0, metadata={"help": "seed for dummy weights",
+                                           "aliases": ("--random-seed",)})
+    max_model_len: int | None = field(default=None, metadata={
+        "help": "context length limit", "aliases": ("--context-length",)})
     max_num_batched_tokens: int | None = field(
         default=None, metadata={"help": "token budget of one step (default 8192)"})
-    max_num_seqs: int = field(default=256, metadata={"help": "running requests at most"})
+    max_num_seqs: int = field(default=256, metadata={
+        "help": "running requests at most", "aliases": ("--max-running-requests",)})
     enable_chunked_prefill: bool = field(default=True, metadata={"help": "split long prefills"})
-    block_size: int = field(default=16, metadata={"help": "tokens per KV block"})
+    block_size: int = field(default=16, metadata={"help": "tokens per KV block",
+                                                  "aliases": ("--page-size",)})
     layers_per_block: int = field(
         default=4, metadata={"help": "F: layers per KV block (num_layers = vLLM's layout)"})
     gpu_memory_utilization: float = field(
-        default=0.9, metadata={"help": "fraction of GPU memory for weights+activations+KV"})
+        default=0.9, metadata={"help": "fraction of GPU memory for weights+activations+KV "
+                                       "(SGLang's --mem-fraction-static is taken as it)",
+                               "aliases": ("--mem-fraction-static",)})
     kv_cache_gb: float | None = field(default=None, metadata={"help": "device KV pool size"})
     swap_space: float = field(default=4.0, metadata={"help": "host KV pool in GiB"})
     num_gpu_blocks: int | None = field(
@@ -107,7 +114,7 @@ class EngineArgsFields:
     tensor_parallel_size: int = field(
         default=1, metadata={"help": "GPUs (CPU processes) the model is split over, one "
                                      "process each (docs/TENSOR_PARALLEL.md)",
-                             "aliases": ("-tp",)})
+                             "aliases": ("-tp", "--tp-size", "--tp")})
     # The prefix cache's host tier (kvtier/offload/args.py has its flags).
     host_tier: HostTierArgs = field(default_factory=HostTierArgs, metadata={"cli": False})
     # The memory systems' own flags (each system's SystemArgs), by keyword;
@@ -171,13 +178,17 @@ class EngineArgsFields:
 
     # ---- argparse ----------------------------------------------------------------------
     @classmethod
-    def add_cli_args(cls, parser: argparse.ArgumentParser, positional_model: bool = True) -> None:
+    def add_cli_args(cls, parser: argparse.ArgumentParser, positional_model: bool = True,
+                     model_path_flag: bool = False) -> None:
+        """`model_path_flag`: SGLang's --model-path may stand for the positional MODEL (a
+        command whose other positionals would make that ambiguous leaves it off)."""
         for f in fields(cls):
             if not f.metadata.get("cli", True):
                 continue
             if f.name == "model":
                 if positional_model:
-                    parser.add_argument("model", help=f.metadata["help"])
+                    parser.add_argument("model", nargs="?" if model_path_flag else None,
+                                        help=f.metadata["help"])
                 else:
                     parser.add_argument("--model", required=True, help=f.metadata["help"])
                 continue
@@ -192,6 +203,7 @@ class EngineArgsFields:
                                     help=f.metadata["help"])
         parser.add_argument("--num-gpu-blocks-override", dest="num_gpu_blocks", type=int,
                             help="vLLM's name for --num-gpu-blocks")
+        add_other_flags(parser, positional_model and model_path_flag)
         HostTierArgs.add_cli_args(parser)
         taken: set[str] = set()
         for args_cls in system_args().values():  # every memory system's own flags
@@ -204,6 +216,7 @@ class EngineArgsFields:
         flags = policy_flag_defaults()
         kw["policy_args"] = {k: getattr(ns, k) for k in flags if hasattr(ns, k)}
         kw["host_tier"] = HostTierArgs.from_cli_args(ns)
+        kw["model"] = model_from_args(ns)
         return cls(**kw)
 
 

@@ -35,7 +35,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Serve MODEL over HTTP: /v1/completions, /v1/chat/completions, "
         "/v1/models, /health, /metrics, POST /reset_prefix_cache.",
     )
-    EngineArgs.add_cli_args(parser)  # positional MODEL, --max-model-len, --kv-policy, ...
+    EngineArgs.add_cli_args(parser, model_path_flag=True)  # MODEL, --max-model-len, ...
     http = parser.add_argument_group("HTTP server")
     http.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     http.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (default 8000)")
@@ -50,6 +50,9 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     http.add_argument("--enable-log-requests", action="store_true",
                       help="log each request as it is submitted: its prompt ids and sampling "
                       "parameters (vLLM's flag)")
+    http.add_argument("--disable-log-requests", action="store_true",
+                      help="vLLM's older flag, accepted: requests are logged only under "
+                      "--enable-log-requests")
     http.add_argument("--max-log-len", type=int, default=None,
                       help="prompt ids a logged request shows at most (default: all)")
     tools = parser.add_argument_group("Tool calling")
@@ -191,6 +194,8 @@ def run_serve(args: argparse.Namespace) -> int:
 def logs_from_args(args: argparse.Namespace) -> ServerLogs:
     """The stats line every $KVTIER_LOG_STATS_INTERVAL s unless --disable-log-stats; the
     request lines under --enable-log-requests."""
+    if args.enable_log_requests and args.disable_log_requests:
+        raise ConfigError("--enable-log-requests and --disable-log-requests contradict each other")
     try:
         return ServerLogs(stats_interval_s=None if args.disable_log_stats else interval_from_env(),
                           requests=args.enable_log_requests, max_log_len=args.max_log_len)

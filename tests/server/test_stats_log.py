@@ -66,6 +66,11 @@ def test_interval_from_the_environment_and_the_flag():
         ServerLogs(stats_interval_s=0)
     with pytest.raises(ConfigError, match="--max-log-len"):
         logs_from_args(build_parser().parse_args(["serve", MODEL, "--max-log-len", "-1"]))
+    quiet = build_parser().parse_args(["serve", MODEL, "--disable-log-requests"])  # vLLM's old flag
+    assert not logs_from_args(quiet).requests
+    with pytest.raises(ConfigError, match="contradict"):
+        logs_from_args(build_parser().parse_args(["serve", MODEL, "--disable-log-requests",
+                                                  "--enable-log-requests"]))
 
 
 def test_the_server_logs_the_lines_while_it_serves(tiny_model_dir, caplog, monkeypatch):
