@@ -56,7 +56,8 @@ class LLM:
         priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in the prompts' order.
-        A prompt is text, a list of token ids, or {"prompt_token_ids": [...]}/{"prompt": s}.
+        A prompt is text, a list of token ids, or {"prompt_token_ids": [...]}/{"prompt": s},
+        a dict with vLLM's "cache_salt" too (docs/PREFIX_CACHE.md).
         `priority`: one a prompt, lower first (vLLM's; needs scheduling_policy="priority")."""
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
@@ -74,6 +75,8 @@ class LLM:
         try:
             for prompt, p, rank in zip(prompts, param_list, priorities):
                 p = replace(p, output_kind="final_only")  # generate() returns finished outputs only
+                if isinstance(prompt, dict) and prompt.get("cache_salt") is not None:
+                    p = replace(p, cache_salt=prompt["cache_salt"])  # vLLM's prompt dict key
                 rid = str(next(self._ids))
                 self.engine.add_request(rid, _unwrap(prompt), p, priority=rank)
                 ids.append(rid)
