@@ -100,6 +100,9 @@ def _add_arrival_args(a: argparse._ArgumentGroup) -> None:
     a.add_argument("--cv", type=float, default=PAPER_AZURE_CV, help="gamma: CV of the gaps")
     a.add_argument("--rate-scale", type=float, default=1.0,
                    help="send this many times faster, same draws (the paper sweeps 0.5-3)")
+    a.add_argument("--max-concurrency", type=int, default=None,
+                   help="requests in flight at most (vLLM's and SGLang's flag): one due while "
+                   "they are waits on the client, and is timed from its send")
     a.add_argument("--trace-path", default=None,
                    help="Azure or BurstGPT trace CSV, or Mooncake trace JSONL, for --arrivals "
                    "trace (default: the --dataset-path of a trace workload)")
@@ -216,7 +219,8 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
                             target=args.goodput_target)
     return BenchConfig(
         policies=_policies(args), slo=slo, warmup_requests=args.warmup_requests,
-        run=RunOptions(progress=args.progress, max_duration_s=args.max_duration),
+        run=RunOptions(progress=args.progress, max_duration_s=args.max_duration,
+                       max_concurrency=args.max_concurrency),
         sweep=sweep, monitor_gpu=args.gpu_monitor,
     )
 

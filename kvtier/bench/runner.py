@@ -4,6 +4,10 @@ Open loop: each request is submitted at its arrival offset whatever the backend 
 (its arrival time is the due time, so a late submission still counts as queueing), and the
 engine's state is sampled after every step. Closed loop for follow-ups (a conversation's
 next turn): due a think time after the request they follow ended, however it ended.
+
+`max_concurrency` (vLLM's and SGLang's `--max-concurrency`): at most that many requests in
+flight; a request due while they are is held on the client until one ends, and is timed
+from its send, as those benchmarks time it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from kvtier.bench.backend import Backend, RequestRecord
 from kvtier.bench.clock import Clock, MonotonicClock
 from kvtier.bench.gpu_monitor import GpuMonitor, GpuSummary
 from kvtier.bench.request import BenchRequest
+from kvtier.config import ConfigError
 from kvtier.engine.outputs import EngineStats
 
 
@@ -48,6 +53,11 @@ class RunOptions:
     progress: bool = True
     max_duration_s: float | None = None  # abort what is left after this long (overload sweeps)
     id_prefix: str = "bench"
+    max_concurrency: int | None = None  # requests in flight at most (None: no cap)
+
+    def __post_init__(self) -> None:
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ConfigError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
 
 
 class _Sends:
@@ -119,19 +129,13 @@ def run_workload(
     try:
         while sends or backend.num_unfinished():
             now = clock.now()
-            # Only what fell due before the limit is sent, however late the runner is.
-            while (due := sends.next_due()) is not None and t0 + due <= min(now, deadline):
-                i = sends.pop()
-                max_lag = max(max_lag, now - (t0 + due))
-                backend.submit(ids[i], requests[i], t0 + due)
+            max_lag = max(max_lag, _send_due(backend, sends, ids, options, t0, now, deadline))
             if now >= deadline and not aborted:
                 aborted = True
                 for i in sends.drain():  # never sent: kept apart from the sent ones' figures
                     ended[ids[i]] = _unsent(ids[i], requests[i])
                 backend.abort(ids)
-            # Wake for the next arrival or the limit, whichever comes first.
-            due = sends.next_due()
-            wait = min(t0 + due, deadline) - now if due is not None else 0.05
+            wait = _wait_s(backend, sends, options, now - t0, deadline - t0)
             if not backend.num_unfinished():
                 clock.sleep(wait)
                 continue
@@ -149,6 +153,44 @@ def run_workload(
     records = tuple(ended[rid] for rid in ids)
     duration = max((r.finish_s for r in records if r.finish_s is not None), default=0.0)
     return RunResult(records, tuple(steps), duration, baseline, gpu, max_lag)
+
+
+_HELD_POLL_S = 1.0  # the longest a held request's wait polls before the loop looks again
+
+
+def _send_due(backend: Backend, sends: _Sends, ids: list[str], options: RunOptions,
+              t0: float, now: float, deadline: float) -> float:
+    """Hands over what fell due before the limit (however late the runner is), as far as
+    the concurrency cap lets it; returns the worst lag behind a due time."""
+    lag = 0.0
+    while (due := sends.next_due()) is not None and t0 + due <= min(now, deadline):
+        if _full(backend, options):
+            break  # held on the client until a request ends
+        i = sends.pop()
+        if options.max_concurrency is None:
+            lag = max(lag, now - (t0 + due))
+            backend.submit(ids[i], sends.requests[i], t0 + due)
+        else:
+            backend.submit(ids[i], sends.requests[i], now)  # timed from its send
+    return lag
+
+
+def _wait_s(backend: Backend, sends: _Sends, options: RunOptions, now_s: float,
+            limit_s: float) -> float:
+    """How long to wait (offsets from the start): for the next arrival or the limit,
+    whichever comes first; while due requests are held, for a request's end (poll returns
+    at one)."""
+    due = sends.next_due()
+    if due is None:
+        return 0.05
+    if due <= now_s and _full(backend, options):
+        return min(limit_s - now_s, _HELD_POLL_S)
+    return min(due, limit_s) - now_s
+
+
+def _full(backend: Backend, options: RunOptions) -> bool:
+    cap = options.max_concurrency
+    return cap is not None and backend.num_unfinished() >= cap
 
 
 def _unsent(request_id: str, request: BenchRequest) -> RequestRecord:

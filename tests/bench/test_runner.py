@@ -132,3 +132,30 @@ def test_time_limit_leaves_later_arrivals_out_of_attainment():
     s = summarize_run(result, Slo(ttft_s=0.5))
     assert (s.num_sent, s.num_completed, s.num_not_sent) == (2, 2, 1)
     assert s.slo_attainment == 1.0 and s.slo_attainment_all == pytest.approx(2 / 3)
+
+
+def test_max_concurrency_holds_requests_on_the_client():
+    """vLLM's and SGLang's --max-concurrency: never more than the cap in flight; a held
+    request is sent when one ends, and timed from then."""
+    clock = VirtualClock()
+    engine = FakeEngine(clock, base_s=0.01, per_token_s=0.001)
+    reqs = [BenchRequest(tuple(range(10)), 4, arrival_s=0.0) for _ in range(5)]
+    result = run(engine, clock, reqs, RunOptions(progress=False, max_concurrency=2))
+    records = result.records
+    assert all(r.ok for r in records)
+    for r in records:  # at any send, at most the cap in flight, this one counted
+        in_flight = sum(o.arrival_s <= r.arrival_s < o.finish_s for o in records)
+        assert in_flight <= 2
+    ends = sorted(r.finish_s for r in records)
+    assert [r.arrival_s for r in records[:2]] == [0.0, 0.0]
+    for r in records[2:]:  # held ones go out as soon as one ends, not at their due time
+        assert r.arrival_s > 0 and min(abs(r.arrival_s - e) for e in ends) < 1e-9
+        assert r.ttft_s < records[0].ttft_s + 0.05  # no client-side wait in its TTFT
+    clock = VirtualClock()
+    uncapped = run(FakeEngine(clock, base_s=0.01, per_token_s=0.001), clock, reqs)
+    assert [r.arrival_s for r in uncapped.records] == [0.0] * 5  # all sent when due
+
+
+def test_max_concurrency_must_be_positive():
+    with pytest.raises(ValueError, match="max-concurrency"):
+        RunOptions(max_concurrency=0)
