@@ -17,7 +17,7 @@ import asyncio
 import time
 from typing import Any
 
-from fastapi import Response
+from fastapi.responses import JSONResponse, Response
 
 from kvtier.sampling_params import SamplingParams
 from kvtier.server.async_engine import ServerOverloadedError
@@ -98,8 +98,8 @@ async def health_generate(state: ServerState,
         return error_response(503, str(exc), code="unavailable")
     else:
         alive = await _finishes_within(stream, timeout_s)
-    if alive:
-        return Response(status_code=200)
+    if alive:  # SGLang answers an empty 200; a JSON body keeps the API's one content type
+        return JSONResponse({"status": "ok"})
     return error_response(503, f"the engine generated nothing within {timeout_s:g} s",
                           code="unavailable")
 
