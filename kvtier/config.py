@@ -9,6 +9,7 @@ from typing import Any
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
+    "Phi3ForCausalLM",  # Llama's layers with q/k/v and gate/up stored fused (checkpoint.py)
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
 )
@@ -125,6 +126,10 @@ def _check_supported_layers(cfg: dict[str, Any], arch: str) -> None:
         raise ConfigError(f"{arch}: hidden_act {act!r} is not supported (only silu)")
     if cfg.get("mlp_bias"):
         raise ConfigError(f"{arch}: mlp_bias is not supported")
+    partial = cfg.get("partial_rotary_factor")
+    if partial is not None and partial != 1.0:  # Phi-4-mini's: rotary on part of each head
+        raise ConfigError(f"{arch}: partial_rotary_factor {partial} is not supported "
+                          "(rotary over whole heads only)")
 
 
 def _active_sliding_window(cfg: dict[str, Any], arch: str) -> int | None:

@@ -21,6 +21,8 @@ ARCHS = {
     "qwen3-yarn": ("Qwen3Config", "Qwen3ForCausalLM", dict(  # Qwen3's long-context config
         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
         rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32})),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(  # q/k/v and gate/up stored fused
+        num_attention_heads=4, num_key_value_heads=2)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(
         num_attention_heads=4, num_key_value_heads=2, sliding_window=None)),
 }

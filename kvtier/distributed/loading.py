@@ -16,8 +16,9 @@ from kvtier.config import ConfigError
 from kvtier.distributed.layers import VocabParallelLlama
 from kvtier.distributed.parallel_state import TPGroup
 from kvtier.distributed.sharding import TPShard
+from kvtier.model.checkpoint import checkpoint_tensors
 from kvtier.model.llama import DecoderLayer, LlamaForCausalLM
-from kvtier.model.loader import _DIRECT, checkpoint_slices
+from kvtier.model.loader import _DIRECT
 
 # A source tensor (or safetensors slice) -> this rank's part of it.
 Take = Callable[[Any], torch.Tensor]
@@ -132,7 +133,7 @@ def _hf_target(model: VocabParallelLlama, hf_name: str
 
 def load_sharded_safetensors(model: VocabParallelLlama, ckpt: Path) -> None:
     filled: dict[int, int] = {}  # rows written, per parameter (q, k, v fill one in parts)
-    for name, lazy in checkpoint_slices(ckpt):
+    for name, lazy in checkpoint_tensors(ckpt, model.shard.mc):
         target = _hf_target(model, name)
         if target is None:
             continue

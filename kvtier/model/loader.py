@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from kvtier.config import ConfigError, ModelConfig
+from kvtier.model.checkpoint import checkpoint_tensors
 from kvtier.model.llama import DecoderLayer, LlamaForCausalLM
 from kvtier.model.presets import PRESETS, preset_config
 
@@ -98,24 +97,10 @@ def _target(model: LlamaForCausalLM, hf_name: str) -> tuple[torch.Tensor, slice]
     raise ConfigError(f"unexpected tensor {hf_name!r} in checkpoint")
 
 
-def checkpoint_slices(ckpt: Path) -> Iterator[tuple[str, Any]]:
-    """(HF tensor name, its lazy safetensors slice) of every tensor in the checkpoint's
-    *.safetensors files, file by file (a slice reads only the rows it is indexed with)."""
-    from safetensors import safe_open
-
-    files = sorted(ckpt.glob("*.safetensors"))
-    if not files:
-        raise ConfigError(f"no *.safetensors files in {str(ckpt)!r}")
-    for f in files:
-        with safe_open(str(f), framework="pt", device="cpu") as st:
-            for name in st.keys():
-                yield name, st.get_slice(name)
-
-
 def load_safetensors(model: LlamaForCausalLM, ckpt: Path) -> None:
     expected = {id(p): n for n, p in model.named_parameters()}
     rows_loaded: dict[int, int] = {}
-    for name, lazy in checkpoint_slices(ckpt):
+    for name, lazy in checkpoint_tensors(ckpt, model.cfg):
         target = _target(model, name)
         if target is None:
             continue

@@ -88,8 +88,9 @@ def test_sharded_dummy_weights_are_the_single_gpu_ones(preset, tp):
     _assert_shards_equal_full(mc, tp, full, None)
 
 
-def _save_hf_checkpoint(model, preset: str, path: Path, vocab: int) -> Path:
-    """`model` (kvtier's fused layout) as an HF checkpoint: separate q/k/v, gate/up."""
+def _save_hf_checkpoint(model, preset: str, path: Path, vocab: int, fused: bool = False) -> Path:
+    """`model` (kvtier's fused layout) as an HF checkpoint: separate q/k/v, gate/up (or,
+    `fused`, stored as Phi-3 stores them: one qkv_proj, one gate_up_proj)."""
     from safetensors.torch import save_file
 
     mc = model.cfg
@@ -106,6 +107,12 @@ def _save_hf_checkpoint(model, preset: str, path: Path, vocab: int) -> Path:
                   pre + "mlp.down_proj.weight": layer.mlp.down_weight,
                   pre + "input_layernorm.weight": layer.input_norm,
                   pre + "post_attention_layernorm.weight": layer.post_attn_norm})
+        if fused:
+            for part in ("q", "k", "v"):
+                del t[pre + f"self_attn.{part}_proj.weight"]
+            del t[pre + "mlp.gate_proj.weight"], t[pre + "mlp.up_proj.weight"]
+            t[pre + "self_attn.qkv_proj.weight"] = a.qkv_weight
+            t[pre + "mlp.gate_up_proj.weight"] = layer.mlp.gate_up_weight
         if a.qkv_bias is not None:
             for name, b in zip("qkv", a.qkv_bias.split([mc.q_size, mc.kv_size, mc.kv_size])):
                 t[pre + f"self_attn.{name}_proj.bias"] = b
@@ -124,6 +131,18 @@ def test_sharded_checkpoint_equals_the_unsharded_weights(preset, tmp_path):
     source = build_model(mc, None, torch.float32, CPU, seed=11)
     ckpt = _save_hf_checkpoint(source, preset, tmp_path / preset, 1001)
     full = build_model(mc, ckpt, torch.float32, CPU, seed=0)  # the single-GPU loader
+    for tp in (2, 4):
+        _assert_shards_equal_full(mc, tp, full, ckpt)
+
+
+def test_a_fused_checkpoint_loads_and_shards_as_the_unfused_one(tmp_path):
+    """Phi-3's storage (checkpoint.py hands each fused tensor over as its parts' rows)."""
+    mc = config("tiny-llama-gqa", vocab_size=1001)
+    source = build_model(mc, None, torch.float32, CPU, seed=11)
+    ckpt = _save_hf_checkpoint(source, "tiny-llama-gqa", tmp_path / "fused", 1001, fused=True)
+    full = build_model(mc, ckpt, torch.float32, CPU, seed=0)
+    for (name, p), q in zip(full.named_parameters(), source.parameters()):
+        assert torch.equal(p, q), name
     for tp in (2, 4):
         _assert_shards_equal_full(mc, tp, full, ckpt)
 
