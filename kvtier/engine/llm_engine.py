@@ -61,7 +61,7 @@ class LLMEngine:
         self._inflight_ids: set[str] | None = None  # its request ids, built when first asked
         self._parents: dict[str, RequestGroup] = {}
         self._child_of: dict[str, tuple[RequestGroup, SequenceState]] = {}
-        self._unscheduled: dict[str, RequestGroup] = {}  # not yet scheduled, in arrival order
+        self._unscheduled: dict[str, RequestGroup] = {}  # added, not yet scheduled
         # Structured outputs' grammars (the server compiles a request's ahead, off this thread)
         self.grammars = StructuredRequests(tokenizer, self.model_config.vocab_size)
         self._last_step_tokens = 0
@@ -213,7 +213,7 @@ class LLMEngine:
         t0 = self.clock()
         plan = self.scheduler.schedule()
         if self._unscheduled:
-            self._stamp_first_scheduled(t0)
+            self._stamp_first_scheduled(plan, t0)
         if self._async:
             outputs = self._step_async(plan)
         else:
@@ -225,18 +225,14 @@ class LLMEngine:
         self._last_step_time = self.clock() - t0
         return outputs
 
-    def _stamp_first_scheduled(self, now: float) -> None:
-        """`first_scheduled_time` of the requests this step admits for the first time (the
-        queue time is first_scheduled - arrival). The waiting queue admits new requests in
-        arrival order, so the scan stops at the first one still waiting."""
-        done = []
-        for rid, parent in self._unscheduled.items():
-            if all(c.request.status is RequestStatus.WAITING for c in parent.children):
-                break
-            parent.metrics.first_scheduled_time = now
-            done.append(rid)
-        for rid in done:
-            del self._unscheduled[rid]
+    def _stamp_first_scheduled(self, plan: StepPlan, now: float) -> None:
+        """`first_scheduled_time` of the requests this step runs for the first time (the
+        queue time is first_scheduled - arrival), in whatever order the queue admits them."""
+        for sr in plan.scheduled:
+            rid, pop = sr.request_id, self._unscheduled.pop
+            parent = pop(rid, None) or pop(rid.rsplit("#", 1)[0], None)  # n > 1: its parent
+            if parent is not None:
+                parent.metrics.first_scheduled_time = now
 
     def _step_async(self, plan: StepPlan) -> list[RequestOutput]:
         """Launch `plan`, then read back the step launched before it (the GPU runs this

@@ -201,6 +201,23 @@ class KVCacheManager(DroppedPrefixes):
         self.gpu.free([b for _, _, b in table.entries(Placement.GPU)])
         self.host.free([b for _, _, b in table.entries(Placement.HOST)])
 
+    def release_unfilled(self, req: Request) -> None:
+        """Free the request's blocks past its computed tokens: allocated for a step it no
+        longer runs in (preempted after it was scheduled), they hold no KV, and a
+        preemption must move or drop only KV that exists."""
+        table = self.tables.get(req.request_id)
+        if table is None:
+            return
+        keep = cdiv(req.num_computed_tokens, self.block_size)
+        if keep >= table.num_token_blocks:
+            return
+        tail = [(b, p) for ids, pls in zip(table.block_ids, table.placements)
+                for b, p in zip(ids[keep:], pls[keep:])]
+        table.truncate(keep)
+        self.gpu.free([b for b, p in tail if p is Placement.GPU])
+        self.host.free([b for b, p in tail if p is Placement.HOST])
+        self.num_slots[req.request_id] = keep * self.block_size
+
     # ---- moving whole requests between tiers ------------------------------------------
     @staticmethod
     def _relocate(table: MapTable, src: Placement, dst: Placement, new_ids: list[int],

@@ -62,6 +62,17 @@ class FCFSQueue:
         least work to lose)."""
         return len(running) - 1
 
+    def precedes(self, req: Request, other: Request) -> bool:
+        """Whether waiting `req` goes before swapped-out `other`: never here (a swapped
+        request arrived before every waiting one, vLLM V0's rule); by priority in the
+        priority queue."""
+        return False
+
+    def resume_order(self, swapped: deque[Request]) -> deque[Request]:
+        """The order swapped-out requests come back in: as they are (the last preempted
+        first: it ran before the others)."""
+        return swapped
+
     def __len__(self) -> int:
         return len(self._q)
 
@@ -108,34 +119,49 @@ class LongestPrefixQueue(FCFSQueue):
 
 
 class PriorityQueue(FCFSQueue):
-    """Waiting requests by (priority, arrival), kept sorted (the queue is short next to a
-    step; a sorted deque keeps FCFSQueue's reads)."""
+    """Waiting requests by (priority, arrival), in a list sorted the other way round: the
+    head is its end, so a pop is O(1) and an add one binary search and one move of the
+    references behind it (LLM.generate adds every prompt at once)."""
 
     def __init__(self) -> None:
         super().__init__()
+        self._rev: list[Request] = []  # the queue, last first
         self._rank: dict[str, int] = {}  # request id -> rank of its add (ties of arrival)
         self._ranks = itertools.count()
 
-    def _key(self, req: Request) -> tuple[int, float, int]:
-        return req.priority, req.arrival_time, self._rank[req.request_id]
+    def _rev_key(self, req: Request) -> tuple[int, float, int]:
+        return -req.priority, -req.arrival_time, -self._rank[req.request_id]
 
     def add(self, req: Request) -> None:
         self._rank[req.request_id] = next(self._ranks)
-        items = list(self._q)
-        bisect.insort(items, req, key=self._key)
-        self._q = deque(items)
+        bisect.insort(self._rev, req, key=self._rev_key)
 
     def prepend(self, req: Request) -> None:
         self.add(req)  # back to its own place: priority decides, not the preemption
 
+    def peek(self) -> Request:
+        return self._rev[-1]
+
     def pop(self) -> Request:
-        req = super().pop()
+        req = self._rev.pop()
         del self._rank[req.request_id]  # a preempted request comes back by its arrival time
         return req
 
     def remove(self, req: Request) -> None:
-        super().remove(req)
+        self._rev.remove(req)
         del self._rank[req.request_id]
+
+    def __len__(self) -> int:
+        return len(self._rev)
+
+    def __iter__(self) -> Iterator[Request]:
+        return reversed(self._rev)
+
+    def precedes(self, req: Request, other: Request) -> bool:
+        return (req.priority, req.arrival_time) < (other.priority, other.arrival_time)
+
+    def resume_order(self, swapped: deque[Request]) -> deque[Request]:
+        return deque(sorted(swapped, key=lambda r: (r.priority, r.arrival_time)))
 
     def victim_index(self, running: list[Request]) -> int:
         """The running request of the highest (priority, arrival), the newest among equals."""

@@ -5,9 +5,12 @@ Each step, in order (vLLM V1's order):
      up to the remaining budget); when blocks run out, the newest running request (under
      the priority policy, the one of the highest priority value) is preempted until the
      allocation fits (possibly the request itself);
-  2. if nobody was preempted: swapped requests come back (FCFS) while they fit;
+  2. if nobody was preempted: swapped requests come back (in preemption order; under the
+     priority policy by priority, then arrival) while they fit;
   3. if nobody was preempted and nothing is still swapped out: waiting requests are
-     admitted (FCFS) while they fit — swapped requests arrived first (vLLM V0's rule).
+     admitted in the queue's order while they fit — swapped requests arrived first (vLLM
+     V0's rule; under the priority policy, waiting requests ahead of the swapped head are
+     admitted before it).
 A prefill's chunk (up to the remaining budget) may be capped further, and held back while
 the step has its partial prefills: kvtier/scheduler/prefill_budget.py.
 The result is one StepPlan of ids and counts; no tensors are touched here.
@@ -39,9 +42,10 @@ from kvtier.core.plan import (
 from kvtier.core.request import Request, RequestStatus
 from kvtier.kv.manager import KVCacheManager
 from kvtier.policies.base import KVPolicy
+from kvtier.scheduler.counters import SchedulerCounters
 from kvtier.scheduler.prefill_budget import PrefillChunker
 from kvtier.scheduler.queue import FCFSQueue, make_queue
-from kvtier.scheduler.step_builder import SchedulerCounters, StepBuilder
+from kvtier.scheduler.step_builder import StepBuilder
 
 
 class AdmissionGate(Protocol):
@@ -105,10 +109,19 @@ class Scheduler:
         self.policy.before_step(self.running, self.kv, self.waiting)
         self._schedule_running(step)
         if not step.preempted:
-            self._schedule_swapped(step)
-            if not self.swapped:  # vLLM V0: no new prefill while a swapped request waits
-                self._schedule_waiting(step)
+            self._schedule_queued(step)
         return self._make_plan(step)
+
+    def _schedule_queued(self, step: StepBuilder) -> None:
+        """Swapped requests come back before waiting ones are admitted (vLLM V0: no new
+        prefill while a swapped request waits), unless the queue's order puts waiting ones
+        first (priority: those ahead of the swapped head, admitted before it)."""
+        head = self.swapped[0] if self.swapped else None
+        if head is not None and self.waiting and self.waiting.precedes(self.waiting.peek(), head):
+            self._schedule_waiting(step, before=head)
+        self._schedule_swapped(step)
+        if not self.swapped:
+            self._schedule_waiting(step)
 
     def _schedule_running(self, step: StepBuilder) -> None:
         # The hot loop of every step (one pass over up to max_num_seqs requests): locals
@@ -150,12 +163,14 @@ class Scheduler:
                     continue
                 j = self.waiting.victim_index(running)  # the newest, or by priority
                 victim = running.pop(j)
+                if j < i:  # scheduled this step already (or held back): no longer, and
+                    # the blocks it got for this step hold nothing to move or keep
+                    budget += step.unschedule(victim)
+                    kv.release_unfilled(victim)
+                    i -= 1
                 self._preempt(victim, step)
                 if victim is req:
                     break
-                if j < i:  # scheduled this step already (or held back): no longer
-                    budget += step.unschedule(victim)
-                    i -= 1
                 blocks = allocate_slots(req, n)
             if blocks is None:
                 continue  # req itself was preempted: the next runner is at i now
@@ -189,12 +204,15 @@ class Scheduler:
             self.running.append(req)
             step.add(req, n, self.kv.block_table(req), reset=True)
 
-    def _schedule_waiting(self, step: StepBuilder) -> None:
+    def _schedule_waiting(self, step: StepBuilder, before: Request | None = None) -> None:
+        """`before`: admit only requests the queue puts ahead of this swapped-out one."""
         gate = self.admission_gate
         if step.budget > 0 and len(self.running) < self.config.max_num_seqs:
             self.waiting.reorder(self.kv.prefix_cache)
         while self.waiting and step.budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting.peek()
+            if before is not None and not self.waiting.precedes(req, before):
+                break
             if gate is not None and not gate.admit_now(
                     req, self.running, self.config.max_num_batched_tokens - step.budget):
                 break  # FCFS: it waits for a prefix being computed, or for load room
@@ -245,6 +263,7 @@ class Scheduler:
             step.swap_out += result.copies
             self.counters.num_swap_out_blocks += len(result.copies)
             self.swapped.appendleft(req)  # it ran before every other swapped request
+            self.swapped = self.waiting.resume_order(self.swapped)
         else:
             self.waiting.prepend(req)
 

@@ -1,25 +1,11 @@
-"""One step's decisions as the scheduler collects them, and its running counters."""
+"""One step's decisions as the scheduler collects them."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from kvtier.core.items import PlanItem
 from kvtier.core.plan import BlockCopy
 from kvtier.core.request import Request
 from kvtier.scheduler.prefill_budget import PrefillChunker
-
-
-@dataclass
-class SchedulerCounters:
-    num_preemptions: int = 0
-    num_swap_out_blocks: int = 0
-    num_swap_in_blocks: int = 0
-    num_recomputed_tokens: int = 0  # KV dropped by preemption, to be computed again
-    num_prompt_tokens: int = 0
-    num_generation_tokens: int = 0
-    num_prefix_recompute_tokens: int = 0  # dropped-prefix tokens recomputed, all steps
-    num_restored_tokens: int = 0  # tokens whose KV was rebuilt from hidden states
 
 
 class StepBuilder:
@@ -46,5 +32,8 @@ class StepBuilder:
         for k, (r, n, _, _, recompute) in enumerate(self.entries):
             if r is req:
                 del self.entries[k]
+                uncomputed = r.num_tokens + r.num_pending_tokens - r.num_computed_tokens
+                if n < uncomputed:  # a partial prefill: its place is free again
+                    self.prefills.num_partial -= 1
                 return n + recompute
         return 0

@@ -6,6 +6,7 @@ taken back. A priority other than 0 without the policy is refused."""
 from __future__ import annotations
 
 import random
+from collections import deque
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -78,6 +79,31 @@ def test_the_lowest_priority_runner_is_preempted_even_when_scheduled_first():
     assert plan.num_scheduled_tokens == sum(s.num_new_tokens for s in plan.scheduled)
 
 
+def test_a_victim_scheduled_this_step_swaps_out_only_its_written_blocks():
+    # 5 blocks of 4 tokens. lo (7-token prompt) runs alone, then beside hi (8 tokens): both
+    # hold 2 blocks, 8 tokens computed. Next step lo's decode takes a 3rd block (the last
+    # free), then hi's needs one: lo, of the higher value, is preempted though scheduled.
+    # The block it got this step holds nothing: the swap moves its 2 written blocks only.
+    sched, ex = make("swap", gpu_blocks=5, host_blocks=8)
+    lo, hi = request("lo", 7, 6, 5, 0.0), request("hi", 8, 6, 0, 1.0)
+    sched.add_request(lo)
+    for arrival in ([], [hi]):
+        for r in arrival:
+            sched.add_request(r)
+        plan = sched.schedule()
+        sched.update(plan, ex.execute(plan))
+    plan = sched.schedule()
+    assert plan.preempted_ids == ["lo"] and [s.request_id for s in plan.scheduled] == ["hi"]
+    assert len(plan.swap_out) == 2
+    sched.update(plan, ex.execute(plan))
+    sched.check_integrity()
+    finished = run_to_end(sched, ex, {})
+    for r in (lo, hi):
+        assert finished[r.request_id].output_token_ids == [
+            ex.token_for(r.request_id, len(r.prompt_token_ids) + k) for k in range(6)]
+    assert sched.kv.all_free()
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(policy=st.sampled_from(["recompute", "swap"]), extra_blocks=st.integers(0, 20),
        budget=st.integers(8, 64), max_seqs=st.integers(1, 6), seed=st.integers(0, 10_000))
@@ -116,10 +142,15 @@ def test_the_engine_runs_the_lower_value_first_and_refuses_priority_without_the_
     eng = _engine(schedule_policy="priority", max_num_seqs=1)
     for rid, prio in [("a", 2), ("b", 0), ("c", 1)]:
         eng.add_request(rid, [5, 6, 7, 8], SamplingParams(max_tokens=3), priority=prio)
-    order = []
+    order, first_scheduled = [], {}
     while eng.has_unfinished_requests():
-        order += [o.request_id for o in eng.step() if o.finished]
+        for o in eng.step():
+            if o.finished:
+                order.append(o.request_id)
+                first_scheduled[o.request_id] = o.metrics.first_scheduled_time
     assert order == ["b", "c", "a"]
+    # each stamped when it was admitted, not when an earlier-added one was
+    assert first_scheduled["b"] < first_scheduled["c"] < first_scheduled["a"]
 
 
 def test_llm_generate_takes_priorities_and_outputs_do_not_depend_on_them():
@@ -131,5 +162,46 @@ def test_llm_generate_takes_priorities_and_outputs_do_not_depend_on_them():
     llm = LLM("tiny-llama", scheduling_policy="priority", **opts)
     ranked = llm.generate(prompts, params, priority=[3, 0, 2, 1])
     assert [o.outputs[0].token_ids for o in ranked] == [o.outputs[0].token_ids for o in plain]
+    started = [o.metrics.first_scheduled_time for o in ranked]  # two at a time, by priority
+    assert started[1] == started[3] < started[0] == started[2]
     with pytest.raises(ValueError, match="one priority per prompt"):
         llm.generate(prompts, params, priority=[0])
+
+
+def test_taking_back_a_partial_prefill_frees_its_partial_place():
+    from kvtier.scheduler.prefill_budget import PrefillChunker
+    from kvtier.scheduler.step_builder import StepBuilder
+
+    chunker = PrefillChunker(threshold=4, max_partial=1)
+    step = StepBuilder(64, chunker)
+    r = request("p", 10, 2, 0, 0.0)
+    step.add(r, chunker.chunk(10, 10), ((),), reset=True)  # 4 of 10: partial
+    assert chunker.chunk(10, 10) == 0  # the step's one partial place is taken
+    assert step.unschedule(r) == 4 and step.entries == []
+    assert chunker.chunk(10, 10) == 4
+
+
+def test_a_waiting_request_ahead_of_the_swapped_ones_is_admitted_before_them():
+    # 4 blocks of 4 tokens: low (value 5) and mid (1) hold 2 each; mid's 3rd block swaps
+    # low out. high (0) then arrives: it goes before low, swapped or not, and takes the
+    # one free block, while low waits to come back (FCFS would hold high behind it).
+    sched, ex = make("swap", gpu_blocks=4, host_blocks=8)
+    low, mid = request("low", 7, 8, 5, 0.0), request("mid", 7, 8, 1, 1.0)
+    high = request("high", 3, 2, 0, 2.0)
+    for r in (low, mid):
+        sched.add_request(r)
+    preempted: list[str] = []
+    while not preempted:
+        plan = sched.schedule()
+        preempted += plan.preempted_ids
+        sched.update(plan, ex.execute(plan))
+    assert preempted == ["low"] and list(sched.swapped) == [low]
+    sched.add_request(high)
+    plan = sched.schedule()
+    assert "high" in [s.request_id for s in plan.scheduled] and list(sched.swapped) == [low]
+    sched.update(plan, ex.execute(plan))
+    finished = run_to_end(sched, ex, {})
+    assert set(finished) == {"low", "mid", "high"} and sched.kv.all_free()
+    q = make_queue("priority")
+    assert list(q.resume_order(deque([low, high, mid]))) == [high, mid, low]
+    assert not make_queue("fcfs").precedes(high, low)
