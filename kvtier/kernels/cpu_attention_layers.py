@@ -40,7 +40,7 @@ LAYER_POINTERS = ("q", "k", "v", "block_table", "out", "lse")  # JobThread.submi
 # Cores the layer calls leave to the rest of the process (the Python main thread, CUDA's
 # threads, the GPU's stand-in). An OpenMP team with a thread on every core waits at each
 # region's barrier for whichever thread the OS has just preempted: on the H200 host 16
-# threads were several times slower a layer than 15 or 14
+# threads were slower a layer than 15 or 14
 # (results/policies/neo_step_contention_h200_75f8e2a.json), and inside the engine's graph
 # steps 14 threads beat 16 and 8 (results/policies/neo_step_parts_threads_h200_75f8e2a.json).
 SPARE_CORES = 2

@@ -5,7 +5,9 @@ usage of each tier, and the prefix cache's hit rate over the interval.
     Avg prompt throughput: P tokens/s, Avg generation throughput: G tokens/s,
     Running: R reqs, Waiting: W reqs, GPU KV cache usage: U%, Prefix cache hit rate: H%
 
-An idle engine logs once, then stays quiet until something changes.
+then kvtier's own fields (host KV usage, swapped requests) where they apply. The hit rate is
+that of the latest interval with look-ups (an interval without keeps the last one). An idle
+engine logs once, then stays quiet until something changes.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class StatsLine:
     def __init__(self, start: EngineStats | None, now: float) -> None:
         self._last = _mark(start, now)
         self._idle_logged = False
+        self._hit_rate = 0.0  # over the latest interval with prefix-cache look-ups
 
     def line(self, stats: EngineStats | None, now: float) -> str | None:
         """This interval's line; None where nothing has changed since an idle line."""
@@ -86,13 +89,15 @@ class StatsLine:
             f"Running: {stats.num_running} reqs", f"Waiting: {stats.num_waiting} reqs",
             f"GPU KV cache usage: {_percent(stats.gpu_blocks_used, stats.gpu_blocks_total):.1f}%",
         ]
+        if mark.queries > last.queries:  # else the last rate stands (no look-up since)
+            self._hit_rate = _percent(mark.hits - last.hits, mark.queries - last.queries)
+        parts.append(f"Prefix cache hit rate: {self._hit_rate:.1f}%")
+        # kvtier's own fields after vLLM's, so parsers of vLLM's line read this one
         if stats.host_blocks_total:
             parts.append(f"Host KV cache usage: "
                          f"{_percent(stats.host_blocks_used, stats.host_blocks_total):.1f}%")
         if stats.num_swapped:
             parts.append(f"Swapped: {stats.num_swapped} reqs")
-        parts.append(f"Prefix cache hit rate: "
-                     f"{_percent(mark.hits - last.hits, mark.queries - last.queries):.1f}%")
         return ", ".join(parts)
 
 

@@ -105,10 +105,10 @@ class GrammarBackend:
         vLLM fills large batches in parallel, where that has been the faster way here."""
         n = len(matchers)
         threaded = self.fill_choice.threaded(n)
+        if threaded and self._batch is None:  # made before the clock starts: once, not a fill
+            self._batch = self._xgr.BatchGrammarMatcher(max_threads=self._fill_threads)
         start = time.perf_counter()
         if threaded:
-            if self._batch is None:
-                self._batch = self._xgr.BatchGrammarMatcher(max_threads=self._fill_threads)
             self._batch.batch_fill_next_token_bitmask(matchers, masks, rows)
         else:
             for m, i in zip(matchers, rows):

@@ -36,6 +36,9 @@ def test_bad_values_and_unused_flags_are_refused():
         EngineArgs(model="tiny-llama", kv_policy="neo", neo_cpu_threads=0).create_engine_config()
     with pytest.raises(ConfigError, match="--neo-cpu-threads"):
         EngineArgs(model="tiny-llama", kv_policy="swap", neo_cpu_threads=2).create_engine_config()
+    with pytest.raises(ConfigError, match="needs --neo-graphs"):
+        EngineArgs(model="tiny-llama", kv_policy="neo", neo_graphs=False,
+                   neo_flagged_pipeline=True).create_engine_config()
 
 
 def test_fp16_kv_is_refused():

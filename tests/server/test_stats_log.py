@@ -41,7 +41,9 @@ def test_the_line_reads_the_interval_not_the_totals():
     line = lines.line(busy, now=10.0)
     assert line == ("Avg prompt throughput: 200.0 tokens/s, Avg generation throughput: 50.0 tokens/s, "
                     "Running: 3 reqs, Waiting: 2 reqs, GPU KV cache usage: 25.0%, "
-                    "Host KV cache usage: 25.0%, Prefix cache hit rate: 25.0%")
+                    "Prefix cache hit rate: 25.0%, Host KV cache usage: 25.0%")
+    decoding = dataclasses.replace(busy, num_generation_tokens_total=900)  # no look-up since
+    assert "Prefix cache hit rate: 25.0%" in lines.line(decoding, now=20.0)
 
 
 def test_an_idle_engine_logs_once_then_waits_for_a_change():

@@ -49,3 +49,21 @@ def test_a_probe_replaces_the_stale_average():
 def test_a_fixed_way_is_kept():
     assert _run(FillChoice(min_rows=64, fixed=False), 256, {True: 1e-6, False: 1e-3}, 5) == [False] * 5
     assert _run(FillChoice(min_rows=64, fixed=True), 256, {True: 1e-3, False: 1e-6}, 5) == [True] * 5
+
+
+def test_noisy_timings_keep_the_cheaper_way_most_of_the_time():
+    """The faster way's average outlives the probes of the other (a probe does not restart
+    it), so one noisy probe does not flip the choice."""
+    import random
+
+    rng = random.Random(0)
+    choice = FillChoice(min_rows=64, probe_every=16)
+    base = {True: 9e-6, False: 10e-6}  # close costs, timed within +-20 %
+    ways = []
+    for _ in range(2000):
+        way = choice.threaded(256)
+        choice.record(way, 256, base[way] * rng.uniform(0.8, 1.2) * 256)
+        ways.append(way)
+    slow = ways.count(False) / len(ways)
+    assert slow < 0.1  # the probes (1 in 16) and few wrong turns (restarting the faster
+    # way's average at every probe took the slower one on about a fifth of the fills)

@@ -108,6 +108,9 @@ class NeoOptions(HostResidentOptions):
             raise ConfigError(f"neo: cpu_threads must be >= 1, got {self.cpu_threads}")
         if not self.cpu_balance >= 0:
             raise ConfigError(f"--neo-cpu-balance must be >= 0, got {self.cpu_balance}")
+        if self.flagged_pipeline and not self.graphs:
+            raise ConfigError("--neo-flagged-pipeline hands batch 1 over through the graph "
+                              "steps' flags: it needs --neo-graphs")
 
 
 class NeoPolicy(HostResidentPolicy):

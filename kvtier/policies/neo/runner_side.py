@@ -6,6 +6,7 @@ output crosses back."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,8 @@ from kvtier.policies.host_resident.runner_side import (
     HostRowsLayout,
 )
 from kvtier.policies.neo.graph_rows import CpuGraphRows, GraphSteps
+
+logger = logging.getLogger("kvtier")
 
 
 class CpuRows(HostRowsAttention):
@@ -73,6 +76,9 @@ class NeoSource(HostResidentSource):
         self._pipelined: CpuRows | None = None  # this step's rows, when it runs pipelined
         self.graphs = graphs and GraphSteps.available(runner, self.worker)
         self.flagged_pipeline = flagged_pipeline and self.graphs
+        if flagged_pipeline and not self.graphs:
+            logger.info("neo: --neo-flagged-pipeline needs the graph steps (a GPU and the "
+                        "native step job); pipelined steps hand each layer over instead")
         self._graph_steps: GraphSteps | None = None  # on the first graph step
 
     def for_step(self, scheduled: Sequence[ScheduledRequest], batch: Any,
