@@ -315,6 +315,22 @@ def _load_tokenizer(model_dir: Path | None, tokenizer: str | None, vocab_size: i
     return BPETokenizer(vocab_size)
 
 
+# What apply_chat_template sets itself: no chat_template_kwargs key may stand for them.
+TEMPLATE_OWN_KEYS = frozenset({
+    "messages", "conversation", "tools", "documents", "add_generation_prompt", "tokenize",
+    "return_dict", "return_tensors", "continue_final_message", "chat_template", "padding",
+    "truncation", "max_length", "tokenizer_kwargs", "return_assistant_tokens_mask"})
+
+
+def check_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """vLLM's chat_template_kwargs: the template's own variables (ValueError for a key
+    apply_chat_template sets itself, or one no template could name)."""
+    for key in kwargs or {}:
+        if key in TEMPLATE_OWN_KEYS or not str(key).isidentifier():
+            raise ValueError(f"chat_template_kwargs may not set {key!r}")
+    return dict(kwargs or {})
+
+
 def read_chat_template(value: str) -> str:
     """vLLM's reading of --chat-template: a file's text, else the value itself when it reads
     as a Jinja template; a path that names no file is an error, not a template."""

@@ -207,7 +207,7 @@ class ChatMessage(_Request):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "\n".join(part.text for part in self.content)  # vLLM joins parts so
 
 
 class FunctionSpec(_Request):

@@ -23,6 +23,7 @@ from kvtier.server.errors import APIError
 from kvtier.server.structured import structured_outputs
 from kvtier.server.tool_calls import template_calls, template_tools
 from kvtier.structured.params import StructuredOutputsParams
+from kvtier.tokenizer import check_template_kwargs
 
 logger = logging.getLogger(__name__)
 
@@ -189,18 +190,11 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer: Any, limits: ServingLimit
                              req.continue_final_message)
 
 
-# What apply_chat_template sets itself: no chat_template_kwargs key may stand for them.
-_TEMPLATE_OWN = frozenset({
-    "messages", "conversation", "tools", "documents", "add_generation_prompt", "tokenize",
-    "return_dict", "return_tensors", "continue_final_message", "chat_template", "padding",
-    "truncation", "max_length", "tokenizer_kwargs", "return_assistant_tokens_mask"})
-
-
 def _template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
-    for key in kwargs or {}:
-        if key in _TEMPLATE_OWN or not key.isidentifier():
-            raise _bad(f"chat_template_kwargs may not set {key!r}", "chat_template_kwargs")
-    return dict(kwargs or {})
+    try:
+        return check_template_kwargs(kwargs)
+    except ValueError as exc:
+        raise _bad(str(exc), "chat_template_kwargs") from None
 
 
 def chat_template_ids(chat: list[ChatMessage], add_generation_prompt: bool, tokenizer: Any,

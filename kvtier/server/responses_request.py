@@ -65,7 +65,7 @@ def _text(content: Any, param: str) -> str:
             raise APIError(400, f"content part of type {kind!r} is not supported (text only)",
                            param=f"{param}.{i}", code="unsupported_value")
         texts.append(part["text"])
-    return "".join(texts)
+    return "\n".join(texts)  # as chat's text parts (vLLM's join)
 
 
 def _messages(req: ResponsesRequest) -> list[dict[str, Any]]:

@@ -31,15 +31,20 @@ def test_several_conversations_and_text_parts(llm):
     a = [{"role": "user", "content": "one"}]
     b = [{"role": "user", "content": [{"type": "text", "text": "tw"}, {"type": "text", "text": "o"}]}]
     outs = llm.chat([a, b], GREEDY)
-    same = llm.chat([{"role": "user", "content": "two"}], GREEDY)[0]
+    same = llm.chat([{"role": "user", "content": "tw\no"}], GREEDY)[0]  # vLLM joins by newlines
     assert len(outs) == 2 and outs[1].prompt_token_ids == same.prompt_token_ids
     assert outs[1].outputs[0].token_ids == same.outputs[0].token_ids
 
 
 def test_bad_conversations_are_refused_and_leave_nothing_queued(llm):
-    for bad in ([], [{"content": "no role"}], [{"role": "user", "content": [{"type": "image_url"}]}]):
+    for bad in ([], [{"content": "no role"}], [{"role": "wizard", "content": "x"}],
+                [{"role": "user", "content": [{"type": "image_url"}]}],
+                [[{"role": "user", "content": "x"}], []]):  # an empty one among several
         with pytest.raises(ValueError):
             llm.chat(bad, GREEDY)
+    for own in ("messages", "add_generation_prompt", "not an identifier"):
+        with pytest.raises(ValueError, match="chat_template_kwargs may not set"):
+            llm.chat([{"role": "user", "content": "x"}], GREEDY, chat_template_kwargs={own: 1})
     with pytest.raises(ValueError, match="add_generation_prompt=False"):
         llm.chat([{"role": "user", "content": "x"}], GREEDY, continue_final_message=True)
     assert not llm.engine.has_unfinished_requests()

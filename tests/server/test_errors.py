@@ -164,12 +164,12 @@ def test_unknown_path_and_method(http):
     assert_error(http.get("/v1/completions"), 405)
 
 
-def test_text_content_parts_are_joined(http):
+def test_text_content_parts_are_joined_by_newlines_as_vllm_joins_them(http):
     parts = [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]
     a = post(http, "/v1/chat/completions", {**OK_CHAT, "temperature": 0,
                                             "messages": [{"role": "user", "content": parts}]})
     b = post(http, "/v1/chat/completions", {**OK_CHAT, "temperature": 0,
-                                            "messages": [{"role": "user", "content": "Hello"}]})
+                                            "messages": [{"role": "user", "content": "Hel\nlo"}]})
     assert a.status_code == b.status_code == 200
     assert a.json()["usage"] == b.json()["usage"]
     assert a.json()["choices"][0]["message"] == b.json()["choices"][0]["message"]
