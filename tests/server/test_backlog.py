@@ -34,3 +34,15 @@ def test_discard_drops_prompts_and_empty_calls():
     assert sorted(backlog.request_ids()) == ["a-0", "a-2", "b-0"]
     backlog.discard_call(a)
     assert _drain(backlog) == ["b-0"]
+
+
+def test_the_lowest_priority_value_takes_its_turns_first():
+    backlog = RoundRobinBacklog()
+    backlog.add([(f"bulk-{i}", [1]) for i in range(3)], PARAMS, None, priority=5)
+    assert backlog.take().request_id == "bulk-0"
+    backlog.add([("urgent-0", [2]), ("urgent-1", [2])], PARAMS, None, priority=-1)
+    backlog.add([("other-0", [3])], PARAMS, None, priority=-1)
+    backlog.discard(["other-0"])  # gone before its turn: its priority leaves with it
+    backlog.add([("next-0", [4])], PARAMS, None, priority=0)
+    assert _drain(backlog) == ["urgent-0", "urgent-1", "next-0", "bulk-1", "bulk-2"]
+    assert len(backlog) == 0
