@@ -62,6 +62,7 @@ class Tokenizer(Protocol):
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
         template_kwargs: dict[str, Any] | None = None, continue_final_message: bool = False,
+        chat_template: str | None = None,
     ) -> list[int]: ...
 
 
@@ -201,10 +202,14 @@ class BPETokenizer:
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
         template_kwargs: dict[str, Any] | None = None, continue_final_message: bool = False,
+        chat_template: str | None = None,
     ) -> list[int]:
+        template = (self._template if chat_template is None
+                    else jinja2.Environment().from_string(chat_template))  # this call's own
+
         def render(msgs: list[dict[str, Any]], tls: Any, kw: dict[str, Any]) -> str:
-            text = self._template.render(**kw, messages=msgs, tools=tls,
-                                         add_generation_prompt=add_generation_prompt)
+            text = template.render(**kw, messages=msgs, tools=tls,
+                                   add_generation_prompt=add_generation_prompt)
             return open_final_message(text, msgs) if continue_final_message else text
 
         chat = render_chat(render, messages, list(_SPECIALS), tools, template_kwargs)
@@ -251,15 +256,18 @@ class HFTokenizer:
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
         template_kwargs: dict[str, Any] | None = None, continue_final_message: bool = False,
+        chat_template: str | None = None,
     ) -> list[int]:
         """`template_kwargs`: the template's own variables (vLLM's chat_template_kwargs,
         e.g. Qwen3's enable_thinking); `continue_final_message`: the last message left open
-        (transformers cuts the rendered chat after its content)."""
-        if not self._tok.chat_template:
+        (transformers cuts the rendered chat after its content); `chat_template`: this
+        call's template in place of the tokenizer's."""
+        if not (chat_template or self._tok.chat_template):
             raise ConfigError("this model's tokenizer has no chat template")
         chat = render_chat(lambda msgs, tls, kw: str(self._tok.apply_chat_template(
             msgs, tools=tls, add_generation_prompt=add_generation_prompt,  # type: ignore[arg-type]
-            continue_final_message=continue_final_message, tokenize=False, **kw)),
+            continue_final_message=continue_final_message, tokenize=False,
+            chat_template=chat_template, **kw)),
             messages, list(self._special_tokens), tools, template_kwargs)
         if not chat.forged:  # what apply_chat_template(tokenize=True) gives
             return self._encode_text(chat.text, split_special_tokens=False)

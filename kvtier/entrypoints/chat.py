@@ -1,15 +1,14 @@
 """Conversations into prompt ids for `LLM.chat` (vLLM's offline chat): each conversation
 through the model's chat template (the engine's `chat_template` when one was given), its
 messages' content a string or OpenAI's list of text parts (joined by newlines, as vLLM
-joins them). A template per call (vLLM's `LLM.chat(chat_template=)`) is not taken: give it
-to the engine, `LLM(chat_template=...)`."""
+joins them); vLLM's per-call `chat_template` in place of the engine's."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from kvtier.tokenizer import check_template_kwargs
+from kvtier.tokenizer import check_template_kwargs, read_chat_template
 
 Conversation = Sequence[dict[str, Any]]
 
@@ -55,14 +54,18 @@ def template_messages(conversation: Conversation, index: int) -> list[dict[str, 
 def chat_prompts(tokenizer: Any, messages: Conversation | Sequence[Conversation],
                  add_generation_prompt: bool = True, continue_final_message: bool = False,
                  tools: list[dict[str, Any]] | None = None,
-                 chat_template_kwargs: dict[str, Any] | None = None) -> list[list[int]]:
-    """The prompt ids of each conversation."""
+                 chat_template_kwargs: dict[str, Any] | None = None,
+                 chat_template: str | None = None) -> list[list[int]]:
+    """The prompt ids of each conversation; `chat_template` (a file or the Jinja text) in
+    place of the engine's for this call."""
     if add_generation_prompt and continue_final_message:
         raise ValueError("continue_final_message leaves the last message open: it needs "
                          "add_generation_prompt=False")
     kwargs = check_template_kwargs(chat_template_kwargs)
+    template = read_chat_template(chat_template) if chat_template is not None else None
     return [tokenizer.apply_chat_template(template_messages(conv, k),
                                           add_generation_prompt=add_generation_prompt,
                                           tools=tools, template_kwargs=kwargs or None,
-                                          continue_final_message=continue_final_message)
+                                          continue_final_message=continue_final_message,
+                                          chat_template=template)
             for k, conv in enumerate(conversations_of(messages))]

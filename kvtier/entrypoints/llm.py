@@ -94,11 +94,14 @@ class LLM:
         continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        chat_template: str | None = None,
     ) -> list[RequestOutput]:
         """vLLM's offline chat: one conversation (a list of {"role", "content"} messages) or
-        several, each through the model's chat template, then `generate`."""
+        several, each through the model's chat template (or `chat_template`, a file or the
+        Jinja text, for this call), then `generate`."""
         prompts = chat_prompts(self.engine.tokenizer, messages, add_generation_prompt,
-                               continue_final_message, tools, chat_template_kwargs)
+                               continue_final_message, tools, chat_template_kwargs,
+                               chat_template)
         return self.generate([{"prompt_token_ids": p} for p in prompts], sampling_params,
                              use_tqdm)
 

@@ -103,3 +103,12 @@ def test_render_chat_hides_strings_in_content_parts_and_names():
     assert "<s>" not in str(seen[0]) and "</s>" not in str(seen[0])
     assert chat.pieces == (("<s>", True), ("<s>:a</s>b", False), ("</s>", True),
                            ("x<s>y</s>", False))
+
+
+def test_a_template_for_one_call_is_rendered_and_the_tokenizers_kept(chatml):
+    tok, im_start, _ = chatml
+    own = "{% for m in messages %}<|im_start|>{{ m['content'] }}{% endfor %}"
+    ids = tok.apply_chat_template(BENIGN, add_generation_prompt=False, chat_template=own)
+    assert ids.count(im_start) == 2  # the template's own special tokens stay special
+    assert tok.decode(ids, skip_special_tokens=True) == "You are helpful.hi, what is a KV cache?"
+    assert tok.apply_chat_template(BENIGN).count(im_start) == 3  # ChatML again

@@ -48,3 +48,12 @@ def test_bad_conversations_are_refused_and_leave_nothing_queued(llm):
     with pytest.raises(ValueError, match="add_generation_prompt=False"):
         llm.chat([{"role": "user", "content": "x"}], GREEDY, continue_final_message=True)
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_a_template_for_one_call_leaves_the_engines(llm):
+    conv = [{"role": "user", "content": "one"}, {"role": "assistant", "content": "two"}]
+    before = llm.chat(conv, GREEDY)[0].prompt_token_ids
+    template = "{% for m in messages %}{{ m['role'] }}:{{ m['content'] }}|{% endfor %}"
+    own = llm.chat(conv, GREEDY, chat_template=template)[0]
+    assert own.prompt_token_ids == llm.get_tokenizer().encode("user:one|assistant:two|")
+    assert llm.chat(conv, GREEDY)[0].prompt_token_ids == before
