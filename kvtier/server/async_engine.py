@@ -10,9 +10,8 @@ The engine is not thread-safe, so only the worker touches it: every other access
 command that the worker applies between two steps. Commands are applied before each step,
 so an abort frees the request's blocks before the next step runs.
 
-A step that raises ends the requests it was computing with RequestFailedError; the others
-go on. Only `MAX_CONSECUTIVE_STEP_FAILURES` failing steps in a row (a broken engine, not
-one bad request) stop the loop for good (EngineDeadError).
+A step that raises ends the requests it was computing (RequestFailedError); the others go
+on. `MAX_CONSECUTIVE_STEP_FAILURES` failing steps in a row stop the loop (EngineDeadError).
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from kvtier.engine.outputs import EngineStats
@@ -90,8 +90,7 @@ class AsyncEngine:
     def start(self) -> None:
         """Start the worker; call from the event loop that will consume the streams."""
         self._loop = asyncio.get_running_loop()
-        self.stats = self.engine.get_stats()
-        self._num_engine_waiting = self.stats.num_waiting
+        self._publish_stats()
         self._thread = threading.Thread(target=self._run, name="kvtier-engine", daemon=True)
         self._thread.start()
 
@@ -200,10 +199,8 @@ class AsyncEngine:
             raise self._closed_error()
         num_waiting = self._num_pending_seqs + num_reserved_seqs
         if num_waiting + num_new_seqs > self.max_waiting_requests:
-            raise ServerOverloadedError(
-                f"the server is overloaded: {num_waiting} sequences are waiting "
-                f"(limit {self.max_waiting_requests}); retry later"
-            )
+            raise ServerOverloadedError(f"the server is overloaded: {num_waiting} sequences "
+                                        f"are waiting (limit {self.max_waiting_requests}); retry later")
 
     def _enqueue(self, cmd: Any, future: concurrent.futures.Future | None = None) -> None:
         with self._lock:
@@ -255,8 +252,7 @@ class AsyncEngine:
             self._close(ShuttingDownError("the engine was stopped"))
 
     def _serve_once(self) -> bool:
-        """Apply queued commands, feed the engine, then run one step if there is work.
-        False: stop."""
+        """Apply queued commands, feed the engine, run a step if there is work; False: stop."""
         busy = self.engine.has_unfinished_requests() or len(self._backlog) > 0
         commands = [self._commands.get()] if not busy else []
         while True:
@@ -272,12 +268,18 @@ class AsyncEngine:
             self._apply(cmd)
         self._feed()
         updates = self._guarded_step() if self.engine.has_unfinished_requests() else []
-        self.stats = self.engine.get_stats()
-        self._num_engine_waiting = self.stats.num_waiting
+        self._publish_stats()
         if updates:
             assert self._loop is not None
             self._loop.call_soon_threadsafe(self._deliver, updates)
         return True
+
+    def _publish_stats(self) -> None:
+        """The engine's stats, its waiting requests counted with the backlog's (they wait
+        too: /metrics and the stats line count every waiting request, as vLLM's do)."""
+        stats = self.engine.get_stats()
+        self._num_engine_waiting = stats.num_waiting
+        self.stats = replace(stats, num_waiting=stats.num_waiting + len(self._backlog))
 
     def _guarded_step(self) -> list[RequestUpdate]:
         try:

@@ -72,3 +72,14 @@ def test_overload_and_shutdown(engine):
     assert not engine.has_unfinished_requests()
     assert engine.get_stats().gpu_blocks_used == 0
     engine.check_integrity()
+
+
+def test_published_waiting_counts_the_backlog_too(engine):
+    """Prompts held in the backlog (the engine's feed window full) wait as much as the
+    engine's own waiting ones: /metrics and the stats line count them, as vLLM counts every
+    waiting request; the feed window still reads the engine's own count."""
+    ae = AsyncEngine(engine, max_waiting_requests=8, feed_window=2)  # not started: no worker
+    ae._backlog.add([(f"w-{i}", [5, 6, 7]) for i in range(3)], GREEDY, None)
+    ae._publish_stats()
+    assert ae.stats.num_waiting == engine.get_stats().num_waiting + 3
+    assert ae._num_engine_waiting == engine.get_stats().num_waiting
