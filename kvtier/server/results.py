@@ -93,11 +93,11 @@ def usage(num_prompt_tokens: int, num_completion_tokens: int,
     )
 
 
-def _clamp(value: float) -> float:
+def clamp_logprob(value: float) -> float:
     return _MIN_LOGPROB if math.isnan(value) else max(value, _MIN_LOGPROB)
 
 
-def _top(entries: dict[int, float], k: int) -> list[tuple[int, float]]:
+def top_entries(entries: dict[int, float], k: int) -> list[tuple[int, float]]:
     return sorted(entries.items(), key=lambda kv: kv[1], reverse=True)[:k]
 
 
@@ -110,9 +110,9 @@ def completion_logprobs(
         text = tokenizer.decode([tok])
         out.tokens.append(text)
         chosen = entries.get(tok)
-        out.token_logprobs.append(None if chosen is None else _clamp(chosen))
-        top = _top(entries, k) if k > 0 else [(tok, chosen if chosen is not None else _MIN_LOGPROB)]
-        out.top_logprobs.append({tokenizer.decode([t]): _clamp(v) for t, v in top})
+        out.token_logprobs.append(None if chosen is None else clamp_logprob(chosen))
+        top = top_entries(entries, k) if k > 0 else [(tok, chosen if chosen is not None else _MIN_LOGPROB)]
+        out.top_logprobs.append({tokenizer.decode([t]): clamp_logprob(v) for t, v in top})
         out.text_offset.append(offset)
         offset += len(text)
     return out
@@ -120,7 +120,7 @@ def completion_logprobs(
 
 def _top_logprob(tokenizer: Any, tok: int, value: float) -> TopLogprob:
     text = tokenizer.decode([tok])
-    return TopLogprob(token=text, logprob=_clamp(value), bytes=list(text.encode("utf-8", "replace")))
+    return TopLogprob(token=text, logprob=clamp_logprob(value), bytes=list(text.encode("utf-8", "replace")))
 
 
 def chat_logprobs(
@@ -134,7 +134,7 @@ def chat_logprobs(
                 token=chosen.token,
                 logprob=chosen.logprob,
                 bytes=chosen.bytes,
-                top_logprobs=[_top_logprob(tokenizer, t, v) for t, v in _top(entries, k)],
+                top_logprobs=[_top_logprob(tokenizer, t, v) for t, v in top_entries(entries, k)],
             )
         )
     return ChatLogprobs(content=content)

@@ -22,6 +22,7 @@ from kvtier.server.params import one_prompt
 from kvtier.server.respond import respond
 from kvtier.server.results import ChoiceResult, Collected
 from kvtier.server.serving_completions import Submitted, submit_completion
+from kvtier.server.sglang_logprobs import logprob_meta
 from kvtier.server.state import ServerState
 from kvtier.server.streaming import DONE, STREAM_FAILURES, failure_event
 
@@ -54,7 +55,10 @@ class GenerateRequest(_Request):
     input_ids: list[Annotated[int, INTEGRAL]] | list[list[Annotated[int, INTEGRAL]]] | None = None
     sampling_params: GenerateSamplingParams = Field(default_factory=GenerateSamplingParams)
     stream: bool = False
-    return_logprob: bool = False
+    return_logprob: bool = False  # SGLang's logprob fields (kvtier/server/sglang_logprobs.py)
+    logprob_start_len: Annotated[int, INTEGRAL] = -1
+    top_logprobs_num: Annotated[int, Field(ge=0), INTEGRAL] = 0
+    return_text_in_logprobs: bool = False
 
 
 def as_completion(req: GenerateRequest) -> CompletionRequest:
@@ -62,9 +66,9 @@ def as_completion(req: GenerateRequest) -> CompletionRequest:
     if (req.text is None) == (req.input_ids is None):
         raise APIError(400, "give exactly one of text and input_ids", param="text",
                        code="invalid_value")
-    if req.return_logprob:
-        raise APIError(400, "return_logprob is not supported on /generate (the completions "
-                       "endpoint's logprobs are)", param="return_logprob",
+    if req.return_logprob and req.logprob_start_len != -1:
+        raise APIError(400, "input logprobs (logprob_start_len other than -1) are not "
+                       "supported on /generate; output logprobs are", param="logprob_start_len",
                        code="unsupported_value")
     sp = req.sampling_params
     body: dict[str, Any] = {
@@ -77,6 +81,7 @@ def as_completion(req: GenerateRequest) -> CompletionRequest:
         "presence_penalty": float(sp.presence_penalty),
         "repetition_penalty": float(sp.repetition_penalty),
         "regex": sp.regex, "ebnf": sp.ebnf, "stream": req.stream,
+        "logprobs": req.top_logprobs_num if req.return_logprob else None,
     }
     if sp.json_schema is not None:
         body["structured_outputs"] = {"json": sp.json_schema}
@@ -84,12 +89,14 @@ def as_completion(req: GenerateRequest) -> CompletionRequest:
 
 
 _RENAMED = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens",
-            "structured_outputs": "json_schema"}
+            "structured_outputs": "json_schema", "logprobs": "top_logprobs_num"}
 
 
 def _generate_loc(loc: tuple) -> tuple:
     if not loc or loc[0] == "prompt":
         return ("body", "text", *loc[1:])
+    if loc[0] == "logprobs":
+        return ("body", "top_logprobs_num", *loc[1:])
     return ("body", "sampling_params", _RENAMED.get(loc[0], loc[0]), *loc[1:])
 
 
@@ -114,7 +121,7 @@ async def create_generate(state: ServerState, req: GenerateRequest, raw: Request
 
     def item(i: int, res: ChoiceResult, cached: int) -> dict[str, Any]:
         return {"text": res.text, "output_ids": res.token_ids,
-                "meta_info": _meta(sub, state, i // n, i % n, res, cached)}
+                "meta_info": _meta(sub, state, req, i // n, i % n, res, cached)}
 
     def build(collected: Collected) -> Any:
         items = [item(i, res, collected.cached_by_prompt.get(i // n, 0))
@@ -122,18 +129,23 @@ async def create_generate(state: ServerState, req: GenerateRequest, raw: Request
         return items if batch else items[0]
 
     return await respond(state, raw, sub.stream, req.stream, n,
-                         lambda: _events(state, sub, n), build)
+                         lambda: _events(state, sub, req, n), build)
 
 
-def _meta(sub: Submitted, state: ServerState, prompt: int, seq: int, res: ChoiceResult,
-          cached: int) -> dict[str, Any]:
-    return {"id": f"{sub.request_id}-{prompt}" + (f"-{seq}" if seq else ""),
+def _meta(sub: Submitted, state: ServerState, req: GenerateRequest, prompt: int, seq: int,
+          res: ChoiceResult, cached: int) -> dict[str, Any]:
+    meta = {"id": f"{sub.request_id}-{prompt}" + (f"-{seq}" if seq else ""),
             "finish_reason": finish_reason(res), "prompt_tokens": len(sub.prompts[prompt]),
             "completion_tokens": len(res.token_ids), "cached_tokens": cached,
             "e2e_latency": state.async_engine.now() - sub.arrival_time}
+    if req.return_logprob:
+        meta.update(logprob_meta(state.tokenizer, res, req.top_logprobs_num,
+                                 req.return_text_in_logprobs))
+    return meta
 
 
-async def _events(state: ServerState, sub: Submitted, n: int) -> AsyncIterator[str]:
+async def _events(state: ServerState, sub: Submitted, req: GenerateRequest,
+                  n: int) -> AsyncIterator[str]:
     prompt_index = state.prompt_index(sub.stream)
     so_far: dict[int, ChoiceResult] = {}
     try:
@@ -144,7 +156,8 @@ async def _events(state: ServerState, sub: Submitted, n: int) -> AsyncIterator[s
                 res = so_far.setdefault(index, ChoiceResult())
                 res.add(delta)
                 event = {"text": res.text, "meta_info": _meta(
-                    sub, state, p, delta.index, res, update.num_cached_tokens), "index": index}
+                    sub, state, req, p, delta.index, res, update.num_cached_tokens),
+                    "index": index}
                 yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
     except STREAM_FAILURES as exc:
         yield failure_event(exc)

@@ -92,7 +92,9 @@ def test_formats_and_stops(http):
 
 
 @pytest.mark.parametrize("body", [
-    {"text": TEXT, "input_ids": [1, 2]}, {}, {"text": TEXT, "return_logprob": True},
+    {"text": TEXT, "input_ids": [1, 2]}, {},
+    {"text": TEXT, "return_logprob": True, "logprob_start_len": 0},  # input logprobs
+    {"text": TEXT, "return_logprob": True, "top_logprobs_num": 10_000},  # over --max-logprobs
     {"text": TEXT, "sampling_params": {"max_new_tokens": 0}},
     {"text": TEXT, "sampling_params": {"top_p": 0}},
     {"text": TEXT, "sampling_params": {"regex": "(unclosed"}},
@@ -106,3 +108,26 @@ def test_bad_requests_are_400(http, body):
 def test_a_bad_value_names_sglangs_field(http):
     resp = http.post("/generate", json={"text": TEXT, "sampling_params": {"max_new_tokens": 0}})
     assert resp.json()["error"]["param"] == "sampling_params.max_new_tokens"
+
+
+def test_return_logprob_matches_the_completions_logprobs(live, http):
+    """SGLang's output logprobs: [logprob, id, text] a token, the top k a position, the same
+    values the completions endpoint gives for the same greedy tokens."""
+    out = generate(http, text=TEXT, return_logprob=True, top_logprobs_num=3,
+                   return_text_in_logprobs=True, sampling_params=GREEDY)
+    meta = out["meta_info"]
+    chosen, top = meta["output_token_logprobs"], meta["output_top_logprobs"]
+    assert [c[1] for c in chosen] == out["output_ids"] and len(top) == 8
+    assert meta["input_token_logprobs"] == []
+    same = http.post("/v1/completions", json={"model": MODEL, "prompt": TEXT, "max_tokens": 8,
+                                              "temperature": 0, "ignore_eos": True,
+                                              "logprobs": 3}).json()["choices"][0]["logprobs"]
+    assert [c[0] for c in chosen] == pytest.approx(same["token_logprobs"])
+    assert [c[2] for c in chosen] == same["tokens"]
+    for position, want in zip(top, same["top_logprobs"]):
+        assert len(position) == 3 and [e[0] for e in position] == sorted(
+            (e[0] for e in position), reverse=True)
+        assert {e[2]: e[0] for e in position} == pytest.approx(want)
+    plain = generate(http, text=TEXT, return_logprob=True, sampling_params=GREEDY)["meta_info"]
+    assert plain["output_top_logprobs"] == [] and all(c[2] is None
+                                                      for c in plain["output_token_logprobs"])
