@@ -93,10 +93,13 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_arrival_args(a: argparse._ArgumentGroup) -> None:
-    a.add_argument("--arrivals", choices=ARRIVALS, default="offline",
-                   help="paper-gamma: the Azure trace's gaps (mean 22.15 ms, CV 1.69), "
-                   "halved for ShareGPT, doubled for L-Eval; trace: the gaps of --trace-path")
-    a.add_argument("--rate", type=float, default=None, help="poisson/gamma: requests per second")
+    a.add_argument("--arrivals", choices=ARRIVALS, default=None,
+                   help="default: poisson with --rate, else offline; paper-gamma: the Azure "
+                   "trace's gaps (mean 22.15 ms, CV 1.69), halved for ShareGPT, doubled for "
+                   "L-Eval; trace: the gaps of --trace-path")
+    a.add_argument("--rate", "--request-rate", type=float, default=None,
+                   help="poisson/gamma: requests per second (vLLM's --request-rate: Poisson "
+                   "arrivals unless --arrivals says otherwise)")
     a.add_argument("--cv", type=float, default=PAPER_AZURE_CV, help="gamma: CV of the gaps")
     a.add_argument("--rate-scale", type=float, default=1.0,
                    help="send this many times faster, same draws (the paper sweeps 0.5-3)")
@@ -130,8 +133,17 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def arrivals_kind(args: argparse.Namespace) -> str:
+    """--arrivals, else poisson where a rate is given (vLLM's --request-rate), else offline."""
+    if args.arrivals is None:
+        return "offline" if args.rate is None else "poisson"
+    if args.arrivals == "offline" and args.rate is not None:
+        raise SystemExit("kvtier bench: --rate needs arrivals with a rate, not --arrivals offline")
+    return str(args.arrivals)
+
+
 def arrival_spec(args: argparse.Namespace) -> ArrivalSpec:
-    kind = args.arrivals
+    kind = arrivals_kind(args)
     if kind == "offline":
         return ArrivalSpec(ArrivalKind.OFFLINE)
     if kind == "paper-gamma":
@@ -213,7 +225,7 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
     if args.goodput_sweep:
         if slo is None:
             raise SystemExit("kvtier bench: --goodput-sweep needs --slo-ttft and/or --slo-tpot")
-        if args.arrivals == "offline":
+        if arrivals_kind(args) == "offline":
             raise SystemExit("kvtier bench: --goodput-sweep needs arrivals with a rate, not offline")
         sweep = SweepConfig(rates=tuple(args.sweep_rates), low=args.sweep_low, high=args.sweep_high,
                             target=args.goodput_target)

@@ -12,7 +12,9 @@ from kvtier.bench.workload import Dataset
 
 
 def add_workload_args(w: argparse._ArgumentGroup) -> None:
-    w.add_argument("--workload", choices=[d.value for d in Dataset], default="sharegpt")
+    w.add_argument("--workload", "--dataset-name", choices=[d.value for d in Dataset],
+                   default="sharegpt", type=_dataset_name,
+                   help="vLLM's --dataset-name random is synthetic here")
     w.add_argument("--dataset-path", default=None,
                    help="data file: L-Eval JSONL, Azure or BurstGPT trace CSV, Mooncake trace JSONL, "
                    "prepared JSON, ShareGPT "
@@ -33,9 +35,9 @@ def add_workload_args(w: argparse._ArgumentGroup) -> None:
                         "above max-model-len. ShareGPT and L-Eval sample past requests outside "
                         "the limits; a prepared file's are dropped and an Azure trace's "
                         "truncated (its arrivals stay), and their number is said")
-    w.add_argument("--input-len", type=int, default=256, help="synthetic: mean prompt length")
-    w.add_argument("--output-len", type=int, default=128, help="synthetic: mean output length")
-    w.add_argument("--range-ratio", type=float, default=0.0, help="synthetic: lengths +- this fraction")
+    w.add_argument("--input-len", "--random-input-len", type=int, default=256, help="synthetic: mean prompt length")
+    w.add_argument("--output-len", "--random-output-len", type=int, default=128, help="synthetic: mean output length")
+    w.add_argument("--range-ratio", "--random-range-ratio", type=float, default=0.0, help="synthetic: lengths +- this fraction")
     w.add_argument("--leval-max-document-tokens", type=int, default=None,
                    help="L-Eval: keep the first N tokens of each document")
     w.add_argument("--leval-order", choices=[o.value for o in LEvalOrder], default="grouped",
@@ -71,3 +73,7 @@ def add_sharing_args(w: argparse._ArgumentGroup) -> None:
     w.add_argument("--gsp-question-len", type=int, default=d.question_len,
                    help="generated-shared-prefix: tokens of each request's own question")
     w.add_argument("--gsp-output-len", type=int, default=d.output_len)
+
+
+def _dataset_name(value: str) -> str:
+    return "synthetic" if value == "random" else value  # vLLM's name for random lengths

@@ -24,10 +24,24 @@ def parse(*argv: str) -> argparse.Namespace:
 
 def test_defaults_and_engine_options_together():
     a = parse("--kv-policy", "swap", "--num-gpu-blocks", "12", "--seed", "3")
-    assert a.policies == "recompute,swap" and a.workload == "sharegpt" and a.arrivals == "offline"
+    assert a.policies == "recompute,swap" and a.workload == "sharegpt"
+    assert arrival_spec(a).kind is ArrivalKind.OFFLINE
     assert (a.num_gpu_blocks, a.seed, a.workload_seed) == (12, 3, 0)  # engine seed != workload seed
     cfg = bench_config(a)
     assert cfg.policies == ("recompute", "swap") and cfg.slo is None and cfg.sweep is None
+
+
+def test_vllms_bench_flags():
+    """vllm bench serve's names: --dataset-name random, --random-input-len/-output-len/
+    -range-ratio, and --request-rate (Poisson arrivals unless --arrivals says otherwise)."""
+    a = parse("--dataset-name", "random", "--random-input-len", "64", "--random-output-len", "8",
+              "--random-range-ratio", "0.5", "--request-rate", "4")
+    assert (a.workload, a.input_len, a.output_len, a.range_ratio) == ("synthetic", 64, 8, 0.5)
+    spec = arrival_spec(a)
+    assert spec.kind is ArrivalKind.POISSON and spec.rate == 4.0
+    assert arrival_spec(parse("--arrivals", "gamma", "--rate", "2")).kind is ArrivalKind.GAMMA
+    with pytest.raises(SystemExit, match="--rate needs arrivals"):
+        arrival_spec(parse("--arrivals", "offline", "--rate", "2"))
 
 
 def test_slo_in_ms_and_sweep():
