@@ -130,7 +130,8 @@ class PriorityQueue(FCFSQueue):
         self._ranks = itertools.count()
 
     def _rev_key(self, req: Request) -> tuple[int, float, int]:
-        return -req.priority, -req.arrival_time, -self._rank[req.request_id]
+        priority, arrival = priority_order(req)
+        return -priority, -arrival, -self._rank[req.request_id]
 
     def add(self, req: Request) -> None:
         self._rank[req.request_id] = next(self._ranks)
@@ -158,15 +159,19 @@ class PriorityQueue(FCFSQueue):
         return reversed(self._rev)
 
     def precedes(self, req: Request, other: Request) -> bool:
-        return (req.priority, req.arrival_time) < (other.priority, other.arrival_time)
+        return priority_order(req) < priority_order(other)
 
     def resume_order(self, swapped: deque[Request]) -> deque[Request]:
-        return deque(sorted(swapped, key=lambda r: (r.priority, r.arrival_time)))
+        return deque(sorted(swapped, key=priority_order))
 
     def victim_index(self, running: list[Request]) -> int:
         """The running request of the highest (priority, arrival), the newest among equals."""
-        return max(range(len(running)), key=lambda i: (running[i].priority,
-                                                       running[i].arrival_time, i))
+        return max(range(len(running)), key=lambda i: (*priority_order(running[i]), i))
+
+
+def priority_order(req: Request) -> tuple[int, float]:
+    """The priority policy's order: the lower value first, then the earlier arrival."""
+    return req.priority, req.arrival_time
 
 
 def cached_blocks(cache: PrefixCache, req: Request) -> int:

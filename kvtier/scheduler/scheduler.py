@@ -241,7 +241,7 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             step.add(req, n, self.kv.block_table(req), reset=True)
-        if gate is not None and self.waiting:
+        if gate is not None and self.waiting and before is None:  # once a step: the last pass
             gate.fill_bubbles(self.waiting, self.config.max_num_batched_tokens)
 
     def _unadmit(self, req: Request, cached: int) -> None:
