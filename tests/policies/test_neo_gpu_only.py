@@ -5,6 +5,8 @@ integrity holds after every step."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from kvtier.cli import build_parser
@@ -47,11 +49,15 @@ def one_held(monkeypatch):
     monkeypatch.setattr(ModeChoice, "best", lambda self, *a, **k: StepMode.SEQUENTIAL)
 
 
-def traced_run(**overrides) -> tuple[dict[str, list[int]], LLMEngine, list[tuple]]:
+def traced_run(priorities: list[int] | None = None,
+               watch: Callable[[LLMEngine], None] | None = None, **overrides
+               ) -> tuple[dict[str, list[int]], LLMEngine, list[tuple]]:
     """Outputs by id, the engine, and per step (host-running ids, scheduled ids, item
-    kinds); integrity after every step."""
+    kinds); integrity after every step. `watch` sees the engine before the first step."""
     engine = LLMEngine.from_engine_args(EngineArgs(
         kv_policy="neo", **{**CAPPED, "neo_cpu_balance": 0.0, **overrides}))
+    if watch is not None:
+        watch(engine)
     sched, trace = engine.scheduler, []
     schedule = sched.schedule
 
@@ -63,7 +69,7 @@ def traced_run(**overrides) -> tuple[dict[str, list[int]], LLMEngine, list[tuple
 
     sched.schedule = traced  # type: ignore[method-assign]
     for i, p in enumerate(prompts()):
-        engine.add_request(f"r{i}", p, PARAMS)
+        engine.add_request(f"r{i}", p, PARAMS, priority=priorities[i] if priorities else 0)
     outputs: dict[str, list[int]] = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -151,3 +157,39 @@ def test_the_count_held_is_the_best_predicted_rate():
     assert hold_candidates(3) == [0, 1, 2, 3]
     many = hold_candidates(100)
     assert many[0] == 0 and many[-1] == 100 and len(many) == 9
+
+
+
+def test_a_held_back_cpu_decode_preempted_by_priority_gives_back_its_host_blocks(
+        gpu_only_wins):
+    """Under priority scheduling the victim is the running request of the worst priority,
+    which may be a CPU decode this step leaves out (ahead of the scheduler's place in
+    `running`): it is preempted as any other, its host blocks freed (integrity every step,
+    all free at the end), and the outputs hold."""
+    reference, _, _ = run("recompute", num_gpu_blocks=256)
+    held_victims: list[str] = []
+
+    def watch(engine: LLMEngine) -> None:
+        sched = engine.scheduler
+        held: set[str] = set()
+        before_step, preempt = sched.policy.before_step, sched._preempt
+
+        def holding(running, kv, waiting=()):
+            before_step(running, kv, waiting)
+            held.clear()
+            held.update(r.request_id for r in running[:sched.policy.num_held_back(running)])
+
+        def recording(req, step):
+            if req.request_id in held:
+                held_victims.append(req.request_id)
+            preempt(req, step)
+
+        sched.policy.before_step = holding  # type: ignore[method-assign]
+        sched._preempt = recording  # type: ignore[method-assign]
+
+    # The newest arrivals have the worst priority: they move out first, and are the victims.
+    outputs, _, _ = traced_run(list(range(len(prompts()))), watch,
+                               schedule_policy="priority", num_gpu_blocks=20,
+                               num_host_blocks=24, neo_max_skipped_steps=2)
+    assert held_victims, "no held-back CPU decode was preempted: the case is not reached"
+    assert outputs == reference
