@@ -54,9 +54,11 @@ POLICIES = ("neo", "neo:off", "directkv", "swap", "recompute")
 # directkv's modes: (engine flag, its value)
 DIRECTKV_MODES = {"inline": ("directkv_side_stream", False),
                   "piecewise": ("directkv_graphs", False),
-                  "partial": ("directkv_partial_moves", True)}
+                  "partial": ("directkv_partial_moves", True),
+                  "waitprompts": ("directkv_host_admission", False)}
 NEO_MODES = {"piecewise": ("neo_graphs", False),  # others: the --neo-pipeline value
-             "flagged": ("neo_flagged_pipeline", True)}
+             "flagged": ("neo_flagged_pipeline", True),
+             "waitprompts": ("neo_host_admission", False)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -128,9 +130,10 @@ def pool_sizes(args: argparse.Namespace, cap: float = 0.5) -> tuple[int, int, in
 def policy_flags(args: argparse.Namespace, policy: str) -> tuple[str, dict[str, Any]]:
     """`name[:mode][@balance]` -> (--kv-policy, its engine flags); the mode is neo's
     --neo-pipeline and/or `piecewise` (--no-neo-graphs), `threadsN` (--neo-cpu-threads N),
-    or directkv's `inline`
+    `flagged` (--neo-flagged-pipeline), or directkv's `inline`
     (--no-directkv-side-stream), `piecewise` (--no-directkv-graphs), `partial`
-    (--directkv-partial-moves); several joined by `+` (e.g. `neo:off+piecewise`)."""
+    (--directkv-partial-moves); for either, `waitprompts` (--no-<system>-host-admission:
+    prompts the device cannot take wait); several joined by `+` (e.g. `neo:off+piecewise`)."""
     spec, _, balance = policy.partition("@")
     name, _, mode = spec.partition(":")
     extra: dict[str, Any] = {}
@@ -229,6 +232,7 @@ def run_policy(args: argparse.Namespace, policy: str, cap: float) -> dict[str, A
             "tpot_ms": 1e3 * tpot(times), "steps": log.steps,
             "num_preemptions": stats.num_preemptions_total,
             "moved_out": getattr(placement, "num_moved_out", None),
+            "moved_out_for_prompts": getattr(placement, "num_moved_for_prompts", None),
             "moved_in": getattr(placement, "num_moved_in", None),
             "refused": getattr(placement, "num_refused", None),
             "refused_by_system": getattr(placement, "num_refused_by_system", None),

@@ -92,6 +92,7 @@ def run(setting: Setting, name: str, policy: str, flags: dict, reqs, args) -> di
     placement = engine.scheduler.policy
     if policy == "neo":  # its moves, those its balance refused, how its steps ran
         row |= {"moved_to_host": placement.num_moved_out,
+                "moved_to_host_for_prompts": placement.num_moved_for_prompts,
                 "moves_refused_by_balance": placement.num_refused_by_system,
                 "pipelined_steps": placement.num_pipelined_steps,
                 "gpu_only_steps": placement.num_gpu_only_steps,

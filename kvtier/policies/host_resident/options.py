@@ -27,6 +27,9 @@ class HostResidentOptions(SystemOptions):
     # than the whole request (its row then attends over a host prefix and a device suffix,
     # merged by log-sum-exp; a system whose runner side merges them sets it).
     partial_moves: bool = False
+    # Waiting prompts the device pool cannot take are admitted past it, room made for them by
+    # moving the newest device decodes to the host (NEO's CPU prefills; admission.py).
+    host_admission: bool = True
     # The system's priced limit on the moves (balance.py), set once a cost model is built.
     balance_rule: HostBalance | None = field(default=None, compare=False)
 

@@ -45,6 +45,7 @@ from kvtier.core.plan import ScheduledRequest
 from kvtier.core.request import Request
 from kvtier.kv.manager import KVCacheManager, cdiv
 from kvtier.policies.base import KVPolicy, Preemption, drop_kv
+from kvtier.policies.host_resident.admission import admitted_prompt_blocks
 from kvtier.policies.host_resident.balance import last_token
 from kvtier.policies.host_resident.items import HostRows, MoveToDevice, MoveToHost, SplitRows
 from kvtier.policies.host_resident.options import HostResidentOptions
@@ -66,6 +67,7 @@ class HostResidentPolicy(KVPolicy):
         # tokens go there, so this step's count holds).
         self._host_prefix: dict[str, int] = {}
         self.num_moved_out = self.num_moved_in = self.num_refused = 0
+        self.num_moved_for_prompts = 0  # of num_moved_out: room made for waiting prompts
         self.num_refused_by_system = 0
 
     def preempt(self, req: Request, kv: KVCacheManager) -> Preemption:
@@ -77,8 +79,15 @@ class HostResidentPolicy(KVPolicy):
         short = self._blocks_short(running, kv)
         if short > 0:
             self._move_out(running, kv, short)
-        elif host:
-            self._move_in(running, kv, -short)
+        else:
+            # Waiting prompts the device cannot take are admitted past it (admission.py):
+            # room is made for them, and host-running requests come back only into what
+            # they leave, so no request moves in to be moved out again for them.
+            short += self._prompt_blocks(running, kv, waiting)
+            if short > 0:
+                self._make_room_for_prompts(running, kv, short)
+            elif host:
+                self._move_in(running, kv, -short)
         self._host_prefix = _host_prefixes(running, kv)
         if host:  # host-running first, each part in its order
             running[:] = ([r for r in running if r.request_id in host]
@@ -108,6 +117,16 @@ class HostResidentPolicy(KVPolicy):
         return items
 
     # ---- decisions -------------------------------------------------------------------
+    def _prompt_blocks(self, running: list[Request], kv: KVCacheManager,
+                       waiting: Iterable[Request]) -> int:
+        """Device blocks the waiting prompts this step admits need, if they are admitted
+        past the device pool (0 otherwise: they wait for room)."""
+        opts = self.options
+        if not opts.host_admission:
+            return 0
+        return admitted_prompt_blocks(running, waiting, kv, opts.max_step_tokens,
+                                      opts.max_step_seqs)
+
     def mover(self, running: list[Request], kv: KVCacheManager
               ) -> Callable[[Request, int | None, int | None], bool] | None:
         """A system's own limit on this step's moves (candidates in order, newest first,
@@ -117,6 +136,15 @@ class HostResidentPolicy(KVPolicy):
         if rule is None:
             return None
         return rule.mover(running, kv.host_running, _host_prefixes(running, kv))
+
+    def _make_room_for_prompts(self, running: list[Request], kv: KVCacheManager,
+                               short: int) -> None:
+        """Move decodes out for waiting prompts. A move refused here preempts no one (the
+        prompts wait), so only the decodes' refusals are counted as refused."""
+        refused, moved = (self.num_refused, self.num_refused_by_system), self.num_moved_out
+        self._move_out(running, kv, short)
+        self.num_refused, self.num_refused_by_system = refused
+        self.num_moved_for_prompts += self.num_moved_out - moved
 
     def _blocks_short(self, running: list[Request], kv: KVCacheManager) -> int:
         """Device blocks this step's decodes growing on the device need beyond the free ones

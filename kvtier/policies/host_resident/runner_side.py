@@ -187,9 +187,14 @@ def rows_layout(table: np.ndarray, block_size: int, rows: np.ndarray, lens: np.n
     if dev_lens.any():
         first = on_host // bs  # a device suffix starts at a block boundary
         dev_width = -(-int(dev_lens.max()) // bs)
-        cols = np.minimum(first[:, None] + np.arange(dev_width)[None, :], table.shape[2] - 1)
+        span = np.arange(dev_width)[None, :]
+        cols = np.minimum(first[:, None] + span, table.shape[2] - 1)
+        # Entries past a row's suffix (all of a row held wholly on the host) are its host
+        # ids or padding: block 0 there, so every entry names a device block (a reader may
+        # gather whole rows, as the torch reference does).
+        past = span >= (-(-dev_lens // bs))[:, None]
         device = DeviceSuffix(
-            tables=np.ascontiguousarray(table[:, rows[:, None], cols]),
+            tables=np.ascontiguousarray(np.where(past, 0, table[:, rows[:, None], cols])),
             slots=np.ascontiguousarray(np.where(pos >= on_host, slot, -1)), lens=dev_lens)
     return HostRowsLayout(num_rows=n, tables=np.ascontiguousarray(table[:, rows, :width]),
                           slots=host_slots, context_lens=on_host.astype(np.int32),

@@ -25,6 +25,11 @@ class HostResidentArgs(SystemArgs):
         default=0.95, metadata={"help": "host-running requests come back (oldest first) while "
                                         "the device pool stays below this fraction of its "
                                         "blocks"})
+    host_admission: bool = field(
+        default=True, metadata={"help": "waiting prompts the device pool cannot take are "
+                                        "admitted past it: the newest device decodes move "
+                                        "to the host pool to make room (NEO's CPU "
+                                        "prefills); off: they wait for room"})
 
 
 class HostResidentSystem(MemorySystem):
@@ -40,6 +45,7 @@ class HostResidentSystem(MemorySystem):
     def shared_options(args: HostResidentArgs, config: EngineConfig) -> dict[str, Any]:
         """The HostResidentOptions fields every system fills alike."""
         return {"swap_in_fraction": args.swap_in_fraction,
+                "host_admission": args.host_admission,
                 "max_model_len": config.scheduler.max_model_len,
                 "max_step_tokens": config.scheduler.max_num_batched_tokens,
                 "max_step_seqs": config.scheduler.max_num_seqs}

@@ -1,0 +1,109 @@
+"""Admission past the device pool (kvtier/policies/host_resident/admission.py, NEO's CPU
+prefills): the waiting prompts a step admits and the device blocks they need; the
+placement moves the newest decodes out to make that room, never moves one in that the
+prompts' room would send out again, and the engine's outputs hold with it (fp32, CPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtier.core.request import Request
+from kvtier.engine.args import EngineArgs
+from kvtier.kv.manager import KVCacheManager
+from kvtier.policies.directkv import DirectKVOptions, DirectKVPolicy
+from kvtier.policies.host_resident.admission import admitted_prompt_blocks
+from kvtier.sampling_params import SamplingParams
+from tests.policies.test_host_resident import running_decode
+from tests.policies.test_host_resident_engine import run
+
+
+def waiting(rid: str, prompt_len: int) -> Request:
+    return Request(rid, list(range(100, 100 + prompt_len)), SamplingParams(max_tokens=4),
+                   max_tokens=4)
+
+
+def manager(**kw) -> KVCacheManager:
+    # 2 layer groups, blocks of 4 tokens
+    return KVCacheManager(num_groups=2, block_size=4, num_gpu_blocks=20, num_host_blocks=40,
+                          watermark=0.0, **kw)
+
+
+def test_the_prompts_admitted_are_counted_whole_within_the_budget_and_seats():
+    kv = manager()
+    running = [running_decode(kv, f"r{i}") for i in range(2)]  # 2 tokens of the budget
+    queue = [waiting("w0", 9), waiting("w1", 8), waiting("w2", 4)]
+    # 9 tokens: 3 blocks x 2 groups; 8 tokens: 2 x 2; the budget's 19 tokens end at w2.
+    assert admitted_prompt_blocks(running, queue, kv, budget=19, seats=8) == 6 + 4
+    # Whole prompts even when chunked: w0's first chunk is all the budget has left.
+    assert admitted_prompt_blocks(running, queue, kv, budget=5, seats=8) == 6
+    assert admitted_prompt_blocks(running, queue, kv, budget=2, seats=8) == 0
+    # Seats count the running requests.
+    assert admitted_prompt_blocks(running, queue, kv, budget=100, seats=3) == 6
+    assert admitted_prompt_blocks(running, queue, kv, budget=100, seats=8) == 6 + 4 + 2
+
+
+def test_a_prompts_blocks_the_prefix_cache_holds_are_not_counted():
+    from kvtier.kv.prefix_cache import PrefixCacheConfig
+
+    kv = manager(prefix_cache=PrefixCacheConfig())
+    done = waiting("done", 9)
+    kv.admit(done)
+    assert kv.allocate_slots(done, 9) is not None
+    kv.cache_full_blocks(done, 9)  # its 2 full blocks are cached
+    kv.free(done)
+    again = waiting("again", 9)  # the same 9 tokens: 2 cached blocks, 1 to compute
+    assert admitted_prompt_blocks([], [again], kv, budget=100, seats=8) == 2
+
+
+def test_room_is_made_for_a_waiting_prompt_by_moving_the_newest_decodes():
+    kv = manager()
+    running = [running_decode(kv, f"r{i}", prompt_len=7) for i in range(4)]  # 16 used
+    policy = DirectKVPolicy(DirectKVOptions(max_model_len=64, max_step_tokens=64))
+    # The prompt needs 3 blocks x 2 groups, 4 are free: the newest decode's 4 make room.
+    policy.before_step(running, kv, [waiting("w0", 12)])
+    assert kv.host_running == {"r3"} and policy.num_moved_for_prompts == 1
+    assert kv.gpu.num_free == 8
+    kv.check_integrity()
+    # Nothing waits: the host-running request comes back into the room.
+    policy.before_step(running, kv, [])
+    assert policy.num_moved_in > 0
+
+
+def test_no_request_moves_in_into_the_room_a_waiting_prompt_needs():
+    kv = manager()
+    running = [running_decode(kv, f"r{i}", prompt_len=7) for i in range(4)]
+    policy = DirectKVPolicy(DirectKVOptions(max_model_len=64, max_step_tokens=64))
+    policy.before_step(running, kv, [waiting("w0", 12)])
+    host = set(kv.host_running)
+    policy.before_step(running, kv, [waiting("w0", 12)])  # still waiting: it stays out
+    assert kv.host_running == host and policy.num_moved_in == 0
+    kv.check_integrity()
+
+
+def test_off_the_prompts_wait_for_room():
+    kv = manager()
+    running = [running_decode(kv, f"r{i}", prompt_len=7) for i in range(4)]
+    policy = DirectKVPolicy(DirectKVOptions(max_model_len=64, host_admission=False))
+    policy.before_step(running, kv, [waiting("w0", 12)])
+    assert not kv.host_running and policy.num_moved_for_prompts == 0
+
+
+def test_the_flag_reaches_the_options():
+    for system in ("neo", "directkv"):
+        config = EngineArgs(model="tiny-llama", kv_policy=system, device="cpu",
+                            num_host_blocks=64, **{f"{system}_host_admission": False}
+                            ).create_engine_config()
+        assert config.policy_options.host_admission is False
+    assert EngineArgs(model="tiny-llama", kv_policy="neo", device="cpu", num_host_blocks=64
+                      ).create_engine_config().policy_options.host_admission is True
+
+
+@pytest.mark.parametrize("policy", ["neo", "directkv"])
+def test_prompts_admitted_past_the_device_keep_the_outputs(policy):
+    reference, _, _ = run("recompute", num_gpu_blocks=256)
+    outputs, engine, _ = run(policy)  # integrity after every step, all free at the end
+    placement = engine.scheduler.policy
+    assert placement.num_moved_for_prompts > 0
+    assert outputs == reference
+    _, off, _ = run(policy, **{f"{policy}_host_admission": False})
+    assert off.scheduler.policy.num_moved_for_prompts == 0
