@@ -55,10 +55,10 @@ POLICIES = ("neo", "neo:off", "directkv", "swap", "recompute")
 DIRECTKV_MODES = {"inline": ("directkv_side_stream", False),
                   "piecewise": ("directkv_graphs", False),
                   "partial": ("directkv_partial_moves", True),
-                  "waitprompts": ("directkv_host_admission", False)}
+                  "admit": ("directkv_host_admission", True)}
 NEO_MODES = {"piecewise": ("neo_graphs", False),  # others: the --neo-pipeline value
              "flagged": ("neo_flagged_pipeline", True),
-             "waitprompts": ("neo_host_admission", False)}
+             "admit": ("neo_host_admission", True)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -132,8 +132,8 @@ def policy_flags(args: argparse.Namespace, policy: str) -> tuple[str, dict[str, 
     --neo-pipeline and/or `piecewise` (--no-neo-graphs), `threadsN` (--neo-cpu-threads N),
     `flagged` (--neo-flagged-pipeline), or directkv's `inline`
     (--no-directkv-side-stream), `piecewise` (--no-directkv-graphs), `partial`
-    (--directkv-partial-moves); for either, `waitprompts` (--no-<system>-host-admission:
-    prompts the device cannot take wait); several joined by `+` (e.g. `neo:off+piecewise`)."""
+    (--directkv-partial-moves); for either, `admit` (--<system>-host-admission: prompts
+    the device cannot take are admitted past it); several joined by `+` (e.g. `neo:off+piecewise`)."""
     spec, _, balance = policy.partition("@")
     name, _, mode = spec.partition(":")
     extra: dict[str, Any] = {}

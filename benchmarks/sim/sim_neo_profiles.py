@@ -11,10 +11,11 @@ time 0 (offline throughput: output tokens over the makespan). The paper reports 
 The second sweeps each setting's KV pool (times the factors): where NEO's gain over the
 better of swap and recompute vanishes as the pool grows (issue 27 item 5, by the cost model).
 
-NEO runs three times: with its CPU/GPU balance (--neo-cpu-balance, kvtier/policies/neo/balance.py),
-without it (every overflowing decode moves to the host), and balanced but with no GPU-only
+NEO runs four times: with its CPU/GPU balance (--neo-cpu-balance, kvtier/policies/neo/balance.py),
+without it (every overflowing decode moves to the host), balanced but with no GPU-only
 steps (--neo-max-skipped-steps 0: every step runs its CPU decodes, sequentially or
-pipelined, kvtier/policies/neo/modes.py).
+pipelined, kvtier/policies/neo/modes.py), and balanced with prompts admitted past the device
+pool (--neo-host-admission, kvtier/policies/host_resident/admission.py).
 
 The CPU attention is priced at one rate on every profile (kvtier/policies/neo/'s
 CPU_ATTENTION_BYTES_PER_S, the H200 host's), not at NEO's hosts' (a g4dn's CPU reads far less
@@ -39,11 +40,13 @@ from kvtier.policies.neo import CPU_ATTENTION_BYTES_PER_S, price_cpu_rows
 from kvtier.sim import build_sim_engine, run_simulation
 
 # (row name, --kv-policy, its flags): NEO with its CPU/GPU balance (the default), without it
-# (every overflowing decode moves to the host, whatever the CPU attention then costs), and
-# without its GPU-only steps (the CPU decodes run in every step).
+# (every overflowing decode moves to the host, whatever the CPU attention then costs),
+# without its GPU-only steps (the CPU decodes run in every step), and admitting prompts past
+# the device pool (its CPU prefills).
 POLICIES = (("recompute", "recompute", {}), ("swap", "swap", {}),
             ("neo", "neo", {}), ("neo_unbalanced", "neo", {"neo_cpu_balance": 0.0}),
-            ("neo_no_gpu_only", "neo", {"neo_max_skipped_steps": 0}))
+            ("neo_no_gpu_only", "neo", {"neo_max_skipped_steps": 0}),
+            ("neo_host_admission", "neo", {"neo_host_admission": True}))
 
 
 @dataclasses.dataclass(frozen=True)

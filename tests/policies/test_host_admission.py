@@ -58,7 +58,8 @@ def test_a_prompts_blocks_the_prefix_cache_holds_are_not_counted():
 def test_room_is_made_for_a_waiting_prompt_by_moving_the_newest_decodes():
     kv = manager()
     running = [running_decode(kv, f"r{i}", prompt_len=7) for i in range(4)]  # 16 used
-    policy = DirectKVPolicy(DirectKVOptions(max_model_len=64, max_step_tokens=64))
+    policy = DirectKVPolicy(DirectKVOptions(max_model_len=64, max_step_tokens=64,
+                                            host_admission=True))
     # The prompt needs 3 blocks x 2 groups, 4 are free: the newest decode's 4 make room.
     policy.before_step(running, kv, [waiting("w0", 12)])
     assert kv.host_running == {"r3"} and policy.num_moved_for_prompts == 1
@@ -72,7 +73,8 @@ def test_room_is_made_for_a_waiting_prompt_by_moving_the_newest_decodes():
 def test_no_request_moves_in_into_the_room_a_waiting_prompt_needs():
     kv = manager()
     running = [running_decode(kv, f"r{i}", prompt_len=7) for i in range(4)]
-    policy = DirectKVPolicy(DirectKVOptions(max_model_len=64, max_step_tokens=64))
+    policy = DirectKVPolicy(DirectKVOptions(max_model_len=64, max_step_tokens=64,
+                                            host_admission=True))
     policy.before_step(running, kv, [waiting("w0", 12)])
     host = set(kv.host_running)
     policy.before_step(running, kv, [waiting("w0", 12)])  # still waiting: it stays out
@@ -83,7 +85,7 @@ def test_no_request_moves_in_into_the_room_a_waiting_prompt_needs():
 def test_off_the_prompts_wait_for_room():
     kv = manager()
     running = [running_decode(kv, f"r{i}", prompt_len=7) for i in range(4)]
-    policy = DirectKVPolicy(DirectKVOptions(max_model_len=64, host_admission=False))
+    policy = DirectKVPolicy(DirectKVOptions(max_model_len=64))  # off by default
     policy.before_step(running, kv, [waiting("w0", 12)])
     assert not kv.host_running and policy.num_moved_for_prompts == 0
 
@@ -91,19 +93,20 @@ def test_off_the_prompts_wait_for_room():
 def test_the_flag_reaches_the_options():
     for system in ("neo", "directkv"):
         config = EngineArgs(model="tiny-llama", kv_policy=system, device="cpu",
-                            num_host_blocks=64, **{f"{system}_host_admission": False}
+                            num_host_blocks=64, **{f"{system}_host_admission": True}
                             ).create_engine_config()
-        assert config.policy_options.host_admission is False
+        assert config.policy_options.host_admission is True
     assert EngineArgs(model="tiny-llama", kv_policy="neo", device="cpu", num_host_blocks=64
-                      ).create_engine_config().policy_options.host_admission is True
+                      ).create_engine_config().policy_options.host_admission is False
 
 
 @pytest.mark.parametrize("policy", ["neo", "directkv"])
 def test_prompts_admitted_past_the_device_keep_the_outputs(policy):
     reference, _, _ = run("recompute", num_gpu_blocks=256)
-    outputs, engine, _ = run(policy)  # integrity after every step, all free at the end
+    # integrity after every step, all free at the end
+    outputs, engine, _ = run(policy, **{f"{policy}_host_admission": True})
     placement = engine.scheduler.policy
     assert placement.num_moved_for_prompts > 0
     assert outputs == reference
-    _, off, _ = run(policy, **{f"{policy}_host_admission": False})
+    _, off, _ = run(policy)
     assert off.scheduler.policy.num_moved_for_prompts == 0

@@ -130,8 +130,11 @@ def test_the_simulator_runs_it_and_prices_its_host_rows(policy, kind):
 @pytest.mark.parametrize("policy,flags", [("neo", {}), ("neo", {"neo_pipeline": "on"}),
                                           ("neo", {"neo_pipeline": "off"}),
                                           ("neo", {"neo_pipeline": "off", "neo_graphs": False}),
+                                          ("neo", {"neo_host_admission": True}),
                                           ("directkv", {}),
-                                          ("directkv", {"directkv_partial_moves": True})])
+                                          ("directkv", {"directkv_partial_moves": True}),
+                                          ("directkv", {"directkv_partial_moves": True,
+                                                        "directkv_host_admission": True})])
 def test_the_simulator_makes_the_real_engines_decisions(policy, flags, monkeypatch):
     """tests/sim/test_equivalence.py's check (same batches, preemptions, copies, step for
     step), with the host moves compared too (DirectKV's partial moves too)."""

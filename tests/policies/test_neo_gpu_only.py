@@ -189,7 +189,7 @@ def test_a_held_back_cpu_decode_preempted_by_priority_gives_back_its_host_blocks
 
     # The newest arrivals have the worst priority: they move out first, and are the victims.
     outputs, _, _ = traced_run(list(range(len(prompts()))), watch,
-                               schedule_policy="priority", num_gpu_blocks=24,
-                               num_host_blocks=16, neo_max_skipped_steps=2)
+                               schedule_policy="priority", num_gpu_blocks=20,
+                               num_host_blocks=24, neo_max_skipped_steps=2)
     assert held_victims, "no held-back CPU decode was preempted: the case is not reached"
     assert outputs == reference

@@ -28,8 +28,9 @@ class HostResidentOptions(SystemOptions):
     # merged by log-sum-exp; a system whose runner side merges them sets it).
     partial_moves: bool = False
     # Waiting prompts the device pool cannot take are admitted past it, room made for them by
-    # moving the newest device decodes to the host (NEO's CPU prefills; admission.py).
-    host_admission: bool = True
+    # moving the newest device decodes to the host (NEO's CPU prefills; admission.py). Off by
+    # default: the simulator finds it a loss where the GPU is fast (docs/HOST_RESIDENT_KV.md).
+    host_admission: bool = False
     # The system's priced limit on the moves (balance.py), set once a cost model is built.
     balance_rule: HostBalance | None = field(default=None, compare=False)
 

@@ -26,10 +26,10 @@ class HostResidentArgs(SystemArgs):
                                         "the device pool stays below this fraction of its "
                                         "blocks"})
     host_admission: bool = field(
-        default=True, metadata={"help": "waiting prompts the device pool cannot take are "
-                                        "admitted past it: the newest device decodes move "
-                                        "to the host pool to make room (NEO's CPU "
-                                        "prefills); off: they wait for room"})
+        default=False, metadata={"help": "waiting prompts the device pool cannot take are "
+                                         "admitted past it: the newest device decodes move "
+                                         "to the host pool to make room (NEO's CPU "
+                                         "prefills); off (the default): they wait for room"})
 
 
 class HostResidentSystem(MemorySystem):
