@@ -36,6 +36,8 @@ class SamplingParams:
     # {token id: bias} added to the logits before the penalties (given as a dict, kept as
     # sorted (id, bias) pairs so that the params stay hashable).
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # vLLM's: only these token ids may be drawn (the others' logits at -inf); None: any.
+    allowed_token_ids: tuple[int, ...] | None = None
     # vLLM's: the output held to a JSON schema, a regex, choices or a grammar (a dict of
     # StructuredOutputsParams' fields is accepted too; kvtier/structured/)
     structured_outputs: StructuredOutputsParams | None = None
@@ -72,6 +74,14 @@ class SamplingParams:
         except (TypeError, ValueError):
             raise InvalidRequestError("invalid sampling parameter: logit_bias maps token ids "
                                       f"to numbers, got {bias!r}") from None
+        allowed = self.allowed_token_ids
+        if allowed is not None:
+            try:
+                object.__setattr__(self, "allowed_token_ids",
+                                   tuple(sorted({_token_id(t) for t in allowed})))
+            except (TypeError, ValueError):
+                raise InvalidRequestError("invalid sampling parameter: allowed_token_ids is a "
+                                          f"list of token ids, got {allowed!r}") from None
         try:
             object.__setattr__(self, "structured_outputs",
                                StructuredOutputsParams.coerce(self.structured_outputs))
@@ -113,6 +123,10 @@ class SamplingParams:
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise bad(f"stop strings must be non-empty strings, got {s!r}")
+        if self.allowed_token_ids is not None and (
+                not self.allowed_token_ids or self.allowed_token_ids[0] < 0):
+            raise bad(f"allowed_token_ids must be a non-empty list of token ids >= 0, got "
+                      f"{list(self.allowed_token_ids)}")
         for t in self.stop_token_ids:
             if not isinstance(t, int) or t < 0:
                 raise bad(f"stop_token_ids must be non-negative integers, got {t!r}")
@@ -135,3 +149,10 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < 1e-5 or self.top_k == 1
+
+
+def _token_id(value: object) -> int:
+    """An int token id (a bool or a float is not one)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(value)
+    return value

@@ -116,8 +116,12 @@ class LLMEngine:
             # An aborted request's last step is still on the GPU: its token would land here.
             raise ValueError(f"request id {request_id!r} is still in flight; use a new id")
         prompt_text, prompt_ids = self._tokenize(prompt)
-        if params.logit_bias and params.logit_bias[-1][0] >= self.model_config.vocab_size:
+        vocab = self.model_config.vocab_size
+        if params.logit_bias and params.logit_bias[-1][0] >= vocab:
             raise InvalidRequestError("logit_bias has a token id outside the vocabulary")
+        if params.allowed_token_ids and params.allowed_token_ids[-1] >= vocab:
+            raise InvalidRequestError(f"allowed_token_ids has a token id outside the "
+                                      f"vocabulary [0, {vocab})")
         max_tokens = self._resolve_max_tokens(len(prompt_ids), params)
         self._check_options(params, priority)
         grammar = self.grammars.compile(params)

@@ -40,7 +40,8 @@ class PenaltyView:
 
 
 def adjusts_logits(params: SamplingParams) -> bool:
-    return params.penalized or bool(params.logit_bias)
+    return (params.penalized or bool(params.logit_bias)
+            or params.allowed_token_ids is not None)
 
 
 def apply_penalties(logits: torch.Tensor, rows: Sequence[PenaltyRow], put: Upload,

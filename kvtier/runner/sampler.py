@@ -129,7 +129,24 @@ def _without_banned(logits: torch.Tensor, rows: list[SampleRow], put: Upload) ->
     masks = [(i, row.allowed) for i, row in enumerate(rows) if row.allowed is not None]
     if masks:
         mask_logits(logits, [i for i, _ in masks], [m for _, m in masks], put)
+    only = [(i, ids) for i, row in enumerate(rows)
+            if (ids := row.params.allowed_token_ids) is not None]
+    if only:
+        _keep_only(logits, only, put)
     return logits
+
+
+def _keep_only(logits: torch.Tensor, rows: list[tuple[int, tuple[int, ...]]],
+               put: Upload) -> None:
+    """vLLM's allowed_token_ids: each row's logits at -inf but for its ids (kept as they
+    were, bans included)."""
+    vocab = logits.shape[1]
+    at = np.asarray([(i, t) for i, ids in rows for t in ids if t < vocab],
+                    dtype=np.int64).reshape(-1, 2)
+    kept = (put(at[:, 0]), put(at[:, 1]))
+    values = logits[kept]
+    logits.index_fill_(0, put(np.asarray([i for i, _ in rows], dtype=np.int64)), float("-inf"))
+    logits.index_put_(kept, values)
 
 
 def _draw_tokens(logits: torch.Tensor, rows: list[SampleRow], put: Upload) -> torch.Tensor:

@@ -294,6 +294,19 @@ def _logit_bias(bias: dict[str, float] | None,
     return tuple(sorted(out.items()))
 
 
+def _allowed_ids(ids: list[int] | None, vocab_size: int) -> tuple[int, ...] | None:
+    """vLLM's allowed_token_ids: a non-empty list of ids in the vocabulary."""
+    if ids is None:
+        return None
+    if not ids:
+        raise _bad("allowed_token_ids must not be empty", "allowed_token_ids")
+    outside = [t for t in ids if t >= vocab_size]
+    if outside:
+        raise _bad(f"allowed_token_ids has ids outside the vocabulary [0, {vocab_size}): "
+                   f"{outside[:5]}", "allowed_token_ids")
+    return tuple(ids)
+
+
 def sampling_params(
     req: _SamplingFields, max_tokens: int | None, logprobs: int | None, limits: ServingLimits,
     tool_format: dict[str, Any] | None = None, defaults: GenerationDefaults = GenerationDefaults(),
@@ -338,6 +351,7 @@ def sampling_params(
             frequency_penalty=req.frequency_penalty or 0.0,
             repetition_penalty=_given(req.repetition_penalty, defaults, "repetition_penalty", 1.0),
             logit_bias=_logit_bias(req.logit_bias, limits.vocab_size),
+            allowed_token_ids=_allowed_ids(req.allowed_token_ids, limits.vocab_size),
             include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens,
             structured_outputs=fmt,

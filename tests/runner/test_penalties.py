@@ -145,3 +145,44 @@ def test_the_engine_refuses_a_bias_outside_the_vocabulary():
     with pytest.raises(InvalidRequestError, match="logit_bias"):
         llm.engine.add_request("r", [5, 6], SamplingParams(logit_bias={vocab: 1.0}))
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_allowed_token_ids_keep_only_those_logits():
+    """vLLM's allowed_token_ids: a row draws only from its ids (greedy: the best of them;
+    sampled: never another), other rows are untouched, and a banned id stays banned."""
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(3))
+    logits[:, 0] = logits.max() + 5.0  # every row's argmax unless it is not allowed
+    only = SamplingParams(temperature=0.0, allowed_token_ids=[9, 4, 17])
+    sampled = SamplingParams(temperature=1.0, seed=1, allowed_token_ids=[11, 12])
+    rows = [SampleRow(only, 0, ()), SampleRow(SamplingParams(temperature=0.0), 0, ()),
+            SampleRow(only, 0, (4,))]  # 4 banned too (min_tokens' eos)
+    out = sample(logits, rows)
+    assert out.token_ids[0] == max((4, 9, 17), key=lambda t: float(logits[0, t]))
+    assert out.token_ids[1] == 0
+    assert out.token_ids[2] == max((9, 17), key=lambda t: float(logits[2, t]))
+    for _ in range(20):
+        assert sample(logits[:1], [SampleRow(sampled, 0, ())]).token_ids[0] in (11, 12)
+
+
+@pytest.mark.parametrize("ids", [[], [-1], [1.5], [True], ["3"], [3, None]])
+def test_bad_allowed_token_ids_are_refused(ids):
+    with pytest.raises(InvalidRequestError, match="allowed_token_ids"):
+        SamplingParams(allowed_token_ids=ids)
+
+
+def test_allowed_token_ids_are_kept_hashable_and_sorted():
+    assert SamplingParams(allowed_token_ids=[9, 2, 9]).allowed_token_ids == (2, 9)
+    assert SamplingParams().allowed_token_ids is None
+
+
+def test_the_engine_refuses_an_allowed_id_outside_the_vocabulary():
+    from kvtier import LLM
+
+    llm = LLM("tiny-llama", load_format="dummy", device="cpu", dtype="float32")
+    vocab = llm.engine.model_config.vocab_size
+    with pytest.raises(InvalidRequestError, match="allowed_token_ids"):
+        llm.engine.add_request("r", [5, 6], SamplingParams(allowed_token_ids=[1, vocab]))
+    assert not llm.engine.has_unfinished_requests()
+    out = llm.generate([[5, 6]], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True,
+                                               allowed_token_ids=[7, 8]))
+    assert set(out[0].outputs[0].token_ids) <= {7, 8}

@@ -203,6 +203,21 @@ def test_penalties_and_logit_bias_reach_the_sampler(live, client):
     assert chat.choices[0].message.content == tok.decode([token] * 6)
 
 
+def test_allowed_token_ids_hold_every_token(live, client):
+    """vLLM's allowed_token_ids through the client's extra_body: completions and chat draw
+    only those ids, greedy or sampled."""
+    tok = live.engine.tokenizer
+    allowed = sorted({tok.encode(" fox")[-1], tok.encode(" dog")[-1]})
+    extra = {"ignore_eos": True, "allowed_token_ids": allowed, "return_token_ids": True}
+    for temperature in (0, 1.0):
+        got = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8,
+                                        temperature=temperature, extra_body=extra)
+        assert set(got.choices[0].model_extra["token_ids"]) <= set(allowed)
+    chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=5,
+                                          temperature=0, extra_body=extra)
+    assert set(chat.choices[0].model_extra["token_ids"]) <= set(allowed)
+
+
 @pytest.mark.parametrize("prompt", [PROMPT, [11, 12, 13, 14, 15, 16]], ids=["text", "ids"])
 def test_echo_puts_the_prompt_and_its_logprobs_first(live, client, prompt):
     """OpenAI's echo as vLLM serves it (lm-eval's loglikelihood calls: echo, logprobs,
