@@ -38,6 +38,9 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     # vLLM's: only these token ids may be drawn (the others' logits at -inf); None: any.
     allowed_token_ids: tuple[int, ...] | None = None
+    # vLLM's: words never generated (the engine bans each one's last token where the output
+    # ends with its others; kvtier/engine/token_options.py).
+    bad_words: tuple[str, ...] = ()
     # vLLM's: the output held to a JSON schema, a regex, choices or a grammar (a dict of
     # StructuredOutputsParams' fields is accepted too; kvtier/structured/)
     structured_outputs: StructuredOutputsParams | None = None
@@ -64,6 +67,10 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         elif not isinstance(self.stop, tuple):
             object.__setattr__(self, "stop", tuple(self.stop or ()))
+        if isinstance(self.bad_words, str):
+            object.__setattr__(self, "bad_words", (self.bad_words,))
+        elif not isinstance(self.bad_words, tuple):
+            object.__setattr__(self, "bad_words", tuple(self.bad_words or ()))
         if not isinstance(self.stop_token_ids, tuple):
             object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
         bias = self.logit_bias
@@ -127,6 +134,9 @@ class SamplingParams:
                 not self.allowed_token_ids or self.allowed_token_ids[0] < 0):
             raise bad(f"allowed_token_ids must be a non-empty list of token ids >= 0, got "
                       f"{list(self.allowed_token_ids)}")
+        for w in self.bad_words:
+            if not isinstance(w, str):
+                raise bad(f"bad_words must be strings, got {w!r}")
         for t in self.stop_token_ids:
             if not isinstance(t, int) or t < 0:
                 raise bad(f"stop_token_ids must be non-negative integers, got {t!r}")

@@ -46,6 +46,9 @@ class ScheduledRequest:
     # next, one bit a vocabulary entry (int32 words, token t at bit t % 32 of word t // 32;
     # the engine fills it, kvtier/structured/requests.py). min_tokens' bans are in it.
     token_mask: np.ndarray | None = None
+    # bad_words only, on a sampling row: the ids its output so far may not be followed by
+    # (the engine fills them, kvtier/engine/token_options.py).
+    banned_ids: tuple[int, ...] = ()
 
     @property
     def num_new_tokens(self) -> int:

@@ -23,7 +23,9 @@ from kvtier.engine.args import EngineArgs
 from kvtier.engine.assembly import EngineParts, assemble, freeze_startup_objects
 from kvtier.engine.detokenizer import IncrementalDetokenizer
 from kvtier.engine.outputs import EngineStats, RequestMetrics, RequestOutput
+from kvtier.engine.request_checks import check_request
 from kvtier.engine.sequences import RequestGroup, SequenceState, completion_output
+from kvtier.engine.token_options import BadWords, bad_word_sequences, fill_bans
 from kvtier.kv.manager import KVCacheManager
 from kvtier.kv.prefix_cache import PrefixCacheBusyError, PrefixCacheStats
 from kvtier.offload.install import enable_host_tier
@@ -116,15 +118,9 @@ class LLMEngine:
             # An aborted request's last step is still on the GPU: its token would land here.
             raise ValueError(f"request id {request_id!r} is still in flight; use a new id")
         prompt_text, prompt_ids = self._tokenize(prompt)
-        vocab = self.model_config.vocab_size
-        if params.logit_bias and params.logit_bias[-1][0] >= vocab:
-            raise InvalidRequestError("logit_bias has a token id outside the vocabulary")
-        if params.allowed_token_ids and params.allowed_token_ids[-1] >= vocab:
-            raise InvalidRequestError(f"allowed_token_ids has a token id outside the "
-                                      f"vocabulary [0, {vocab})")
-        max_tokens = self._resolve_max_tokens(len(prompt_ids), params)
-        self._check_options(params, priority)
+        max_tokens = check_request(self.config, params, len(prompt_ids), priority)
         grammar = self.grammars.compile(params)
+        bad_words = bad_word_sequences(self.tokenizer, params.bad_words)
         metrics = RequestMetrics(arrival_time=arrival_time if arrival_time is not None else self.clock())
         parent = RequestGroup(request_id, prompt_text, prompt_ids, metrics,
                               final_only=params.output_kind == "final_only",
@@ -150,6 +146,8 @@ class LLMEngine:
                                   0.0 if params.logprobs is not None else None)
             if grammar is not None:
                 child.grammar = self.grammars.sequence(grammar, child_params, eos)
+            if bad_words:
+                child.bad_words = BadWords(bad_words, req.output_token_ids)
             parent.children.append(child)
             self._child_of[rid] = (parent, child)
             self.scheduler.add_request(req)
@@ -172,26 +170,6 @@ class LLMEngine:
         if any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):
             raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab})")
         return None, ids
-
-    def _check_options(self, params: SamplingParams, priority: int) -> None:
-        if priority and self.config.scheduler.schedule_policy != "priority":
-            raise InvalidRequestError(f"priority {priority} needs --scheduling-policy priority")
-        limit = self.config.logprobs_limit
-        for name in ("logprobs", "prompt_logprobs"):
-            k = getattr(params, name)
-            if k is not None and k > limit:
-                raise InvalidRequestError(f"{name} asks for {k}, more than max_logprobs {limit} "
-                                          "(the engine's --max-logprobs)")
-
-    def _resolve_max_tokens(self, prompt_len: int, params: SamplingParams) -> int:
-        max_len = self.config.scheduler.max_model_len
-        if prompt_len >= max_len:
-            raise InvalidRequestError(
-                f"prompt has {prompt_len} tokens; max_model_len is {max_len} "
-                "(it must leave room for at least one generated token)"
-            )
-        room = max_len - prompt_len
-        return room if params.max_tokens is None else min(params.max_tokens, room)
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
@@ -221,7 +199,7 @@ class LLMEngine:
         if self._async:
             outputs = self._step_async(plan)
         else:
-            self.grammars.fill(plan, self._grammar_of)
+            self._fill_constraints(plan)
             result: StepResult = self.executor.execute(plan)
             outputs = self.make_outputs(self.scheduler.update(plan, result), result)
         self._last_step_tokens = plan.num_scheduled_tokens
@@ -242,9 +220,9 @@ class LLMEngine:
         """Launch `plan`, then read back the step launched before it (the GPU runs this
         one meanwhile) and hand out that step's outputs."""
         previous, done = self._inflight, []
-        if previous is not None and waits_on(plan, previous[0], self._grammar_of):
+        if previous is not None and waits_on(plan, previous[0], self._needs_last_token):
             done, previous = self._finish_step(*previous), None  # its masks need those tokens
-        self.grammars.fill(plan, self._grammar_of)
+        self._fill_constraints(plan)
         launched = self.executor.launch(plan)
         self._inflight = (plan, launched)
         self._inflight_ids = None
@@ -252,9 +230,20 @@ class LLMEngine:
             return done
         return self._finish_step(*previous)
 
+    def _fill_constraints(self, plan: StepPlan) -> None:
+        """The sampling rows' grammar masks and bad-word bans."""
+        self.grammars.fill(plan, self._grammar_of)
+        fill_bans(plan, lambda rid: (e := self._child_of.get(rid)) and e[1].bad_words)
+
     def _grammar_of(self, request_id: str) -> SequenceGrammar | None:
         entry = self._child_of.get(request_id)
         return None if entry is None else entry[1].grammar
+
+    def _needs_last_token(self, request_id: str) -> bool:
+        """Its next mask or bans read the token the step in flight samples for it."""
+        entry = self._child_of.get(request_id)
+        words = None if entry is None else entry[1].bad_words
+        return self._grammar_of(request_id) is not None or bool(words and words.needs_last_token)
 
     def _in_flight(self, request_id: str) -> bool:
         """Whether the launched step computes for this id (or its n > 1 children `id#i`):

@@ -34,7 +34,7 @@ Upload = Callable[[np.ndarray], torch.Tensor]  # a host array onto the logits' d
 class SampleRow:
     params: SamplingParams
     num_output_tokens: int  # tokens generated before this one
-    banned_ids: tuple[int, ...]  # eos/stop ids while min_tokens is not reached
+    banned_ids: tuple[int, ...]  # eos/stop ids while min_tokens is not reached, bad words
     # Penalized rows: (prompt ids, output ids), the request's lists (under async scheduling
     # the output list may lack the token in flight; kvtier/runner/penalty_counts.py).
     history: tuple[list[int], list[int]] | None = None
@@ -60,13 +60,13 @@ def sample_row(eos_token_ids: Sequence[int], sr: ScheduledRequest) -> SampleRow:
     row's token lists."""
     p = sr.sampling_params
     num_output = sr.num_output_tokens
-    history = sr.history
+    history, words = sr.history, sr.banned_ids
     if sr.token_mask is not None:
-        return SampleRow(p, num_output, (), history, sr.token_mask)
-    if num_output >= p.min_tokens:  # the common case: nothing banned
-        return SampleRow(p, num_output, (), history)
+        return SampleRow(p, num_output, words, history, sr.token_mask)
+    if num_output >= p.min_tokens:  # the common case: nothing banned but bad words
+        return SampleRow(p, num_output, words, history)
     eos = () if p.ignore_eos else tuple(eos_token_ids)
-    return SampleRow(p, num_output, eos + tuple(p.stop_token_ids), history)
+    return SampleRow(p, num_output, eos + tuple(p.stop_token_ids) + words, history)
 
 
 def sample(logits: torch.Tensor, rows: list[SampleRow], upload: Upload | None = None,

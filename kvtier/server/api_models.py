@@ -107,6 +107,8 @@ class _SamplingFields(_Request):
     skip_special_tokens: bool = True
     # vLLM's: only these token ids may be drawn.
     allowed_token_ids: list[Annotated[int, Field(ge=0), INTEGRAL]] | None = None
+    # vLLM's: words the output never holds.
+    bad_words: list[str] | None = None
     # Under --scheduling-policy priority, lower values are admitted (and kept running) first;
     # otherwise only 0 is accepted (vLLM's field and rule).
     priority: Annotated[int, INTEGRAL] = 0

@@ -294,6 +294,12 @@ def _logit_bias(bias: dict[str, float] | None,
     return tuple(sorted(out.items()))
 
 
+def _bad_words(words: list[str] | None) -> tuple[str, ...]:
+    for i, word in enumerate(words or ()):
+        _check_text(word, f"bad_words.{i}")
+    return tuple(words or ())
+
+
 def _allowed_ids(ids: list[int] | None, vocab_size: int) -> tuple[int, ...] | None:
     """vLLM's allowed_token_ids: a non-empty list of ids in the vocabulary."""
     if ids is None:
@@ -352,6 +358,7 @@ def sampling_params(
             repetition_penalty=_given(req.repetition_penalty, defaults, "repetition_penalty", 1.0),
             logit_bias=_logit_bias(req.logit_bias, limits.vocab_size),
             allowed_token_ids=_allowed_ids(req.allowed_token_ids, limits.vocab_size),
+            bad_words=_bad_words(req.bad_words),
             include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens,
             structured_outputs=fmt,

@@ -106,11 +106,11 @@ class StructuredRequests:
             sr.token_mask = masks[i]
 
 
-def waits_on(plan: StepPlan, inflight: StepPlan,
-             grammar_of: Callable[[str], SequenceGrammar | None]) -> bool:
-    """Whether a structured row of `plan` samples after a token of `inflight` not yet read."""
+def waits_on(plan: StepPlan, inflight: StepPlan, needs_last_token: Callable[[str], bool]) -> bool:
+    """Whether a row of `plan` that samples from its previous token (a grammar's mask, a
+    bad word's bans) samples after a token of `inflight` not yet read."""
     rows = [sr.request_id for sr in plan.scheduled
-            if sr.sample and grammar_of(sr.request_id) is not None]
+            if sr.sample and needs_last_token(sr.request_id)]
     if not rows:
         return False
     sampling = {sr.request_id for sr in inflight.scheduled if sr.sample}

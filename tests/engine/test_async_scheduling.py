@@ -152,3 +152,21 @@ def test_default_follows_the_runner_and_resolves_to_a_bool(monkeypatch):
     eng = _engine(async_scheduling=False)
     assert eng.scheduler._async is False
     eng.close()
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_two_token_bad_word_is_banned_after_its_first_token(async_scheduling, monkeypatch):
+    """A bad word's last token is banned only after its first, which under async scheduling
+    is the token still in flight: the step waits for it (as a grammar's does), so the
+    banned pair never appears, sync or async alike."""
+    import kvtier.engine.llm_engine as llm_engine
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    plain = _serve(_engine(), [[5, 6, 7]], greedy)["0"].token_ids
+    pair = (plain[3], plain[4])
+    # The word's text tokenizes to exactly this pair, whatever the tokenizer makes of it.
+    monkeypatch.setattr(llm_engine, "bad_word_sequences", lambda tok, words: (pair,))
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, bad_words=["w"])
+    ids = _serve(_engine(async_scheduling=async_scheduling), [[5, 6, 7]], params)["0"].token_ids
+    assert ids[:4] == plain[:4] and ids[4] != plain[4]
+    assert all((a, b) != pair for a, b in zip(ids, ids[1:]))

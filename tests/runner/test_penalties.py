@@ -6,6 +6,7 @@ the logits before them."""
 import pytest
 import torch
 
+from kvtier.engine.token_options import BadWords, bad_word_sequences
 from kvtier.runner.penalties import apply_penalties
 from kvtier.runner.penalty_counts import PenaltyCounts
 from kvtier.runner.sampler import SampleRow, sample
@@ -186,3 +187,53 @@ def test_the_engine_refuses_an_allowed_id_outside_the_vocabulary():
     out = llm.generate([[5, 6]], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True,
                                                allowed_token_ids=[7, 8]))
     assert set(out[0].outputs[0].token_ids) <= {7, 8}
+
+
+def test_bad_words_are_banned_where_the_output_ends_with_their_start():
+    """vLLM's bad_words: a one-token word is always banned; a longer one's last token only
+    after its others; each word is tokenized as written and, where that gives as many
+    tokens with another first one, after a space."""
+
+    class Tok:  # one id a letter; a space joins the letter after it (id 100 + letter)
+        bos_token_id = 1
+
+        def encode(self, text):
+            ids, space = [1], False
+            for c in text:
+                if c == " ":
+                    space = True
+                    continue
+                ids.append((100 if space else 10) + ord(c) - ord("a"))
+                space = False
+            return ids
+
+    assert bad_word_sequences(Tok(), ["c", "  ab", ""]) == (
+        (12,), (102,), (10, 11), (100, 11))
+    out: list[int] = []
+    words = BadWords(((12,), (10, 11)), out)
+    assert words.banned() == (12,) and words.needs_last_token
+    out.append(10)
+    assert words.banned() == (11, 12)
+    out.append(13)
+    assert words.banned() == (12,)
+    assert not BadWords(((12,),), out).needs_last_token
+
+
+def test_an_engine_never_generates_a_bad_word():
+    """Greedy tokens with a word banned: the same run until the word would come, then
+    never the word's token."""
+    from kvtier import LLM
+
+    llm = LLM("tiny-llama", load_format="dummy", device="cpu", dtype="float32")
+    tok = llm.engine.tokenizer
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    plain = llm.generate([[5, 6, 7]], greedy)[0].outputs[0].token_ids
+    word = tok.decode([plain[3]])
+    banned = {s[-1] for s in bad_word_sequences(tok, [word]) if len(s) == 1}
+    assert plain[3] in banned
+    out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=12,
+                                                    ignore_eos=True, bad_words=[word]))
+    ids = out[0].outputs[0].token_ids
+    assert ids[:3] == plain[:3] and not banned & set(ids)
+    with pytest.raises(InvalidRequestError, match="bad_words"):
+        SamplingParams(bad_words=[3])

@@ -103,6 +103,7 @@ def test_min_tokens_past_max_model_len(http, live):
     ("logit_bias", {"5": "x"}), ("logit_bias", {"five": 1}), ("logit_bias", {"-1": 1}),
     ("logit_bias", {"99999999": 1}), ("allowed_token_ids", []), ("allowed_token_ids", [-1]),
     ("allowed_token_ids", [99999999]), ("allowed_token_ids", ["a"]), ("allowed_token_ids", 5),
+    ("bad_words", [1]), ("bad_words", "fox"), ("bad_words", ["\ud800"]),
     ("stream", "yes"), ("stream_options", {"include_usage": "maybe"}), ("prompt", ""),
     ("prompt", []), ("prompt", [[]]), ("prompt", [-1]), ("prompt", [10**12]), ("prompt", [1, "a"]),
     ("prompt", "\ud800 lone surrogate"), ("prompt", ["ok"] * 100_000), ("prompt", {"a": 1}),
@@ -132,7 +133,8 @@ def test_invalid_chat_values(http, field, value):
     ("repetition_penalty", 1.0), ("repetition_penalty", 1.2), ("min_p", 0.0), ("min_p", 0.3),
     ("logit_bias", {}), ("logit_bias", {"5": 100}), ("logit_bias", {"5": 1e9}),
     ("presence_penalty", 0.0), ("presence_penalty", 1.0), ("frequency_penalty", -2.0),
-    ("allowed_token_ids", [5]), ("allowed_token_ids", [7, 5, 7]),
+    ("allowed_token_ids", [5]), ("allowed_token_ids", [7, 5, 7]), ("bad_words", []),
+    ("bad_words", ["fox", " the dog", ""]),
 ])
 def test_penalties_bias_and_min_p_are_accepted(http, field, value):
     resp = post(http, "/v1/completions", {**OK_COMPLETION, field: value})
