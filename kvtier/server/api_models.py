@@ -109,6 +109,9 @@ class _SamplingFields(_Request):
     allowed_token_ids: list[Annotated[int, Field(ge=0), INTEGRAL]] | None = None
     # vLLM's: words the output never holds.
     bad_words: list[str] | None = None
+    # vLLM's: logprobs name tokens "token_id:{id}" (None: the server's
+    # --return-tokens-as-token-ids).
+    return_tokens_as_token_ids: bool | None = None
     # Under --scheduling-policy priority, lower values are admitted (and kept running) first;
     # otherwise only 0 is accepted (vLLM's field and rule).
     priority: Annotated[int, INTEGRAL] = 0

@@ -85,6 +85,7 @@ def build_app(
     reasoning_parser: str | None = None,
     cors: CorsOptions | None = CorsOptions(),
     logs: ServerLogs = ServerLogs(),
+    return_tokens_as_token_ids: bool = False,
 ) -> FastAPI:
     """An OpenAI-compatible app serving `engine` (an LLMEngine, see docs/ENGINE_API.md).
 
@@ -101,6 +102,7 @@ def build_app(
     deepseek_r1) splits a chat reply's thinking into `reasoning_content`.
     `cors`: vLLM's default, any origin, no credentials (None: no CORS; http_options.py).
     `logs`: vLLM's stats line and request lines (logs.py; by default neither).
+    `return_tokens_as_token_ids`: the request field's default (vLLM's flag).
     """
     _check_options(api_key, request_timeout_s)
     max_waiting_requests, max_seqs_per_request = _queue_limits(
@@ -109,17 +111,15 @@ def build_app(
     async_engine = AsyncEngine(engine, max_waiting_requests=max_waiting_requests, on_update=metrics.observe)
     metrics.attach(async_engine)
     state = ServerState(
-        engine=engine,
-        async_engine=async_engine,
+        engine=engine, async_engine=async_engine, metrics=metrics,
         served_model_names=tuple(served_model_names or (engine.served_model_name,)),
         limits=_serving_limits(engine, max_seqs_per_request),
-        metrics=metrics,
         max_tokenize_queue_chars=max_tokenize_queue_chars,
-        shutdown_timeout_s=shutdown_timeout_s,
-        request_timeout_s=request_timeout_s,
+        shutdown_timeout_s=shutdown_timeout_s, request_timeout_s=request_timeout_s,
         tool_parser=make_parser(tool_call_parser) if tool_call_parser else None,
         reasoning_parser=_reasoning_parser(reasoning_parser),
         logs=logs,
+        return_tokens_as_token_ids=return_tokens_as_token_ids,
     )
     app = FastAPI(title="kvtier", summary="OpenAI-compatible LLM server",
                   lifespan=_lifespan(state, shutdown_timeout_s, logs.stats_interval_s))

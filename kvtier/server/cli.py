@@ -55,6 +55,9 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                       "--enable-log-requests")
     http.add_argument("--max-log-len", type=int, default=None,
                       help="prompt ids a logged request shows at most (default: all)")
+    http.add_argument("--return-tokens-as-token-ids", action="store_true",
+                      help="logprobs name each token 'token_id:{id}' unless a request's "
+                      "return_tokens_as_token_ids says otherwise (vLLM's flag)")
     tools = parser.add_argument_group("Tool calling")
     tools.add_argument("--enable-auto-tool-choice", action="store_true",
                        help='tool_choice "auto": calls read from the model\'s own text by '
@@ -175,6 +178,7 @@ def run_serve(args: argparse.Namespace) -> int:
             reasoning_parser=args.reasoning_parser,
             cors=cors_from_args(args),
             logs=logs,
+            return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -16,8 +16,12 @@ Scored = tuple[dict[int, float] | None, ...]
 class Echo:
     """A call's prompts, to put before each choice's text (and logprobs)."""
 
-    def __init__(self, req: CompletionRequest, prompts: list[list[int]], tokenizer: Any):
-        self.prompts, self.tokenizer, self.k = prompts, tokenizer, req.logprobs
+    def __init__(self, req: CompletionRequest, prompts: list[list[int]], tokenizer: Any,
+                 names: Any = None):
+        """`names`: what names the prompt's tokens in logprobs (results.logprob_names;
+        None: the tokenizer)."""
+        self.prompts, self.k = prompts, req.logprobs
+        self.tokenizer = tokenizer if names is None else names
         self.texts = prompt_texts(req, prompts, tokenizer)
         self.scored: dict[int, Scored] = {}  # streamed: by prompt index, as they come
 

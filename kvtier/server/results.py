@@ -101,6 +101,20 @@ def top_entries(entries: dict[int, float], k: int) -> list[tuple[int, float]]:
     return sorted(entries.items(), key=lambda kv: kv[1], reverse=True)[:k]
 
 
+class TokenIdNames:
+    """vLLM's return_tokens_as_token_ids: logprobs name each token "token_id:{id}", so that
+    one that is no text on its own (a byte of a multi-byte character) stays identifiable.
+    Stands in for the tokenizer where logprobs decode a token to name it."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(f"token_id:{i}" for i in ids)
+
+
+def logprob_names(tokenizer: Any, as_ids: bool | None, server_default: bool) -> Any:
+    """What names the tokens of a request's logprobs: its field, else the server's flag."""
+    return TokenIdNames() if (server_default if as_ids is None else as_ids) else tokenizer
+
+
 def completion_logprobs(
     tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, float]], k: int, offset: int
 ) -> CompletionLogprobs:

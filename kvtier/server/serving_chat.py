@@ -83,7 +83,8 @@ async def create_chat_completion(
         for i, res in enumerate(results):
             logprobs = None
             if top_k_logprobs is not None:
-                logprobs = chat_logprobs(state.tokenizer, res.token_ids, res.logprobs, top_k_logprobs)
+                logprobs = chat_logprobs(state.logprob_names(req), res.token_ids, res.logprobs,
+                                         top_k_logprobs)
             reasoning, content, calls, finish_reason = whole_reply(rules, res.text,
                                                                    res.finish_reason)
             if echoed:
@@ -147,8 +148,8 @@ async def _events(
                 logprobs = None
                 if top_k_logprobs is not None and delta.logprobs is not None:
                     logprobs = chat_logprobs(
-                        state.tokenizer, list(delta.token_ids), list(delta.logprobs), top_k_logprobs
-                    )
+                        state.logprob_names(req), list(delta.token_ids), list(delta.logprobs),
+                        top_k_logprobs)
                 num_completion_tokens += len(delta.token_ids)
                 reply = replies.get(delta.index)
                 if reply is None:

@@ -57,7 +57,8 @@ async def create_completion(
     submitted = await submit_completion(state, req)
     request_id, prompts, stream = submitted.request_id, submitted.prompts, submitted.stream
     num_prompt_tokens = sum(len(p) for p in prompts)
-    echo = Echo(req, prompts, state.tokenizer) if req.echo else None
+    names = state.logprob_names(req)
+    echo = Echo(req, prompts, state.tokenizer, names) if req.echo else None
 
     def build(collected: Collected) -> CompletionResponse:
         results, choices = collected.choices, []
@@ -65,7 +66,7 @@ async def create_completion(
             logprobs = None
             if req.logprobs is not None:
                 logprobs = completion_logprobs(
-                    state.tokenizer, res.token_ids, res.logprobs, req.logprobs, 0)
+                    names, res.token_ids, res.logprobs, req.logprobs, 0)
             text = res.text
             if echo is not None:
                 p = i // req.n
@@ -119,7 +120,7 @@ async def _events(
                 logprobs = None
                 if req.logprobs is not None and delta.logprobs is not None:
                     logprobs = completion_logprobs(
-                        state.tokenizer, list(delta.token_ids), list(delta.logprobs),
+                        state.logprob_names(req), list(delta.token_ids), list(delta.logprobs),
                         req.logprobs, offsets.get(index, 0),
                     )
                 text = delta.text

@@ -26,6 +26,7 @@ from kvtier.server.logs import ServerLogs
 from kvtier.server.metrics import ServerMetrics
 from kvtier.server.params import ServingLimits, check_before_tokenizing
 from kvtier.server.reasoning import ReasoningParser
+from kvtier.server.results import logprob_names
 from kvtier.server.tool_parsers import ToolParser
 
 RETRY_AFTER_S = 1
@@ -61,6 +62,8 @@ class ServerState:
     tool_parser: ToolParser | None = None
     reasoning_parser: ReasoningParser | None = None  # --reasoning-parser (kvtier/server/reasoning.py)
     logs: ServerLogs = ServerLogs()  # --enable-log-requests and the stats line (logs.py)
+    # --return-tokens-as-token-ids: the default of the request field of that name.
+    return_tokens_as_token_ids: bool = False
     # Sequences of requests admitted but not submitted yet (tokenizing): they count
     # against the waiting bound, so a burst is refused before it queues at the tokenizer.
     _reserved_seqs: int = 0
@@ -74,6 +77,11 @@ class ServerState:
     @property
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
+
+    def logprob_names(self, req: Any) -> Any:
+        """What names the tokens of a request's logprobs (results.logprob_names)."""
+        return logprob_names(self.tokenizer, req.return_tokens_as_token_ids,
+                             self.return_tokens_as_token_ids)
 
     @property
     def generation_defaults(self) -> GenerationDefaults:
