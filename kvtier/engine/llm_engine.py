@@ -63,6 +63,7 @@ class LLMEngine:
         self._inflight_ids: set[str] | None = None  # its request ids, built when first asked
         self._parents: dict[str, RequestGroup] = {}
         self._child_of: dict[str, tuple[RequestGroup, SequenceState]] = {}
+        self._bad_words: dict[str, BadWords] = {}  # the live sequences that have some
         self._unscheduled: dict[str, RequestGroup] = {}  # added, not yet scheduled
         # Structured outputs' grammars (the server compiles a request's ahead, off this thread)
         self.grammars = StructuredRequests(tokenizer, self.model_config.vocab_size)
@@ -120,7 +121,8 @@ class LLMEngine:
         prompt_text, prompt_ids = self._tokenize(prompt)
         max_tokens = check_request(self.config, params, len(prompt_ids), priority)
         grammar = self.grammars.compile(params)
-        bad_words = bad_word_sequences(self.tokenizer, params.bad_words)
+        bad_words = bad_word_sequences(self.tokenizer, params.bad_words,
+                                       self.model_config.vocab_size)
         metrics = RequestMetrics(arrival_time=arrival_time if arrival_time is not None else self.clock())
         parent = RequestGroup(request_id, prompt_text, prompt_ids, metrics,
                               final_only=params.output_kind == "final_only",
@@ -147,7 +149,7 @@ class LLMEngine:
             if grammar is not None:
                 child.grammar = self.grammars.sequence(grammar, child_params, eos)
             if bad_words:
-                child.bad_words = BadWords(bad_words, req.output_token_ids)
+                self._bad_words[rid] = BadWords(bad_words, req.output_token_ids)
             parent.children.append(child)
             self._child_of[rid] = (parent, child)
             self.scheduler.add_request(req)
@@ -182,6 +184,7 @@ class LLMEngine:
                 self.scheduler.finish_request(child.request.request_id,
                                               RequestStatus.FINISHED_ABORTED)
                 self._child_of.pop(child.request.request_id, None)
+                self._bad_words.pop(child.request.request_id, None)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._parents)
@@ -233,7 +236,8 @@ class LLMEngine:
     def _fill_constraints(self, plan: StepPlan) -> None:
         """The sampling rows' grammar masks and bad-word bans."""
         self.grammars.fill(plan, self._grammar_of)
-        fill_bans(plan, lambda rid: (e := self._child_of.get(rid)) and e[1].bad_words)
+        if self._bad_words:
+            fill_bans(plan, self._bad_words.get)
 
     def _grammar_of(self, request_id: str) -> SequenceGrammar | None:
         entry = self._child_of.get(request_id)
@@ -241,8 +245,7 @@ class LLMEngine:
 
     def _needs_last_token(self, request_id: str) -> bool:
         """Its next mask or bans read the token the step in flight samples for it."""
-        entry = self._child_of.get(request_id)
-        words = None if entry is None else entry[1].bad_words
+        words = self._bad_words.get(request_id)
         return self._grammar_of(request_id) is not None or bool(words and words.needs_last_token)
 
     def _in_flight(self, request_id: str) -> bool:
@@ -292,6 +295,7 @@ class LLMEngine:
                 self._parents.pop(parent.request_id, None)
                 for c in parent.children:
                     child_of.pop(c.request.request_id, None)
+                    self._bad_words.pop(c.request.request_id, None)
             elif not parent.final_only:
                 outputs.append(self._make_output(parent, False))
         return outputs

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from kvtier.core.request import Request
 from kvtier.engine.detokenizer import IncrementalDetokenizer
 from kvtier.engine.outputs import CompletionOutput, RequestMetrics
-from kvtier.engine.token_options import BadWords
 from kvtier.structured.requests import SequenceGrammar
 
 
@@ -23,7 +22,6 @@ class SequenceState:
     cumulative_logprob: float | None = None
     finish_reason: str | None = None
     grammar: SequenceGrammar | None = None  # structured outputs: its matcher
-    bad_words: BadWords | None = None  # SamplingParams.bad_words: its bans
 
 
 @dataclass

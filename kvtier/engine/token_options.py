@@ -8,16 +8,22 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvtier.core.plan import StepPlan
+from kvtier.sampling_params import InvalidRequestError
 
 
-def bad_word_sequences(tokenizer: Any, words: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+def bad_word_sequences(tokenizer: Any, words: Sequence[str],
+                       vocab_size: int | None = None) -> tuple[tuple[int, ...], ...]:
     """vLLM's tokenization of bad_words: each word without its leading spaces, and with one
     leading space where that gives as many tokens with another first one (the word after a
-    space, as it mostly follows text); no BOS."""
+    space, as it mostly follows text); no special tokens. An id outside the vocabulary is
+    an InvalidRequestError, as vLLM's."""
+    hf = getattr(tokenizer, "hf_tokenizer", None)
     bos = getattr(tokenizer, "bos_token_id", None)
 
     def ids(text: str) -> tuple[int, ...]:
-        out = tokenizer.encode(text)
+        if hf is not None:  # a transformers tokenizer: no special tokens at all
+            return tuple(int(t) for t in hf(text, add_special_tokens=False)["input_ids"])
+        out = tokenizer.encode(text)  # the others add no special token but a BOS
         return tuple(out[1:] if bos is not None and out[:1] == [bos] else out)
 
     sequences: list[tuple[int, ...]] = []
@@ -27,6 +33,9 @@ def bad_word_sequences(tokenizer: Any, words: Sequence[str]) -> tuple[tuple[int,
             sequences.append(plain)
             if len(spaced) == len(plain) and spaced[0] != plain[0]:
                 sequences.append(spaced)
+    if vocab_size is not None and any(t >= vocab_size for s in sequences for t in s):
+        raise InvalidRequestError(f"bad_words tokenize to ids outside the vocabulary "
+                                  f"[0, {vocab_size})")
     return tuple(sequences)
 
 

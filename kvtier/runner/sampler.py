@@ -78,8 +78,10 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], upload: Upload | None = 
         # copy.
         return Sampled(logits.argmax(dim=-1).tolist(), [None] * len(rows))
     put = upload or _pageable_upload(logits.device)
-    logits = _without_banned(logits, rows, put)
+    logits = _masked(logits, rows, put)
+    # vLLM's logprobs: after a grammar's mask, before the bans and adjustments.
     logprobs_all = torch.log_softmax(logits, dim=-1) if wants_logprobs(rows) else None
+    _ban(logits, rows, put)
     apply_penalties(logits, rows, put, penalties)
     token_list = _draw_tokens(logits, rows, put).tolist()
     out_logprobs: list[dict[int, float] | None] = []
@@ -102,7 +104,8 @@ def sample_on_device(logits: torch.Tensor, rows: list[SampleRow],
     """The tokens `sample` draws, as [B] int64 on the logits' device, without a host sync
     (logprobs are not computed: `wants_logprobs` says when they must be)."""
     put = upload or _pageable_upload(logits.device)
-    logits = _without_banned(logits, rows, put)
+    logits = _masked(logits, rows, put)
+    _ban(logits, rows, put)
     apply_penalties(logits, rows, put, penalties)
     return _draw_tokens(logits, rows, put)
 
@@ -115,25 +118,29 @@ def _pageable_upload(device: torch.device) -> Upload:
     return lambda a: torch.from_numpy(a).to(device)
 
 
-def _without_banned(logits: torch.Tensor, rows: list[SampleRow], put: Upload) -> torch.Tensor:
-    """The fp32 copy of the logits (softmax, temperature, logprobs: fp32) with each row's
-    banned ids (eos/stop while min_tokens is not reached) and the tokens its grammar does
-    not allow (structured outputs) at -inf."""
+def _masked(logits: torch.Tensor, rows: list[SampleRow], put: Upload) -> torch.Tensor:
+    """The fp32 copy of the logits (softmax, temperature, logprobs: fp32) with the tokens
+    each row's grammar does not allow (structured outputs) at -inf."""
     # Always a copy (bf16 logits need one anyway): the bans and penalties write into it.
     logits = logits.to(torch.float32, copy=True)
+    masks = [(i, row.allowed) for i, row in enumerate(rows) if row.allowed is not None]
+    if masks:
+        mask_logits(logits, [i for i, _ in masks], [m for _, m in masks], put)
+    return logits
+
+
+def _ban(logits: torch.Tensor, rows: list[SampleRow], put: Upload) -> None:
+    """Each row's banned ids (eos/stop while min_tokens is not reached, bad words) and the
+    ids outside its allowed_token_ids at -inf, in place."""
     pairs = [(i, t) for i, row in enumerate(rows) for t in row.banned_ids]
     if pairs:
         at = np.asarray(pairs, dtype=np.int64)
         # the value made on the device: torch.tensor(-inf, device=...) would be an upload
         logits.index_put_((put(at[:, 0]), put(at[:, 1])), logits.new_full((), float("-inf")))
-    masks = [(i, row.allowed) for i, row in enumerate(rows) if row.allowed is not None]
-    if masks:
-        mask_logits(logits, [i for i, _ in masks], [m for _, m in masks], put)
     only = [(i, ids) for i, row in enumerate(rows)
             if (ids := row.params.allowed_token_ids) is not None]
     if only:
         _keep_only(logits, only, put)
-    return logits
 
 
 def _keep_only(logits: torch.Tensor, rows: list[tuple[int, tuple[int, ...]]],

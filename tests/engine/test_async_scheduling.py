@@ -165,7 +165,7 @@ def test_a_two_token_bad_word_is_banned_after_its_first_token(async_scheduling, 
     plain = _serve(_engine(), [[5, 6, 7]], greedy)["0"].token_ids
     pair = (plain[3], plain[4])
     # The word's text tokenizes to exactly this pair, whatever the tokenizer makes of it.
-    monkeypatch.setattr(llm_engine, "bad_word_sequences", lambda tok, words: (pair,))
+    monkeypatch.setattr(llm_engine, "bad_word_sequences", lambda tok, words, vocab: (pair,))
     params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, bad_words=["w"])
     ids = _serve(_engine(async_scheduling=async_scheduling), [[5, 6, 7]], params)["0"].token_ids
     assert ids[:4] == plain[:4] and ids[4] != plain[4]

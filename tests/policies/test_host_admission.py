@@ -42,17 +42,35 @@ def test_the_prompts_admitted_are_counted_whole_within_the_budget_and_seats():
     assert admitted_prompt_blocks(running, queue, kv, budget=100, seats=8) == 6 + 4 + 2
 
 
-def test_a_prompts_blocks_the_prefix_cache_holds_are_not_counted():
+def test_a_prefix_cache_hit_is_counted_too():
+    """Blocks only the cache holds count as free room already (taken off them, the room
+    would be counted twice)."""
     from kvtier.kv.prefix_cache import PrefixCacheConfig
 
     kv = manager(prefix_cache=PrefixCacheConfig())
     done = waiting("done", 9)
     kv.admit(done)
     assert kv.allocate_slots(done, 9) is not None
-    kv.cache_full_blocks(done, 9)  # its 2 full blocks are cached
+    kv.cache_full_blocks(done, 9)  # its 2 full blocks are cached, evictable once it ends
     kv.free(done)
-    again = waiting("again", 9)  # the same 9 tokens: 2 cached blocks, 1 to compute
-    assert admitted_prompt_blocks([], [again], kv, budget=100, seats=8) == 2
+    assert kv.num_available_gpu_blocks() == 20
+    assert admitted_prompt_blocks([], [waiting("again", 9)], kv, budget=100, seats=8) == 6
+
+
+def test_without_chunked_prefill_a_prompt_past_the_budget_is_not_counted():
+    kv = manager()
+    queue = [waiting("w0", 9)]
+    assert admitted_prompt_blocks([], queue, kv, budget=5, seats=8) == 6
+    assert admitted_prompt_blocks([], queue, kv, budget=5, seats=8, chunked_prefill=False) == 0
+    assert admitted_prompt_blocks([], queue, kv, budget=9, seats=8, chunked_prefill=False) == 6
+
+
+def test_a_running_prompts_later_chunks_keep_their_room():
+    kv = manager()
+    part = waiting("p", 20)  # 5 blocks a group when whole
+    assert kv.allocate_slots(part, 8) is not None  # its first chunk: 2 blocks a group
+    part.num_computed_tokens = 8
+    assert admitted_prompt_blocks([part], [], kv, budget=100, seats=8) == 2 * 3
 
 
 def test_room_is_made_for_a_waiting_prompt_by_moving_the_newest_decodes():
@@ -82,6 +100,19 @@ def test_no_request_moves_in_into_the_room_a_waiting_prompt_needs():
     kv.check_integrity()
 
 
+def test_no_decode_moves_unless_the_whole_room_can_be_made():
+    """A host pool that takes one mover but not the two the prompt needs: none moves (the
+    first would sit on the host for nothing while the prompt still waits)."""
+    kv = KVCacheManager(num_groups=2, block_size=4, num_gpu_blocks=20, num_host_blocks=8,
+                        watermark=0.0)
+    running = [running_decode(kv, f"r{i}", prompt_len=7) for i in range(4)]
+    policy = DirectKVPolicy(DirectKVOptions(max_model_len=16, max_step_tokens=64,
+                                            host_admission=True))
+    policy.before_step(running, kv, [waiting("w0", 24)])  # 12 blocks: 2 movers' room
+    assert not kv.host_running and policy.num_moved_out == 0 and policy.num_refused == 0
+    kv.check_integrity()
+
+
 def test_off_the_prompts_wait_for_room():
     kv = manager()
     running = [running_decode(kv, f"r{i}", prompt_len=7) for i in range(4)]
@@ -101,12 +132,17 @@ def test_the_flag_reaches_the_options():
 
 
 @pytest.mark.parametrize("policy", ["neo", "directkv"])
-def test_prompts_admitted_past_the_device_keep_the_outputs(policy):
+@pytest.mark.parametrize("step_tokens", [96, 24], ids=["whole", "chunked"])
+def test_prompts_admitted_past_the_device_keep_the_outputs(policy, step_tokens):
+    """In chunks too: the room made for a prompt stays made until its last chunk (no
+    request moves back into it meanwhile, and the prompt is not preempted for it)."""
     reference, _, _ = run("recompute", num_gpu_blocks=256)
     # integrity after every step, all free at the end
-    outputs, engine, _ = run(policy, **{f"{policy}_host_admission": True})
+    outputs, engine, _ = run(policy, **{f"{policy}_host_admission": True,
+                                        "max_num_batched_tokens": step_tokens})
     placement = engine.scheduler.policy
     assert placement.num_moved_for_prompts > 0
+    assert engine.get_stats().num_preemptions_total == 0
     assert outputs == reference
-    _, off, _ = run(policy)
+    _, off, _ = run(policy, max_num_batched_tokens=step_tokens)
     assert off.scheduler.policy.num_moved_for_prompts == 0

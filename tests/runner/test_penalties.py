@@ -163,6 +163,12 @@ def test_allowed_token_ids_keep_only_those_logits():
     assert out.token_ids[2] == max((9, 17), key=lambda t: float(logits[2, t]))
     for _ in range(20):
         assert sample(logits[:1], [SampleRow(sampled, 0, ())]).token_ids[0] in (11, 12)
+    # Logprobs are vLLM's raw ones: before the bans and the allowed ids' mask.
+    with_lp = SamplingParams(temperature=0.0, logprobs=1, allowed_token_ids=[9, 17])
+    got = sample(logits[:1], [SampleRow(with_lp, 0, (9,))])
+    raw = torch.log_softmax(logits[0], dim=-1)
+    assert got.token_ids == [17] and got.logprobs[0][17] == pytest.approx(float(raw[17]))
+    assert got.logprobs[0][0] == pytest.approx(float(raw[0]))  # the top one, not allowed
 
 
 @pytest.mark.parametrize("ids", [[], [-1], [1.5], [True], ["3"], [3, None]])
@@ -217,6 +223,8 @@ def test_bad_words_are_banned_where_the_output_ends_with_their_start():
     out.append(13)
     assert words.banned() == (12,)
     assert not BadWords(((12,),), out).needs_last_token
+    with pytest.raises(InvalidRequestError, match="bad_words"):
+        bad_word_sequences(Tok(), ["z"], vocab_size=30)  # z: 35
 
 
 def test_an_engine_never_generates_a_bad_word():

@@ -19,21 +19,27 @@ from kvtier.kv.manager import KVCacheManager, cdiv
 
 
 def admitted_prompt_blocks(running: Sequence[Request], waiting: Iterable[Request],
-                           kv: KVCacheManager, budget: int, seats: int) -> int:
-    """Device blocks of every layer group the waiting prompts need that the scheduler would
-    admit this step (FCFS, each first chunk within the token budget the running requests
-    leave, within the seats), each counted whole (its later chunks need them too), less its
-    leading blocks the prefix cache holds on the device."""
+                           kv: KVCacheManager, budget: int, seats: int,
+                           chunked_prefill: bool = True) -> int:
+    """Device blocks of every layer group the prompts need beyond what their tables hold:
+    the running ones' to their last tokens (a chunked prompt's later chunks keep the room
+    made for it), and the waiting ones the scheduler would admit this step (FCFS, each
+    first chunk within the token budget the running requests leave, or the whole prompt
+    without chunked prefill; within the seats), each counted whole. A prefix-cache hit is
+    not taken off: the blocks only the cache holds count as free already, and a hit that
+    running requests share is the one case this overcounts."""
+    need = 0
     for req in running:
-        budget -= min(req.num_tokens + req.num_pending_tokens - req.num_computed_tokens,
-                      max(budget, 0))
+        remaining = req.num_tokens + req.num_pending_tokens - req.num_computed_tokens
+        budget -= min(remaining, max(budget, 0))
+        table = kv.tables.get(req.request_id)
+        if remaining > 1 and table is not None:  # a prompt part-way
+            need += kv.num_groups * max(0, cdiv(req.num_tokens, kv.block_size)
+                                        - table.num_token_blocks)
     seats -= len(running)
-    cache, need = kv.prefix_cache, 0
     for req in waiting:
-        if budget <= 0 or seats <= 0:
+        if budget <= 0 or seats <= 0 or (not chunked_prefill and req.num_tokens > budget):
             break
-        cached = cache.admission_hashes(req)[1] if cache is not None else 0
-        first = min(req.num_tokens - cached * kv.block_size, budget)
-        need += kv.num_groups * (cdiv(req.num_tokens, kv.block_size) - cached)
-        budget, seats = budget - first, seats - 1
+        need += kv.num_groups * cdiv(req.num_tokens, kv.block_size)
+        budget, seats = budget - req.num_tokens, seats - 1
     return need

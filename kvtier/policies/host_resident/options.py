@@ -31,6 +31,8 @@ class HostResidentOptions(SystemOptions):
     # moving the newest device decodes to the host (NEO's CPU prefills; admission.py). Off by
     # default: the simulator finds it a loss where the GPU is fast (docs/HOST_RESIDENT_KV.md).
     host_admission: bool = False
+    # The scheduler's enable_chunked_prefill: without it a prompt is admitted whole or not.
+    chunked_prefill: bool = True
     # The system's priced limit on the moves (balance.py), set once a cost model is built.
     balance_rule: HostBalance | None = field(default=None, compare=False)
 

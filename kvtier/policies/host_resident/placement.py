@@ -119,13 +119,14 @@ class HostResidentPolicy(KVPolicy):
     # ---- decisions -------------------------------------------------------------------
     def _prompt_blocks(self, running: list[Request], kv: KVCacheManager,
                        waiting: Iterable[Request]) -> int:
-        """Device blocks the waiting prompts this step admits need, if they are admitted
-        past the device pool (0 otherwise: they wait for room)."""
+        """Device blocks the running prompts still need to their last tokens and the waiting
+        prompts this step admits, if they are admitted past the device pool (0 otherwise:
+        they wait for room)."""
         opts = self.options
         if not opts.host_admission:
             return 0
         return admitted_prompt_blocks(running, waiting, kv, opts.max_step_tokens,
-                                      opts.max_step_seqs)
+                                      opts.max_step_seqs, opts.chunked_prefill)
 
     def mover(self, running: list[Request], kv: KVCacheManager
               ) -> Callable[[Request, int | None, int | None], bool] | None:
@@ -139,12 +140,15 @@ class HostResidentPolicy(KVPolicy):
 
     def _make_room_for_prompts(self, running: list[Request], kv: KVCacheManager,
                                short: int) -> None:
-        """Move decodes out for waiting prompts. A move refused here preempts no one (the
-        prompts wait), so only the decodes' refusals are counted as refused."""
-        refused, moved = (self.num_refused, self.num_refused_by_system), self.num_moved_out
-        self._move_out(running, kv, short)
+        """Move decodes out for the prompts, all the room or none (a part would strand
+        its movers on the host while the prompts still wait). A refusal here preempts no
+        one (the prompts wait), so only the decodes' refusals are counted as refused."""
+        refused = self.num_refused, self.num_refused_by_system
+        moves, left = self._plan_moves(running, kv, short)
         self.num_refused, self.num_refused_by_system = refused
-        self.num_moved_for_prompts += self.num_moved_out - moved
+        if left <= 0:
+            self._move(moves, kv)
+            self.num_moved_for_prompts += len(moves)
 
     def _blocks_short(self, running: list[Request], kv: KVCacheManager) -> int:
         """Device blocks this step's decodes growing on the device need beyond the free ones
@@ -191,6 +195,15 @@ class HostResidentPolicy(KVPolicy):
         return need + kv.watermark_blocks - kv.num_available_gpu_blocks()
 
     def _move_out(self, running: list[Request], kv: KVCacheManager, short: int) -> None:
+        """As many of the moves that cover `short` as the host room and the system allow:
+        what is left short, the scheduler preempts for."""
+        self._move(self._plan_moves(running, kv, short)[0], kv)
+
+    def _plan_moves(self, running: list[Request], kv: KVCacheManager, short: int
+                    ) -> tuple[list[tuple[Request, int | None]], int]:
+        """The moves that cover `short` device blocks, in order (each mover with its token
+        blocks that move, None: all of them), and the blocks still short after them (> 0:
+        the host room or the system's limit refused the next one, counted as refused)."""
         host = kv.host_running
         may_move = self.mover(running, kv)
         # Partly moved requests first (newest first), then the device rows (newest first):
@@ -201,30 +214,40 @@ class HostResidentPolicy(KVPolicy):
         # Only a system's limit prices a part by the shortage ahead: worked out for it alone.
         ahead = (self._projected_short(running, kv)
                  if may_move is not None and self.options.partial_moves else 0)
+        room = kv.host.num_free - self._host_growth(running, kv)
+        moves: list[tuple[Request, int | None]] = []
         for req in sorted(newest, key=lambda r: r.request_id not in host):
             if short <= 0:
-                return
-            rid = req.request_id
+                break
             k = self._token_blocks_to_move(req, kv, short)
-            held = kv.num_groups * kv.num_host_token_blocks(rid)
+            held = kv.num_groups * kv.num_host_token_blocks(req.request_id)
             need = (self._life_blocks(req, kv) - held if k is None else kv.num_groups * k)
-            if kv.host.num_free - self._host_growth(running, kv) < need:
+            if room < need:
                 self.num_refused += 1
-                return  # the host pool cannot hold it (for its life): the scheduler preempts
+                break  # the host pool cannot hold it (for its life)
             tokens = None if k is None else k * kv.block_size
             # A part is priced as what the row may come to hold: the batch's shortage ahead
             # (at most the row's device part), so no part moves that the next would undo.
             if may_move is not None and not may_move(req, tokens, self._priced_tokens(
                     req, kv, k, ahead)):
                 self.num_refused_by_system += 1
-                return  # the system's own limit: the scheduler preempts
-            grows = req.num_computed_tokens + 1 > kv.num_slots.get(rid, 0)
+                break  # the system's own limit
+            room -= need
+            moved = self._device_token_blocks(req, kv) if k is None else k
+            # A whole move also frees the block its decode would have taken this step.
+            grows = k is None and req.num_computed_tokens + 1 > kv.num_slots.get(
+                req.request_id, 0)
+            short -= kv.num_groups * (moved + grows)
+            moves.append((req, k))
+        return moves, short
+
+    def _move(self, moves: list[tuple[Request, int | None]], kv: KVCacheManager) -> None:
+        for req, k in moves:
             copies = kv.swap_out(req, k)
             assert copies is not None, "the host room was checked"
-            host.add(rid)
-            self._items.append(MoveToHost(rid, tuple(copies), kv.block_table(req)))
+            kv.host_running.add(req.request_id)
+            self._items.append(MoveToHost(req.request_id, tuple(copies), kv.block_table(req)))
             self.num_moved_out += 1
-            short -= len(copies) + (kv.num_groups if grows and k is None else 0)
 
     def _move_in(self, running: list[Request], kv: KVCacheManager, spare: int) -> None:
         """`spare`: free device blocks left once this step's decodes have their new ones

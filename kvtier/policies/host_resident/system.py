@@ -46,6 +46,7 @@ class HostResidentSystem(MemorySystem):
         """The HostResidentOptions fields every system fills alike."""
         return {"swap_in_fraction": args.swap_in_fraction,
                 "host_admission": args.host_admission,
+                "chunked_prefill": config.scheduler.enable_chunked_prefill,
                 "max_model_len": config.scheduler.max_model_len,
                 "max_step_tokens": config.scheduler.max_num_batched_tokens,
                 "max_step_seqs": config.scheduler.max_num_seqs}
