@@ -80,14 +80,14 @@ class HostResidentPolicy(KVPolicy):
         if short > 0:
             self._move_out(running, kv, short)
         else:
-            # Waiting prompts the device cannot take are admitted past it (admission.py):
-            # room is made for them, and host-running requests come back only into what
-            # they leave, so no request moves in to be moved out again for them.
-            short += self._prompt_blocks(running, kv, waiting)
-            if short > 0:
-                self._make_room_for_prompts(running, kv, short)
+            # Prompts the device cannot take are admitted past it (admission.py): their room
+            # is made, all of it or none; where it is there, host-running requests come back
+            # only into what they leave (none moves in to be moved out again for them).
+            with_prompts = short + self._prompt_blocks(running, kv, waiting)
+            if with_prompts > 0 and self._make_room_for_prompts(running, kv, with_prompts):
+                pass
             elif host:
-                self._move_in(running, kv, -short)
+                self._move_in(running, kv, -(with_prompts if with_prompts <= 0 else short))
         self._host_prefix = _host_prefixes(running, kv)
         if host:  # host-running first, each part in its order
             running[:] = ([r for r in running if r.request_id in host]
@@ -139,16 +139,18 @@ class HostResidentPolicy(KVPolicy):
         return rule.mover(running, kv.host_running, _host_prefixes(running, kv))
 
     def _make_room_for_prompts(self, running: list[Request], kv: KVCacheManager,
-                               short: int) -> None:
+                               short: int) -> bool:
         """Move decodes out for the prompts, all the room or none (a part would strand
-        its movers on the host while the prompts still wait). A refusal here preempts no
-        one (the prompts wait), so only the decodes' refusals are counted as refused."""
+        its movers on the host while the prompts still wait); True: made. A refusal here
+        preempts no one (the prompts wait), so only the decodes' refusals count as refused."""
         refused = self.num_refused, self.num_refused_by_system
         moves, left = self._plan_moves(running, kv, short)
         self.num_refused, self.num_refused_by_system = refused
-        if left <= 0:
-            self._move(moves, kv)
-            self.num_moved_for_prompts += len(moves)
+        if left > 0:
+            return False
+        self._move(moves, kv)
+        self.num_moved_for_prompts += len(moves)
+        return True
 
     def _blocks_short(self, running: list[Request], kv: KVCacheManager) -> int:
         """Device blocks this step's decodes growing on the device need beyond the free ones
