@@ -11,11 +11,11 @@ time 0 (offline throughput: output tokens over the makespan). The paper reports 
 The second sweeps each setting's KV pool (times the factors): where NEO's gain over the
 better of swap and recompute vanishes as the pool grows (issue 27 item 5, by the cost model).
 
-NEO runs four times: with its CPU/GPU balance (--neo-cpu-balance, kvtier/policies/neo/balance.py),
+NEO runs six times: with its CPU/GPU balance (--neo-cpu-balance, kvtier/policies/neo/balance.py),
 without it (every overflowing decode moves to the host), balanced but with no GPU-only
 steps (--neo-max-skipped-steps 0: every step runs its CPU decodes, sequentially or
-pipelined, kvtier/policies/neo/modes.py), and balanced with prompts admitted past the device
-pool (--neo-host-admission, kvtier/policies/host_resident/admission.py).
+pipelined, kvtier/policies/neo/modes.py), and with prompts admitted past the device pool
+(--neo-host-admission, kvtier/policies/host_resident/admission.py), balanced and not.
 
 The CPU attention is priced at one rate on every profile (kvtier/policies/neo/'s
 CPU_ATTENTION_BYTES_PER_S, the H200 host's), not at NEO's hosts' (a g4dn's CPU reads far less
@@ -46,7 +46,9 @@ from kvtier.sim import build_sim_engine, run_simulation
 POLICIES = (("recompute", "recompute", {}), ("swap", "swap", {}),
             ("neo", "neo", {}), ("neo_unbalanced", "neo", {"neo_cpu_balance": 0.0}),
             ("neo_no_gpu_only", "neo", {"neo_max_skipped_steps": 0}),
-            ("neo_host_admission", "neo", {"neo_host_admission": True}))
+            ("neo_host_admission", "neo", {"neo_host_admission": True}),
+            ("neo_unbalanced_host_admission", "neo",
+             {"neo_cpu_balance": 0.0, "neo_host_admission": True}))
 
 
 @dataclasses.dataclass(frozen=True)
