@@ -245,3 +245,21 @@ def test_an_engine_never_generates_a_bad_word():
     assert ids[:3] == plain[:3] and not banned & set(ids)
     with pytest.raises(InvalidRequestError, match="bad_words"):
         SamplingParams(bad_words=[3])
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_allowed_ids_and_bans_give_the_cpu_tokens_and_logprobs():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(4))
+    rows = [SampleRow(SamplingParams(temperature=0.0, logprobs=2, allowed_token_ids=[3, 9, 17]),
+                      0, (9,)),
+            SampleRow(SamplingParams(temperature=0.0, logprobs=1), 0, (0, 1, 2)),
+            SampleRow(SamplingParams(temperature=0.8, seed=5, allowed_token_ids=[4, 40]), 0, ())]
+    cpu, gpu = sample(logits, rows), sample(logits.cuda(), rows)
+    assert gpu.token_ids == cpu.token_ids
+    for a, b in zip(gpu.logprobs, cpu.logprobs):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert a.keys() == b.keys()
+            assert all(a[t] == pytest.approx(b[t], abs=1e-5) for t in a)
