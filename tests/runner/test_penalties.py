@@ -257,7 +257,8 @@ def test_on_the_gpu_allowed_ids_and_bans_give_the_cpu_tokens_and_logprobs():
             SampleRow(SamplingParams(temperature=0.0, logprobs=1), 0, (0, 1, 2)),
             SampleRow(SamplingParams(temperature=0.8, seed=5, allowed_token_ids=[4, 40]), 0, ())]
     cpu, gpu = sample(logits, rows), sample(logits.cuda(), rows)
-    assert gpu.token_ids == cpu.token_ids
+    assert gpu.token_ids[:2] == cpu.token_ids[:2]
+    assert gpu.token_ids[2] in (4, 40)  # a seeded draw: the device's own generator
     for a, b in zip(gpu.logprobs, cpu.logprobs):
         assert (a is None) == (b is None)
         if a is not None:
