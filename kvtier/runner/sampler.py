@@ -39,7 +39,8 @@ class SampleRow:
     # the output list may lack the token in flight; kvtier/runner/penalty_counts.py).
     history: tuple[list[int], list[int]] | None = None
     # Structured outputs: the packed allowed-token mask (ScheduledRequest.token_mask; the
-    # row's min_tokens bans are in it, and banned_ids is then empty).
+    # row's min_tokens bans are in it, so its logprobs have them too; banned_ids then holds
+    # only its bad words).
     allowed: np.ndarray | None = None
 
 

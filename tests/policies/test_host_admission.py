@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvtier.core.request import Request
+from kvtier.core.request import Request, RequestStatus
 from kvtier.engine.args import EngineArgs
 from kvtier.kv.manager import KVCacheManager
 from kvtier.policies.directkv import DirectKVOptions, DirectKVPolicy
@@ -33,13 +33,13 @@ def test_the_prompts_admitted_are_counted_whole_within_the_budget_and_seats():
     running = [running_decode(kv, f"r{i}") for i in range(2)]  # 2 tokens of the budget
     queue = [waiting("w0", 9), waiting("w1", 8), waiting("w2", 4)]
     # 9 tokens: 3 blocks x 2 groups; 8 tokens: 2 x 2; the budget's 19 tokens end at w2.
-    assert admitted_prompt_blocks(running, queue, kv, budget=19, seats=8) == 6 + 4
+    assert admitted_prompt_blocks(running, queue, kv, budget=19, seats=8) == (0, 6 + 4)
     # Whole prompts even when chunked: w0's first chunk is all the budget has left.
-    assert admitted_prompt_blocks(running, queue, kv, budget=5, seats=8) == 6
-    assert admitted_prompt_blocks(running, queue, kv, budget=2, seats=8) == 0
+    assert admitted_prompt_blocks(running, queue, kv, budget=5, seats=8) == (0, 6)
+    assert admitted_prompt_blocks(running, queue, kv, budget=2, seats=8) == (0, 0)
     # Seats count the running requests.
-    assert admitted_prompt_blocks(running, queue, kv, budget=100, seats=3) == 6
-    assert admitted_prompt_blocks(running, queue, kv, budget=100, seats=8) == 6 + 4 + 2
+    assert admitted_prompt_blocks(running, queue, kv, budget=100, seats=3) == (0, 6)
+    assert admitted_prompt_blocks(running, queue, kv, budget=100, seats=8) == (0, 6 + 4 + 2)
 
 
 def test_a_prefix_cache_hit_is_counted_too():
@@ -54,15 +54,15 @@ def test_a_prefix_cache_hit_is_counted_too():
     kv.cache_full_blocks(done, 9)  # its 2 full blocks are cached, evictable once it ends
     kv.free(done)
     assert kv.num_available_gpu_blocks() == 20
-    assert admitted_prompt_blocks([], [waiting("again", 9)], kv, budget=100, seats=8) == 6
+    assert admitted_prompt_blocks([], [waiting("again", 9)], kv, budget=100, seats=8) == (0, 6)
 
 
 def test_without_chunked_prefill_a_prompt_past_the_budget_is_not_counted():
     kv = manager()
     queue = [waiting("w0", 9)]
-    assert admitted_prompt_blocks([], queue, kv, budget=5, seats=8) == 6
-    assert admitted_prompt_blocks([], queue, kv, budget=5, seats=8, chunked_prefill=False) == 0
-    assert admitted_prompt_blocks([], queue, kv, budget=9, seats=8, chunked_prefill=False) == 6
+    assert admitted_prompt_blocks([], queue, kv, budget=5, seats=8) == (0, 6)
+    assert admitted_prompt_blocks([], queue, kv, budget=5, seats=8, chunked_prefill=False) == (0, 0)
+    assert admitted_prompt_blocks([], queue, kv, budget=9, seats=8, chunked_prefill=False) == (0, 6)
 
 
 def test_a_running_prompts_later_chunks_keep_their_room():
@@ -70,7 +70,7 @@ def test_a_running_prompts_later_chunks_keep_their_room():
     part = waiting("p", 20)  # 5 blocks a group when whole
     assert kv.allocate_slots(part, 8) is not None  # its first chunk: 2 blocks a group
     part.num_computed_tokens = 8
-    assert admitted_prompt_blocks([part], [], kv, budget=100, seats=8) == 2 * 3
+    assert admitted_prompt_blocks([part], [], kv, budget=100, seats=8) == (2 * 3, 0)
 
 
 def test_room_is_made_for_a_waiting_prompt_by_moving_the_newest_decodes():
@@ -110,6 +110,30 @@ def test_no_decode_moves_unless_the_whole_room_can_be_made():
                                             host_admission=True))
     policy.before_step(running, kv, [waiting("w0", 24)])  # 12 blocks: 2 movers' room
     assert not kv.host_running and policy.num_moved_out == 0 and policy.num_refused == 0
+    kv.check_integrity()
+
+
+def test_a_running_prompts_room_is_kept_when_a_new_prompts_cannot_be_made():
+    """A chunked prompt whose room was made, and then a waiting prompt the host cannot make
+    room for: the running prompt's room is not handed back to the host-running request
+    (it would leave the prompt's later chunks short, and the scheduler would preempt it)."""
+    kv = KVCacheManager(num_groups=2, block_size=4, num_gpu_blocks=18, num_host_blocks=6,
+                        watermark=0.0)
+    running = [running_decode(kv, name, prompt_len=7) for name in ("r0", "r1", "h")]
+    policy = DirectKVPolicy(DirectKVOptions(max_model_len=64, max_step_tokens=64,
+                                            host_admission=True, swap_in_fraction=1.0))
+    prompt = waiting("p", 16)
+    policy.before_step(running, kv, [prompt])
+    assert kv.host_running == {"h"}
+    prompt.status = RequestStatus.RUNNING
+    assert kv.allocate_slots(prompt, 4) is not None  # its first chunk
+    prompt.num_computed_tokens = 4
+    running.append(prompt)
+    policy.before_step(running, kv, [])
+    policy.before_step(running, kv, [waiting("w", 12)])  # no host room for w's movers
+    assert kv.host_running == {"h"} and policy.num_moved_in == 0
+    later = kv.num_groups * (4 - kv.tables["p"].num_token_blocks)
+    assert kv.gpu.num_free >= later
     kv.check_integrity()
 
 

@@ -80,14 +80,7 @@ class HostResidentPolicy(KVPolicy):
         if short > 0:
             self._move_out(running, kv, short)
         else:
-            # Prompts the device cannot take are admitted past it (admission.py): their room
-            # is made, all of it or none; where it is there, host-running requests come back
-            # only into what they leave (none moves in to be moved out again for them).
-            with_prompts = short + self._prompt_blocks(running, kv, waiting)
-            if with_prompts > 0 and self._make_room_for_prompts(running, kv, with_prompts):
-                pass
-            elif host:
-                self._move_in(running, kv, -(with_prompts if with_prompts <= 0 else short))
+            self._admit_past_device(running, kv, waiting, short)
         self._host_prefix = _host_prefixes(running, kv)
         if host:  # host-running first, each part in its order
             running[:] = ([r for r in running if r.request_id in host]
@@ -117,16 +110,23 @@ class HostResidentPolicy(KVPolicy):
         return items
 
     # ---- decisions -------------------------------------------------------------------
-    def _prompt_blocks(self, running: list[Request], kv: KVCacheManager,
-                       waiting: Iterable[Request]) -> int:
-        """Device blocks the running prompts still need to their last tokens and the waiting
-        prompts this step admits, if they are admitted past the device pool (0 otherwise:
-        they wait for room)."""
-        opts = self.options
-        if not opts.host_admission:
-            return 0
-        return admitted_prompt_blocks(running, waiting, kv, opts.max_step_tokens,
-                                      opts.max_step_seqs, opts.chunked_prefill)
+    def _admit_past_device(self, running: list[Request], kv: KVCacheManager,
+                           waiting: Iterable[Request], short: int) -> None:
+        """The decodes fit (`short` <= 0). Prompts the device cannot take are admitted past
+        it (admission.py): the room of the running and the waiting ones, else of the running
+        ones alone, is made, all of it or none; host-running requests come back only into
+        what the prompts whose room is there leave (none moves in to be moved out again)."""
+        held = new = 0
+        if self.options.host_admission:
+            opts = self.options
+            held, new = admitted_prompt_blocks(running, waiting, kv, opts.max_step_tokens,
+                                               opts.max_step_seqs, opts.chunked_prefill)
+        kept, every = short + held, short + held + new
+        for need in (every, kept):
+            if need > 0 and self._make_room_for_prompts(running, kv, need):
+                return
+        if kv.host_running:
+            self._move_in(running, kv, max(0, -every if every <= 0 else -kept))
 
     def mover(self, running: list[Request], kv: KVCacheManager
               ) -> Callable[[Request, int | None, int | None], bool] | None:
