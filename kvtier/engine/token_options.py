@@ -45,15 +45,18 @@ class BadWords:
 
     def __init__(self, sequences: tuple[tuple[int, ...], ...], output_ids: list[int]):
         self.sequences, self._output = sequences, output_ids
+        # (the tokens before the last, as the list the output's tail is compared with, the
+        # last): made once, compared every sampling step.
+        self._words = [(list(s[:-1]), s[-1]) for s in sequences]
         # A ban that depends on the output's last tokens needs the one in flight (async).
         self.needs_last_token = any(len(s) > 1 for s in sequences)
 
     def banned(self) -> tuple[int, ...]:
         out, banned = self._output, set()
-        for seq in self.sequences:
-            k = len(seq) - 1
-            if k == 0 or (len(out) >= k and out[len(out) - k:] == list(seq[:-1])):
-                banned.add(seq[-1])
+        for start, last in self._words:
+            k = len(start)
+            if k == 0 or (len(out) >= k and out[len(out) - k:] == start):
+                banned.add(last)
         return tuple(sorted(banned))
 
 

@@ -301,11 +301,10 @@ def _bad_words(words: list[str] | None) -> tuple[str, ...]:
 
 
 def _allowed_ids(ids: list[int] | None, vocab_size: int) -> tuple[int, ...] | None:
-    """vLLM's allowed_token_ids: a non-empty list of ids in the vocabulary."""
+    """vLLM's allowed_token_ids: ids in the vocabulary (SamplingParams refuses an empty
+    list)."""
     if ids is None:
         return None
-    if not ids:
-        raise _bad("allowed_token_ids must not be empty", "allowed_token_ids")
     outside = [t for t in ids if t >= vocab_size]
     if outside:
         raise _bad(f"allowed_token_ids has ids outside the vocabulary [0, {vocab_size}): "

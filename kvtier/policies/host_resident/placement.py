@@ -143,9 +143,7 @@ class HostResidentPolicy(KVPolicy):
         """Move decodes out for the prompts, all the room or none (a part would strand
         its movers on the host while the prompts still wait); True: made. A refusal here
         preempts no one (the prompts wait), so only the decodes' refusals count as refused."""
-        refused = self.num_refused, self.num_refused_by_system
-        moves, left = self._plan_moves(running, kv, short)
-        self.num_refused, self.num_refused_by_system = refused
+        moves, left = self._plan_moves(running, kv, short, count_refusals=False)
         if left > 0:
             return False
         self._move(moves, kv)
@@ -199,13 +197,14 @@ class HostResidentPolicy(KVPolicy):
     def _move_out(self, running: list[Request], kv: KVCacheManager, short: int) -> None:
         """As many of the moves that cover `short` as the host room and the system allow:
         what is left short, the scheduler preempts for."""
-        self._move(self._plan_moves(running, kv, short)[0], kv)
+        self._move(self._plan_moves(running, kv, short, count_refusals=True)[0], kv)
 
-    def _plan_moves(self, running: list[Request], kv: KVCacheManager, short: int
-                    ) -> tuple[list[tuple[Request, int | None]], int]:
+    def _plan_moves(self, running: list[Request], kv: KVCacheManager, short: int,
+                    count_refusals: bool) -> tuple[list[tuple[Request, int | None]], int]:
         """The moves that cover `short` device blocks, in order (each mover with its token
         blocks that move, None: all of them), and the blocks still short after them (> 0:
-        the host room or the system's limit refused the next one, counted as refused)."""
+        the host room or the system's limit refused the next one, counted as refused if
+        `count_refusals`)."""
         host = kv.host_running
         may_move = self.mover(running, kv)
         # Partly moved requests first (newest first), then the device rows (newest first):
@@ -225,14 +224,14 @@ class HostResidentPolicy(KVPolicy):
             held = kv.num_groups * kv.num_host_token_blocks(req.request_id)
             need = (self._life_blocks(req, kv) - held if k is None else kv.num_groups * k)
             if room < need:
-                self.num_refused += 1
+                self.num_refused += count_refusals
                 break  # the host pool cannot hold it (for its life)
             tokens = None if k is None else k * kv.block_size
             # A part is priced as what the row may come to hold: the batch's shortage ahead
             # (at most the row's device part), so no part moves that the next would undo.
             if may_move is not None and not may_move(req, tokens, self._priced_tokens(
                     req, kv, k, ahead)):
-                self.num_refused_by_system += 1
+                self.num_refused_by_system += count_refusals
                 break  # the system's own limit
             room -= need
             moved = self._device_token_blocks(req, kv) if k is None else k
