@@ -450,6 +450,17 @@ part() {
     timeout 300 python3 -m benchmarks.policies.bench_host_resident --caps 0.75 \
       --policies neo:off@0,neo:on@0,neo:on+flagged@0,recompute \
       --out "$(out policies "host_resident_neo_flags_h200_$c.json")" 2>&1 | grep "tok/s" | cut -c1-150 ;;
+  neo-admission)  # NEO's host admission (prompts past the device pool make their room by moving decodes out) on the H200: 32 x 2,048 + 128 at 3/4, recompute first (it pays the compiles and captures), then neo@0, neo:admit@0 (balance lifted) and neo at its default balance
+    local c=$KVTIER_GIT_COMMIT
+    export TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext
+    timeout 360 python3 -m benchmarks.policies.bench_host_resident --caps 0.75 \
+      --policies recompute,neo@0,neo:admit@0,neo \
+      --out "$(out policies "host_resident_neo_admission_h200_$c.json")" 2>&1 | grep "tok/s" | cut -c1-150 ;;
+  prefill-loads-repeat)  # the copy engine's batched loads (H2D) and stores beside the engine's 8K prefill (its pieces as CUDA graphs), three calls in one lease: the spread of issue 26's "< 5 %"
+    local c=$KVTIER_GIT_COMMIT i
+    for i in 1 2 3; do
+      beside_prefill "host_page_io_prefill_engine-graphs_r${i}_h200_$c" engine-graphs batch/run 150
+    done ;;
   neo-step-threads)  # why NEO's layer call takes 4.5x its reads inside a graph step: the step parts of 32 x 2,048 + 128 at 3/4 (every host step sequential) with the CPU attention on 16 (torch's default), 14 and 8 threads (cores left to the main thread, which spins while it waits for the GPU)
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 280 python3 -m benchmarks.policies.bench_neo_step_parts --caps 0.75 \
       --policies neo:off@0,neo:off+threads14@0,neo:off+threads8@0 \
