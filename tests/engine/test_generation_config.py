@@ -15,8 +15,6 @@ from kvtier.entrypoints.llm import LLM
 from kvtier.model.generation_config import load_generation_defaults, parse_override
 from kvtier.model.presets import PRESETS
 from kvtier.sampling_params import SamplingParams
-from kvtier.server.api_models import CompletionRequest
-from kvtier.server.params import ServingLimits, sampling_params
 
 # Llama 3 Instruct's file: its chat turn's end (128009) beside the text's; top_k 50 is
 # transformers' own default, so not a choice of the model's.
@@ -93,16 +91,3 @@ def test_offline_generate_samples_with_the_models_defaults(tmp_path):
     out = llm.generate([[5, 6, 7]])[0].outputs[0]
     assert len(out.token_ids) == 3
 
-
-def test_requests_keep_what_they_set():
-    defaults = GenerationDefaults(sampling=(("max_tokens", 16), ("repetition_penalty", 1.1),
-                                            ("temperature", 0.6), ("top_k", 20)))
-    limits = ServingLimits(max_model_len=128, vocab_size=2048, max_num_seqs=8, max_seqs_per_request=8)
-    unset = sampling_params(CompletionRequest(prompt="x"), None, None, limits, defaults=defaults)
-    assert (unset.temperature, unset.top_k, unset.repetition_penalty, unset.max_tokens) == (0.6, 20, 1.1, 16)
-    assert (unset.top_p, unset.min_p) == (1.0, 0.0)  # the file is silent: kvtier's defaults
-    req = CompletionRequest(prompt="x", temperature=0.0, top_k=-1, repetition_penalty=1.0)
-    given = sampling_params(req, 100, None, limits, defaults=defaults)
-    assert (given.temperature, given.top_k, given.repetition_penalty) == (0.0, -1, 1.0)
-    assert given.max_tokens == 16  # the model's max_new_tokens caps it, as vLLM's does
-    assert sampling_params(req, 4, None, limits, defaults=defaults).max_tokens == 4
