@@ -33,8 +33,8 @@ out() {  # SUBJECT NAME: the path a part writes NAME to
 
 pytest_files() {  # NAME TIMEOUT ARGS...: pytest, the summary kept as gpu_tests/NAME.txt
   local f; f=$(out gpu_tests "$1.txt"); local limit=$2; shift 2
-  # -rfE: every failure and error named in the summary, which the file keeps whole
-  timeout "$limit" python3 -m pytest -q -rfE --continue-on-collection-errors "$@" -p no:cacheprovider > "$f" 2>&1
+  # -rfEs: every failure, error and skip (with its reason) named in the summary, which the file keeps whole
+  timeout "$limit" python3 -m pytest -q -rfEs --continue-on-collection-errors "$@" -p no:cacheprovider > "$f" 2>&1
   grep -E "^(FAILED|ERROR)" "$f" | head -20; tail -2 "$f"
 }
 
