@@ -55,7 +55,10 @@ class Tokenizer(Protocol):
     bos_token_id: int | None
     vocab_size: int
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """`add_special_tokens` (transformers' and vLLM's name): False leaves out what the
+        tokenizer adds around a text (a leading BOS), not special tokens written in it."""
+        ...
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
     def set_chat_template(self, template: str) -> None: ...
     def apply_chat_template(
@@ -179,7 +182,8 @@ class BPETokenizer:
         self.eos_token_ids: tuple[int, ...] = (specials["<|endoftext|>"], specials["<|im_end|>"])
         self._template = jinja2.Environment().from_string(CHATML_TEMPLATE)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        # ChatML's BPE adds nothing around a text: add_special_tokens changes nothing.
         return self._enc.encode(text, allowed_special=set(_SPECIALS), disallowed_special=())
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
@@ -246,8 +250,8 @@ class HFTokenizer:
         """The transformers tokenizer itself (what a grammar engine reads the vocabulary from)."""
         return self._tok
 
-    def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text))
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return str(self._tok.decode(ids, skip_special_tokens=skip_special_tokens))

@@ -17,14 +17,8 @@ def bad_word_sequences(tokenizer: Any, words: Sequence[str],
     leading space where that gives as many tokens with another first one (the word after a
     space, as it mostly follows text); no special tokens. An id outside the vocabulary is
     an InvalidRequestError, as vLLM's."""
-    hf = getattr(tokenizer, "hf_tokenizer", None)
-    bos = getattr(tokenizer, "bos_token_id", None)
-
     def ids(text: str) -> tuple[int, ...]:
-        if hf is not None:  # a transformers tokenizer: no special tokens at all
-            return tuple(int(t) for t in hf(text, add_special_tokens=False)["input_ids"])
-        out = tokenizer.encode(text)  # the others add no special token but a BOS
-        return tuple(out[1:] if bos is not None and out[:1] == [bos] else out)
+        return tuple(int(t) for t in tokenizer.encode(text, add_special_tokens=False))
 
     sequences: list[tuple[int, ...]] = []
     for word in words:

@@ -148,7 +148,7 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
     best_of: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     suffix: str | None = None
-    add_special_tokens: bool = True  # vLLM's: False leaves out a text prompt's leading BOS
+    add_special_tokens: bool = True  # vLLM's: False leaves out what the tokenizer adds (a leading BOS)
 
 
 class CompletionLogprobs(BaseModel):
@@ -362,7 +362,7 @@ class TokenizeRequest(_Request):
     model: str | None = None
     prompt: str | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
-    add_special_tokens: bool = True  # completions: False leaves out a leading BOS
+    add_special_tokens: bool = True  # completions: False leaves out what the tokenizer adds
     add_generation_prompt: bool = True  # chat: the assistant header after the messages
     chat_template_kwargs: dict[str, Any] | None = None  # chat: the template's own variables
     tools: list[ToolSpec] | None = None  # chat: the tools, as a chat request's template sees them

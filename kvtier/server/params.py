@@ -68,23 +68,15 @@ def _check_text(text: str, param: str) -> None:
         raise _bad(f"{param} is not valid Unicode text: {exc.reason}", param) from None
 
 
-def encode_text(tokenizer: Any, text: str, param: str) -> list[int]:
+def encode_prompt(tokenizer: Any, text: str, param: str, add_special_tokens: bool) -> list[int]:
+    """A text prompt's ids; without add_special_tokens (vLLM's field) what the tokenizer adds
+    around it (a leading BOS) is left out."""
     _check_text(text, param)
     try:
-        return list(tokenizer.encode(text))
+        return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
     except Exception as exc:  # a tokenizer failing on a valid str is a client-visible 400
         logger.warning("tokenizer failed on %s: %r", param, exc)
         raise _bad(f"{param} could not be tokenized: {exc}", param) from None
-
-
-def encode_prompt(tokenizer: Any, text: str, param: str, add_special_tokens: bool) -> list[int]:
-    """A text prompt's ids; without add_special_tokens (vLLM's field) its leading BOS is
-    left out (the only special token a plain encode adds)."""
-    ids = encode_text(tokenizer, text, param)
-    bos = getattr(tokenizer, "bos_token_id", None)
-    if not add_special_tokens and bos is not None and ids[:1] == [bos]:
-        return ids[1:]
-    return ids
 
 
 def check_ids(ids: list[int], limits: ServingLimits, param: str) -> list[int]:

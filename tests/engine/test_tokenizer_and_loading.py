@@ -15,8 +15,10 @@ TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}\n{% endf
             "{% if add_generation_prompt %}[assistant]{% endif %}")
 
 
-def save_hf_tokenizer(path, vocab_size=512):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def save_hf_tokenizer(path, vocab_size=512, bos_first=False):
+    """A byte-level BPE with a chat template; `bos_first`: it adds "<s>" before every text,
+    as Llama's tokenizers do."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -25,6 +27,9 @@ def save_hf_tokenizer(path, vocab_size=512):
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(["hello world, the KV cache lives in a memory hierarchy"] * 50, trainer)
+    if bos_first:
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
                                    pad_token="<pad>", unk_token="<unk>")
     fast.chat_template = TEMPLATE
@@ -40,6 +45,16 @@ def test_hf_tokenizer_dir_with_chat_template(tmp_path):
     chat = tok.decode(tok.apply_chat_template([{"role": "user", "content": "hi"}]))
     assert chat == "[user]hi\n[assistant]"
     assert tok.eos_token_ids == (2,)
+
+
+def test_add_special_tokens_false_leaves_out_what_the_tokenizer_adds(tmp_path):
+    """transformers' flag: the BOS it adds around a text goes, a "<s>" written in it stays."""
+    save_hf_tokenizer(tmp_path, bos_first=True)
+    tok = load_tokenizer(tmp_path, None, 512)
+    bos = tok.bos_token_id
+    plain = tok.encode("hello world", add_special_tokens=False)
+    assert tok.encode("hello world") == [bos, *plain] and bos not in plain
+    assert tok.encode("<s>hello", add_special_tokens=False)[0] == bos
 
 
 def test_model_dir_with_tokenizer_generates_text(tmp_path):

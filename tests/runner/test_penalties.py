@@ -203,8 +203,8 @@ def test_bad_words_are_banned_where_the_output_ends_with_their_start():
     class Tok:  # one id a letter; a space joins the letter after it (id 100 + letter)
         bos_token_id = 1
 
-        def encode(self, text):
-            ids, space = [1], False
+        def encode(self, text, add_special_tokens=True):
+            ids, space = [1] if add_special_tokens else [], False
             for c in text:
                 if c == " ":
                     space = True

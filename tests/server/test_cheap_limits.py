@@ -27,11 +27,11 @@ class SlowTokenizer:
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         with self._lock:
             self.num_encoded += 1
         time.sleep(self.delay_s)
-        return self._inner.encode(text)
+        return self._inner.encode(text, add_special_tokens)
 
 
 @pytest.fixture

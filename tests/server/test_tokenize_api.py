@@ -3,8 +3,6 @@ prompt_tokens, /detokenize inverts it, /version, /ping, and OpenAI's models.retr
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import httpx
 import openai
 import pytest
@@ -86,16 +84,14 @@ class _BosTokenizer:
 
     bos_token_id = 1
 
-    def encode(self, text: str) -> list[int]:
-        return [1, *(ord(c) for c in text)]
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [1] * add_special_tokens + [ord(c) for c in text]
 
 
-def test_add_special_tokens_false_leaves_out_only_a_leading_bos():
+def test_add_special_tokens_is_the_tokenizers_to_apply():
     tok = _BosTokenizer()
     assert encode_prompt(tok, "hi", "prompt", True) == [1, 104, 105]
     assert encode_prompt(tok, "hi", "prompt", False) == [104, 105]
-    bare = SimpleNamespace(bos_token_id=None, encode=lambda text: [5, 6])
-    assert encode_prompt(bare, "hi", "prompt", False) == [5, 6]
 
 
 def test_completions_take_add_special_tokens(live):
