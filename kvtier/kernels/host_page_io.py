@@ -49,9 +49,9 @@ from kvtier.kernels.launch import (
 from kvtier.kernels.ptx import global_ns
 
 NUM_WARPS = 32  # 1024 threads a program, the shape the published I/O kernels use
-# Two programs move 16-token pages within 1.2 % of four's rate alone, both ways, and slow a
-# concurrent 8K prefill far less when storing (D2H +12.4 % against +42.5 %; H2D +4.5 %
-# against +5.1 %): results/kernels/host_page_io_h200_runtime.json.
+# Two programs move 16-token pages within 1.3 % of four's rate alone, both ways, and slow a
+# concurrent stand-in 8K prefill far less when storing (D2H +12.4 % against +42.5 %; H2D
+# +4.5 % against +5.1 %): results/kernels/host_page_io_h200_runtime.json.
 DEFAULT_NUM_PROGRAMS = 2
 # Loads the step's layers wait for: nothing runs beside them that they could slow more than
 # the wait itself costs (measured: results/policies/strata_leval_load_programs_h200.json).

@@ -10,20 +10,27 @@ from typing import Any
 from kvtier.config import ConfigError
 from kvtier.kv.host_tier import HostTier
 from kvtier.kv.manager import KVCacheManager
+from kvtier.kv.prefix_cache import PrefixCache
 from kvtier.offload.args import HostTierArgs, HostTierOptions
 from kvtier.offload.copy_times import PricedCopyTimer
 from kvtier.offload.scheduling import CacheAwareAdmission
 from kvtier.offload.transfers import HostTierCopies, allocate_pages
 
 
-def attach_index(kv: KVCacheManager, options: HostTierOptions) -> HostTier:
+def _extendable(kv: KVCacheManager) -> PrefixCache:
+    """The prefix cache a host tier can go under; ConfigError without one, or when it has
+    a host tier already."""
     pc = kv.prefix_cache
     if pc is None:
         raise ConfigError("the host tier extends the prefix cache: turn prefix caching on")
     if pc.lower is not None:
         raise ConfigError("the prefix cache has a host tier already")
+    return pc
+
+
+def attach_index(kv: KVCacheManager, options: HostTierOptions) -> HostTier:
     tier = HostTier(options.tier, kv.num_groups, kv.block_size)
-    pc.lower = tier
+    _extendable(kv).lower = tier
     return tier
 
 
@@ -43,8 +50,7 @@ def enable_host_tier(engine: Any, args: HostTierArgs) -> HostTier:
     allocated (naming the option to lower)."""
     kv = engine.kv_manager
     options = args.resolve(kv.gpu.num_blocks, engine.block_bytes)
-    if kv.prefix_cache is None:
-        raise ConfigError("the host tier extends the prefix cache: turn prefix caching on")
+    _extendable(kv)  # before the runner's pages: a refused call changes nothing
     executor = engine.executor
     if hasattr(executor, "copies"):  # the model runner (the simulator has no pools)
         attach_runner(executor, options)

@@ -57,7 +57,10 @@ class CacheAwareAdmission:
     def admit_now(self, req: Request, running: list[Request], num_step_tokens: int) -> bool:
         hashes, n_device = self.cache.admission_hashes(req)
         n_host = self._host_run(hashes, n_device)
-        cached = n_device + n_host
+        # A host hit shorter than the tier's minimum is computed, not loaded (HostTier.extend):
+        # it neither counts against the loading bound nor ends where the request computes.
+        n_load = n_host if n_host >= self.tier.config.min_load_blocks else 0
+        cached = n_device + n_load
         delayed = (self.delayed_hits and cached < len(hashes)
                    and hashes[cached] in self._computing(running))
         if delayed:
@@ -65,10 +68,10 @@ class CacheAwareAdmission:
                 self._waited[req] = cached
                 self.stats.delayed_requests += 1
             self.stats.delayed_steps += 1
-        over = (not delayed and n_host > 0
-                and self._over_bound(req, n_host, cached, num_step_tokens))
+        over = (not delayed and n_load > 0
+                and self._over_bound(req, n_load, cached, num_step_tokens))
         if delayed or over:  # it waits this step: its hit may load meanwhile
-            self._prefetch(req, hashes[n_device:cached])
+            self._prefetch(req, hashes[n_device:n_device + n_host])
         if delayed:
             return False
         if over:

@@ -59,7 +59,6 @@ class HostTierCopies:
                  device: torch.device):
         self.pages, self.io, self.num_groups = pages, HostPageIO(io), num_groups
         self.timer = CopyTimer(device)
-        self.page_bytes = pages[0].numel() * pages.element_size() if len(pages) else 0
         self._stores: tuple[list[int], list[int]] = ([], [])  # (device blocks, pages)
         self._backups: tuple[list[int], list[int]] = ([], [])
         self._prefetch: tuple[list[int], list[int]] = ([], [])  # (pages, device blocks)

@@ -99,12 +99,12 @@ class ContentExecutor:
 
 def make(policy: WritePolicy, gpu_blocks=24, host_pages=64, num_groups=2, budget=32,
          max_len=64, gate: bool = False, loading_bound: float = 0.0, kv_policy="recompute",
-         prefetch: bool = False, max_num_seqs: int = 8,
+         prefetch: bool = False, max_num_seqs: int = 8, min_load_blocks: int = 1,
          **sched_kw):
     kv = KVCacheManager(num_groups, B, gpu_blocks, 32, watermark=0.0,
                         prefix_cache=PrefixCacheConfig())
-    opts = HostTierOptions(HostTierConfig(host_pages, policy), PageIOConfig(), loading_bound,
-                           True, prefetch, "--kv-offloading-size")
+    opts = HostTierOptions(HostTierConfig(host_pages, policy, min_load_blocks=min_load_blocks),
+                           PageIOConfig(), loading_bound, True, prefetch, "--kv-offloading-size")
     tier = attach_index(kv, opts)
     options = EllmOptions(max_uncached_ratio=0.6, max_recompute_tokens=budget // 2)
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_num_seqs,
@@ -269,6 +269,24 @@ def test_the_loading_bound_spreads_loads_over_steps():
     run(sched, ex, arrivals)
     assert sum(loads_per_step) == 3 and max(loads_per_step) == 1
     assert sched.admission_gate.stats.load_bound_steps > 0
+
+
+def test_a_host_hit_too_short_to_load_is_not_held_back_by_the_loading_bound():
+    """q1's 3-block host hit (doc1, evicted to the host by q0's load) is under the minimum
+    load (4): q1 computes it, so it is admitted beside q0's load, which a load of its hit
+    would put over the bound."""
+    sched, tier, ex = make(WritePolicy.WRITE_THROUGH, gpu_blocks=40, budget=64, gate=True,
+                           loading_bound=0.5, min_load_blocks=4)
+    doc0, doc1 = list(range(100, 124)), list(range(200, 212))
+    run(sched, ex, {0: [req("w0", doc0, max_tokens=1)], 1: [req("w1", doc1, max_tokens=1)]})
+    run(sched, ex, {0: [req("x", list(range(900, 960)), max_tokens=1)]})
+    sched.add_request(req("q0", doc0 + [5], max_tokens=1))
+    sched.add_request(req("q1", doc1 + [5], max_tokens=1))
+    plan = sched.schedule()
+    assert [ld.request_id for ld in items_of(plan, HostLoad)] == ["q0"]
+    assert tier.stats.short_hits_computed == 1  # q1's hit: 3 blocks on the host
+    assert [sr.request_id for sr in plan.scheduled] == ["q0", "q1"]
+    assert sched.admission_gate.stats.load_bound_steps == 0
 
 
 @pytest.mark.parametrize("kv_policy", ["swap", "ellm"])

@@ -110,6 +110,15 @@ def test_flags_that_cannot_work_are_refused_with_the_option_named():
     assert eng.kv_manager.prefix_cache.lower is None  # nothing was attached
 
 
+def test_a_second_host_tier_is_refused_and_leaves_the_first_ones_pages():
+    eng = _engine(cache=True)
+    tier = enable_host_tier(eng, HostTierArgs(kv_offloading_size=0.01))
+    copies = eng.executor.copies.tier
+    with pytest.raises(ConfigError, match="has a host tier already"):
+        enable_host_tier(eng, HostTierArgs(kv_offloading_size=0.02))
+    assert eng.executor.copies.tier is copies and eng.kv_manager.prefix_cache.lower is tier
+
+
 def test_a_pool_that_cannot_be_allocated_names_the_option_to_lower():
     eng = _engine(cache=True)
     with pytest.raises(HostTierMemoryError, match="lower --kv-offloading-size"):
