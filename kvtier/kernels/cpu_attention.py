@@ -224,6 +224,11 @@ def _gather(pages: torch.Tensor, ids: torch.Tensor, length: int) -> torch.Tensor
     return tiles.permute(1, 0, 2, 3).reshape(pages.shape[1], -1, pages.shape[3])[:, :length]
 
 
+def _call_in_mode(mode: bool, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.inference_mode(mode):
+        return cpu_decode_attention(*args, **kwargs)
+
+
 class CpuAttentionWorker:
     """Runs cpu_decode_attention on one worker thread, so the Python main thread stays free
     (the kernel releases the GIL for the whole call) to launch GPU work meanwhile.
@@ -235,7 +240,10 @@ class CpuAttentionWorker:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cpu-attention")
 
     def submit(self, *args: object, **kwargs: object) -> Future[tuple[torch.Tensor, torch.Tensor]]:
-        return self._pool.submit(cpu_decode_attention, *args, **kwargs)  # type: ignore[arg-type]
+        # Inference mode is per thread: tensors the caller made under it (a step's `out`)
+        # take in-place writes only under it, so the call runs in the caller's mode.
+        mode = torch.is_inference_mode_enabled()
+        return self._pool.submit(_call_in_mode, mode, args, kwargs)
 
     def close(self) -> None:
         """Waits for the submitted calls, then stops the thread."""

@@ -53,7 +53,8 @@ def default_num_threads() -> int:
 
 class PendingLayer(Protocol):
     def done(self) -> bool:
-        """Whether the layer's job has run (its buffers free for the next layer)."""
+        """Whether the layer's job is known to have run (its buffers free for the next
+        layer): the native thread's once `result` has returned or raised."""
         ...
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -70,6 +70,27 @@ def test_a_layer_call_is_the_kv_write_then_the_attention(worker, monkeypatch, dt
         assert_close(out.float(), oracle, dtype)
 
 
+def test_the_torch_fallback_writes_a_steps_buffers_made_under_inference_mode(monkeypatch):
+    """The runner makes a step's buffers under inference mode, which is per thread: the
+    fallback's worker thread writes them (no kernel: the torch reference) in that mode too."""
+    import kvtier.kernels.cpu_attention as cpu_attention
+
+    monkeypatch.setattr(cpu_attention, "cpu_attention_extension", lambda: None)
+    pages, tables, slots, lens = host_rows(torch.float32)
+    expected = pages.clone()
+    q, k, v = qkv(torch.float32, seed=0)
+    w = CpuLayerWorker()
+    w.native = None
+    try:
+        with torch.inference_mode():
+            step = StepLayers(w, pages, tables, slots, lens, HQ, 1, pinned=False)
+            out, _ = step.submit(0, 0, q, k, v, scale=0.3).result()
+    finally:
+        w.close()
+    ref, _ = reference_layer(expected, tables, slots, lens, 0, 0, q, k, v, 0.3)
+    assert torch.equal(out, ref) and torch.equal(pages, expected)
+
+
 def test_a_row_without_a_new_token_here_keeps_its_pages(worker):
     pages, tables, slots, lens = host_rows(torch.float32)
     slots[:, 1] = -1

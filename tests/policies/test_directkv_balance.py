@@ -73,11 +73,14 @@ def test_the_factor_scales_the_limit_and_candidates_add_up():
     long_lived = decode("long", 2048, 128)
     assert not balance(1.0).mover([*running, long_lived], set())(long_lived)
     assert balance(1e3).mover([*running, long_lived], set())(long_lived)
-    # Once one moved, the next candidate's added cost is its bytes only.
+    # Once one moved, the next candidate's added cost is its bytes only: one that pays only
+    # beside a host row is refused alone, and moves once a short-lived one has moved.
     b = balance()
-    cands = [decode(f"c{i}", 2048, 2) for i in range(3)]
-    may_move = b.mover(cands, set())
-    assert all(may_move(r) for r in reversed(cands))
+    first, later = break_even(b, 2048), break_even(b, 2048, host_tokens=2048)
+    mid, short = decode("mid", 2048, math.floor((first + later) / 2)), decode("s", 2048, 2)
+    assert not b.mover([mid, short], set())(mid)
+    may_move = b.mover([mid, short], set())
+    assert may_move(short) and may_move(mid)
 
 
 def test_the_default_balance_refuses_every_move_and_the_outputs_equal_gpu_only():

@@ -78,15 +78,17 @@ def test_without_the_kernel_it_runs_on_a_python_worker_thread(monkeypatch):
     """The fallback (no compiler): the torch reference on a Python thread, not the main one,
     with the outputs of GPU-only."""
     gpu_only, _, _ = run("recompute", num_gpu_blocks=256)
+    # Both lookups: the layer calls' (no native thread) and the wrapper's (no C++ call).
     monkeypatch.setattr(cpu_attention_layers, "cpu_attention_extension", lambda: None)
+    monkeypatch.setattr(cpu_attention, "cpu_attention_extension", lambda: None)
     threads: set[str] = set()
-    real = cpu_attention.cpu_decode_attention
+    real = cpu_attention.cpu_decode_attention_reference
 
     def recording(*args, **kwargs):
         threads.add(threading.current_thread().name)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(cpu_attention, "cpu_decode_attention", recording)
+    monkeypatch.setattr(cpu_attention, "cpu_decode_attention_reference", recording)
     outputs, _, host_steps = run("neo")
     assert host_steps > 0 and threads
     assert all(name.startswith("cpu-attention") for name in threads)

@@ -52,7 +52,8 @@ from kvtier.policies.host_resident.options import HostResidentOptions
 
 
 class HostResidentPolicy(KVPolicy):
-    """Preemption recomputes; placement moves whole running decodes (all layer groups)."""
+    """Preemption recomputes; placement moves running decodes (all layer groups): whole, or
+    under `partial_moves` only their oldest token blocks."""
 
     options: HostResidentOptions
     rows_item: ClassVar[type[HostRows]] = HostRows  # each system's own kind
