@@ -219,15 +219,17 @@ class HostTier(PrefixTier):
         self.stats.loads += 1
         return blocks
 
-    def prefetch(self, hashes: Sequence[BlockHash], kv: KVCacheManager) -> int:
+    def prefetch(self, hashes: Sequence[BlockHash], kv: KVCacheManager, keep: int = 0) -> int:
         """Load the leading run of `hashes` this tier holds into new device blocks, in the
         background of this plan's step, for a request that waits a step (bubble filling:
-        the step's forward does not wait for these copies). Returns the token blocks."""
-        n = 0
-        while n < len(hashes) and self._loadable(hashes[n]):
+        the step's forward does not wait for these copies). Returns the token blocks: as
+        many of the run as fit beside `keep` evictable device blocks, the last in LRU
+        order, that must stay (the request's own device hit)."""
+        n, room = 0, (kv.num_available_gpu_blocks() - keep) // self.num_groups
+        while n < min(len(hashes), room) and self._loadable(hashes[n]):
             n += 1
         need = n * self.num_groups
-        if not n or kv.num_available_gpu_blocks() < need:
+        if not n:
             return 0
         hit = hashes[:n]
         self.pinned.update(hit)

@@ -27,7 +27,7 @@ When a block is cached (`cache_full_blocks(req, num_computed_tokens, kv)`): the 
 promises that the KV of `req`'s first `num_computed_tokens` tokens is written by steps
 already planned, i.e. launched before any step that could read a hit on them (the GPU runs
 steps in order). The scheduler calls it once a step has been planned, for each request
-whose planned tokens fill a block; `on_finish` calls it for the request's computed tokens,
+whose planned tokens fill a block or start at one (after a hit the step loads); `on_finish` calls it for the request's computed tokens,
 so a preempted request's KV stays cached. Blocks with a token id not yet known on the host
 (async scheduling's in-flight token) wait for the next call.
 
@@ -36,8 +36,7 @@ last one is computed so the request has logits): at most (num_tokens - 1) // blo
 blocks.
 
 A lower tier (`lower`, a `PrefixTier` of kvtier/kv/hooks.py: the host tier) sees blocks
-enter and leave the index and extends an admission's device hits with blocks it loads.
-"""
+enter and leave the index and extends an admission's device hits with blocks it loads."""
 
 from __future__ import annotations
 
@@ -79,6 +78,7 @@ class _RequestState:
     episode: int = -1  # req.num_preemptions at its last counted lookup
     queried: int = 0
     hit: int = 0
+    device_hits: int = 0  # leading device hits told the lower tier in that episode
 
 
 def cache_salt_key(req: Request) -> Hashable:
@@ -157,6 +157,8 @@ class PrefixCache(KVCacheHooks):
             if ids is None:
                 break
             hits.append(ids)
+        # A retried admission (its last try did not fit) tells the lower tier no hit twice.
+        told = state.device_hits if state.episode == req.num_preemptions else 0
         self._count_lookup(req, state, len(hits) * self.block_size)
         if hits:
             evictable = self.evictable
@@ -164,9 +166,10 @@ class PrefixCache(KVCacheHooks):
                 evictable.pop(h, None)  # a table holds it now
             kv.gpu.incref([b for ids in hits for b in ids])
         lower, num_device = self.lower, len(hits)
+        state.device_hits = max(told, num_device)
         if lower is not None:  # after the incref: its loads may evict, never these
-            if hits:
-                lower.on_device_hits(hashes[:num_device], hits, kv)
+            if num_device > told:
+                lower.on_device_hits(hashes[told:num_device], hits[told:], kv)
             if num_device < max_blocks:
                 hits += lower.extend(req, num_device, hashes[num_device:max_blocks], kv)
         if not hits:
@@ -184,25 +187,10 @@ class PrefixCache(KVCacheHooks):
         return num_cached
 
     def _count_lookup(self, req: Request, state: _RequestState, num_hit: int) -> None:
-        s, preempted = self.stats, req.num_preemptions > 0
-        if state.episode == req.num_preemptions:  # retried (the last try did not fit)
-            if preempted:
-                s.preempted_queries -= state.queried
-                s.preempted_hits -= state.hit
-            else:
-                s.queries -= state.queried
-                s.hits -= state.hit
-        elif preempted:
-            s.preempted_requests += 1
-        else:
-            s.requests += 1
+        retried = state.episode == req.num_preemptions  # the last try did not fit
+        self.stats.count_lookup(req.num_preemptions > 0, req.num_tokens, num_hit,
+                                (state.queried, state.hit) if retried else None)
         state.episode, state.queried, state.hit = req.num_preemptions, req.num_tokens, num_hit
-        if preempted:
-            s.preempted_queries += req.num_tokens
-            s.preempted_hits += num_hit
-        else:
-            s.queries += req.num_tokens
-            s.hits += num_hit
 
     def cache_full_blocks(self, req: Request, num_computed_tokens: int,
                           kv: KVCacheManager) -> None:
@@ -326,6 +314,15 @@ class PrefixCache(KVCacheHooks):
             freed += n
             self.stats.evicted_blocks += 1
         return freed
+
+    def touch(self, hashes: Iterable[BlockHash]) -> int:
+        """Make these cached blocks the most recently used; how many of them are evictable."""
+        n = 0
+        for h in hashes:
+            if h in self.evictable:
+                self.evictable.move_to_end(h)
+                n += 1
+        return n
 
     def adopt(self, h: BlockHash, ids: CachedBlock) -> bool:
         """Index device blocks a lower tier filled (a prefetch), taking over its reference

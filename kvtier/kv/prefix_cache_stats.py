@@ -23,3 +23,23 @@ class PrefixCacheStats:
     @property
     def hit_rate(self) -> float:
         return self.hits / self.queries if self.queries else 0.0
+
+    def count_lookup(self, preempted: bool, queried: int, hit: int,
+                     retry_of: tuple[int, int] | None) -> None:
+        """One admission's lookup (tokens queried, hit); `retry_of`: the (queried, hit) of
+        the earlier try it replaces (that one did not fit)."""
+        if retry_of is not None:
+            self._add(preempted, -retry_of[0], -retry_of[1])
+        elif preempted:
+            self.preempted_requests += 1
+        else:
+            self.requests += 1
+        self._add(preempted, queried, hit)
+
+    def _add(self, preempted: bool, queried: int, hit: int) -> None:
+        if preempted:
+            self.preempted_queries += queried
+            self.preempted_hits += hit
+        else:
+            self.queries += queried
+            self.hits += hit

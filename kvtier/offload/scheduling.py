@@ -71,7 +71,7 @@ class CacheAwareAdmission:
         over = (not delayed and n_load > 0
                 and self._over_bound(req, n_load, cached, num_step_tokens))
         if delayed or over:  # it waits this step: its hit may load meanwhile
-            self._prefetch(req, hashes[n_device:n_device + n_host])
+            self._prefetch(req, hashes, n_device, n_host)
         if delayed:
             return False
         if over:
@@ -96,12 +96,17 @@ class CacheAwareAdmission:
             n_host = self._host_run(hashes, n_device)
             step_tokens -= req.num_tokens - (n_device + n_host) * bs
             if n_host:
-                self._prefetch(req, hashes[n_device:n_device + n_host])
+                self._prefetch(req, hashes, n_device, n_host)
 
-    def _prefetch(self, req: Request, hashes: list[BlockHash]) -> None:
-        if not self.prefetch or not hashes or req in self._prefetched:
+    def _prefetch(self, req: Request, hashes: list[BlockHash], n_device: int,
+                  n_host: int) -> None:
+        """Load hashes[n_device:n_device + n_host]; the blocks its device hit takes are kept
+        out of the eviction that makes their room (else it evicts its own hit)."""
+        if not self.prefetch or not n_host or req in self._prefetched:
             return
-        self._prefetched[req] = got = self.tier.prefetch(hashes, self.kv)
+        keep = self.cache.touch(hashes[:n_device]) * self.kv.num_groups
+        loads = hashes[n_device:n_device + n_host]
+        self._prefetched[req] = got = self.tier.prefetch(loads, self.kv, keep)
         if got:
             self.stats.prefetches += 1
 

@@ -183,11 +183,45 @@ def test_write_through_selective_copies_a_block_at_its_second_device_hit():
     assert tier.stats.stored_pages == 2 * 2 and len(tier.index) == 2
 
 
+def test_a_hit_counts_once_however_often_its_admission_is_retried():
+    """b waits a step (x's prefill leaves too little budget), its admission rolled back and
+    retried: one request's hit, so write_through_selective copies nothing yet."""
+    sched, tier, ex = make(WritePolicy.WRITE_THROUGH_SELECTIVE, gpu_blocks=400,
+                           enable_chunked_prefill=False, max_len=32)
+    doc = list(range(100, 112))
+    run(sched, ex, {0: [req("a", doc, max_tokens=1)]})
+    sched.add_request(req("x", list(range(300, 328)), max_tokens=4))  # 28 of the 32 tokens
+    sched.add_request(req("b", doc + list(range(500, 510)), max_tokens=1))
+    waited = False
+    for _ in range(3):
+        plan = sched.schedule()
+        waited |= "b" not in [s.request_id for s in plan.scheduled]
+        sched.update(plan, ex.execute(plan))
+        sched.check_integrity()
+    assert waited and tier.stats.stored_pages == 0
+
+
 def test_a_full_host_tier_evicts_its_oldest_blocks_and_never_fails():
     sched, tier, ex = make(WritePolicy.WRITE_THROUGH, host_pages=10)  # 5 token blocks
     run(sched, ex, docs_workload())
     assert tier.stats.evicted_blocks > 0 and len(tier.index) <= 5
     assert tier.pool.num_free + 2 * len(tier.index) == 10
+
+
+def test_blocks_loaded_for_a_suffix_shorter_than_a_block_are_cached_in_that_step():
+    """b's hit comes back from the host and b computes one token after it (no block filled):
+    the loaded blocks join the device index in that step, so c's same prefix hits there."""
+    sched, _, ex = make(WritePolicy.WRITE_THROUGH, gpu_blocks=40)
+    doc = list(range(100, 124))
+    run(sched, ex, {0: [req("a", doc, max_tokens=1)]})
+    run(sched, ex, {0: [req("x", list(range(300, 360)), max_tokens=1)]})  # doc to the host
+    sched.add_request(req("b", doc + [7], max_tokens=8))
+    plan = sched.schedule()
+    assert items_of(plan, HostLoad)
+    sched.update(plan, ex.execute(plan))
+    sched.check_integrity()
+    sched.add_request(req("c", doc + [9], max_tokens=1))
+    assert not items_of(sched.schedule(), HostLoad)
 
 
 def test_an_admission_rolled_back_takes_its_load_back():
@@ -336,6 +370,22 @@ def test_bubble_filling_prefetches_the_hit_of_a_request_that_waits_anyway():
     assert tier.stats.prefetched_blocks == 6 and tier.stats.hit_blocks == 0  # all of doc
     assert not any("HostLoad" in k for k in kinds)
     assert sched.kv.prefix_cache.stats.hits >= 6 * B  # b found its prefix on the device
+
+
+def test_bubble_filling_never_evicts_the_hit_it_prefetches_beside():
+    """The pool full, b's host block is prefetched by evicting other cached blocks, never
+    b's own device hit: afterwards all of b's prefix is on the device."""
+    sched, tier, ex = make(WritePolicy.WRITE_THROUGH, gpu_blocks=24, gate=True, prefetch=True)
+    doc = list(range(100, 124))
+    run(sched, ex, {0: [req("a", doc, max_tokens=1)]})
+    run(sched, ex, {0: [req("x", list(range(300, 328)), max_tokens=1)]})
+    b, cache = req("b", doc + [7, 8], max_tokens=1), sched.kv.prefix_cache
+    hashes, n_device = cache.admission_hashes(b)
+    n_host = tier.held_run(hashes[n_device:])
+    assert n_device and n_host and sched.kv.gpu.num_free == 0
+    sched.admission_gate.fill_bubbles([b], 32)
+    sched.kv.take_cache_items()  # the plan's end: the prefetched blocks join the index
+    assert cache.admission_hashes(b)[1] == n_device + n_host
 
 
 def test_bubble_filling_never_holds_back_a_request_it_could_admit():

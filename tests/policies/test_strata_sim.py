@@ -17,9 +17,9 @@ from kvtier.sim import build_sim_engine
 GREEDY = dict(temperature=0.0, ignore_eos=True, detokenize=False, max_tokens=4)
 
 
-def _run(host_tier: HostTierArgs):
+def _run(host_tier: HostTierArgs, **engine: int):
     args = EngineArgs(model="llama-3.1-8b", load_format="dummy", max_model_len=9000,
-                      num_gpu_blocks=8 * 700, host_tier=host_tier)  # 8 groups: 11,200 tokens
+                      num_gpu_blocks=8 * 700, host_tier=host_tier, **engine)  # 8 groups: 11,200 tokens
     e = build_sim_engine(args, "h200", record_steps=True)
     doc = [list(range(1000 * k, 1000 * k + 8000)) for k in range(2)]
     ttft = {}
@@ -85,13 +85,14 @@ def test_simulated_copies_are_timed_at_the_profiles_curves(io_backend):
 
 @pytest.mark.parametrize("io_backend", ["kernel", "direct"])
 def test_simulated_prefetches_take_copy_time_but_no_stall(io_backend):
-    """Bubble filling: a host hit loaded while another request runs crosses PCIe (copy
-    seconds) in the step's background (no stall); the loads the forward waits for do. Each
-    io-backend's copies come as its own kinds, priced at its own curve."""
+    """Bubble filling: a host hit loaded while another request runs (one seat: the repeat
+    waits for it) crosses PCIe (copy seconds) in the step's background (no stall); the
+    loads the forward waits for do. Each io-backend's copies come as its own kinds, priced
+    at its own curve."""
     direct = io_backend == "direct"
     suffix = "_direct" if direct else ""
     e, _ = _run(HostTierArgs(kv_offloading_size=16.0, hicache_io_backend=io_backend,
-                             hicache_prefetch=True))
+                             hicache_prefetch=True), max_num_seqs=1)
     before = e.get_stats().host_tier
     assert before is not None and before.prefetched_tokens == 0
     e.add_request("new", list(range(50_000, 54_000)), SamplingParams(**GREEDY))
