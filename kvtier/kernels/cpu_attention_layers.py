@@ -19,6 +19,7 @@ thread: the path the tests hold the native one to.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Protocol
 
 import torch
@@ -159,6 +160,15 @@ class StepLayers:
                                        (self.qkv, self.pages, self.tables, self.slots,
                                         self.lens))
         return self._pending
+
+    def drain(self) -> None:
+        """Wait for the layer in flight, if any: after a step failed, before its buffers go
+        and its rows' host pages are released. The layer's own error is not raised here
+        (the step's failure is the one to report)."""
+        pending = self._pending
+        if pending is not None and not pending.done():
+            with contextlib.suppress(Exception):
+                pending.result()
 
     def _template(self, scale: float, qh: torch.Tensor, pages: torch.Tensor) -> Any:
         """The step's geometry, checked and handed to the kernel once (per scale)."""

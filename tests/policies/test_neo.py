@@ -13,6 +13,7 @@ import kvtier.kernels.cpu_attention_layers as cpu_attention_layers
 from kvtier.cli import build_parser
 from kvtier.config import ConfigError
 from kvtier.engine.args import EngineArgs
+from kvtier.engine.llm_engine import LLMEngine
 from kvtier.kernels.cpu_attention_build import cpu_attention_extension
 from kvtier.kernels.cpu_attention_layers import StepLayers
 from kvtier.policies.neo import NeoOptions
@@ -102,6 +103,41 @@ def test_pipelined_steps_give_the_sequential_outputs():
     assert outputs == gpu_only
     _, engine, _ = run("neo", neo_pipeline="off")
     assert engine.scheduler.policy.num_pipelined_steps == 0
+
+
+def test_a_pipelined_step_that_fails_waits_for_the_cpu_layer_in_flight(monkeypatch):
+    """Batch 0's layer raises while batch 1's attention runs on the CPU: the step's error
+    reaches the caller only once that layer has run (it reads the step's buffers and writes
+    its rows' host pages)."""
+    if cpu_attention_extension() is None:
+        pytest.skip("the C++ kernel could not be built here")
+    import kvtier.policies.neo.pipelined as pipelined
+    from kvtier.model.llama import DecoderLayer
+    from tests.policies.test_host_resident_engine import CAPPED, LIFTED, PARAMS, prompts
+
+    steps: list = []
+    real_per_layer, real_forward = pipelined.per_layer, DecoderLayer.forward
+
+    def recording(rows):
+        steps.append(rows)
+        return real_per_layer(rows)
+
+    def failing(self, *args, **kwargs):
+        if steps:  # the pipelined step's batch 0, its layer 0 (batch 1's is on the CPU)
+            raise RuntimeError("batch 0 failed")
+        return real_forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(pipelined, "per_layer", recording)
+    monkeypatch.setattr(DecoderLayer, "forward", failing)
+    engine = LLMEngine.from_engine_args(EngineArgs(
+        kv_policy="neo", neo_pipeline="on", **{**CAPPED, **LIFTED["neo"]}))
+    for i, p in enumerate(prompts()):
+        engine.add_request(f"r{i}", p, PARAMS)
+    with pytest.raises(RuntimeError, match="batch 0 failed"):
+        while engine.has_unfinished_requests():
+            engine.step()
+    pending = steps[0].calls._pending
+    assert pending is not None and pending.done()
 
 
 def test_neos_rule_pipelines_only_when_the_gpu_work_hides_the_cpu_attention():

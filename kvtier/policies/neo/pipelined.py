@@ -84,7 +84,11 @@ def pipelined_forward(runner: Any, rows: CpuRows, input_ids: torch.Tensor,
     batch 1's layers go to the CPU through `flag_rows` when given (flagged), else one at a
     time through `rows`."""
     if flag_rows is None:
-        return _forward(runner, rows.num_rows, per_layer(rows), input_ids, positions, meta)
+        try:
+            return _forward(runner, rows.num_rows, per_layer(rows), input_ids, positions, meta)
+        except BaseException:
+            rows.drain()  # batch 1's layer may still be reading the step's buffers
+            raise
     flag_rows.begin()  # the step's CPU job, waiting for layer 0's flag
     failed = True
     try:

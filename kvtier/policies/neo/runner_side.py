@@ -56,6 +56,11 @@ class CpuRows(HostRowsAttention):
         out.copy_(o, non_blocking=True)  # from the staging buffer, which the next layer reuses
         # only after its own copy to the host, later in the stream
 
+    def drain(self) -> None:
+        """Wait for a layer still on the CPU (a step that failed meanwhile)."""
+        if self._calls is not None:
+            self._calls.drain()
+
     def submit(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                scale: float, rope: Rope | None) -> PendingLayer:
         """Layer `layer_idx`'s attention for q/k/v of exactly these rows, on the CPU
