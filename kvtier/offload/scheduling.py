@@ -100,14 +100,15 @@ class CacheAwareAdmission:
 
     def _prefetch(self, req: Request, hashes: list[BlockHash], n_device: int,
                   n_host: int) -> None:
-        """Load hashes[n_device:n_device + n_host]; the blocks its device hit takes are kept
-        out of the eviction that makes their room (else it evicts its own hit)."""
+        """Load hashes[n_device:n_device + n_host], once a request (a try that found no
+        room is tried again); the blocks its device hit takes are kept out of the eviction
+        that makes their room (else it evicts its own hit)."""
         if not self.prefetch or not n_host or req in self._prefetched:
             return
         keep = self.cache.touch(hashes[:n_device]) * self.kv.num_groups
-        loads = hashes[n_device:n_device + n_host]
-        self._prefetched[req] = got = self.tier.prefetch(loads, self.kv, keep)
+        got = self.tier.prefetch(hashes[n_device:n_device + n_host], self.kv, keep)
         if got:
+            self._prefetched[req] = got
             self.stats.prefetches += 1
 
     def _host_run(self, hashes: list[BlockHash], n_device: int) -> int:

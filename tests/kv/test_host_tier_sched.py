@@ -388,6 +388,27 @@ def test_bubble_filling_never_evicts_the_hit_it_prefetches_beside():
     assert cache.admission_hashes(b)[1] == n_device + n_host
 
 
+def test_a_prefetch_that_found_no_room_is_tried_again():
+    """hog holds every device block, so b's first prefetch loads nothing; once hog is gone
+    the next step's bubble filling loads b's whole host run."""
+    sched, tier, ex = make(WritePolicy.WRITE_THROUGH, gpu_blocks=24, gate=True, prefetch=True)
+    doc = list(range(100, 124))
+    run(sched, ex, {0: [req("a", doc, max_tokens=1)]})
+    run(sched, ex, {0: [req("x", list(range(300, 328)), max_tokens=1)]})  # doc to the host
+    sched.add_request(req("hog", list(range(600, 647)), max_tokens=20))
+    for _ in range(2):
+        plan = sched.schedule()
+        sched.update(plan, ex.execute(plan))
+    b, kv, gate = req("b", doc + [7, 8], max_tokens=1), sched.kv, sched.admission_gate
+    assert kv.num_available_gpu_blocks() == 0
+    gate.fill_bubbles([b], 32)
+    assert gate.stats.prefetches == 0
+    sched.finish_request("hog", RequestStatus.FINISHED_ABORTED)
+    gate.fill_bubbles([b], 32)
+    kv.take_cache_items()
+    assert gate.stats.prefetches == 1 and kv.prefix_cache.admission_hashes(b)[1] == len(doc) // B
+
+
 def test_bubble_filling_never_holds_back_a_request_it_could_admit():
     """With room for b beside `long`, b is admitted at once and loads its hit inline (layer
     by layer behind its own prefill), not a step later from a prefetch."""
