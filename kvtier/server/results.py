@@ -118,14 +118,18 @@ def logprob_names(tokenizer: Any, as_ids: bool | None, server_default: bool) -> 
 def completion_logprobs(
     tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, float]], k: int, offset: int
 ) -> CompletionLogprobs:
-    """`offset`: length of the text before these tokens (streaming continues offsets)."""
+    """`offset`: length of the text before these tokens (streaming continues offsets).
+    Each token's `top_logprobs` holds the k likeliest and the token itself (up to k + 1, as
+    OpenAI's legacy completions and vLLM answer)."""
     out = CompletionLogprobs()
     for tok, entries in zip(token_ids, logprobs):
         text = tokenizer.decode([tok])
         out.tokens.append(text)
         chosen = entries.get(tok)
         out.token_logprobs.append(None if chosen is None else clamp_logprob(chosen))
-        top = top_entries(entries, k) if k > 0 else [(tok, chosen if chosen is not None else _MIN_LOGPROB)]
+        top = top_entries(entries, k)
+        if tok not in dict(top):
+            top.append((tok, chosen if chosen is not None else _MIN_LOGPROB))
         out.top_logprobs.append({tokenizer.decode([t]): clamp_logprob(v) for t, v in top})
         out.text_offset.append(offset)
         offset += len(text)

@@ -104,7 +104,9 @@ async def _events(
     echo: Echo | None,
 ) -> AsyncIterator[str]:
     prompt_index = state.prompt_index(stream)
-    offsets: dict[int, int] = {}  # choice index -> text length sent (logprobs text_offset)
+    # choice index -> its generated tokens' text so far: logprobs' text_offset counts the
+    # tokens' text, as the whole response's does, not the text sent (held back near a stop)
+    offsets: dict[int, int] = {}
     num_completion_tokens = 0
     cached = CachedTokens()
     options = req.stream_options
@@ -117,16 +119,19 @@ async def _events(
                 echo.scored[p] = update.prompt_logprobs
             for delta in update.seqs:
                 index = p * req.n + delta.index
+                first, start = index not in offsets, offsets.get(index, 0)
                 logprobs = None
                 if req.logprobs is not None and delta.logprobs is not None:
+                    head = len(echo.texts[p]) if echo is not None and not first else 0
                     logprobs = completion_logprobs(
                         state.logprob_names(req), list(delta.token_ids), list(delta.logprobs),
-                        req.logprobs, offsets.get(index, 0),
+                        req.logprobs, start + head,
                     )
+                    start += sum(map(len, logprobs.tokens))
+                offsets[index] = start
                 text = delta.text
-                if echo is not None and index not in offsets:  # a choice's first chunk
+                if echo is not None and first:  # a choice's first chunk
                     text, logprobs = echo.prepend(p, text, logprobs, echo.scored.get(p))
-                offsets[index] = offsets.get(index, 0) + len(text)
                 num_completion_tokens += len(delta.token_ids)
                 choice = CompletionChoice(
                     index=index,

@@ -177,11 +177,8 @@ class ServerState:
         except (ServerOverloadedError, ShuttingDownError, EngineDeadError) as exc:
             raise self._unavailable(exc) from None
         if self.request_timeout_s is not None:
-            timeout = self.request_timeout_s
             stream.deadline = asyncio.get_running_loop().call_later(
-                timeout, stream.fail,
-                RequestTimeoutError(f"the request did not finish within the server's request timeout "
-                                    f"of {timeout:g} s"))
+                self.request_timeout_s, _expire, stream, self.request_timeout_s)
         return stream
 
     def _unavailable(self, exc: BaseException) -> BaseException:
@@ -196,3 +193,12 @@ class ServerState:
 
     def prompt_index(self, stream: RequestStream) -> dict[str, int]:
         return {rid: i for i, rid in enumerate(stream.request_ids)}
+
+
+def _expire(stream: RequestStream, timeout_s: float) -> None:
+    """--request-timeout: end the stream with 408 and abort its engine requests now, not
+    when its consumer next reads (a slow client may keep it waiting); the server ended them,
+    so they are no client aborts in the metrics."""
+    stream.fail(RequestTimeoutError(f"the request did not finish within the server's request "
+                                    f"timeout of {timeout_s:g} s"))
+    stream.close()

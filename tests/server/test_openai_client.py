@@ -149,6 +149,29 @@ def test_completion_logprobs(client):
     assert lp.text_offset == sorted(lp.text_offset)
 
 
+def test_completion_top_logprobs_hold_the_sampled_token(client):
+    """OpenAI's legacy completions (and vLLM): top_logprobs always hold the sampled token,
+    so up to logprobs + 1 entries; sampled hot, it is mostly not among the top one."""
+    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=5.0,
+                                    seed=3, logprobs=1, extra_body={"ignore_eos": True})
+    lp = out.choices[0].logprobs
+    for token, chosen, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert 1 <= len(top) <= 2 and top[token] == pytest.approx(chosen)
+    assert any(len(top) == 2 for top in lp.top_logprobs)
+
+
+@pytest.mark.parametrize("echo", [False, True])
+def test_streamed_text_offsets_equal_unstreamed(client, echo):
+    """A long stop string holds text back while the tokens' logprobs go out: the streamed
+    text_offset still counts the tokens' text, as the whole response's does."""
+    kw = dict(model=MODEL, prompt=PROMPT, max_tokens=10, temperature=0, logprobs=1, echo=echo,
+              stop=["\x00" * 8], extra_body={"ignore_eos": True})
+    whole = client.completions.create(**kw).choices[0].logprobs
+    chunks = [c.choices[0] for c in client.completions.create(stream=True, **kw) if c.choices]
+    assert [o for c in chunks if c.logprobs for o in c.logprobs.text_offset] == whole.text_offset
+    assert [t for c in chunks if c.logprobs for t in c.logprobs.tokens] == whole.tokens
+
+
 def test_chat_logprobs(client):
     out = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, temperature=0,
                                          logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})

@@ -81,6 +81,8 @@ def test_request_timeout_ends_requests_with_408(tiny_model_dir):
             with http.stream("POST", "/v1/completions", json={**long, "stream": True}) as r:
                 lines = [line for line in r.iter_lines() if line.startswith("data: ")]
             assert lines[-1] == "data: [DONE]" and "request timeout" in lines[-2]
+            # the server ended them: no client aborts
+            assert "kvtier:request_client_aborted_total 0.0" in http.get("/metrics").text
         assert_engine_clean(srv)
     finally:
         srv.stop()
