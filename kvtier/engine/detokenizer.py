@@ -18,6 +18,7 @@ class IncrementalDetokenizer:
     stop: tuple[str, ...]
     include_stop_str: bool
     skip_special_tokens: bool = True
+    min_tokens: int = 0  # no stop string ends in the text of this many first tokens (vLLM)
     text: str = ""
     _prefix_offset: int = 0
     _read_offset: int = 0
@@ -34,6 +35,8 @@ class IncrementalDetokenizer:
         old_len = len(self.text)
         self.text += full[len(prefix) :]
         self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+        if len(self._ids) <= self.min_tokens:
+            return None
         return self._check_stop(old_len)
 
     def flush(self) -> None:

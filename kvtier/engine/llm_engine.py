@@ -143,7 +143,7 @@ class LLMEngine:
             if params.detokenize:
                 detok = IncrementalDetokenizer(self.tokenizer, params.stop,
                                                params.include_stop_str_in_output,
-                                               params.skip_special_tokens)
+                                               params.skip_special_tokens, params.min_tokens)
             child = SequenceState(i, req, detok, [] if params.logprobs is not None else None,
                                   0.0 if params.logprobs is not None else None)
             if grammar is not None:
@@ -312,10 +312,11 @@ class LLMEngine:
         if (child.grammar is not None and child.grammar.accept(token)
                 and not req.status.finished):  # the grammar is done: nothing more may follow
             self.scheduler.finish_request(req.request_id, RequestStatus.FINISHED_STOPPED)
-        if stop_str is not None and not req.status.finished:
-            self.scheduler.finish_request(req.request_id, RequestStatus.FINISHED_STOPPED)
-            req.stop_reason = stop_str
-        elif stop_str is not None:
+        if stop_str is not None:
+            if not req.status.finished:
+                self.scheduler.finish_request(req.request_id, RequestStatus.FINISHED_STOPPED)
+            elif req.status is RequestStatus.FINISHED_LENGTH:  # its last token: a stop (vLLM)
+                req.status = RequestStatus.FINISHED_STOPPED
             req.stop_reason = stop_str
         if req.status.finished:
             if child.detok is not None and stop_str is None:

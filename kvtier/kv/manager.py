@@ -234,15 +234,16 @@ class KVCacheManager(DroppedPrefixes):
         return moves
 
     def _can_bring_back(self, req: Request, placement: Placement, extra_tokens: int,
-                        reused: tuple[int, int] = (0, 0)) -> bool:
+                        reused: tuple[int, int] = (0, 0), use_watermark: bool = True) -> bool:
         """Room on the device for every `placement` entry plus `extra_tokens` more tokens,
-        above the watermark; `reused`: (leading token blocks a hook gives back instead,
-        of their device blocks the evictable ones, which are then no room)."""
+        above the watermark when `use_watermark`; `reused`: (leading token blocks a hook
+        gives back instead, of their device blocks the evictable ones, which are then no
+        room)."""
         table = self.tables.get(req.request_id)
         away = len(_movable(table, placement)) if table else 0
         need = away - reused[0] * self.num_groups + self.blocks_needed(req, extra_tokens)
         room = self.num_available_gpu_blocks() - reused[1]
-        return room - need >= self.watermark_blocks
+        return room - need >= (self.watermark_blocks if use_watermark else 0)
 
     def _device_blocks_left(self, req: Request) -> None:
         """Device blocks left the request's table: ones a hook keeps may be evictable now."""
@@ -286,8 +287,10 @@ class KVCacheManager(DroppedPrefixes):
         self._device_blocks_left(req)
         return [BlockCopy(src=old, dst=new, group=g) for old, new, g in moves]
 
-    def can_swap_in(self, req: Request, extra_tokens: int) -> bool:
-        return self._can_bring_back(req, Placement.HOST, extra_tokens)
+    def can_swap_in(self, req: Request, extra_tokens: int, use_watermark: bool = True) -> bool:
+        """`use_watermark`: as allocate_slots' (it protects running requests)."""
+        return self._can_bring_back(req, Placement.HOST, extra_tokens,
+                                    use_watermark=use_watermark)
 
     def swap_in(self, req: Request) -> list[BlockCopy]:
         table = self.tables.get(req.request_id)
@@ -320,10 +323,10 @@ class KVCacheManager(DroppedPrefixes):
                 return reused
         return 0, 0
 
-    def can_unhide(self, req: Request, extra_tokens: int) -> bool:
+    def can_unhide(self, req: Request, extra_tokens: int, use_watermark: bool = True) -> bool:
         """Room to bring it back (`unhide`, either way) with `extra_tokens` more tokens."""
         return self._can_bring_back(req, Placement.HIDDEN, extra_tokens,
-                                    self.reusable_prefix(req))
+                                    self.reusable_prefix(req), use_watermark)
 
     def unhide(self, req: Request, restore: bool = True) -> int:
         """Bring a hidden request's KV back: returns the leading tokens taken back from a hook

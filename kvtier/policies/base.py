@@ -19,9 +19,12 @@ inside `schedule()` (pure Python, no tensors: the simulator runs it unchanged).
     req.status to WAITING (KV dropped: it re-prefills; `kind` RECOMPUTE) or SWAPPED (its KV
     or a stand-in stays somewhere; it comes back through resume). Its copies and plan
     items go into this step's plan, before anything of the step runs.
-  * `can_resume(req, kv, n) -> bool` / `resume(req, kv) -> Resume`: a SWAPPED request comes
-    back with room for `n` more tokens; `can_resume` changes nothing, `resume` (called only
-    after True) re-places its KV on the device and says what the runner must do for it.
+  * `can_resume(req, kv, n, use_watermark) -> bool` / `resume(req, kv) -> Resume`: a SWAPPED
+    request comes back with room for `n` more tokens, above the KV manager's watermark when
+    `use_watermark` (False while nothing runs: the watermark protects running requests, and
+    would keep out for good one that needs the whole pool); `can_resume` changes nothing,
+    `resume` (called only after True) re-places its KV on the device and says what the
+    runner must do for it.
   * `take_items(scheduled) -> list[PlanItem]`: last, once per schedule(), with the step's
     scheduled requests (decodes first): the plan items of the policy's own work this step
     that no Preemption/Resume carried (the copies of placement changes made in
@@ -115,8 +118,9 @@ class KVPolicy(ABC):
         """This step's plan items made outside preempt/resume (none by default)."""
         return []
 
-    def can_resume(self, req: Request, kv: KVCacheManager, num_new_tokens: int) -> bool:
-        return kv.can_swap_in(req, num_new_tokens)
+    def can_resume(self, req: Request, kv: KVCacheManager, num_new_tokens: int,
+                   use_watermark: bool = True) -> bool:
+        return kv.can_swap_in(req, num_new_tokens, use_watermark)
 
     def resume(self, req: Request, kv: KVCacheManager) -> Resume:
         """Bring a SWAPPED request's KV back; the caller checked can_resume."""

@@ -186,7 +186,9 @@ class Scheduler:
             n = step.prefills.chunk(remaining, min(remaining, step.budget))
             if not n:
                 break
-            if not self.policy.can_resume(req, self.kv, n):
+            # The watermark protects running requests; with none running it only blocks
+            # (one that needs the whole pool would never come back).
+            if not self.policy.can_resume(req, self.kv, n, use_watermark=bool(self.running)):
                 break
             work = self.policy.resume(req, self.kv)
             blocks = self.kv.allocate_slots(req, n)

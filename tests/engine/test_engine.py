@@ -100,12 +100,43 @@ def test_stop_string_truncates_text(llm):
     assert ref.text.find(stop) == len(out.text)
 
 
+def test_a_stop_string_on_the_last_token_is_a_stop(llm):
+    # As vLLM: the text ends at the stop string, so the request stopped, not ran out.
+    tok = llm.get_tokenizer()
+    for prompt in ("a", "b", "hello", "m", "xyz"):
+        ref = llm.generate(prompt, greedy(6))[0].outputs[0]
+        before = tok.decode(ref.token_ids[:5])
+        stop = ref.text[len(before):].strip()[:2]
+        if stop and stop not in before:
+            break
+    else:
+        pytest.skip("degenerate text")
+    out = llm.generate(prompt, greedy(6, stop=[stop]))[0].outputs[0]
+    assert out.token_ids == ref.token_ids and out.text == ref.text[:ref.text.rfind(stop)]
+    assert (out.finish_reason, out.stop_reason) == ("stop", stop)
+
+
+def test_stop_strings_wait_for_min_tokens(llm):
+    # vLLM's rule (its PR 22014): the text of the first min_tokens tokens is not searched.
+    ref = llm.generate("stop string", greedy(12))[0].outputs[0]
+    stop = llm.get_tokenizer().decode(ref.token_ids[:1]).strip()[:2]
+    if not stop:
+        pytest.skip("degenerate text")
+    early = llm.generate("stop string", greedy(12, stop=[stop]))[0].outputs[0]
+    assert early.finish_reason == "stop" and len(early.token_ids) == 1
+    out = llm.generate("stop string", greedy(12, stop=[stop], min_tokens=4))[0].outputs[0]
+    assert len(out.token_ids) > 4 and out.token_ids == ref.token_ids[:len(out.token_ids)]
+
+
 def test_min_tokens_and_eos(llm):
     tok = llm.get_tokenizer()
     eos = tok.eos_token_ids[0]
-    # ban-everything trick: with eos as a stop id and min_tokens, no early stop is possible.
-    out = llm.generate("m", SamplingParams(temperature=0.0, max_tokens=10, min_tokens=10,
-                                           stop_token_ids=[eos]))[0].outputs[0]
+    # A bias makes eos the greedy choice at once; min_tokens bans it for 10 tokens (eos as a
+    # stop id too: neither stops it early).
+    params = dict(temperature=0.0, max_tokens=10, stop_token_ids=[eos], logit_bias={eos: 100.0})
+    early = llm.generate("m", SamplingParams(**params))[0].outputs[0]
+    assert early.token_ids == [eos] and early.finish_reason == "stop"
+    out = llm.generate("m", SamplingParams(min_tokens=10, **params))[0].outputs[0]
     assert len(out.token_ids) == 10 and eos not in out.token_ids
 
 

@@ -114,3 +114,20 @@ def test_make_room_drops_all_or_nothing():
     assert kv.num_dropped_token_blocks == 0  # a partial drop would be paid for nothing
     assert policy.make_room(reqs, kv, 2)
     assert sum(kv.num_dropped_tokens(r) for r in reqs) == BS
+
+
+def test_a_recompute_cap_the_step_budget_cannot_hold_is_refused():
+    # With a cap of 4096 and 64-token steps, a fixed ratio drops 100 tokens of a 200-token
+    # request: more than any step holds, so it was never scheduled again.
+    from kvtier.config import ConfigError
+    from kvtier.engine.args import EngineArgs
+    from kvtier.engine.assembly import check_config
+
+    def config(cap: int):
+        return EngineArgs(model="tiny-llama", load_format="dummy", kv_policy="ellm",
+                          max_num_batched_tokens=256, max_model_len=256,
+                          ellm_max_recompute_tokens=cap).create_engine_config()
+
+    with pytest.raises(ConfigError, match="must be below max_num_batched_tokens"):
+        check_config(config(256))
+    check_config(config(255))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -151,3 +152,21 @@ def test_random_workloads_keep_integrity_and_finish(
             ex.token_for(rid, r.num_prompt_tokens + k) for k in range(r.max_tokens)]
     assert sched.kv.all_free()
     sched.check_integrity()
+
+
+@pytest.mark.parametrize("policy", ["swap", "hcache"])
+def test_a_request_swapped_out_that_needs_the_whole_pool_comes_back_once_nothing_runs(policy):
+    # 10 blocks of 16 tokens, a watermark of 1: a (140-token prompt, admitted in a 128-token
+    # chunk beside b) grows to 9 blocks; its 10th does not fit beside b's one, and a, the
+    # newest, is swapped out. Once b finishes the pool is empty, and a, which needs all 10
+    # blocks, must come back: the watermark protects running requests, and none runs.
+    kv = KVCacheManager(1, 16, 10, 20, watermark=0.1,
+                        hidden_store=HiddenStore(20, 16) if policy == "hcache" else None)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=129, max_num_seqs=4,
+                                      max_model_len=160), kv, get_policy(policy))
+    ex = FakeExecutor(1, 16, 4, 10)
+    a = request("a", 140, 19)
+    finished = run_to_end(sched, ex, {0: [request("b", 1, 15)], 1: [a]}, max_steps=200)
+    assert set(finished) == {"a", "b"} and a.num_preemptions == 1
+    assert a.output_token_ids == [ex.token_for("a", 140 + k) for k in range(19)]
+    assert kv.all_free()

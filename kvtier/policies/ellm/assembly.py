@@ -45,6 +45,7 @@ class EllmSystem(MemorySystem):
 
     def check(self, config: EngineConfig) -> None:
         check_host_groups(config)
+        check_recompute_cap(config)
 
     def priced(self, config: EngineConfig, ctx: AssemblyContext) -> EngineConfig:
         args = ctx.system_args
@@ -96,6 +97,16 @@ def check_host_groups(config: EngineConfig) -> None:
                           "stop below the copied-in groups); drop --no-piecewise-graphs")
     if config.cache.swap_space_gb <= 0 and not config.cache.num_host_blocks:
         raise ConfigError("--ellm-host-groups needs a host pool (--swap-space)")
+
+
+def check_recompute_cap(config: EngineConfig) -> None:
+    """A request's dropped prefix is recomputed in every step it runs, beside its next
+    token: a prefix the step's token budget cannot hold would never be scheduled again."""
+    cap = ellm_options(config.policy_options).max_recompute_tokens
+    if cap >= config.scheduler.max_num_batched_tokens:
+        raise ConfigError(f"--ellm-max-recompute-tokens ({cap}) must be below "
+                          f"max_num_batched_tokens ({config.scheduler.max_num_batched_tokens}): "
+                          "a dropped prefix is recomputed beside the request's next token")
 
 
 def recompute_scratch_blocks(config: EngineConfig) -> int:

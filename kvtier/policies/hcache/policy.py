@@ -32,8 +32,9 @@ class HCachePolicy(KVPolicy):
         req.status = RequestStatus.SWAPPED
         return Preemption(PreemptionKind.HIDDEN)
 
-    def can_resume(self, req: Request, kv: KVCacheManager, num_new_tokens: int) -> bool:
-        return kv.can_unhide(req, num_new_tokens)
+    def can_resume(self, req: Request, kv: KVCacheManager, num_new_tokens: int,
+                   use_watermark: bool = True) -> bool:
+        return kv.can_unhide(req, num_new_tokens, use_watermark)
 
     def resume(self, req: Request, kv: KVCacheManager) -> Resume:
         assert kv.hidden is not None
