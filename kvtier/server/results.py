@@ -128,7 +128,7 @@ def completion_logprobs(
         chosen = entries.get(tok)
         out.token_logprobs.append(None if chosen is None else clamp_logprob(chosen))
         top = top_entries(entries, k)
-        if tok not in dict(top):
+        if entries and tok not in dict(top):  # no entries: a prompt token left unscored
             top.append((tok, chosen if chosen is not None else _MIN_LOGPROB))
         out.top_logprobs.append({tokenizer.decode([t]): clamp_logprob(v) for t, v in top})
         out.text_offset.append(offset)

@@ -198,7 +198,10 @@ class ServerState:
 def _expire(stream: RequestStream, timeout_s: float) -> None:
     """--request-timeout: end the stream with 408 and abort its engine requests now, not
     when its consumer next reads (a slow client may keep it waiting); the server ended them,
-    so they are no client aborts in the metrics."""
+    so they are no client aborts in the metrics. A call the engine finished in time keeps
+    its results, however slowly they are read."""
+    if stream.engine_finished:
+        return
     stream.fail(RequestTimeoutError(f"the request did not finish within the server's request "
                                     f"timeout of {timeout_s:g} s"))
     stream.close()

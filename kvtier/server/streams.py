@@ -38,7 +38,8 @@ class RequestStream:
 
     def __init__(self, request_ids: Sequence[str], owner: _Aborter) -> None:
         self.request_ids = tuple(request_ids)
-        self._unfinished = set(request_ids)
+        self._unfinished = set(request_ids)  # until their last update is read
+        self._ended: set[str] = set()  # whose last update the engine has queued
         self._queue: asyncio.Queue[RequestUpdate | None] = asyncio.Queue()
         self._failure: BaseException | None = None
         self._owner = owner
@@ -48,7 +49,14 @@ class RequestStream:
     def finished(self) -> bool:
         return not self._unfinished
 
+    @property
+    def engine_finished(self) -> bool:
+        """The engine is done with every request (their last updates may be unread)."""
+        return len(self._ended) == len(self.request_ids)
+
     def put(self, update: RequestUpdate) -> None:
+        if update.finished:
+            self._ended.add(update.request_id)
         self._queue.put_nowait(update)
 
     def fail(self, exc: BaseException) -> None:

@@ -409,6 +409,25 @@ def test_a_prefetch_that_found_no_room_is_tried_again():
     assert gate.stats.prefetches == 1 and kv.prefix_cache.admission_hashes(b)[1] == len(doc) // B
 
 
+def test_a_prefetch_loads_as_much_of_the_run_as_fits():
+    """hog leaves one token block's room (2 device blocks): b's prefetch loads the first of
+    its 6 host blocks, and its admission then hits it on the device."""
+    sched, tier, ex = make(WritePolicy.WRITE_THROUGH, gpu_blocks=24, gate=True, prefetch=True)
+    doc = list(range(100, 124))
+    run(sched, ex, {0: [req("a", doc, max_tokens=1)]})
+    run(sched, ex, {0: [req("x", list(range(300, 328)), max_tokens=1)]})  # doc to the host
+    sched.add_request(req("hog", list(range(600, 644)), max_tokens=20))
+    for _ in range(2):
+        plan = sched.schedule()
+        sched.update(plan, ex.execute(plan))
+    b, kv, gate = req("b", doc + [7, 8], max_tokens=1), sched.kv, sched.admission_gate
+    assert kv.num_available_gpu_blocks() == 2 and tier.held_run(
+        kv.prefix_cache.admission_hashes(b)[0]) == len(doc) // B
+    gate.fill_bubbles([b], 32)
+    kv.take_cache_items()
+    assert tier.stats.prefetched_blocks == 1 and kv.prefix_cache.admission_hashes(b)[1] == 1
+
+
 def test_bubble_filling_never_holds_back_a_request_it_could_admit():
     """With room for b beside `long`, b is admitted at once and loads its hit inline (layer
     by layer behind its own prefill), not a step later from a prefetch."""

@@ -88,6 +88,32 @@ def test_request_timeout_ends_requests_with_408(tiny_model_dir):
         srv.stop()
 
 
+def test_a_call_the_engine_finished_in_time_keeps_its_results_past_the_deadline():
+    """The engine finished before the deadline; the client reads after it: no 408, no
+    abort, the result whole (the deadline ends running requests, not slow readers)."""
+    from kvtier.server.state import _expire
+    from kvtier.server.streams import RequestStream
+    from kvtier.server.updates import RequestUpdate
+
+    class Owner:
+        aborted: list[str] = []
+
+        def abort(self, ids):
+            self.aborted += list(ids)
+            return len(ids)
+
+    async def read_late() -> list[RequestUpdate]:
+        owner = Owner()
+        stream = RequestStream(["a"], owner)
+        stream.put(RequestUpdate("a", 3, (), finished=True))
+        _expire(stream, 0.1)  # the deadline passes before the client reads
+        got = [u async for u in stream]
+        assert not owner.aborted
+        return got
+
+    assert [u.finished for u in asyncio.run(read_late())] == [True]
+
+
 def _slowed(step):
     def slow_step():
         time.sleep(0.01)  # 250 tokens then take > 2.5 s, well past the 0.3 s deadline
