@@ -388,42 +388,44 @@ def test_bubble_filling_never_evicts_the_hit_it_prefetches_beside():
     assert cache.admission_hashes(b)[1] == n_device + n_host
 
 
-def test_a_prefetch_that_found_no_room_is_tried_again():
-    """hog holds every device block, so b's first prefetch loads nothing; once hog is gone
-    the next step's bubble filling loads b's whole host run."""
+DOC = list(range(100, 124))  # 6 token blocks
+
+
+def _beside_a_hog(hog_tokens: int):
+    """DOC on the host only (write-through, then evicted), and "hog" running with
+    `hog_tokens` of prompt; b (DOC + 2 tokens) waits. (sched, tier, b)."""
     sched, tier, ex = make(WritePolicy.WRITE_THROUGH, gpu_blocks=24, gate=True, prefetch=True)
-    doc = list(range(100, 124))
-    run(sched, ex, {0: [req("a", doc, max_tokens=1)]})
-    run(sched, ex, {0: [req("x", list(range(300, 328)), max_tokens=1)]})  # doc to the host
-    sched.add_request(req("hog", list(range(600, 647)), max_tokens=20))
+    run(sched, ex, {0: [req("a", DOC, max_tokens=1)]})
+    run(sched, ex, {0: [req("x", list(range(300, 328)), max_tokens=1)]})  # DOC to the host
+    sched.add_request(req("hog", list(range(600, 600 + hog_tokens)), max_tokens=20))
     for _ in range(2):
         plan = sched.schedule()
         sched.update(plan, ex.execute(plan))
-    b, kv, gate = req("b", doc + [7, 8], max_tokens=1), sched.kv, sched.admission_gate
+    return sched, tier, req("b", DOC + [7, 8], max_tokens=1)
+
+
+def test_a_prefetch_that_found_no_room_is_tried_again():
+    """hog holds every device block, so b's first prefetch loads nothing; once hog is gone
+    the next step's bubble filling loads b's whole host run."""
+    sched, _, b = _beside_a_hog(47)
+    kv, gate = sched.kv, sched.admission_gate
     assert kv.num_available_gpu_blocks() == 0
     gate.fill_bubbles([b], 32)
     assert gate.stats.prefetches == 0
     sched.finish_request("hog", RequestStatus.FINISHED_ABORTED)
     gate.fill_bubbles([b], 32)
     kv.take_cache_items()
-    assert gate.stats.prefetches == 1 and kv.prefix_cache.admission_hashes(b)[1] == len(doc) // B
+    assert gate.stats.prefetches == 1 and kv.prefix_cache.admission_hashes(b)[1] == len(DOC) // B
 
 
 def test_a_prefetch_loads_as_much_of_the_run_as_fits():
     """hog leaves one token block's room (2 device blocks): b's prefetch loads the first of
     its 6 host blocks, and its admission then hits it on the device."""
-    sched, tier, ex = make(WritePolicy.WRITE_THROUGH, gpu_blocks=24, gate=True, prefetch=True)
-    doc = list(range(100, 124))
-    run(sched, ex, {0: [req("a", doc, max_tokens=1)]})
-    run(sched, ex, {0: [req("x", list(range(300, 328)), max_tokens=1)]})  # doc to the host
-    sched.add_request(req("hog", list(range(600, 644)), max_tokens=20))
-    for _ in range(2):
-        plan = sched.schedule()
-        sched.update(plan, ex.execute(plan))
-    b, kv, gate = req("b", doc + [7, 8], max_tokens=1), sched.kv, sched.admission_gate
-    assert kv.num_available_gpu_blocks() == 2 and tier.held_run(
-        kv.prefix_cache.admission_hashes(b)[0]) == len(doc) // B
-    gate.fill_bubbles([b], 32)
+    sched, tier, b = _beside_a_hog(44)
+    kv = sched.kv
+    hashes = kv.prefix_cache.admission_hashes(b)[0]
+    assert kv.num_available_gpu_blocks() == 2 and tier.held_run(hashes) == len(DOC) // B
+    sched.admission_gate.fill_bubbles([b], 32)
     kv.take_cache_items()
     assert tier.stats.prefetched_blocks == 1 and kv.prefix_cache.admission_hashes(b)[1] == 1
 
