@@ -118,6 +118,11 @@ class HostTier(PrefixTier):
         """Token blocks the plan being made loads so far."""
         return sum(ld.count for _, ld in self._loads.values()) // self.num_groups
 
+    def worth_loading(self, num_blocks: int) -> bool:
+        """Whether a host hit of this many token blocks is loaded (else it is computed:
+        under the minimum, the load's fixed cost is more than the compute)."""
+        return num_blocks >= self.config.min_load_blocks
+
     def held_run(self, hashes: Sequence[BlockHash]) -> int:
         n, index = 0, self.index
         while n < len(hashes) and hashes[n] in index:
@@ -197,7 +202,7 @@ class HostTier(PrefixTier):
             n += 1
         if not n:
             return []
-        if n < self.config.min_load_blocks:
+        if not self.worth_loading(n):
             self.stats.short_hits_computed += 1
             return []
         g = self.num_groups

@@ -27,8 +27,9 @@ When a block is cached (`cache_full_blocks(req, num_computed_tokens, kv)`): the 
 promises that the KV of `req`'s first `num_computed_tokens` tokens is written by steps
 already planned, i.e. launched before any step that could read a hit on them (the GPU runs
 steps in order). The scheduler calls it once a step has been planned, for each request
-whose planned tokens fill a block or start at one (after a hit the step loads); `on_finish` calls it for the request's computed tokens,
-so a preempted request's KV stays cached. Blocks with a token id not yet known on the host
+whose planned tokens fill a block or that the step admits (its hit may be loaded in the
+step); `on_finish` calls it for the request's computed tokens, so a preempted request's KV
+stays cached. Blocks with a token id not yet known on the host
 (async scheduling's in-flight token) wait for the next call.
 
 Admission (`on_admit`): the longest cached prefix, block-aligned, never every token (the
@@ -157,9 +158,11 @@ class PrefixCache(KVCacheHooks):
             if ids is None:
                 break
             hits.append(ids)
-        # A retried admission (its last try did not fit) tells the lower tier no hit twice.
-        told = state.device_hits if state.episode == req.num_preemptions else 0
-        self._count_lookup(req, state, len(hits) * self.block_size)
+        # A retried admission (its last try did not fit) replaces that try's count and
+        # tells the lower tier no hit twice.
+        retried = state.episode == req.num_preemptions
+        told = state.device_hits if retried else 0
+        self._count_lookup(req, state, len(hits) * self.block_size, retried)
         if hits:
             evictable = self.evictable
             for h in hashes[: len(hits)]:
@@ -186,8 +189,8 @@ class PrefixCache(KVCacheHooks):
         self._live[rid] = (req, state)
         return num_cached
 
-    def _count_lookup(self, req: Request, state: _RequestState, num_hit: int) -> None:
-        retried = state.episode == req.num_preemptions  # the last try did not fit
+    def _count_lookup(self, req: Request, state: _RequestState, num_hit: int,
+                      retried: bool) -> None:
         self.stats.count_lookup(req.num_preemptions > 0, req.num_tokens, num_hit,
                                 (state.queried, state.hit) if retried else None)
         state.episode, state.queried, state.hit = req.num_preemptions, req.num_tokens, num_hit

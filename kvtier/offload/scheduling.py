@@ -59,7 +59,7 @@ class CacheAwareAdmission:
         n_host = self._host_run(hashes, n_device)
         # A host hit shorter than the tier's minimum is computed, not loaded (HostTier.extend):
         # it neither counts against the loading bound nor ends where the request computes.
-        n_load = n_host if n_host >= self.tier.config.min_load_blocks else 0
+        n_load = n_host if self.tier.worth_loading(n_host) else 0
         cached = n_device + n_load
         delayed = (self.delayed_hits and cached < len(hashes)
                    and hashes[cached] in self._computing(running))

@@ -289,14 +289,13 @@ class Scheduler:
         prefix_recompute = 0
         is_async = self._async
         # Blocks this plan fills are cached now: a later plan reads them after this step
-        # wrote them (kvtier/kv/prefix_cache.py's contract); at a block-aligned start, also
-        # a hit's blocks this step loads (the host tier), though no block is filled.
+        # wrote them (kvtier/kv/prefix_cache.py's contract); at an admission, also a hit's
+        # blocks this step loads (the host tier), though no block is filled.
         block_size = kv.block_size if kv.prefix_cache is not None else 0
         for req, n, blocks, reset, _ in step.entries:
             start = req.num_computed_tokens
             end = req.num_computed_tokens = start + n
-            if block_size and (end // block_size > start // block_size
-                               or start % block_size == 0):
+            if block_size and (reset or end // block_size > start // block_size):
                 kv.cache_full_blocks(req, end)
             prompt, out = req.prompt_token_ids, req.output_token_ids
             num_prompt = len(prompt)
