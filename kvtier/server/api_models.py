@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 # torch.Generator seeds are 64-bit; larger values would fail inside the engine step.
 MAX_SEED = 2**63 - 1
@@ -132,6 +132,13 @@ class _SamplingFields(_Request):
     guided_grammar: str | None = None
     regex: str | None = None
     ebnf: str | None = None
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> _SamplingFields:
+        # vLLM's rule: options for a stream that will not be sent are a client bug, not a no-op.
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options can only be given when stream is true")
+        return self
 
 
 # --------------------------------------------------------------------------- completions

@@ -104,7 +104,8 @@ def test_min_tokens_past_max_model_len(http, live):
     ("logit_bias", {"99999999": 1}), ("allowed_token_ids", []), ("allowed_token_ids", [-1]),
     ("allowed_token_ids", [99999999]), ("allowed_token_ids", ["a"]), ("allowed_token_ids", 5),
     ("bad_words", [1]), ("bad_words", "fox"), ("bad_words", ["\ud800"]),
-    ("stream", "yes"), ("stream_options", {"include_usage": "maybe"}), ("prompt", ""),
+    ("stream", "yes"), ("stream_options", {"include_usage": "maybe"}),
+    ("stream_options", {"include_usage": True}), ("prompt", ""),
     ("prompt", []), ("prompt", [[]]), ("prompt", [-1]), ("prompt", [10**12]), ("prompt", [1, "a"]),
     ("prompt", "\ud800 lone surrogate"), ("prompt", ["ok"] * 100_000), ("prompt", {"a": 1}),
 ])
