@@ -48,3 +48,9 @@ class PrefillChunker:
                 return 0
             self.num_partial += 1
         return n
+
+    def give_back(self, n: int, num_remaining: int) -> None:
+        """A chunk `chunk` handed out was not scheduled after all (no room for it, or its
+        request was taken back): if it was a partial prefill, its place is free again."""
+        if n < num_remaining:
+            self.num_partial -= 1

@@ -170,6 +170,7 @@ class Scheduler:
                     i -= 1
                 self._preempt(victim, step)
                 if victim is req:
+                    step.prefills.give_back(n, remaining)
                     break
                 blocks = allocate_slots(req, n)
             if blocks is None:
@@ -189,6 +190,7 @@ class Scheduler:
             # The watermark protects running requests; with none running it only blocks
             # (one that needs the whole pool would never come back).
             if not self.policy.can_resume(req, self.kv, n, use_watermark=bool(self.running)):
+                step.prefills.give_back(n, remaining)
                 break
             work = self.policy.resume(req, self.kv)
             blocks = self.kv.allocate_slots(req, n)
@@ -232,6 +234,7 @@ class Scheduler:
             # The watermark protects running requests; with none running it only blocks.
             blocks = self.kv.allocate_slots(req, n, use_watermark=bool(self.running))
             if blocks is None:
+                step.prefills.give_back(n, remaining)
                 self._unadmit(req, cached)
                 break
             if req.num_cached_tokens is None:  # its first admission (vLLM's rule)

@@ -32,8 +32,7 @@ class StepBuilder:
         for k, (r, n, _, _, recompute) in enumerate(self.entries):
             if r is req:
                 del self.entries[k]
-                uncomputed = r.num_tokens + r.num_pending_tokens - r.num_computed_tokens
-                if n < uncomputed:  # a partial prefill: its place is free again
-                    self.prefills.num_partial -= 1
+                self.prefills.give_back(
+                    n, r.num_tokens + r.num_pending_tokens - r.num_computed_tokens)
                 return n + recompute
         return 0

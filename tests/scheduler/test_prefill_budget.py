@@ -126,6 +126,46 @@ def test_random_workloads_finish_with_capped_chunks(policy, threshold, max_parti
     assert chunks and max(chunks) <= threshold
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_a_chunk_that_is_not_scheduled_frees_its_partial_place(monkeypatch, seed):
+    """Under priority scheduling a partial prefill that preempts itself (or a waiting one
+    that finds no room) gives its place back: the step's count of partial prefills is
+    always the plan's."""
+    import kvtier.scheduler.scheduler as scheduler_module
+
+    chunkers: list[PrefillChunker] = []
+
+    class Recorded(PrefillChunker):
+        @classmethod
+        def for_step(cls, config):
+            chunkers.append(super().for_step(config))
+            return chunkers[-1]
+
+    monkeypatch.setattr(scheduler_module, "PrefillChunker", Recorded)
+    rng = random.Random(seed)
+    kv = KVCacheManager(2, 4, 20, 64, watermark=0.0)  # one request of max_model_len fits
+    config = SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=6, max_model_len=40,
+                             long_prefill_token_threshold=5, max_num_partial_prefills=2,
+                             schedule_policy="priority")
+    sched, ex = Scheduler(config, kv, get_policy("recompute")), FakeExecutor(2, 4, 6, 10)
+    arrivals: dict[int, list] = {}
+    for i in range(20):
+        r = request(f"r{i}", rng.randrange(6, 30), rng.randrange(1, 8))
+        r.priority = rng.randrange(3)
+        arrivals.setdefault(rng.randrange(30), []).append(r)
+    schedule = sched.schedule
+
+    def checked_schedule():
+        plan = schedule()
+        partial = sum(1 for s in plan.scheduled if not s.sample)
+        assert chunkers[-1].num_partial == partial
+        return plan
+
+    sched.schedule = checked_schedule  # type: ignore[method-assign]
+    assert len(run_to_end(sched, ex, arrivals)) == 20
+    assert sched.counters.num_preemptions > 0
+
+
 def test_config_checks_and_vllm_default_threshold():
     with pytest.raises(ConfigError, match="long_prefill_token_threshold"):
         SchedulerConfig(long_prefill_token_threshold=-1)
