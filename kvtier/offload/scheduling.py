@@ -53,6 +53,12 @@ class CacheAwareAdmission:
         # request -> blocks cached when it first waited (weak: an abort takes it along)
         self._waited: WeakKeyDictionary[Request, int] = WeakKeyDictionary()
         self.stats = AdmissionStats()
+        # Requests asked this step: a step whose waiting queue is walked twice (priority,
+        # with swapped requests between the passes) puts a request off once, not twice.
+        self._asked: set[Request] = set()
+
+    def begin_step(self) -> None:
+        self._asked.clear()
 
     def admit_now(self, req: Request, running: list[Request], num_step_tokens: int) -> bool:
         hashes, n_device = self.cache.admission_hashes(req)
@@ -63,11 +69,13 @@ class CacheAwareAdmission:
         cached = n_device + n_load
         delayed = (self.delayed_hits and cached < len(hashes)
                    and hashes[cached] in self._computing(running))
+        first_ask = req not in self._asked
+        self._asked.add(req)
         if delayed:
             if req not in self._waited:
                 self._waited[req] = cached
                 self.stats.delayed_requests += 1
-            self.stats.delayed_steps += 1
+            self.stats.delayed_steps += first_ask
         over = (not delayed and n_load > 0
                 and self._over_bound(req, n_load, cached, num_step_tokens))
         if delayed or over:  # it waits this step: its hit may load meanwhile
@@ -75,7 +83,7 @@ class CacheAwareAdmission:
         if delayed:
             return False
         if over:
-            self.stats.load_bound_steps += 1
+            self.stats.load_bound_steps += first_ask
             return False
         first = self._waited.pop(req, None)
         if first is not None:

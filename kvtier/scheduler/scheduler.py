@@ -26,8 +26,6 @@ stops on EOS or a stop string wastes its one speculative decode, as in vLLM.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
-from typing import Protocol
 
 from kvtier.config import SchedulerConfig
 from kvtier.core.plan import (
@@ -43,16 +41,10 @@ from kvtier.core.request import Request, RequestStatus
 from kvtier.kv.manager import KVCacheManager
 from kvtier.policies.base import KVPolicy
 from kvtier.scheduler.counters import SchedulerCounters
+from kvtier.scheduler.gate import AdmissionGate
 from kvtier.scheduler.prefill_budget import PrefillChunker
 from kvtier.scheduler.queue import FCFSQueue, make_queue
 from kvtier.scheduler.step_builder import StepBuilder
-
-
-class AdmissionGate(Protocol):
-    def admit_now(self, req: Request, running: list[Request], num_step_tokens: int) -> bool: ...
-
-    # After the step's admissions: the requests left waiting (they wait at least this step).
-    def fill_bubbles(self, waiting: Iterable[Request], step_tokens: int) -> None: ...
 
 
 class Scheduler:
@@ -107,6 +99,8 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         step = StepBuilder(self.config.max_num_batched_tokens, PrefillChunker.for_step(self.config))
         self.policy.before_step(self.running, self.kv, self.waiting)
+        if self.admission_gate is not None:
+            self.admission_gate.begin_step()
         self._schedule_running(step)
         if not step.preempted:
             self._schedule_queued(step)

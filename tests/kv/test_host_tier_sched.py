@@ -286,6 +286,26 @@ def test_a_second_request_waits_for_the_prefix_being_computed_and_hits_it():
     assert hits == {False: 8, True: 40}
 
 
+def test_a_request_asked_twice_in_one_step_is_put_off_once():
+    """A step may walk the waiting queue twice (priority, with swapped requests between):
+    the head waiting for a prefix being computed counts one delayed step, not two."""
+    sched, tier, ex = make(WritePolicy.WRITE_THROUGH, gpu_blocks=200, budget=32, gate=True,
+                           long_prefill_token_threshold=8, max_num_partial_prefills=2)
+    doc = list(range(100, 140))
+    sched.add_request(req("a", doc + [1]))
+    sched.update(plan := sched.schedule(), ex.execute(plan))
+    b = req("b", doc + [2])
+    sched.add_request(b)
+    plan = sched.schedule()
+    gate = sched.admission_gate
+    assert gate.stats.delayed_steps == 1 and b.status is RequestStatus.WAITING
+    assert not gate.admit_now(b, sched.running, 8)  # the same step's second pass
+    assert gate.stats.delayed_steps == 1
+    sched.update(plan, ex.execute(plan))
+    sched.schedule()
+    assert gate.stats.delayed_steps == 2 and gate.stats.delayed_requests == 1
+
+
 def test_the_loading_bound_spreads_loads_over_steps():
     sched, tier, ex = make(WritePolicy.WRITE_THROUGH, gpu_blocks=40, budget=64, gate=True,
                            loading_bound=0.5)
