@@ -12,6 +12,7 @@ from kvtier.engine.args import EngineArgs
 from kvtier.kv.manager import KVCacheManager
 from kvtier.policies.directkv import DirectKVOptions, DirectKVPolicy
 from kvtier.policies.host_resident.admission import admitted_prompt_blocks
+from kvtier.policies.host_resident.step_tokens import StepTokens
 from kvtier.sampling_params import SamplingParams
 from tests.policies.test_host_resident import running_decode
 from tests.policies.test_host_resident_engine import run
@@ -33,13 +34,13 @@ def test_the_prompts_admitted_are_counted_whole_within_the_budget_and_seats():
     running = [running_decode(kv, f"r{i}") for i in range(2)]  # 2 tokens of the budget
     queue = [waiting("w0", 9), waiting("w1", 8), waiting("w2", 4)]
     # 9 tokens: 3 blocks x 2 groups; 8 tokens: 2 x 2; the budget's 19 tokens end at w2.
-    assert admitted_prompt_blocks(running, queue, kv, budget=19, seats=8) == (0, 6 + 4)
+    assert admitted_prompt_blocks(running, queue, kv, StepTokens(19), seats=8) == (0, 6 + 4)
     # Whole prompts even when chunked: w0's first chunk is all the budget has left.
-    assert admitted_prompt_blocks(running, queue, kv, budget=5, seats=8) == (0, 6)
-    assert admitted_prompt_blocks(running, queue, kv, budget=2, seats=8) == (0, 0)
+    assert admitted_prompt_blocks(running, queue, kv, StepTokens(5), seats=8) == (0, 6)
+    assert admitted_prompt_blocks(running, queue, kv, StepTokens(2), seats=8) == (0, 0)
     # Seats count the running requests.
-    assert admitted_prompt_blocks(running, queue, kv, budget=100, seats=3) == (0, 6)
-    assert admitted_prompt_blocks(running, queue, kv, budget=100, seats=8) == (0, 6 + 4 + 2)
+    assert admitted_prompt_blocks(running, queue, kv, StepTokens(100), seats=3) == (0, 6)
+    assert admitted_prompt_blocks(running, queue, kv, StepTokens(100), seats=8) == (0, 6 + 4 + 2)
 
 
 def test_a_prefix_cache_hit_is_counted_too():
@@ -54,15 +55,40 @@ def test_a_prefix_cache_hit_is_counted_too():
     kv.cache_full_blocks(done, 9)  # its 2 full blocks are cached, evictable once it ends
     kv.free(done)
     assert kv.num_available_gpu_blocks() == 20
-    assert admitted_prompt_blocks([], [waiting("again", 9)], kv, budget=100, seats=8) == (0, 6)
+    assert admitted_prompt_blocks([], [waiting("again", 9)], kv, StepTokens(100), seats=8) == (0, 6)
+
+
+def test_the_prompts_admitted_follow_the_long_prefill_controls():
+    """The scheduler caps a chunk at the threshold and lets one prefill stop part-way a
+    step (vLLM's defaults): w1 would be a second partial prefill, so only w0 is admitted;
+    a running prompt part-way takes that place first, and then no waiting prompt is."""
+    from kvtier.scheduler.prefill_budget import PrefillChunker
+
+    kv = manager()
+    queue = [waiting("w0", 9), waiting("w1", 8), waiting("w2", 4)]
+
+    def capped() -> StepTokens:
+        return StepTokens(100, PrefillChunker(threshold=4, max_partial=1))
+    assert admitted_prompt_blocks([], queue, kv, StepTokens(100), seats=8) == (0, 6 + 4 + 2)
+    assert admitted_prompt_blocks([], queue, kv, capped(), seats=8) == (0, 6)
+    two = StepTokens(100, PrefillChunker(threshold=4, max_partial=2))  # w2 fits whole
+    assert admitted_prompt_blocks([], queue, kv, two, seats=8) == (0, 6 + 4 + 2)
+    three = [waiting("x0", 9), waiting("x1", 8), waiting("x2", 5)]  # x2 a third partial
+    two = StepTokens(100, PrefillChunker(threshold=4, max_partial=2))
+    assert admitted_prompt_blocks([], three, kv, two, seats=8) == (0, 6 + 4)
+    part = waiting("p", 20)
+    kv.admit(part)
+    assert kv.allocate_slots(part, 4) is not None
+    part.num_computed_tokens = 4
+    assert admitted_prompt_blocks([part], queue, kv, capped(), seats=8) == (2 * 4, 0)
 
 
 def test_without_chunked_prefill_a_prompt_past_the_budget_is_not_counted():
     kv = manager()
     queue = [waiting("w0", 9)]
-    assert admitted_prompt_blocks([], queue, kv, budget=5, seats=8) == (0, 6)
-    assert admitted_prompt_blocks([], queue, kv, budget=5, seats=8, chunked_prefill=False) == (0, 0)
-    assert admitted_prompt_blocks([], queue, kv, budget=9, seats=8, chunked_prefill=False) == (0, 6)
+    assert admitted_prompt_blocks([], queue, kv, StepTokens(5), seats=8) == (0, 6)
+    assert admitted_prompt_blocks([], queue, kv, StepTokens(5, chunked_prefill=False), seats=8) == (0, 0)
+    assert admitted_prompt_blocks([], queue, kv, StepTokens(9, chunked_prefill=False), seats=8) == (0, 6)
 
 
 def test_a_running_prompts_later_chunks_keep_their_room():
@@ -70,7 +96,7 @@ def test_a_running_prompts_later_chunks_keep_their_room():
     part = waiting("p", 20)  # 5 blocks a group when whole
     assert kv.allocate_slots(part, 8) is not None  # its first chunk: 2 blocks a group
     part.num_computed_tokens = 8
-    assert admitted_prompt_blocks([part], [], kv, budget=100, seats=8) == (2 * 3, 0)
+    assert admitted_prompt_blocks([part], [], kv, StepTokens(100), seats=8) == (2 * 3, 0)
 
 
 def test_room_is_made_for_a_waiting_prompt_by_moving_the_newest_decodes():

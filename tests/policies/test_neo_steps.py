@@ -139,6 +139,7 @@ def test_the_simulator_prices_the_policys_choice():
 
 def test_the_forecast_seats_no_more_waiting_prompts_than_max_num_seqs():
     from kvtier.core.request import Request
+    from kvtier.policies.host_resident.step_tokens import StepTokens
     from kvtier.policies.neo.modes import forecast
     from kvtier.sampling_params import SamplingParams
 
@@ -150,10 +151,35 @@ def test_the_forecast_seats_no_more_waiting_prompts_than_max_num_seqs():
     waiting = [req(f"w{i}", 20, 0) for i in range(6)]
 
     def shape(seats):
-        return forecast(running, {"h"}, waiting, budget=4096, spare_blocks=10**6, block_size=16,
-                        num_groups=1, seats=seats)
+        return forecast(running, {"h"}, waiting, StepTokens(4096), spare_blocks=10**6,
+                        block_size=16, num_groups=1, seats=seats)
 
     unbounded, host_ctx = shape(None)
     assert host_ctx == (101,) and len(unbounded.prefills) == 6
     assert len(shape(5)[0].prefills) == 3  # 2 seats taken by the decodes
     assert len(shape(2)[0].prefills) == 0 and shape(2)[0].num_decodes == 2
+
+
+def test_the_forecast_caps_prefill_chunks_as_the_scheduler_does():
+    """vLLM's long-prefill controls (the engine's default threshold, one partial prefill a
+    step): the first prompt's chunk is capped and the second waits, as in the scheduler."""
+    from kvtier.core.request import Request
+    from kvtier.engine.args import EngineArgs
+    from kvtier.policies.host_resident.step_tokens import StepTokens
+    from kvtier.policies.neo.modes import forecast
+    from kvtier.sampling_params import SamplingParams
+    from kvtier.scheduler.prefill_budget import PrefillChunker
+
+    waiting = [Request(f"w{i}", list(range(3000)), SamplingParams(max_tokens=8), 8)
+               for i in range(3)]
+    capped = StepTokens(8192, PrefillChunker(threshold=2048, max_partial=1))
+    shape, _ = forecast([], set(), waiting, capped, spare_blocks=10**6, block_size=16,
+                        num_groups=1)
+    assert shape.prefills == ((2048, 0),)
+    shape, _ = forecast([], set(), waiting, StepTokens(8192), spare_blocks=10**6,
+                        block_size=16, num_groups=1)
+    assert shape.prefills == ((3000, 0), (3000, 0), (2192, 0))
+    opts = EngineArgs(model="tiny-llama", kv_policy="neo", load_format="dummy", device="cpu",
+                      swap_space=0.01).create_engine_config().policy_options
+    assert (opts.long_prefill_threshold, opts.max_partial_prefills) == (2048, 1)
+    assert opts.step_tokens().admit(waiting[0]) == 2048

@@ -120,7 +120,7 @@ class DirectKVSystem(HostResidentSystem):
         if opts.balance == 0:
             return config
         rule = HostBalance(self.pricing(config, ctx), price_zero_copy_rows, opts.balance,
-                           opts.max_step_tokens, opts.max_model_len,
+                           opts.step_limits, opts.max_model_len,
                            pays=cheaper_than_recompute,
                            price_split=price_split_rows if opts.partial_moves else None)
         return config.with_(policy_options=replace(opts, balance_rule=rule))

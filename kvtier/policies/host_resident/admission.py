@@ -16,31 +16,32 @@ from collections.abc import Iterable, Sequence
 
 from kvtier.core.request import Request
 from kvtier.kv.manager import KVCacheManager, cdiv
+from kvtier.policies.host_resident.step_tokens import StepTokens
 
 
 def admitted_prompt_blocks(running: Sequence[Request], waiting: Iterable[Request],
-                           kv: KVCacheManager, budget: int, seats: int,
-                           chunked_prefill: bool = True) -> tuple[int, int]:
+                           kv: KVCacheManager, step: StepTokens, seats: int) -> tuple[int, int]:
     """Device blocks of every layer group the prompts need beyond what their tables hold:
     (the running ones' to their last tokens, so a chunked prompt's later chunks keep the
-    room made for it; the waiting ones the scheduler would admit this step: FCFS, each first
-    chunk within the token budget the running requests leave, or the whole prompt without
-    chunked prefill, within the seats, each counted whole). A prefix-cache hit is not taken
+    room made for it; the waiting ones the scheduler would admit this step: FCFS, each with
+    its first chunk within `step`'s budget and prefill chunks (the whole prompt without
+    chunked prefill), within the seats, each counted whole). A prefix-cache hit is not taken
     off: the blocks only the cache holds count as free already, and a hit that running
     requests share is the one case this overcounts."""
     held = 0
     for req in running:
         remaining = req.num_tokens + req.num_pending_tokens - req.num_computed_tokens
-        budget -= min(remaining, max(budget, 0))
         table = kv.tables.get(req.request_id)
         if remaining > 1 and table is not None:  # a prompt part-way
             held += kv.num_groups * max(0, cdiv(req.num_tokens, kv.block_size)
                                         - table.num_token_blocks)
+    for _ in step.running(running):
+        pass  # their tokens come first out of the step's budget and partial places
     seats -= len(running)
     new = 0
     for req in waiting:
-        if budget <= 0 or seats <= 0 or (not chunked_prefill and req.num_tokens > budget):
+        if seats <= 0 or not step.admit(req):
             break
         new += kv.num_groups * cdiv(req.num_tokens, kv.block_size)
-        budget, seats = budget - req.num_tokens, seats - 1
+        seats -= 1
     return held, new

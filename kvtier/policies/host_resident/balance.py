@@ -39,6 +39,7 @@ from typing import Any
 
 from kvtier.core.request import Request
 from kvtier.costmodel.shape import StepShape
+from kvtier.policies.host_resident.step_tokens import StepLimits, StepTokens
 
 RowsPrice = Callable[[Any, int], float]  # (cost model, host context tokens) -> seconds
 
@@ -60,21 +61,17 @@ class StepSums:
     """One step's rows as the balance prices them, updated as candidates move."""
 
     def __init__(self, running: Sequence[Request], host: Collection[str],
-                 max_step_tokens: int, host_prefix: Mapping[str, int] | None = None):
-        """`host_prefix`: host tokens of the host rows that keep a device suffix (the
-        others hold their whole context on the host)."""
+                 step: StepTokens, host_prefix: Mapping[str, int] | None = None):
+        """`step`: the scheduler's handing out of the step's tokens (the requests it leaves
+        out are not priced); `host_prefix`: host tokens of the host rows that keep a device
+        suffix (the others hold their whole context on the host)."""
         prefix = host_prefix or {}
         self.host_rows = self.host_tokens = self.gpu_rows = self.gpu_ctx_sum = 0
         self.gpu_ctx_max = self.split_rows = 0
         prefills = []
-        budget = max_step_tokens
-        for req in running:
-            remaining = req.num_tokens + req.num_pending_tokens - req.num_computed_tokens
-            if remaining > 1:  # a prefill: its chunk this step, within the token budget
-                n = min(remaining, budget)
-                if n > 0:
-                    prefills.append((n, req.num_computed_tokens))
-                    budget -= n
+        for req, n, remaining in step.running(running):
+            if remaining > 1:  # a prefill: its chunk this step
+                prefills.append((n, req.num_computed_tokens))
                 continue
             ctx = req.num_computed_tokens + 1
             if req.request_id in host:
@@ -111,7 +108,7 @@ class HostBalance:
     cost_model: Any  # kvtier.costmodel.CostModel
     price_rows: RowsPrice  # the system's price of its host rows
     factor: float = 1.0
-    max_step_tokens: int = 8192  # the scheduler's token budget caps a prefill's chunk
+    step: StepLimits = StepLimits()  # the scheduler's: they cap a prefill's chunk
     max_model_len: int = 0  # a request's last token (0: its prompt + max_tokens)
     pays: Callable[[HostBalance, StepSums, Request, int, int], bool] = field(kw_only=True)
     # The system's price of a step whose host rows keep device suffixes ((cost model, rows)
@@ -126,7 +123,7 @@ class HostBalance:
         moves (None: the same): True (and counted on the host side from then on) when the
         candidate may move. `host_prefix` as StepSums'."""
         prefix = dict(host_prefix or {})
-        sums = StepSums(running, host, self.max_step_tokens, prefix)
+        sums = StepSums(running, host, self.step.start(), prefix)
         rows = set(host)
 
         def may_move(req: Request, tokens: int | None = None, priced: int | None = None) -> bool:
@@ -156,8 +153,9 @@ class HostBalance:
         return max(1, last_token(req, self.max_model_len) - req.num_computed_tokens)
 
     def recompute_s(self, ctx: int) -> float:
-        """Preempting instead: its context recomputed as prefill chunks within the budget."""
-        total, start, budget = 0.0, 0, max(1, self.max_step_tokens)
+        """Preempting instead: its context recomputed as prefill chunks of the most a step
+        gives one (the token budget, or the long-prefill threshold under it)."""
+        total, start, budget = 0.0, 0, max(1, self.step.chunk_cap())
         while start < ctx:
             n = min(budget, ctx - start)
             total += forward_s(self.cost_model, StepShape(prefills=((n, start),), num_sampled=1))

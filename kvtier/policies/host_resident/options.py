@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvtier.config import ConfigError, SystemOptions
+from kvtier.policies.host_resident.step_tokens import StepLimits, StepTokens
 
 if TYPE_CHECKING:
     from kvtier.policies.host_resident.balance import HostBalance
@@ -33,6 +34,10 @@ class HostResidentOptions(SystemOptions):
     host_admission: bool = False
     # The scheduler's enable_chunked_prefill: without it a prompt is admitted whole or not.
     chunked_prefill: bool = True
+    # The scheduler's long-prefill controls (its effective threshold, 0: none), as forecasts
+    # of a step cap its prefill chunks.
+    long_prefill_threshold: int = 0
+    max_partial_prefills: int = 1
     # The system's priced limit on the moves (balance.py), set once a cost model is built.
     balance_rule: HostBalance | None = field(default=None, compare=False)
 
@@ -41,3 +46,12 @@ class HostResidentOptions(SystemOptions):
             raise ConfigError(f"swap_in_fraction must be in (0, 1], got {self.swap_in_fraction}")
         if self.max_model_len < 0:
             raise ConfigError(f"max_model_len must be >= 0, got {self.max_model_len}")
+
+    @property
+    def step_limits(self) -> StepLimits:
+        return StepLimits(self.max_step_tokens, self.long_prefill_threshold,
+                          self.max_partial_prefills, self.chunked_prefill)
+
+    def step_tokens(self) -> StepTokens:
+        """A fresh forecast of one step's tokens under the scheduler's limits."""
+        return self.step_limits.start()

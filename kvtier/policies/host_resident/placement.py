@@ -120,8 +120,8 @@ class HostResidentPolicy(KVPolicy):
         held = new = 0
         if self.options.host_admission:
             opts = self.options
-            held, new = admitted_prompt_blocks(running, waiting, kv, opts.max_step_tokens,
-                                               opts.max_step_seqs, opts.chunked_prefill)
+            held, new = admitted_prompt_blocks(running, waiting, kv, opts.step_tokens(),
+                                               opts.max_step_seqs)
         kept, every = short + held, short + held + new
         for need in (every, kept):
             if need > 0 and self._make_room_for_prompts(running, kv, need):

@@ -49,7 +49,9 @@ class HostResidentSystem(MemorySystem):
                 "chunked_prefill": config.scheduler.enable_chunked_prefill,
                 "max_model_len": config.scheduler.max_model_len,
                 "max_step_tokens": config.scheduler.max_num_batched_tokens,
-                "max_step_seqs": config.scheduler.max_num_seqs}
+                "max_step_seqs": config.scheduler.max_num_seqs,
+                "long_prefill_threshold": config.scheduler.effective_long_prefill_threshold,
+                "max_partial_prefills": config.scheduler.max_num_partial_prefills}
 
     def check_unused_flags(self, args: SystemArgs) -> None:
         changed = [f.name for f in fields(args) if getattr(args, f.name) != f.default]

@@ -141,7 +141,7 @@ class NeoPolicy(HostResidentPolicy):
         if not host or opts.choice is None or opts.pipeline is not PipelineMode.AUTO:
             self._skips = {}
             return 0
-        shape, host_ctx = forecast(running, host, waiting, opts.max_step_tokens,
+        shape, host_ctx = forecast(running, host, waiting, opts.step_tokens(),
                                    -self._blocks_short(running, kv), kv.block_size,
                                    kv.num_groups, opts.max_step_seqs)
         order = [r.request_id for r in running if r.request_id in host][:len(host_ctx)]
@@ -213,7 +213,7 @@ class NeoSystem(HostResidentSystem):
         rule = PipelineRule(cm, price_cpu_rows) if auto else None
         choice = (ModeChoice(StepPrices(cm, graphs=opts.graphs), rule) if rule is not None
                   else None)
-        balance = CpuBalance(cm, price_cpu_rows, opts.cpu_balance, opts.max_step_tokens) \
+        balance = CpuBalance(cm, price_cpu_rows, opts.cpu_balance, opts.step_limits) \
             if opts.cpu_balance > 0 else None
         return config.with_(policy_options=replace(opts, rule=rule, balance_rule=balance,
                                                    choice=choice))

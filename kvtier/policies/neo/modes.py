@@ -27,6 +27,7 @@ from itertools import accumulate
 from kvtier.core.request import Request
 from kvtier.costmodel.shape import StepShape
 from kvtier.kv.manager import cdiv
+from kvtier.policies.host_resident.step_tokens import StepTokens
 from kvtier.policies.neo.pipeline import PipelineRule
 from kvtier.policies.neo.steps import StepMode, StepPrices, batch0
 
@@ -105,46 +106,39 @@ def hold_candidates(max_held: int) -> list[int]:
 
 
 def forecast(running: Sequence[Request], host: Collection[str], waiting: Iterable[Request],
-             budget: int, spare_blocks: int, block_size: int, num_groups: int,
+             step: StepTokens, spare_blocks: int, block_size: int, num_groups: int,
              seats: int | None = None) -> tuple[StepShape, tuple[int, ...]]:
     """(the step's shape, its CPU decodes' contexts in order) as the scheduler will
-    likely make it: running requests in order within the token budget (a prefill's chunk
-    capped by it), then waiting prompts while the budget, `spare_blocks` free device
-    blocks and the `seats` (max_num_seqs: rows a step, running ones included) last.
+    likely make it: running requests in order within `step`'s token budget and prefill
+    chunks, then waiting prompts while the budget, `spare_blocks` free device blocks and
+    the `seats` (max_num_seqs: rows a step, running ones included) last.
     Host-running requests lead `running`."""
     host_ctx: list[int] = []
     decodes: list[int] = []
     prefills: list[tuple[int, int]] = []
     sampled = 0
-    for req in running:
-        if budget <= 0:
-            break
-        remaining = req.num_tokens + req.num_pending_tokens - req.num_computed_tokens
+    for req, n, remaining in step.running(running):
         if remaining <= 1:
             ctx = req.num_computed_tokens + 1
             decodes.append(ctx)
-            sampled += 1
-            budget -= 1
             if req.request_id in host:
                 host_ctx.append(ctx)
-            continue
-        n = min(remaining, budget)
-        prefills.append((n, req.num_computed_tokens))
+        else:
+            prefills.append((n, req.num_computed_tokens))
         sampled += n == remaining
-        budget -= n
     free_seats = None if seats is None else seats - len(running)
     for req in waiting:
         if free_seats is not None:
             if free_seats <= 0:
                 break
             free_seats -= 1
-        n = min(req.num_tokens - req.num_computed_tokens, budget)
+        n = step.admit(req)
         need = num_groups * cdiv(req.num_computed_tokens + n, block_size)
-        if n <= 0 or need > spare_blocks:
+        if not n or need > spare_blocks:
             break
         prefills.append((n, req.num_computed_tokens))
         sampled += n == req.num_tokens - req.num_computed_tokens
-        budget, spare_blocks = budget - n, spare_blocks - need
+        spare_blocks -= need
     shape = StepShape(num_decodes=len(decodes), decode_ctx_sum=sum(decodes),
                       decode_ctx_max=max(decodes, default=0), prefills=tuple(prefills),
                       num_sampled=sampled)
