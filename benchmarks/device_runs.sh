@@ -26,6 +26,11 @@ WMT=.carry/sharegpt_multiturn_llama31_600.json  # 600 turns of ShareGPT conversa
 # sharegpt-multiturn --num-prompts 600 --max-model-len 4096 --save-workload FILE --prepare-only
 WMT13=.carry/sharegpt_multiturn_llama2-13b_600.json
 CALIB13=results/calibration/calib_h200_llama-2-13b.json
+# The board that names a part's files by commit (h200, h100): nvidia-smi's name for it, else
+# h200 (the lent kind may come as either; their figures are never compared).
+GPU_TAG=${GPU_TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
+  | grep -oiE 'H[0-9]{3}' | head -1 | tr 'A-Z' 'a-z')}
+GPU_TAG=${GPU_TAG:-h200}
 
 out() {  # SUBJECT NAME: the path a part writes NAME to
   mkdir -p "$OUT/$1" && echo "$OUT/$1/$2"
@@ -61,7 +66,7 @@ trace_beside() {  # NAME [flags...]: the prefill traced alone and beside the pag
   local name=$1 dir; shift
   for dir in "" --to-host; do
     timeout 150 python3 -m benchmarks.kernels.trace_prefill_beside_copy "$@" $dir --reps 5 \
-      --out "$(out kernels "${name}${dir:+_d2h}_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -6
+      --out "$(out kernels "${name}${dir:+_d2h}_${GPU_TAG}_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -6
   done
 }
 
@@ -213,20 +218,20 @@ part() {
     (cd "$b" && KVTIER_GIT_COMMIT=$bc timeout 200 python3 -m benchmarks.policies.bench_host_resident --caps 0.75 \
       --policies neo:off@0 --out "$(out policies "host_resident_ab_h200_$bc.json")") 2>&1 | tail -3
     timeout 280 python3 -m benchmarks.policies.bench_host_resident --caps 0.75 --policies neo:off@0,neo@0 \
-      --out "$(out policies "host_resident_ab_h200_$c.json")" 2>&1 | tail -4 ;;
+      --out "$(out policies "host_resident_ab_${GPU_TAG}_$c.json")" 2>&1 | tail -4 ;;
   host-resident-neo)  # NEO's engine runs the host-row cost is fit on (benchmarks/policies/fit_host_rows.py), balance lifted, sequential and by its rule: 32 x 2,048 + 128 at 3/4 and 9/10 of the batch, 8 x 32,768 + 128 at 0.8
     export TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext
     timeout 250 python3 -m benchmarks.policies.bench_host_resident --caps 0.75,0.9 --policies neo:off@0,neo@0 \
-      --out "$(out policies "host_resident_neo_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -5
+      --out "$(out policies "host_resident_neo_${GPU_TAG}_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -5
     timeout 300 python3 -m benchmarks.policies.bench_host_resident --requests 8 --prompt 32768 --output 128 \
       --max-num-seqs 8 --caps 0.8 --policies neo:off@0,neo@0 \
-      --out "$(out policies "host_resident_neo_long_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -3 ;;
+      --out "$(out policies "host_resident_neo_long_${GPU_TAG}_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -3 ;;
   host-resident-neo-pipelined)  # NEO with every host step pipelined (neo:on, balance lifted) at 3/4 and 9/10 of 32 x 2,048 + 128: the steps fit_host_rows prices with the fit to fit NEO's launch constant
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 250 python3 -m benchmarks.policies.bench_host_resident --caps 0.75,0.9 \
-      --policies neo:on@0 --out "$(out policies "host_resident_neo_pipelined_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -3 ;;
+      --policies neo:on@0 --out "$(out policies "host_resident_neo_pipelined_${GPU_TAG}_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -3 ;;
   neo-step-parts)  # where a NEO step with host rows spends its wall time in the engine (the hook's copy down and wait, the rest), 32 x 2,048 + 128 at 3/4, every host step sequential
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 250 python3 -m benchmarks.policies.bench_neo_step_parts --caps 0.75 \
-      --policies neo:off@0 --out "$(out policies "neo_step_parts_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -2 ;;
+      --policies neo:off@0 --out "$(out policies "neo_step_parts_${GPU_TAG}_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -2 ;;
   host-resident-13b)  # the same on llama-2-13b (MHA: 6.25x the KV per token of the 8B's GQA), 16 requests, at 3/4
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 580 python3 -m benchmarks.policies.bench_host_resident \
       --model llama-2-13b --requests 16 --caps 0.75 --policies neo,directkv,swap,recompute \
@@ -249,26 +254,26 @@ part() {
     pytest_gpu "gpu_tests_directkv_partial_$KVTIER_GIT_COMMIT" 200 tests/policies/test_host_resident_engine.py
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 240 python3 -m benchmarks.policies.bench_host_resident \
       --caps 0.75 --policies directkv@0,directkv:partial@0,directkv:partial,recompute,swap \
-      --out "$(out policies directkv_partial_h200_$KVTIER_GIT_COMMIT.json)" 2>&1 | tail -6 ;;
+      --out "$(out policies directkv_partial_${GPU_TAG}_$KVTIER_GIT_COMMIT.json)" 2>&1 | tail -6 ;;
   directkv-partial-long)  # the same at 8 x 32,768 + 128 and 0.9 of the batch (balance lifted): whole moves put a 32K row on the host where a fraction of one is short
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 380 python3 -m benchmarks.policies.bench_host_resident \
       --requests 8 --prompt 32768 --output 128 --max-num-seqs 8 --caps 0.9 \
       --policies directkv@0,directkv:partial@0,swap,recompute \
-      --out "$(out policies directkv_partial_long_h200_$KVTIER_GIT_COMMIT.json)" 2>&1 | tail -5 ;;
+      --out "$(out policies directkv_partial_long_${GPU_TAG}_$KVTIER_GIT_COMMIT.json)" 2>&1 | tail -5 ;;
   directkv-partial-merge)  # partial moves with the one-kernel merge (kvtier/kernels/merge_attention.py): its GPU tests and the host-resident engine's, then 32 x 2,048 + 128 at 0.75 and 8 x 32,768 + 128 at 0.9, whole and partial moves alternating in one call (balance lifted)
     pytest_gpu "gpu_tests_directkv_partial_merge_$KVTIER_GIT_COMMIT" 200 tests/kernels/test_kernel_merge_attention.py tests/policies/test_host_resident_engine.py
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 200 python3 -m benchmarks.policies.bench_host_resident \
       --caps 0.75 --policies directkv@0,directkv:partial@0,directkv@0,directkv:partial@0 \
-      --out "$(out policies directkv_partial_merge_h200_$KVTIER_GIT_COMMIT.json)" 2>&1 | tail -5
+      --out "$(out policies directkv_partial_merge_${GPU_TAG}_$KVTIER_GIT_COMMIT.json)" 2>&1 | tail -5
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 240 python3 -m benchmarks.policies.bench_host_resident \
       --requests 8 --prompt 32768 --output 128 --max-num-seqs 8 --caps 0.9 \
       --policies directkv@0,directkv:partial@0 \
-      --out "$(out policies directkv_partial_merge_long_h200_$KVTIER_GIT_COMMIT.json)" 2>&1 | tail -3 ;;
+      --out "$(out policies directkv_partial_merge_long_${GPU_TAG}_$KVTIER_GIT_COMMIT.json)" 2>&1 | tail -3 ;;
   directkv-partial-balance)  # whole and partial moves at the default balance on 8 x 32,768 + 128 at 0.9 (where the simulator has partial moves pass their first parts, then preempt anyway)
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 300 python3 -m benchmarks.policies.bench_host_resident \
       --requests 8 --prompt 32768 --output 128 --max-num-seqs 8 --caps 0.9 \
       --policies directkv,directkv:partial,recompute \
-      --out "$(out policies directkv_partial_balance_long_h200_$KVTIER_GIT_COMMIT.json)" 2>&1 | tail -4 ;;
+      --out "$(out policies directkv_partial_balance_long_${GPU_TAG}_$KVTIER_GIT_COMMIT.json)" 2>&1 | tail -4 ;;
   host-resident-128k)  # 128K contexts: 3 requests of 130,816 + 128 tokens (16 GiB of KV each) at 0.75 of the batch, a 32 GiB host pool (64 would not pin): directkv (lifted) and swap (recompute ran as swap did, 7.29 against 7.28 tok/s, in host_resident_128k_h200.json; the default balance refuses the move in the simulator and runs as recompute: both left out so that the call fits its 600 s)
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 580 python3 -m benchmarks.policies.bench_host_resident \
       --requests 3 --prompt 130816 --output 128 --max-num-seqs 3 --caps 0.75 --host-blocks 131072 \
@@ -321,11 +326,11 @@ part() {
   host-page-io-launch)  # the I/O kernel's launch shape (programs x warps, paced to a GB/s, tile bytes) against its cost to a concurrent 8K prefill, 16-token pages, the copy engine beside; the kernel's GPU tests
     pytest_gpu "gpu_tests_host_page_io_$KVTIER_GIT_COMMIT" 200 tests/kernels/test_kernel_host_page_io.py
     timeout 400 python3 -m benchmarks.kernels.bench_host_page_io_launch --reps 7 \
-      --out "$(out kernels "host_page_io_launch_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -44 ;;
+      --out "$(out kernels "host_page_io_launch_${GPU_TAG}_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -44 ;;
   host-page-io-clocks)  # why a concurrent copy slows the 8K prefill: 6 variants beside the engine's prefill and beside the GEMM+SDPA stand-in (no inputs of its own to copy in), the board's SM clock and power sampled (NVML, 20 ms)
     local pf
     for pf in engine stand-in; do
-      beside_prefill "host_page_io_clocks_${pf}_h200_$KVTIER_GIT_COMMIT" $pf \
+      beside_prefill "host_page_io_clocks_${pf}_${GPU_TAG}_$KVTIER_GIT_COMMIT" $pf \
         p1w32t64,p2w32t64,p4w32t64,p4w32t64@50,p4w32t16@45,batch/run 200
     done ;;
   prefill-copy-trace)  # where the engine's prefill waits beside the copy engine's batched copies (H2D, then D2H): torch.profiler, alone and beside, each host thread's longest calls and the GPU's gaps
@@ -334,33 +339,33 @@ part() {
     trace_beside trace_prefill_beside_kernel --variant kernel --programs 2 ;;
   command-queue)  # how many asynchronous calls (page copies, batched copies, launches) the driver queues before the host blocks, and whether the queue is shared between streams
     timeout 120 python3 -m benchmarks.kernels.probe_command_queue \
-      --out "$(out kernels "command_queue_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -6 ;;
+      --out "$(out kernels "command_queue_${GPU_TAG}_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -6 ;;
   command-queue-connections)  # the probe and the engine's prefill beside the copy engine's / the kernel's copies, with CUDA's default hardware connections and with CUDA_DEVICE_MAX_CONNECTIONS=32 (streams that share a connection share its queue)
     local conns
     for conns in default 32; do
       ( [ "$conns" = default ] || export CUDA_DEVICE_MAX_CONNECTIONS=$conns
         timeout 100 python3 -m benchmarks.kernels.probe_command_queue \
-          --out "$(out kernels "command_queue_conns_${conns}_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -6
-        beside_prefill "host_page_io_conns_${conns}_h200_$KVTIER_GIT_COMMIT" engine \
+          --out "$(out kernels "command_queue_conns_${conns}_${GPU_TAG}_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -6
+        beside_prefill "host_page_io_conns_${conns}_${GPU_TAG}_$KVTIER_GIT_COMMIT" engine \
           p2w32t64,batch/run 150 )
     done ;;
   uva-uploads)  # step inputs and sampled tokens through their pinned buffers' UVA address (kvtier/kernels/uva_copy.py): its tests and the runner's on the GPU, then the engine's prefill beside the copy engine's and the kernel's page copies (was +86 % beside the copy engine's loads)
     pytest_files "uva_uploads_$KVTIER_GIT_COMMIT" 240 tests/kernels/test_kernel_uva_copy.py \
       tests/runner/test_staging.py tests/runner/test_gpu_path.py
-    beside_prefill "host_page_io_uva_uploads_h200_$KVTIER_GIT_COMMIT" engine \
+    beside_prefill "host_page_io_uva_uploads_${GPU_TAG}_$KVTIER_GIT_COMMIT" engine \
       p2w32t64,p4w32t64@50,batch/run 150 ;;
   sampled-uploads)  # a sampled batch (temperature > 0, no logprobs) on the device with its few uploads through the pinned staging, read back after the step: the sampler's and runner's GPU tests, the prefill traces (pageable copies counted), then the prefill beside the page copies as uva-uploads ran it
     pytest_files "sampled_uploads_$KVTIER_GIT_COMMIT" 240 tests/runner/test_sampler.py \
       tests/kernels/test_kernel_uva_copy.py tests/runner/test_staging.py tests/runner/test_gpu_path.py
     trace_beside trace_prefill_beside_copy
-    beside_prefill "host_page_io_sampled_uploads_h200_$KVTIER_GIT_COMMIT" engine \
+    beside_prefill "host_page_io_sampled_uploads_${GPU_TAG}_$KVTIER_GIT_COMMIT" engine \
       p2w32t64,p4w32t64@50,batch/run 150 ;;
   prefill-graphs)  # which compute-stream operations slow beside another stream's copy-engine copies, launched one by one or as one CUDA graph (probe_copy_engine_share), then the engine's prefill beside the page copies as the engine runs it by default (its pieces as CUDA graphs) and eager, in one call
     local c=$KVTIER_GIT_COMMIT kind
     timeout 90 python3 -m benchmarks.kernels.probe_copy_engine_share \
-      --out "$(out kernels "copy_engine_share_h200_$c.json")" 2>&1 | tail -15
+      --out "$(out kernels "copy_engine_share_${GPU_TAG}_$c.json")" 2>&1 | tail -15
     for kind in engine-graphs engine; do
-      beside_prefill "host_page_io_prefill_${kind}_h200_$c" $kind p2w32t64,p4w32t64@50,batch/run 200
+      beside_prefill "host_page_io_prefill_${kind}_${GPU_TAG}_$c" $kind p2w32t64,p4w32t64@50,batch/run 200
     done ;;
   uva-uploads-ab)  # the UVA copy's GPU tests, then the before-after of the tree in $BEFORE (the commit before the UVA uploads, this layout)
     timeout 60 python3 -m pytest -q tests/kernels/test_kernel_uva_copy.py -p no:cacheprovider 2>&1 | tail -2
@@ -370,7 +375,7 @@ part() {
     for tokens in 1048576 8388608; do
       timeout 200 python3 -m benchmarks.kernels.bench_host_decode_attention --shapes 1x131072,1x32768 \
         --max-tokens $tokens --split-factors 2 --launches "" --reps 5 \
-        --out "$(out kernels "host_decode_attention_pool${tokens}_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -4
+        --out "$(out kernels "host_decode_attention_pool${tokens}_${GPU_TAG}_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -4
     done ;;
   cpu-attention-splits)  # NEO's CPU attention at 1x8192 and 8x4096, 16 threads: the work split (pages a split) by the prefetch distance, 30 calls a median
     local s c=$KVTIER_GIT_COMMIT
@@ -398,7 +403,7 @@ part() {
       for t in 16 15 14; do
         timeout 90 python3 -m benchmarks.kernels.bench_cpu_attention --threads $t --shapes 1x8192,8x4096 \
           --no-sdpa --thread-sweep= --tunings= --sweep-shapes 0 --iters 30 \
-          --out "$(out "kernels/cpu_attention_threads_h200_$c" "t${t}_$i.json")" 2>&1 | grep -i "gb/s" | head -2
+          --out "$(out "kernels/cpu_attention_threads_${GPU_TAG}_$c" "t${t}_$i.json")" 2>&1 | grep -i "gb/s" | head -2
       done
     done ;;
   cpu-attention-ab)  # NEO's CPU attention of this tree against the tree in $BEFORE (default .carry/cpu_before: kvtier and benchmarks of the commit before, $BEFORE_COMMIT), alternating twice in one call: the kernel's tests on this CPU, then 16 threads at 1x8192 and 8x4096 with the compute-only rates, 30 calls a median
@@ -414,18 +419,18 @@ part() {
     done ;;
   cpu-attention-call)  # what one call of NEO's CPU attention costs beyond its KV reads (kernel alone, wrapper, worker thread; small shapes, 16 threads): the lead on the 1.19 ms a layer NEO's host rows were fit at
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 200 python3 -m benchmarks.kernels.bench_cpu_attention_call \
-      --threads 16 --out "$(out kernels "cpu_attention_call_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -7 ;;
+      --threads 16 --out "$(out kernels "cpu_attention_call_${GPU_TAG}_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -7 ;;
   neo-layer)  # what NEO's host rows cost a layer inside a GPU step (a stand-in 8B step, 1 and 4 rows of 2,048 tokens), sequential and pipelined, by part, under the host-thread variants (OMP wait policy, kernel threads, the kernel inline, the main thread's torch threads)
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 400 python3 -m benchmarks.policies.bench_neo_layer \
-      --out "$(out policies "neo_layer_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -15 ;;
+      --out "$(out policies "neo_layer_${GPU_TAG}_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -15 ;;
   structured-overhead)  # structured outputs' host cost a step (mask fill, matcher advance) on the H200 host, and the mask op on the GPU's logits (carry the xgrammar, apache-tvm-ffi and pydantic wheels): large steps' masks filled the engine's way (threads or not, by measured cost), always on xgrammar's threads, always one row after another
     local c=$KVTIER_GIT_COMMIT way
     timeout 140 python3 -m benchmarks.gpu_path.bench_structured_overhead --device cuda --batches 1,8,32,64,128,256 \
-      --label "H200, mask on the GPU" --out "$(out gpu_path "structured_overhead_h200_$c.json")" 2>&1 | tail -12
+      --label "H200, mask on the GPU" --out "$(out gpu_path "structured_overhead_${GPU_TAG}_$c.json")" 2>&1 | tail -12
     for way in threaded serial; do
       timeout 140 python3 -m benchmarks.gpu_path.bench_structured_overhead --device cuda --batches 1,8,32,64,128,256 \
         --fill $way --label "H200, mask on the GPU, large fills $way" \
-        --out "$(out gpu_path "structured_overhead_${way}_fill_h200_$c.json")" 2>&1 | grep fill
+        --out "$(out gpu_path "structured_overhead_${way}_fill_${GPU_TAG}_$c.json")" 2>&1 | grep fill
     done ;;
   sampling-tests)  # vLLM's penalties and logit bias, prompt logprobs (echo) and structured outputs (carry the xgrammar and apache-tvm-ffi wheels in .whl), on the GPU in fp32 against HF's logits, with the sampler's and runner's GPU tests
     pytest_files "gpu_tests_sampling_$KVTIER_GIT_COMMIT" 300 tests/engine/test_penalties_hf.py \
@@ -439,35 +444,35 @@ part() {
     export TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext
     neo_tests "gpu_tests_neo_graphs_$c"
     timeout 200 python3 -m benchmarks.policies.bench_neo_step_parts --caps 0.75 \
-      --policies neo:off@0,neo:off+piecewise@0 --out "$(out policies "neo_step_parts_graphs_h200_$c.json")" 2>&1 | tail -2
+      --policies neo:off@0,neo:off+piecewise@0 --out "$(out policies "neo_step_parts_graphs_${GPU_TAG}_$c.json")" 2>&1 | tail -2
     timeout 280 python3 -m benchmarks.policies.bench_host_resident --caps 0.75 \
       --policies neo:off@0,neo:off+piecewise@0,neo@0,recompute \
-      --out "$(out policies "host_resident_neo_graphs_h200_$c.json")" 2>&1 | tail -5 ;;
+      --out "$(out policies "host_resident_neo_graphs_${GPU_TAG}_$c.json")" 2>&1 | tail -5 ;;
   neo-flags)  # NEO at the layer calls' new thread default (torch's less two), its pipelined steps handing batch 1 over through the step job's flags: NEO's GPU exactness tests, then 32 x 2,048 + 128 at 3/4 (balance lifted): sequential graph steps, every host step pipelined through the main thread (the default) and through the flags (+flagged), and recompute
     local c=$KVTIER_GIT_COMMIT
     export TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext
     pytest_files "gpu_tests_neo_flags_$c" 150 -m gpu -k neo tests/policies/test_host_resident_engine.py
     timeout 300 python3 -m benchmarks.policies.bench_host_resident --caps 0.75 \
       --policies neo:off@0,neo:on@0,neo:on+flagged@0,recompute \
-      --out "$(out policies "host_resident_neo_flags_h200_$c.json")" 2>&1 | grep "tok/s" | cut -c1-150 ;;
+      --out "$(out policies "host_resident_neo_flags_${GPU_TAG}_$c.json")" 2>&1 | grep "tok/s" | cut -c1-150 ;;
   neo-admission)  # NEO's host admission (prompts past the device pool make their room by moving decodes out) on the H200: 32 x 2,048 + 128 at 3/4, recompute first (it pays the compiles and captures), then neo@0, neo:admit@0 (balance lifted) and neo at its default balance
     local c=$KVTIER_GIT_COMMIT
     export TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext
     timeout 360 python3 -m benchmarks.policies.bench_host_resident --caps 0.75 \
       --policies recompute,neo@0,neo:admit@0,neo \
-      --out "$(out policies "host_resident_neo_admission_h200_$c.json")" 2>&1 | grep "tok/s" | cut -c1-150 ;;
+      --out "$(out policies "host_resident_neo_admission_${GPU_TAG}_$c.json")" 2>&1 | grep "tok/s" | cut -c1-150 ;;
   prefill-loads-repeat)  # the copy engine's batched loads (H2D) and stores beside the engine's 8K prefill (its pieces as CUDA graphs), three calls in one lease: the spread of issue 26's "< 5 %"
     local c=$KVTIER_GIT_COMMIT i
     for i in 1 2 3; do
-      beside_prefill "host_page_io_prefill_engine-graphs_r${i}_h200_$c" engine-graphs batch/run 150
+      beside_prefill "host_page_io_prefill_engine-graphs_r${i}_${GPU_TAG}_$c" engine-graphs batch/run 150
     done ;;
   neo-step-threads)  # why NEO's layer call takes 4.5x its reads inside a graph step: the step parts of 32 x 2,048 + 128 at 3/4 (every host step sequential) with the CPU attention on 16 (torch's default), 14 and 8 threads (cores left to the main thread, which spins while it waits for the GPU)
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 280 python3 -m benchmarks.policies.bench_neo_step_parts --caps 0.75 \
       --policies neo:off@0,neo:off+threads14@0,neo:off+threads8@0 \
-      --out "$(out policies "neo_step_parts_threads_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -4 ;;
+      --out "$(out policies "neo_step_parts_threads_${GPU_TAG}_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -4 ;;
   neo-step-contention)  # NEO's step job alone on the host (a sleeping Python thread in the GPU's place), its layer calls on 16, 15 and 14 threads, with and without one busy process beside it (the main thread spinning in a CUDA sync): does one more busy thread cost the OpenMP team its barriers
     TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext timeout 280 python3 -m benchmarks.policies.probe_neo_step_contention \
-      --threads 16,15,14 --spinners 0,1,2 --out "$(out policies "neo_step_contention_h200_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -10 ;;
+      --threads 16,15,14 --spinners 0,1,2 --out "$(out policies "neo_step_contention_${GPU_TAG}_$KVTIER_GIT_COMMIT.json")" 2>&1 | tail -10 ;;
   neo-graphs-ab)  # NEO's graph steps of this tree against the tree in $BEFORE (default .carry/neo_before, $BEFORE_COMMIT), alternating twice in one call: NEO's tests, then the step parts of 32 x 2,048 + 128 at 3/4, every host step sequential (neo:off@0)
     local i c=$KVTIER_GIT_COMMIT b=${BEFORE:-.carry/neo_before} bc=${BEFORE_COMMIT:-before}
     export TORCH_EXTENSIONS_DIR=/tmp/kvtier_ext
