@@ -35,8 +35,7 @@ def admitted_prompt_blocks(running: Sequence[Request], waiting: Iterable[Request
         if remaining > 1 and table is not None:  # a prompt part-way
             held += kv.num_groups * max(0, cdiv(req.num_tokens, kv.block_size)
                                         - table.num_token_blocks)
-    for _ in step.running(running):
-        pass  # their tokens come first out of the step's budget and partial places
+    step.take_running(running)  # they come first out of the budget and partial places
     seats -= len(running)
     new = 0
     for req in waiting:

@@ -59,6 +59,11 @@ class StepTokens:
             self.budget -= n
             yield req, n, remaining
 
+    def take_running(self, running: Iterable[Request]) -> None:
+        """The running requests' tokens and partial places, taken as `running` takes them."""
+        for _ in self.running(running):
+            pass
+
     def admit(self, req: Request) -> int:
         """The first chunk of waiting `req` if the step admits it (its tokens are taken from
         the budget), else 0: the step admits no more (FCFS)."""
