@@ -183,3 +183,46 @@ def test_the_forecast_caps_prefill_chunks_as_the_scheduler_does():
                       swap_space=0.01).create_engine_config().policy_options
     assert (opts.long_prefill_threshold, opts.max_partial_prefills) == (2048, 1)
     assert opts.step_tokens().admit(waiting[0]) == 2048
+
+
+@pytest.mark.parametrize("threshold,max_partial", [(0, 1), (6, 1), (5, 3)])
+def test_the_forecast_is_the_step_the_scheduler_makes_when_blocks_are_plenty(threshold,
+                                                                             max_partial):
+    """With room for every block, the forecast's decodes and prefill chunks are the
+    scheduler's own, step after step of a random workload."""
+    import random
+
+    from kvtier.config import SchedulerConfig
+    from kvtier.kv.manager import KVCacheManager
+    from kvtier.policies import get_policy
+    from kvtier.policies.host_resident.step_tokens import StepTokens
+    from kvtier.policies.neo.modes import forecast
+    from kvtier.scheduler.prefill_budget import PrefillChunker
+    from kvtier.scheduler.scheduler import Scheduler
+    from tests.scheduler.fake_executor import FakeExecutor
+    from tests.scheduler.test_scheduler import request
+
+    rng = random.Random(threshold * 10 + max_partial)
+    config = SchedulerConfig(max_num_batched_tokens=24, max_num_seqs=6, max_model_len=48,
+                             long_prefill_token_threshold=threshold,
+                             max_num_partial_prefills=max_partial)
+    kv = KVCacheManager(2, 4, 400, 8, watermark=0.0)
+    sched, ex = Scheduler(config, kv, get_policy("recompute")), FakeExecutor(2, 4, 6, 12)
+    compared = 0
+    for step in range(80):
+        if step < 30:
+            for i in range(rng.randrange(3)):
+                sched.add_request(request(f"r{step}.{i}", rng.randrange(2, 40), rng.randrange(1, 8)))
+        step_tokens = StepTokens(24, PrefillChunker(threshold, max_partial))
+        shape, _ = forecast(list(sched.running), set(), list(sched.waiting), step_tokens,
+                            spare_blocks=10**6, block_size=4, num_groups=2, seats=6)
+        plan = sched.schedule()
+        # a decode: one token left to compute (a prompt's last one too), as the cost model
+        decodes = [s for s in plan.scheduled
+                   if sched.requests[s.request_id].num_tokens - s.start_pos <= 1]
+        prefills = sorted((s.num_new_tokens, s.start_pos) for s in plan.scheduled
+                          if s not in decodes)
+        assert (shape.num_decodes, sorted(shape.prefills)) == (len(decodes), prefills)
+        compared += bool(plan.scheduled)
+        sched.update(plan, ex.execute(plan))
+    assert compared > 25
