@@ -55,7 +55,7 @@ class CacheAwareAdmission:
         self.stats = AdmissionStats()
         # Requests asked this step: a step whose waiting queue is walked twice (priority,
         # with swapped requests between the passes) puts a request off once, not twice.
-        self._asked: set[Request] = set()
+        self._asked: set[str] = set()  # request ids (an aborted request is not kept alive)
 
     def begin_step(self) -> None:
         self._asked.clear()
@@ -69,8 +69,8 @@ class CacheAwareAdmission:
         cached = n_device + n_load
         delayed = (self.delayed_hits and cached < len(hashes)
                    and hashes[cached] in self._computing(running))
-        first_ask = req not in self._asked
-        self._asked.add(req)
+        first_ask = req.request_id not in self._asked
+        self._asked.add(req.request_id)
         if delayed:
             if req not in self._waited:
                 self._waited[req] = cached

@@ -14,7 +14,15 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 # torch.Generator seeds are 64-bit; larger values would fail inside the engine step.
 MAX_SEED = 2**63 - 1
@@ -133,12 +141,15 @@ class _SamplingFields(_Request):
     regex: str | None = None
     ebnf: str | None = None
 
-    @model_validator(mode="after")
-    def _stream_options_need_stream(self) -> _SamplingFields:
-        # vLLM's rule: options for a stream that will not be sent are a client bug, not a no-op.
-        if self.stream_options is not None and not self.stream:
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(cls, value: StreamOptions | None,
+                                    info: ValidationInfo) -> StreamOptions | None:
+        # vLLM's rule: options for a stream that will not be sent are a client bug, not a
+        # no-op (an empty object, as in vLLM, passes). `stream` is declared first.
+        if value is not None and value.model_fields_set and not info.data.get("stream"):
             raise ValueError("stream_options can only be given when stream is true")
-        return self
+        return value
 
 
 # --------------------------------------------------------------------------- completions

@@ -90,3 +90,18 @@ def test_a_tiny_balance_refuses_every_move_and_the_outputs_equal_gpu_only():
     assert placement.num_refused_by_system > 0 and placement.num_moved_out == 0
     assert host_steps == 0 and engine.get_stats().num_preemptions_total > 0
     assert outputs == gpu_only
+
+
+def test_the_sums_count_every_decode_and_the_prefill_chunks_the_scheduler_gives():
+    """A prefill that takes the whole token budget leaves the decodes behind it unscheduled
+    this step, but they are the movers (the newest): their rows stay in the sums, so moving
+    them never takes the GPU side below zero; the prefill counts with its chunk."""
+    from kvtier.policies.host_resident.balance import StepSums
+    from kvtier.policies.host_resident.step_tokens import StepTokens
+
+    running = [prefill("p", 9000), decode("a", 512), decode("b", 512)]
+    sums = StepSums(running, set(), StepTokens(8192))
+    assert (sums.gpu_rows, sums.gpu_ctx_sum, sums.prefills) == (2, 1024, ((8192, 0),))
+    sums.move(512)
+    sums.move(512)
+    assert (sums.gpu_rows, sums.gpu_ctx_sum, sums.host_rows) == (0, 0, 2)

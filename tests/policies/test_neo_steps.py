@@ -226,3 +226,19 @@ def test_the_forecast_is_the_step_the_scheduler_makes_when_blocks_are_plenty(thr
         compared += bool(plan.scheduled)
         sched.update(plan, ex.execute(plan))
     assert compared > 25
+
+
+def test_a_request_whose_last_token_is_in_flight_is_left_out_of_the_step():
+    """Async scheduling: the scheduler does not schedule it again (nor charge its budget)."""
+    from kvtier.core.request import Request
+    from kvtier.policies.host_resident.step_tokens import StepTokens
+    from kvtier.sampling_params import SamplingParams
+
+    done = Request("done", [1, 2, 3], SamplingParams(max_tokens=2), 2)
+    done.output_token_ids = [7]
+    done.num_computed_tokens, done.num_pending_tokens = 4, 1
+    going = Request("going", [1, 2, 3], SamplingParams(max_tokens=8), 8)
+    going.num_computed_tokens = 2
+    step = StepTokens(2)
+    assert [(r.request_id, n) for r, n, _ in step.running([done, going])] == [("going", 1)]
+    assert step.budget == 1

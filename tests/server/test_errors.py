@@ -113,6 +113,16 @@ def test_invalid_completion_values(http, field, value):
     assert_error(post(http, "/v1/completions", {**OK_COMPLETION, field: value}), 400)
 
 
+def test_stream_options_need_a_stream_as_in_vllm(http):
+    """Options for a stream not asked for are a 400 naming the field; an empty object passes
+    (vLLM's test is the options' truthiness)."""
+    for path, body in (("/v1/completions", OK_COMPLETION), ("/v1/chat/completions", OK_CHAT)):
+        bad = post(http, path, {**body, "stream_options": {"include_usage": True}})
+        assert "stream" in assert_error(bad, 400, param="stream_options")["message"]
+        assert post(http, path, {**body, "stream_options": {}}).status_code == 200
+        assert post(http, path, {**body, "stream_options": None}).status_code == 200
+
+
 @pytest.mark.parametrize("field,value", [
     ("max_completion_tokens", 10**30), ("max_tokens", -2), ("top_logprobs", 5),
     ("logprobs", "yes"), ("n", 257),

@@ -62,16 +62,19 @@ class StepSums:
 
     def __init__(self, running: Sequence[Request], host: Collection[str],
                  step: StepTokens, host_prefix: Mapping[str, int] | None = None):
-        """`step`: the scheduler's handing out of the step's tokens (the requests it leaves
-        out are not priced); `host_prefix`: host tokens of the host rows that keep a device
-        suffix (the others hold their whole context on the host)."""
+        """`step`: the scheduler's handing out of the step's tokens, which gives the
+        prefills their chunks (every decode is counted: the movers, the newest, are among
+        them); `host_prefix`: host tokens of the host rows that keep a device suffix (the
+        others hold their whole context on the host)."""
         prefix = host_prefix or {}
         self.host_rows = self.host_tokens = self.gpu_rows = self.gpu_ctx_sum = 0
         self.gpu_ctx_max = self.split_rows = 0
+        chunks = {req: n for req, n, remaining in step.running(running) if remaining > 1}
         prefills = []
-        for req, n, remaining in step.running(running):
-            if remaining > 1:  # a prefill: its chunk this step
-                prefills.append((n, req.num_computed_tokens))
+        for req in running:
+            if req.num_tokens + req.num_pending_tokens - req.num_computed_tokens > 1:
+                if req in chunks:  # a prefill: its chunk this step
+                    prefills.append((chunks[req], req.num_computed_tokens))
                 continue
             ctx = req.num_computed_tokens + 1
             if req.request_id in host:

@@ -50,7 +50,10 @@ class StepTokens:
         for req in running:
             if self.budget <= 0:
                 return
-            remaining = req.num_tokens + req.num_pending_tokens - req.num_computed_tokens
+            pending = req.num_pending_tokens  # async scheduling only
+            if pending and len(req.output_token_ids) + pending >= req.max_tokens:
+                continue  # its last token is in flight: not scheduled again
+            remaining = req.num_tokens + pending - req.num_computed_tokens
             n = min(remaining, self.budget)
             if remaining > 1:
                 n = self.chunker.chunk(remaining, n)
