@@ -20,8 +20,8 @@ Times: median of --reps after --warmup, CUDA events around the issue of a whole 
 direct variants' host issue time included: that is their cost).
 
 Concurrent prefill (--prefill): the engine's own prefill of one --prefill-tokens prompt
-(the preset with dummy weights, eager, to its first token), or, when the engine does not
-build or with --prefill stand-in, a stand-in: the preset's GEMMs (QKV, O, gate_up, down of
+(the preset with dummy weights, eager, to its first token; an engine that does not build
+stops the run), or with --prefill stand-in a stand-in: the preset's GEMMs (QKV, O, gate_up, down of
 every layer, one layer's weights reused) and causal GQA attention (torch SDPA). It runs on the
 main stream while a second thread repeats the transfer on a side stream for about as long.
 Reported: the prefill's slowdown and the copies' GB/s (the JSON's "prefill" says which ran).
@@ -80,7 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefill", choices=PREFILL_KINDS, default="engine",
                    help="the concurrent prefill: the engine's real forward (eager, or "
                         "engine-graphs: its pieces as CUDA graphs, the engine's default), or "
-                        "the GEMM+SDPA stand-in (also used when the engine does not build)")
+                        "the GEMM+SDPA stand-in (an engine that does not build stops the run)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--cpu-smoke", action="store_true",

@@ -1,5 +1,6 @@
 """The prefill that runs beside a copy in bench_host_page_io: the engine's real forward, or,
-when the engine does not build (or when asked), a stand-in of the same GEMMs and attention."""
+when asked, a stand-in of the same GEMMs and attention (an engine that does not build stops
+the run: its files would otherwise name a prefill they did not time)."""
 
 from __future__ import annotations
 
@@ -81,18 +82,18 @@ class EnginePrefill:
 
 def make_prefill(kind: str, model: str, layers_per_block: int, tokens: int, dtype: torch.dtype,
                  device: torch.device) -> tuple[Callable[[], None], str]:
-    """The prefill to run (`kind` "engine" (eager) or "engine-graphs" falls back to the
-    stand-in when the engine does not build) and a line saying which it is."""
-    stand_in = (f"stand-in: {model}'s GEMMs and causal GQA SDPA per layer, one layer's "
-                f"weights reused, {tokens} tokens")
+    """The prefill to run (`kind` "engine" (eager), "engine-graphs" or "stand-in") and a
+    line saying which it is."""
     if kind in ENGINE_KINDS:
         graphs = kind == "engine-graphs"
         try:
-            return EnginePrefill(model, layers_per_block, tokens, device, graphs), (
-                f"engine: {model} dummy, one {tokens}-token prompt to its first token, "
-                + ("piecewise CUDA graphs (the engine's default)" if graphs else "eager"))
-        except Exception as e:  # recorded in the result; the run goes on with the stand-in
-            print(f"engine prefill unavailable ({type(e).__name__}: {e}); using the stand-in")
-            stand_in += f" (the engine failed to build: {type(e).__name__}: {e})"
-    return PrefillStandIn(model, tokens, dtype, device), stand_in
+            prefill = EnginePrefill(model, layers_per_block, tokens, device, graphs)
+        except Exception as e:
+            raise SystemExit(f"--prefill {kind}: the engine does not build ({type(e).__name__}: "
+                             f"{e}); install what it needs, or time --prefill stand-in") from e
+        return prefill, (f"engine: {model} dummy, one {tokens}-token prompt to its first token, "
+                         + ("piecewise CUDA graphs (the engine's default)" if graphs else "eager"))
+    return PrefillStandIn(model, tokens, dtype, device), (
+        f"stand-in: {model}'s GEMMs and causal GQA SDPA per layer, one layer's weights reused, "
+        f"{tokens} tokens")
 

