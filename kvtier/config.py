@@ -75,70 +75,10 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any], name: str = "model") -> ModelConfig:
-        archs = cfg.get("architectures") or []
-        arch = archs[0] if archs else ""
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ConfigError(
-                f"unsupported architecture {arch or '<none>'!r}; supported: "
-                + ", ".join(SUPPORTED_ARCHITECTURES)
-            )
-        _check_supported_layers(cfg, arch)
-        num_heads = cfg["num_attention_heads"]
-        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // num_heads
-        eos = cfg.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
-        rope_scaling = cfg.get("rope_scaling")
-        rope_theta = cfg.get("rope_theta")
-        rope_params = cfg.get("rope_parameters")  # transformers >= 5 moves rope settings here
-        if isinstance(rope_params, dict):
-            rope_theta = rope_params.get("rope_theta", rope_theta)
-            if rope_params.get("rope_type", "default") != "default":
-                rope_scaling = rope_params
-        if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) in (None, "default"):
-            rope_scaling = None
-        return cls(
-            architecture=arch,
-            vocab_size=cfg["vocab_size"],
-            hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"],
-            num_layers=cfg["num_hidden_layers"],
-            num_heads=num_heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
-            head_dim=head_dim,
-            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
-            rope_scaling=tuple(sorted(rope_scaling.items())) if rope_scaling else None,
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=bool(cfg.get("attention_bias", False)) or arch == "Qwen2ForCausalLM",
-            qk_norm=arch == "Qwen3ForCausalLM",
-            bos_token_id=cfg.get("bos_token_id"),
-            eos_token_ids=eos_ids,
-            name=name,
-            sliding_window=_active_sliding_window(cfg, arch),
-        )
+        """A config.json as transformers reads it (kvtier/model/hf_config.py)."""
+        from kvtier.model.hf_config import model_config_from_hf  # it builds this class
 
-
-def _check_supported_layers(cfg: dict[str, Any], arch: str) -> None:
-    """What the Llama-family layers here cannot compute is refused, not approximated."""
-    act = cfg.get("hidden_act", "silu")
-    if act not in ("silu", "swish"):
-        raise ConfigError(f"{arch}: hidden_act {act!r} is not supported (only silu)")
-    if cfg.get("mlp_bias"):
-        raise ConfigError(f"{arch}: mlp_bias is not supported")
-    partial = cfg.get("partial_rotary_factor")
-    if partial is not None and partial != 1.0:  # Phi-4-mini's: rotary on part of each head
-        raise ConfigError(f"{arch}: partial_rotary_factor {partial} is not supported "
-                          "(rotary over whole heads only)")
-
-
-def _active_sliding_window(cfg: dict[str, Any], arch: str) -> int | None:
-    window = cfg.get("sliding_window")
-    if not isinstance(window, int) or window <= 0:
-        return None
-    if arch.startswith("Qwen") and not cfg.get("use_sliding_window", False):
-        return None  # Qwen2/3 configs carry a window they do not use
-    return window
+        return model_config_from_hf(cfg, name)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import Any, Self
 from kvtier.config import CacheConfig, ConfigError, EngineConfig, ModelConfig, SchedulerConfig
 from kvtier.engine.other_flags import add_other_flags, model_from_args
 from kvtier.model.generation_config import parse_override
+from kvtier.model.hf_config import exact_context
 from kvtier.model.loader import resolve_model_config
 from kvtier.offload.args import HostTierArgs
 from kvtier.policies import get_system, policy_names
@@ -277,16 +278,14 @@ def _host_tier_keywords(kw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _max_model_len(requested: int | None, mc: ModelConfig) -> int:
-    """--max-model-len, else the model's positions; with an active sliding window at most
-    the window (kvtier attends over the whole context: exact only within it)."""
-    window = mc.sliding_window
-    if window is None or (requested is not None and requested <= window):
+    """--max-model-len, else the model's positions; at most the context kvtier computes as
+    HF does (a sliding window's, a long-context rope's: `hf_config.exact_context`)."""
+    limit = exact_context(mc)
+    if limit is None or (requested is not None and requested <= limit[0]):
         return requested or mc.max_position_embeddings
+    n, why = limit
     if requested is not None:
-        raise ConfigError(f"--max-model-len {requested}: {mc.name} attends over a sliding "
-                          f"window of {window} tokens, which kvtier does not implement; "
-                          f"at most {window} (where the window holds the whole context)")
-    if mc.max_position_embeddings > window:
-        logger.warning("%s: max_model_len capped at its sliding window, %d tokens (kvtier "
-                       "attends over the whole context)", mc.name, window)
-    return min(window, mc.max_position_embeddings)
+        raise ConfigError(f"--max-model-len {requested}: {mc.name} {why}; at most {n}")
+    if mc.max_position_embeddings > n:
+        logger.warning("%s: max_model_len capped at %d tokens: it %s", mc.name, n, why)
+    return min(n, mc.max_position_embeddings)

@@ -33,6 +33,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
         "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
         "max_position_embeddings": 32768, "bos_token_id": 1, "eos_token_id": 2,
+        "sliding_window": None,  # v0.2's file says so; left out, HF's class default is 4096
     },
     "qwen2.5-7b": {
         "architectures": ["Qwen2ForCausalLM"], "vocab_size": 152064, "hidden_size": 3584,

@@ -1,5 +1,7 @@
-"""Rotary-embedding tables, with the scalings of HF's configs: linear, Llama 3's and YaRN
-(Qwen2.5's and Qwen3's long-context configs), as transformers computes them."""
+"""Rotary-embedding tables, with the scalings of HF's configs as transformers computes them:
+linear, Llama 3's, YaRN (Qwen2.5's and Qwen3's long-context configs), LongRoPE (Phi-3's)
+and dynamic NTK, the last two over the context where HF's tables stay fixed
+(`hf_config.exact_context`: the engine serves no longer one)."""
 
 from __future__ import annotations
 
@@ -24,16 +26,25 @@ def inv_frequencies(cfg: ModelConfig) -> torch.Tensor:
         return _llama3_scale(inv_freq, scaling)
     if kind == "yarn":
         return _yarn_scale(cfg, scaling)
-    raise ConfigError(f"unsupported rope_scaling type {kind!r} (supported: linear, llama3, yarn)")
+    if kind == "longrope":
+        return _longrope_short(cfg, scaling)
+    if kind == "dynamic":  # HF rescales only past max_position_embeddings
+        return inv_freq
+    raise ConfigError(f"unsupported rope_scaling type {kind!r} (supported: linear, llama3, yarn, "
+                      "longrope, dynamic)")
 
 
 def attention_factor(cfg: ModelConfig) -> float:
-    """What cos and sin are multiplied by (YaRN's mscale; 1 for the other scalings)."""
+    """What cos and sin are multiplied by (YaRN's mscale, LongRoPE's; 1 for the others)."""
     s = cfg.rope_scaling_dict
-    if not s or s.get("rope_type", s.get("type")) != "yarn":
+    kind = s.get("rope_type", s.get("type")) if s else None
+    if kind not in ("yarn", "longrope"):
         return 1.0
+    assert s is not None
     if s.get("attention_factor") is not None:
         return float(s["attention_factor"])
+    if kind == "longrope":
+        return _longrope_attention_factor(cfg, s)
     factor = _yarn_factor(cfg, s)
     mscale, mscale_all_dim = s.get("mscale"), s.get("mscale_all_dim")
     if mscale and mscale_all_dim:
@@ -76,6 +87,23 @@ def _yarn_scale(cfg: ModelConfig, s: dict[str, Any]) -> torch.Tensor:
     pos_freqs = base ** (torch.arange(0, d, 2).float() / d)
     extrapolated = 1 - ramp  # the share of each frequency kept as it was
     return (1.0 / (factor * pos_freqs)) * (1 - extrapolated) + (1.0 / pos_freqs) * extrapolated
+
+
+def _longrope_short(cfg: ModelConfig, s: dict[str, Any]) -> torch.Tensor:
+    """LongRoPE within the pretraining length: each frequency divided by its short factor
+    (transformers' `_compute_longrope_parameters`, in its order of operations)."""
+    d = cfg.head_dim
+    ext_factors = torch.tensor(s["short_factor"], dtype=torch.float32)
+    if ext_factors.shape != (d // 2,):
+        raise ConfigError(f"longrope short_factor has {ext_factors.numel()} entries, not {d // 2}")
+    shape = torch.arange(0, d, 2, dtype=torch.int64).float() / d
+    return 1.0 / (ext_factors * cfg.rope_theta**shape)
+
+
+def _longrope_attention_factor(cfg: ModelConfig, s: dict[str, Any]) -> float:
+    old_len = int(s["original_max_position_embeddings"])
+    factor = s.get("factor") or cfg.max_position_embeddings / old_len
+    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(old_len))
 
 
 def _llama3_scale(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
