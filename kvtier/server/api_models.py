@@ -145,8 +145,7 @@ class _SamplingFields(_Request):
     @classmethod
     def _stream_options_need_stream(cls, value: StreamOptions | None,
                                     info: ValidationInfo) -> StreamOptions | None:
-        # vLLM's rule: options for a stream that will not be sent are a client bug, not a
-        # no-op (an empty object, as in vLLM, passes). `stream` is declared first.
+        # vLLM's rule (a client bug, not a no-op; an empty object passes); `stream` comes first.
         if value is not None and value.model_fields_set and not info.data.get("stream"):
             raise ValueError("stream_options can only be given when stream is true")
         return value
