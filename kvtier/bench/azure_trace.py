@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import calendar
 import csv
+import io
 import re
 import time
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvtier.bench.data_file import DataFileError, read_text
 from kvtier.bench.request import LengthLimits, LengthReport, OutsideAction
 
 
@@ -81,17 +83,22 @@ def _row(r: dict[str, str], path: Path | str, line: int) -> tuple[tuple[int, flo
         return (_parse_timestamp(r["TIMESTAMP"]), int(r["ContextTokens"]),
                 int(r["GeneratedTokens"]))
     except (ValueError, TypeError) as e:
-        raise ValueError(f"{path}:{line}: {e}") from None
+        raise DataFileError(path, str(e), line) from None
+
+
+def _csv_rows(path: Path | str, columns: set[str]) -> list[dict[str, str]]:
+    """The CSV's rows by header name, after checking `columns` are in the header."""
+    rows = list(csv.DictReader(io.StringIO(read_text(path, "trace rows"), newline="")))
+    if not rows:
+        raise DataFileError(path, "empty trace (a header and no rows)")
+    missing = columns - set(rows[0])
+    if missing:
+        raise DataFileError(path, f"missing columns {sorted(missing)}; has {sorted(rows[0])}")
+    return rows
 
 
 def load_azure_trace(path: Path | str) -> AzureTrace:
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
-    if not rows:
-        raise ValueError(f"{path}: empty trace")
-    missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(rows[0])
-    if missing:
-        raise ValueError(f"{path}: missing columns {sorted(missing)}")
+    rows = _csv_rows(path, {"TIMESTAMP", "ContextTokens", "GeneratedTokens"})
     parsed = [_row(r, path, i) for i, r in enumerate(rows, 2)]  # line 1 is the header
     first = min(whole for (whole, _), _, _ in parsed)
     ts = np.array([(whole - first) + frac for (whole, frac), _, _ in parsed])
@@ -100,7 +107,7 @@ def load_azure_trace(path: Path | str) -> AzureTrace:
     ctx = np.array([c for _, c, _ in parsed])[order]
     gen = np.array([g for _, _, g in parsed])[order]
     if (ctx < 0).any() or (gen < 0).any():
-        raise ValueError(f"{path}: negative token counts")
+        raise DataFileError(path, "negative token counts")
     return AzureTrace(ts - ts[0], ctx, gen)
 
 
@@ -112,24 +119,18 @@ def load_burstgpt_trace(path: Path | str) -> AzureTrace:
     Total tokens, Log Type; v2 adds Session ID and Elapsed time), in the Azure trace's
     form. Failed requests (0 response tokens, the trace's failures) and empty requests are
     left out, as vLLM's BurstGPT dataset leaves them."""
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
-    if not rows:
-        raise ValueError(f"{path}: empty trace")
-    missing = set(BURSTGPT_COLUMNS) - set(rows[0])
-    if missing:
-        raise ValueError(f"{path}: missing columns {sorted(missing)}")
+    rows = _csv_rows(path, set(BURSTGPT_COLUMNS))
     kept = []
     for line, r in enumerate(rows, 2):
         try:
             t, req, resp = (float(r["Timestamp"]), int(r["Request tokens"]),
                             int(r["Response tokens"]))
         except (ValueError, TypeError) as e:
-            raise ValueError(f"{path}:{line}: {e}") from None
+            raise DataFileError(path, str(e), line) from None
         if req > 0 and resp > 0:
             kept.append((t, req, resp))
     if not kept:
-        raise ValueError(f"{path}: no request with tokens both ways")
+        raise DataFileError(path, "no request with tokens both ways")
     kept.sort(key=lambda row: row[0])
     ts = np.array([t for t, _, _ in kept])
     return AzureTrace(ts - ts[0], np.array([q for _, q, _ in kept]),
@@ -138,8 +139,7 @@ def load_burstgpt_trace(path: Path | str) -> AzureTrace:
 
 def load_trace_csv(path: Path | str) -> AzureTrace:
     """An Azure or a BurstGPT trace, by its header."""
-    with open(path, newline="", encoding="utf-8") as f:
-        header = next(csv.reader(f), [])
+    header = next(csv.reader(io.StringIO(read_text(path, "trace rows"), newline="")), [])
     return load_burstgpt_trace(path) if "Request tokens" in header else load_azure_trace(path)
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from kvtier.bench.arrivals import PAPER_AZURE_CV, ArrivalKind, ArrivalSpec, paper_azure_gamma
 from kvtier.bench.azure_trace import load_trace_csv
+from kvtier.bench.data_file import DataFileError, option_of
 from kvtier.bench.experiment import (
     BackendFactory,
     BenchConfig,
@@ -34,12 +35,11 @@ from kvtier.bench.mooncake_trace import trace_gaps_s as mooncake_gaps
 from kvtier.bench.multiturn import MultiTurnSpec
 from kvtier.bench.prepared import prepared_dataset, save_prepared
 from kvtier.bench.report import write_result_dir
-from kvtier.bench.request import LengthLimits
 from kvtier.bench.runner import RunOptions
 from kvtier.bench.shared_prefix import SharedPrefixSpec
 from kvtier.bench.table import print_table
 from kvtier.bench.workload import Dataset, Workload, WorkloadSpec, build_workload
-from kvtier.bench.workload_args import add_workload_args
+from kvtier.bench.workload_args import add_workload_args, length_limits
 
 log = logging.getLogger("kvtier")
 ARRIVALS = ("offline", "poisson", "gamma", "paper-gamma", "trace")
@@ -175,25 +175,6 @@ def _source_dataset(args: argparse.Namespace) -> str:
     return args.workload
 
 
-def length_limits(args: argparse.Namespace, max_model_len: int) -> LengthLimits:
-    """ShareGPT gets vLLM's filter by default; L-Eval its minimums; a trace or a prepared
-    file only what the model holds: its lengths are the workload."""
-    filtered = args.workload in ("sharegpt", "leval", "sharegpt-multiturn")
-    sharegpt = args.workload == "sharegpt"
-
-    max_prompt = args.max_prompt_len if args.max_prompt_len is not None else (
-        1024 if sharegpt else None)
-    max_total = args.max_total_len if args.max_total_len is not None else (
-        2048 if sharegpt else None)
-    max_total = max_model_len if max_total is None else min(max_total, max_model_len)
-    # The engine needs room for one generated token after the prompt.
-    max_prompt = max_total - 1 if max_prompt is None else min(max_prompt, max_total - 1)
-    min_len = 4 if filtered else 1
-    min_prompt = min_len if args.min_prompt_len is None else args.min_prompt_len
-    min_output = min_len if args.min_output_len is None else args.min_output_len
-    return LengthLimits(min_prompt, min_output, max_prompt, max_total)
-
-
 def workload_spec(args: argparse.Namespace, max_model_len: int) -> WorkloadSpec:
     try:
         multiturn = MultiTurnSpec(args.multiturn_think_time, args.multiturn_min_turns,
@@ -206,6 +187,8 @@ def workload_spec(args: argparse.Namespace, max_model_len: int) -> WorkloadSpec:
     num = args.num_prompts
     if num is None:
         num = gsp.num_requests if args.workload == "generated-shared-prefix" else 200
+    if num < 1:  # else ShareGPT would take every conversation, L-Eval none: a run unasked for
+        raise SystemExit(f"kvtier bench: --num-prompts must be >= 1, got {num}")
     return WorkloadSpec(
         dataset=Dataset(args.workload), num_requests=num, arrivals=arrival_spec(args),
         seed=args.workload_seed, path=args.dataset_path, limits=length_limits(args, max_model_len),
@@ -317,6 +300,18 @@ def _bench_options(args: argparse.Namespace, engine_args) -> dict:
     return {k: v for k, v in vars(args).items() if k not in engine_keys and not callable(v)}
 
 
+def _workload(args: argparse.Namespace, tokenizer, engine_config) -> Workload:
+    """The run's workload, or an exit that says why not, naming the option of a bad file."""
+    try:  # the spec too: --arrivals trace and paper-gamma read files
+        spec = workload_spec(args, engine_config.scheduler.max_model_len)
+        return build_workload(spec, tokenizer, engine_config.model_config.vocab_size)
+    except DataFileError as e:
+        option = option_of(e, {"--dataset-path": args.dataset_path, "--trace-path": args.trace_path})
+        raise SystemExit(f"kvtier bench: {option + ' ' if option else ''}{e}") from e
+    except (ValueError, OSError) as e:  # too few requests fit, the dataset package absent
+        raise SystemExit(f"kvtier bench: {e}") from e
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from kvtier.engine.args import EngineArgs
 
@@ -326,11 +321,8 @@ def run_bench(args: argparse.Namespace) -> int:
         _check_policies(config.policies)
     warn_missing_extras(config.monitor_gpu)
     tokenizer, engine_config = _tokenizer_and_config(engine_args)
-    spec = workload_spec(args, engine_config.scheduler.max_model_len)
-    try:
-        workload = build_workload(spec, tokenizer, engine_config.model_config.vocab_size)
-    except (ValueError, OSError) as e:  # too few requests fit, a missing or malformed file
-        raise SystemExit(f"kvtier bench: {e}") from e
+    workload = _workload(args, tokenizer, engine_config)
+    spec = workload.spec
     if workload.length_report is not None and workload.length_report.num_outside:
         log.warning("kvtier bench: %s", workload.length_report.describe())
     if args.save_workload:

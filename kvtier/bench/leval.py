@@ -11,12 +11,14 @@ document's KV to survive the papers in between.
 from __future__ import annotations
 
 import enum
-import json
 import random
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from kvtier.bench.request import BenchRequest, LengthLimits, Tokenizer
+from kvtier.bench.data_file import DataFileError, json_lines, read_text, whole_json
+from kvtier.bench.request import BenchRequest, LengthLimits, Tokenizer, describe_rejections
 
 # L-Eval's own baselines put a system line before the document; ours names the task the same way.
 _HEADER = (
@@ -39,37 +41,43 @@ class LEvalRecord:
 
 
 def load_leval(path: Path | str) -> list[LEvalRecord]:
-    """Every record of an L-Eval task file (one JSON object a line with `input`,
-    `instructions` and `outputs`); a malformed line is named with its number."""
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if line.strip():
-                records.append(_record(line, f"{path}:{line_no}"))
+    """Every record of an L-Eval task file: one JSON object a line with `input`,
+    `instructions` and `outputs` (any task: `source`, `evaluation` and other fields are
+    left), or the same objects in one JSON array; a malformed record is named by its line
+    (its index in an array)."""
+    text = read_text(path, "L-Eval records (one JSON object a line)")
+    doc = whole_json(text)
+    if isinstance(doc, list):  # the records saved as one array (json.dump of a list)
+        records = [_record(row, path, f"record {i}") for i, row in enumerate(doc)]
+    else:
+        rows = [(1, doc)] if isinstance(doc, dict) else json_lines(text, path)
+        records = [_record(row, path, "", line) for line, row in rows]
     if not records:
-        raise ValueError(f"{path}: no L-Eval records (one JSON object a line)")
+        raise DataFileError(path, "no L-Eval records (one JSON object a line)")
     return records
 
 
-def _record(line: str, where: str) -> LEvalRecord:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: not JSON ({e.msg} at column {e.colno})") from None
+def _record(row: Any, path: Path | str, where: str, line: int | None = None) -> LEvalRecord:
+    problem = _record_problem(row)
+    if problem is not None:
+        raise DataFileError(path, f"{where}: {problem}" if where else problem, line)
+    return LEvalRecord(row["input"], tuple(row["instructions"]), tuple(row["outputs"]))
+
+
+def _record_problem(row: Any) -> str | None:
+    """What keeps `row` from being an L-Eval record; None when it is one."""
     missing = [k for k in ("input", "instructions", "outputs")
                if not isinstance(row, dict) or k not in row]
     if missing:
-        raise ValueError(f"{where}: an L-Eval record needs 'input', 'instructions' and "
-                         f"'outputs'; missing {missing}")
+        return f"an L-Eval record needs 'input', 'instructions' and 'outputs'; missing {missing}"
     document, instructions, outputs = row["input"], row["instructions"], row["outputs"]
     if not isinstance(document, str) or not all(
             isinstance(x, list) and all(isinstance(t, str) for t in x)
             for x in (instructions, outputs)):
-        raise ValueError(f"{where}: 'input' must be a string, 'instructions' and 'outputs' "
-                         f"lists of strings")
+        return "'input' must be a string, 'instructions' and 'outputs' lists of strings"
     if len(instructions) != len(outputs):
-        raise ValueError(f"{where}: {len(instructions)} instructions, {len(outputs)} outputs")
-    return LEvalRecord(document, tuple(instructions), tuple(outputs))
+        return f"{len(instructions)} instructions, {len(outputs)} outputs"
+    return None
 
 
 def sample_leval(
@@ -92,8 +100,10 @@ def sample_leval(
     random.Random(seed).shuffle(docs)
     grouped_cap = num_requests if order is LEvalOrder.GROUPED else None
     requests: list[BenchRequest] = []
+    dropped: Counter[str] = Counter()  # why, for the error when too few fit
     for idx in docs:
-        requests += _document_requests(records[idx], tokenizer, limits, max_document_tokens)
+        requests += _document_requests(records[idx], tokenizer, limits, max_document_tokens,
+                                       dropped)
         if grouped_cap is not None and len(requests) >= grouped_cap:
             return requests[:grouped_cap]
     if order is LEvalOrder.SHUFFLED:
@@ -101,16 +111,20 @@ def sample_leval(
         if num_requests is not None and len(requests) >= num_requests:
             return requests[:num_requests]
     if num_requests is not None:
+        total = sum(len(r.instructions) for r in records)
         raise ValueError(
-            f"only {len(requests)} L-Eval requests fit {limits}; asked for {num_requests} "
-            "(raise --max-model-len / --max-total-len or cut documents: --leval-max-document-tokens)"
+            f"only {len(requests)} of the {total} L-Eval instructions fit {limits} "
+            f"({describe_rejections(dropped)}); asked for {num_requests} (--num-prompts; "
+            "long documents can be cut: --leval-max-document-tokens)"
         )
     return requests
 
 
 def _document_requests(record: LEvalRecord, tokenizer: Tokenizer, limits: LengthLimits,
-                       max_document_tokens: int | None) -> list[BenchRequest]:
-    """One request per instruction inside the limits, in the record's order."""
+                       max_document_tokens: int | None,
+                       dropped: Counter[str]) -> list[BenchRequest]:
+    """One request per instruction inside the limits, in the record's order; `dropped`
+    counts the others by the bound they break."""
     # Document and instruction are tokenized apart so the shared prefix is token-exact:
     # BPE over the concatenation could merge across the boundary differently per question.
     doc_ids = tokenizer.encode(_HEADER + record.document)[:max_document_tokens]
@@ -118,6 +132,9 @@ def _document_requests(record: LEvalRecord, tokenizer: Tokenizer, limits: Length
     for instruction, reference in zip(record.instructions, record.outputs):
         prompt_ids = doc_ids + tokenizer.encode(f"\n\nInstruction: {instruction}\nAnswer:")
         output_len = len(tokenizer.encode(reference))
-        if limits.accepts(len(prompt_ids), output_len):
+        why = limits.rejection(len(prompt_ids), output_len)
+        if why is None:
             requests.append(BenchRequest(tuple(prompt_ids), output_len))
+        else:
+            dropped[why] += 1
     return requests

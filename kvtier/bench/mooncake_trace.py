@@ -11,12 +11,13 @@ prompt is cut to its `input_length`. Like the Azure trace (kvtier/bench/azure_tr
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from kvtier.bench.data_file import DataFileError, json_lines, read_text
 from kvtier.bench.request import BenchRequest, LengthLimits, LengthReport, OutsideAction
 from kvtier.bench.synthetic import random_prompt
 
@@ -33,28 +34,22 @@ class MooncakeRequest:
 
 def load_mooncake_trace(path: Path | str) -> list[MooncakeRequest]:
     """The trace's requests in arrival order, timestamps in seconds from the first."""
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if line.strip():
-                rows.append(_row(line, path, line_no))
-    if not rows:
-        raise ValueError(f"{path}: empty trace")
+    lines = json_lines(read_text(path, "trace rows"), path)
+    rows = [_row(r, path, line_no) for line_no, r in lines]
     rows.sort(key=lambda r: r.timestamp_s)
     first = rows[0].timestamp_s
     return [MooncakeRequest(r.timestamp_s - first, r.input_length, r.output_length, r.hash_ids)
             for r in rows]
 
 
-def _row(line: str, path: Path | str, line_no: int) -> MooncakeRequest:
+def _row(r: Any, path: Path | str, line_no: int) -> MooncakeRequest:
     try:
-        r = json.loads(line)
         req = MooncakeRequest(float(r["timestamp"]) / 1000.0, int(r["input_length"]),
                               int(r["output_length"]), tuple(int(h) for h in r["hash_ids"]))
     except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}:{line_no}: not a Mooncake trace row ({e!r})") from None
+        raise DataFileError(path, f"not a Mooncake trace row ({e!r})", line_no) from None
     if req.input_length < 1 or req.output_length < 0:
-        raise ValueError(f"{path}:{line_no}: input_length must be >= 1 and output_length >= 0")
+        raise DataFileError(path, "input_length must be >= 1 and output_length >= 0", line_no)
     return req
 
 

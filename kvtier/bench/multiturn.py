@@ -114,5 +114,6 @@ def sample_multiturn(conversations: list[list[Exchange]], tokenizer: Tokenizer,
     if len(requests) < num_requests:
         raise ValueError(
             f"only {len(requests)} turns of {len(conversations)} ShareGPT conversations with "
-            f">= {spec.min_turns} turns fit {limits}; asked for {num_requests}")
+            f">= {spec.min_turns} turns (--multiturn-min-turns) fit {limits}; asked for "
+            f"{num_requests} (--num-prompts)")
     return requests

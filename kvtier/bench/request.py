@@ -65,20 +65,32 @@ class LengthLimits:
     max_total_len: int | None = 2048
 
     def accepts(self, prompt_len: int, output_len: int) -> bool:
-        if prompt_len < max(self.min_prompt_len, 1) or output_len < self.min_output_len:
-            return False
+        return self.rejection(prompt_len, output_len) is None
+
+    def rejection(self, prompt_len: int, output_len: int) -> str | None:
+        """Which bound drops these lengths, named by the option that sets it; None: kept.
+
+        A request needs one prompt token and one output token whatever the minimums say
+        (an empty prompt or reply is dropped, not a request the engine cannot take)."""
+        if prompt_len < max(self.min_prompt_len, 1):
+            return f"prompt < {max(self.min_prompt_len, 1)} tokens (--min-prompt-len)"
+        if output_len < max(self.min_output_len, 1):
+            return f"output < {max(self.min_output_len, 1)} tokens (--min-output-len)"
         if self.max_prompt_len is not None and prompt_len > self.max_prompt_len:
-            return False
-        return self.max_total_len is None or prompt_len + output_len <= self.max_total_len
+            return f"prompt > {self.max_prompt_len} tokens (--max-prompt-len, --max-model-len)"
+        if self.max_total_len is not None and prompt_len + output_len > self.max_total_len:
+            return (f"prompt + output > {self.max_total_len} tokens (--max-total-len, "
+                    "--max-model-len)")
+        return None
 
     def clip(self, prompt_len: int, output_len: int) -> tuple[int, int]:
         """Lengths forced inside the limits: for traces, where dropping would change the rate."""
-        prompt = max(prompt_len, self.min_prompt_len)
+        prompt = max(prompt_len, self.min_prompt_len, 1)
         if self.max_prompt_len is not None:
             prompt = min(prompt, self.max_prompt_len)
         if self.max_total_len is not None:
-            prompt = min(prompt, self.max_total_len - self.min_output_len)
-        output = max(output_len, self.min_output_len)
+            prompt = min(prompt, self.max_total_len - max(self.min_output_len, 1))
+        output = max(output_len, self.min_output_len, 1)
         if self.max_total_len is not None:
             output = min(output, self.max_total_len - prompt)
         return prompt, output
@@ -109,3 +121,12 @@ class LengthReport:
         return (f"{self.num_outside} requests outside prompt <= {lim.max_prompt_len}, "
                 f"prompt + output <= {lim.max_total_len} (minimums {lim.min_prompt_len} / "
                 f"{lim.min_output_len}): {self.action.value}")
+
+
+def describe_rejections(reasons: dict[str, int]) -> str:
+    """`reasons` (a count per `LengthLimits.rejection`), most frequent first, for the
+    message that says why fewer requests than asked for fit."""
+    if not reasons:
+        return "none dropped by the length limits"
+    ranked = sorted(reasons.items(), key=lambda kv: -kv[1])
+    return "dropped: " + ", ".join(f"{n} with {why}" for why, n in ranked)

