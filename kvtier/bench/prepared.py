@@ -77,7 +77,8 @@ def _columns(doc: dict, path: Path | str) -> tuple[list, list, list]:
 
 def _is_request(row: Any) -> bool:
     return (isinstance(row, list) and len(row) == 2 and isinstance(row[0], list)
-            and all(isinstance(t, int) for t in row[0]) and isinstance(row[1], int))
+            and all(isinstance(t, int) for t in row[0])
+            and (isinstance(row[1], int) or isinstance(row[1], float) and row[1].is_integer()))
 
 
 def prepared_dataset(path: Path | str) -> str | None:

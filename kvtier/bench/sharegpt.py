@@ -108,8 +108,12 @@ def _cut_short(text: str, pos: int) -> bool:
         json.JSONDecoder().raw_decode(text, pos)
     except json.JSONDecodeError as e:
         # An unterminated string runs to the end of the text; any other fault is cut short
-        # only where nothing but whitespace follows it.
-        return e.msg.startswith("Unterminated string") or e.pos >= len(text.rstrip())
+        # only where what follows it could start a literal or an escape (the cut fell in
+        # `true` or `\u00e9`), or nothing does.
+        tail = text[e.pos:].strip()
+        return (e.msg.startswith("Unterminated string") or not tail
+                or any(word.startswith(tail) for word in ("true", "false", "null"))
+                or re.fullmatch(r"\\?(u[0-9a-fA-F]{0,3})?", tail) is not None)
     return False
 
 

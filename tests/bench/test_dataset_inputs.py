@@ -78,6 +78,12 @@ def test_bench_names_the_option_of_a_bad_file(tmp_path):
                "--arrivals", "paper-gamma")
 
 
+def test_a_relative_path_names_its_option_too(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match=r"--dataset-path \S*nope.json: no such file"):
+        _bench("--workload", "sharegpt", "--dataset-path", "./nope.json")
+
+
 @pytest.mark.parametrize("num", ["0", "-1"])
 def test_num_prompts_below_one_is_refused(tmp_path, num):
     sharegpt = tmp_path / "sg.json"
@@ -138,6 +144,10 @@ def test_a_fault_inside_a_sharegpt_array_is_an_error_not_a_cut(tmp_path, caplog)
         load_sharegpt_records(p)
     p.write_text(f"[\n{good},\n{good[:-9]}")  # the file cut off inside its last record
     assert len(load_sharegpt_records(p)) == 1 and "truncated" in caplog.text
+    for cut in ('{"conversations": [], "x": tru', '{"conversations": [], "x": nul',
+                '{"conversations": [{"from": "human", "value": "caf\\u00'):
+        p.write_text(f"[\n{good},\n{cut}")  # cut inside a literal or an escape
+        assert len(load_sharegpt_records(p)) == 1
 
 
 # --- L-Eval: other tasks, other layouts ---
@@ -191,6 +201,7 @@ def test_zero_minimums_drop_empty_prompts_and_replies(word_tokenizer):
     ({"requests": [[1, 2]]}, r"request 0 is \[1, 2\], not \[\[prompt token ids\], output_len\]"),
     ({"requests": [[[1, 2, 3, 4], 5]], "follows": [3], "think_s": [0]},
      "request 0 follows 3: not an earlier request"),
+    ({"requests": [[[1, 2, 3, 4], 5.5]]}, "request 0 is"),
 ])
 def test_a_malformed_prepared_file_is_named(tmp_path, doc, message):
     p = tmp_path / "w.json"
@@ -208,3 +219,11 @@ def test_a_short_trace_names_the_options(tmp_path, word_tokenizer):
     spec = WorkloadSpec(Dataset.AZURE, 3, ArrivalSpec(ArrivalKind.OFFLINE), path=str(p))
     with pytest.raises(ValueError, match=r"has 1 requests; asked for 3 \(--num-prompts\)"):
         build_workload(spec, word_tokenizer, 1000)
+
+
+def test_a_prepared_output_length_written_as_a_whole_float_is_read(tmp_path):
+    """As before the checks came in (int(output_len))."""
+    p = tmp_path / "w.json"
+    p.write_text(json.dumps({"requests": [[[1, 2, 3, 4], 5.0]]}))
+    requests = load_prepared(p, 1, OPEN)
+    assert requests[0].output_len == 5 and isinstance(requests[0].output_len, int)

@@ -209,6 +209,9 @@ REFUSED = {
     "gemma": ({**raw(), "architectures": ["GemmaForCausalLM"]}, "'GemmaForCausalLM'"),
     "mixtral": ({**raw(), "architectures": ["MixtralForCausalLM"]}, "'MixtralForCausalLM'"),
     "no-architectures": ({**raw(), "architectures": []}, "unsupported architecture"),
+    "qwen2-window-without-first-layer": (
+        raw("Qwen2ForCausalLM", sliding_window=64, use_sliding_window=True,
+            max_window_layers=None), "needs max_window_layers"),
 }
 
 
