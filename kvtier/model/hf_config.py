@@ -144,16 +144,20 @@ def _active_sliding_window(cfg: dict[str, Any], arch: str) -> int | None:
     if arch in (QWEN2, QWEN3):
         if not cfg["use_sliding_window"]:
             return None  # Qwen configs carry a window they do not use
-        first = cfg.get("max_window_layers")
-        if not cfg.get("layer_types") and not isinstance(first, int):
-            raise ConfigError(f"{arch}: use_sliding_window needs max_window_layers (the first "
-                              f"layer that slides), got {first!r}")
-        layer_types = cfg.get("layer_types") or [
-            "sliding_attention" if i >= first else "full_attention"
-            for i in range(cfg["num_hidden_layers"])]
+        layer_types = cfg.get("layer_types") or _qwen_layer_types(cfg, arch)
         if "sliding_attention" not in layer_types:
             return None
     return window
+
+
+def _qwen_layer_types(cfg: dict[str, Any], arch: str) -> list[str]:
+    """Qwen's layers from max_window_layers on slide, as HF's config lays them out."""
+    first = cfg.get("max_window_layers")
+    if not isinstance(first, int):
+        raise ConfigError(f"{arch}: use_sliding_window needs max_window_layers (the first "
+                          f"layer that slides), got {first!r}")
+    return ["sliding_attention" if i >= first else "full_attention"
+            for i in range(cfg["num_hidden_layers"])]
 
 
 def exact_context(mc: ModelConfig) -> tuple[int, str] | None:
