@@ -73,13 +73,6 @@ class ModelConfig:
         """Every layer's attention input, per token (what a hidden-state store keeps)."""
         return self.num_layers * self.hidden_size * dtype_bytes
 
-    @classmethod
-    def from_hf(cls, cfg: dict[str, Any], name: str = "model") -> ModelConfig:
-        """A config.json as transformers reads it (kvtier/model/hf_config.py)."""
-        from kvtier.model.hf_config import model_config_from_hf  # it builds this class
-
-        return model_config_from_hf(cfg, name)
-
 
 @dataclass(frozen=True)
 class CacheConfig:

@@ -10,7 +10,7 @@ import random
 import statistics
 
 from benchmarks.common import write_result
-from kvtier.config import ModelConfig
+from kvtier.model.hf_config import model_config_from_hf
 from kvtier.model.presets import preset_config
 from kvtier.policies.ellm.planner.request_level import PlannerConfig, RequestLevelPlanner
 
@@ -23,7 +23,7 @@ def main() -> None:
     rng = random.Random(0)
     rows = []
     for model in ("llama-2-13b", "llama-3.1-8b"):
-        m = ModelConfig.from_hf(preset_config(model))
+        m = model_config_from_hf(preset_config(model))
         times, ratios = [], []
         for _ in range(args.solves):
             p = RequestLevelPlanner(m, PlannerConfig(

@@ -14,10 +14,10 @@ from dataclasses import asdict
 import numpy as np
 
 from benchmarks.common import write_result
-from kvtier.config import ModelConfig
 from kvtier.costmodel.calibration import Calibration
 from kvtier.costmodel.hardware import get_hardware
 from kvtier.costmodel.model import CostModel, CostModelConfig
+from kvtier.model.hf_config import model_config_from_hf
 from kvtier.model.presets import preset_config
 from kvtier.policies.ellm.planner.fit import fit_to_cost_model, sample_points
 from kvtier.policies.ellm.planner.request_level import PlannerConfig, RequestLevelPlanner
@@ -30,7 +30,7 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=512)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    mc = ModelConfig.from_hf(preset_config(args.model))
+    mc = model_config_from_hf(preset_config(args.model))
     hw = get_hardware("h200")
     cm = CostModel(mc, hw, Calibration.load(args.calibration),
                    CostModelConfig(max_num_seqs=args.max_num_seqs, piecewise_graphs=True))

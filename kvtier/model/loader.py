@@ -10,6 +10,7 @@ import torch
 
 from kvtier.config import ConfigError, ModelConfig
 from kvtier.model.checkpoint import checkpoint_tensors
+from kvtier.model.hf_config import model_config_from_hf
 from kvtier.model.llama import DecoderLayer, LlamaForCausalLM
 from kvtier.model.presets import PRESETS, preset_config
 
@@ -21,7 +22,7 @@ def resolve_model_config(model: str, load_format: str) -> tuple[ModelConfig, Pat
         cfg_file = path / "config.json"
         if not cfg_file.is_file():
             raise ConfigError(f"model directory {str(path)!r} has no config.json")
-        cfg = ModelConfig.from_hf(json.loads(cfg_file.read_text()), name=path.name)
+        cfg = model_config_from_hf(json.loads(cfg_file.read_text()), name=path.name)
         return cfg, (None if load_format == "dummy" else path)
     preset = preset_config(model)
     if preset is None:
@@ -31,7 +32,7 @@ def resolve_model_config(model: str, load_format: str) -> tuple[ModelConfig, Pat
         )
     if load_format not in ("auto", "dummy"):
         raise ConfigError(f"preset {model!r} has no weights; use --load-format dummy")
-    return ModelConfig.from_hf(preset, name=model), None
+    return model_config_from_hf(preset, name=model), None
 
 
 def build_model(

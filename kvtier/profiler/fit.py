@@ -24,6 +24,7 @@ from kvtier.costmodel.hardware import CopyCost, get_hardware
 from kvtier.costmodel.model import CostModel, CostModelConfig
 from kvtier.costmodel.operators import Shapes, attn_prefill
 from kvtier.costmodel.shape import StepShape
+from kvtier.model.hf_config import model_config_from_hf
 from kvtier.profiler.host_fit import fit_host, issue_launch_s, piece_layer_s, score_host
 
 
@@ -111,7 +112,7 @@ def launch_params(measured: dict | None) -> dict[str, float]:
 
 def meta_model_config(meta: dict) -> ModelConfig:
     """The profiled model's architecture, as the raw measurements recorded it."""
-    return ModelConfig.from_hf(meta["hf_config"], name=meta["model"])
+    return model_config_from_hf(meta["hf_config"], name=meta["model"])
 
 
 def _model(calib: Calibration, meta: dict) -> CostModel:

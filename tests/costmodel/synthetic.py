@@ -7,6 +7,7 @@ from kvtier.config import ModelConfig
 from kvtier.costmodel.calibration import Calibration, HostParams, LoopParams, PrefillFit, model_dims
 from kvtier.costmodel.hardware import CopyCost, get_hardware
 from kvtier.costmodel.operators import Shapes, attn_decode, gemm, head_ops, layer_elementwise
+from kvtier.model.hf_config import model_config_from_hf
 from kvtier.model.presets import preset_config
 
 MODEL = "llama-2-13b"
@@ -19,7 +20,7 @@ EFF, FLOOR = 0.8, 3e-6
 def model_config() -> ModelConfig:
     # The preset as the loader resolves it, without the loader (torch): the pricing tests
     # also run where torch is blocked (test_torch_free.py).
-    return ModelConfig.from_hf(preset_config(MODEL), name=MODEL)
+    return model_config_from_hf(preset_config(MODEL), name=MODEL)
 
 
 def _t(op) -> float:

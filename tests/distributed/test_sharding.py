@@ -14,6 +14,7 @@ from kvtier.config import ConfigError, ModelConfig
 from kvtier.costmodel.operators import Shapes
 from kvtier.distributed.loading import build_sharded_model, fused_part
 from kvtier.distributed.sharding import TPShard, check_tp
+from kvtier.model.hf_config import model_config_from_hf
 from kvtier.model.loader import build_model
 from kvtier.model.presets import PRESETS
 
@@ -21,7 +22,7 @@ CPU = torch.device("cpu")
 
 
 def config(preset: str, **kw) -> ModelConfig:
-    return ModelConfig.from_hf({**PRESETS[preset], **kw}, name=preset)
+    return model_config_from_hf({**PRESETS[preset], **kw}, name=preset)
 
 
 def test_kv_heads_split_then_replicated():

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from kvtier.config import ConfigError, ModelConfig
+from kvtier.config import ConfigError
 from kvtier.costmodel import CostModel, CostModelConfig, StepShape, get_hardware
 from kvtier.engine.args import EngineArgs
+from kvtier.model.hf_config import model_config_from_hf
 from kvtier.model.presets import PRESETS
 from kvtier.sim import build_sim_engine
 
-MC = ModelConfig.from_hf(PRESETS["llama-3.1-8b"], name="llama-3.1-8b")
+MC = model_config_from_hf(PRESETS["llama-3.1-8b"], name="llama-3.1-8b")
 
 
 def _model(tp: int) -> CostModel:

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from kvtier import LLM, SamplingParams
-from kvtier.config import ConfigError, ModelConfig
+from kvtier.config import ConfigError
 from kvtier.engine.args import EngineArgs
+from kvtier.model.hf_config import model_config_from_hf
 from kvtier.model.rope import cos_sin_cache
 from tests.hf_models import hf_greedy
 
@@ -93,7 +94,7 @@ def test_rotary_tables_equal_transformers(tmp_path, name):
 
     config = ROPES[name]
     model = transformers.AutoModelForCausalLM.from_config(hf_config(tmp_path, config))
-    cfg = ModelConfig.from_hf(config)
+    cfg = model_config_from_hf(config)
     n = EngineArgs(model=str(tmp_path), load_format="dummy").create_engine_config() \
         .scheduler.max_model_len
     cos, sin = model.model.rotary_emb(torch.zeros(1, n, 8), torch.arange(n)[None])
@@ -127,7 +128,7 @@ FIELDS = {
 @pytest.mark.parametrize("name", sorted(FIELDS))
 def test_fields_a_config_leaves_out_take_transformers_defaults(tmp_path, name):
     hf = hf_config(tmp_path, FIELDS[name])
-    cfg = ModelConfig.from_hf(FIELDS[name])
+    cfg = model_config_from_hf(FIELDS[name])
     assert (cfg.head_dim, cfg.num_kv_heads, cfg.rms_norm_eps, cfg.max_position_embeddings,
             cfg.tie_word_embeddings) == (
         getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads,
@@ -162,7 +163,7 @@ def test_sliding_window_as_transformers_applies_it(tmp_path, name):
     config, window = WINDOWS[name]
     hf = hf_config(tmp_path, config)
     assert (hf.sliding_window if _sliding_layers(hf) else None) == window
-    assert ModelConfig.from_hf(config).sliding_window == window
+    assert model_config_from_hf(config).sliding_window == window
 
 
 def test_a_long_context_rope_caps_the_context_where_it_stays_exact(tmp_path):
@@ -219,7 +220,7 @@ REFUSED = {
 def test_what_kvtier_cannot_compute_is_refused_by_name(name):
     config, message = REFUSED[name]
     with pytest.raises(ConfigError, match=message):
-        ModelConfig.from_hf(config)
+        model_config_from_hf(config)
 
 
 # --- greedy outputs against transformers' generate ---------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvtier.config import ModelConfig
+from kvtier.model.hf_config import model_config_from_hf
 from kvtier.model.rope import cos_sin_cache
 
 SCALINGS = [
@@ -32,7 +32,7 @@ def test_tables_equal_hf_rotary_embedding(scaling):
     hf_cfg = transformers.Qwen2Config(hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
                                       max_position_embeddings=512, rope_theta=10000.0,
                                       rope_scaling=dict(scaling) if scaling else None)
-    cfg = ModelConfig.from_hf({**hf_cfg.to_dict(), "architectures": ["Qwen2ForCausalLM"]})
+    cfg = model_config_from_hf({**hf_cfg.to_dict(), "architectures": ["Qwen2ForCausalLM"]})
     positions = torch.arange(300)
     cos, sin = Qwen2RotaryEmbedding(hf_cfg)(torch.zeros(1, 300, 128), positions[None])
     half = cfg.head_dim // 2

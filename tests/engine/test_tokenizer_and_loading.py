@@ -8,6 +8,7 @@ import pytest
 
 from kvtier import LLM, SamplingParams
 from kvtier.config import ConfigError
+from kvtier.model.hf_config import model_config_from_hf
 from kvtier.tokenizer import BPETokenizer, HFTokenizer, load_tokenizer
 from tests.hf_models import hf_greedy, save_tiny_model
 
@@ -108,14 +109,13 @@ def test_offline_bpe_fits_small_vocab():
 
 
 def test_llama3_rope_scaling_config_is_read(tmp_path):
-    from kvtier.config import ModelConfig
     from kvtier.model.presets import preset_config
 
-    cfg = ModelConfig.from_hf(preset_config("llama-3.1-8b"))
+    cfg = model_config_from_hf(preset_config("llama-3.1-8b"))
     assert cfg.rope_scaling_dict["rope_type"] == "llama3"
     assert cfg.num_kv_heads == 8 and cfg.kv_bytes_per_token(2) == 128 * 1024
     (tmp_path / "config.json").write_text(json.dumps(preset_config("llama-2-13b")))
-    assert ModelConfig.from_hf(preset_config("llama-2-13b")).kv_bytes_per_token(2) == 800 * 1024
+    assert model_config_from_hf(preset_config("llama-2-13b")).kv_bytes_per_token(2) == 800 * 1024
 
 
 def _model_dir(tmp_path, name, **changes):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvtier.config import ModelConfig
+from kvtier.model.hf_config import model_config_from_hf
 from kvtier.model.presets import preset_config
 from kvtier.policies.hcache.store import HiddenStore
 
@@ -29,5 +29,5 @@ def test_store_covers_a_prefix_and_gives_up_when_full():
     ("qwen2.5-7b", 3.5),    # GQA 4 of 28 heads
 ])
 def test_hidden_states_save_memory_only_for_mha(model, ratio):
-    m = ModelConfig.from_hf(preset_config(model))
+    m = model_config_from_hf(preset_config(model))
     assert m.hidden_bytes_per_token(2) / m.kv_bytes_per_token(2) == pytest.approx(ratio)

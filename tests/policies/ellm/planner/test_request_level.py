@@ -1,10 +1,10 @@
 """The request-level planner on hand-checkable situations (llama-2-13b on H200 figures)."""
 
-from kvtier.config import ModelConfig
+from kvtier.model.hf_config import model_config_from_hf
 from kvtier.model.presets import preset_config
 from kvtier.policies.ellm.planner.request_level import PlannerConfig, RequestLevelPlanner
 
-M13 = ModelConfig.from_hf(preset_config("llama-2-13b"))
+M13 = model_config_from_hf(preset_config("llama-2-13b"))
 GiB = 1 << 30
 
 
