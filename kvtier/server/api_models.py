@@ -127,6 +127,8 @@ class _SamplingFields(_Request):
     cache_salt: NonEmptyStr | None = None
     # vLLM's: keep only each prompt's last k tokens (-1: max_model_len of them).
     truncate_prompt_tokens: Annotated[int, Field(ge=-1), INTEGRAL] | None = None
+    # vLLM's: the response's id is "{prefix}-{request_id}" (an X-Request-Id header wins)
+    request_id: NonEmptyStr | None = None
     # vLLM's extension: each choice (and each streamed chunk) also carries its token ids,
     # which is how the HTTP benchmark backend stamps every token exactly.
     return_token_ids: bool = False
@@ -160,7 +162,8 @@ class CompletionRequest(_SamplingFields):
         | Annotated[list[Int], Field(min_length=1)]
         | Annotated[list[Annotated[list[Int], Field(min_length=1)]], Field(min_length=1)]
     )
-    max_tokens: Annotated[int, Field(ge=1), INTEGRAL] | None = 16
+    # null: 16 too; 0 only with echo (the prompt alone, vLLM's): serving_completions.py
+    max_tokens: Annotated[int, Field(ge=0), INTEGRAL] | None = 16
     logprobs: Annotated[int, Field(ge=0), INTEGRAL] | None = None
     echo: bool = False
     best_of: Annotated[int, Field(ge=1), INTEGRAL] | None = None
@@ -332,7 +335,7 @@ class ChatCompletionResponse(BaseModel):
 
 
 class DeltaMessage(BaseModel):
-    role: Literal["assistant"] | None = None
+    role: Literal["assistant"] | None = _omitted_when_none()  # the first chunk's only
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = _omitted_when_none()
     reasoning_content: str | None = _omitted_when_none()
@@ -355,21 +358,6 @@ class ChatCompletionStreamResponse(BaseModel):
     choices: list[ChatStreamChoice]
     usage: UsageInfo | None = None
     system_fingerprint: str | None = None
-
-
-# --------------------------------------------------------------------------- models
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    owned_by: str = "kvtier"
-    root: str | None = None
-    max_model_len: int | None = None
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
 
 
 # --------------------------------------------------------------------------- vLLM utilities

@@ -20,8 +20,6 @@ from kvtier.server.api_models import (
     DetokenizeRequest,
     DetokenizeResponse,
     ErrorResponse,
-    ModelCard,
-    ModelList,
     TokenizeRequest,
     TokenizeResponse,
 )
@@ -30,7 +28,13 @@ from kvtier.server.errors import error_response, install_error_handlers
 from kvtier.server.http_options import CorsOptions
 from kvtier.server.logs import ServerLogs
 from kvtier.server.metrics import ServerMetrics
-from kvtier.server.middleware import AdmissionMiddleware, APIKeyMiddleware, BodyLimitMiddleware
+from kvtier.server.middleware import (
+    AdmissionMiddleware,
+    APIKeyMiddleware,
+    BodyLimitMiddleware,
+    RequestIdMiddleware,
+)
+from kvtier.server.model_cards import ModelCard, ModelList
 from kvtier.server.openapi import openapi_without_422
 from kvtier.server.params import ServingLimits, max_token_chars
 from kvtier.server.reasoning import REASONING_PARSERS, ReasoningParser
@@ -86,6 +90,7 @@ def build_app(
     cors: CorsOptions | None = CorsOptions(),
     logs: ServerLogs = ServerLogs(),
     return_tokens_as_token_ids: bool = False,
+    request_id_headers: bool = False,
 ) -> FastAPI:
     """An OpenAI-compatible app serving `engine` (an LLMEngine, see docs/ENGINE_API.md).
 
@@ -103,13 +108,12 @@ def build_app(
     `cors`: vLLM's default, any origin, no credentials (None: no CORS; http_options.py).
     `logs`: vLLM's stats line and request lines (logs.py; by default neither).
     `return_tokens_as_token_ids`: the request field's default (vLLM's flag).
+    `request_id_headers`: X-Request-Id on every response (vLLM's --enable-request-id-headers).
     """
     _check_options(api_key, request_timeout_s)
     max_waiting_requests, max_seqs_per_request = _queue_limits(
         engine.config.scheduler, max_waiting_requests, max_seqs_per_request)
-    metrics = ServerMetrics()
-    async_engine = AsyncEngine(engine, max_waiting_requests=max_waiting_requests, on_update=metrics.observe)
-    metrics.attach(async_engine)
+    metrics, async_engine = _step_loop(engine, max_waiting_requests)
     state = ServerState(
         engine=engine, async_engine=async_engine, metrics=metrics,
         served_model_names=tuple(served_model_names or (engine.served_model_name,)),
@@ -118,8 +122,7 @@ def build_app(
         shutdown_timeout_s=shutdown_timeout_s, request_timeout_s=request_timeout_s,
         tool_parser=make_parser(tool_call_parser) if tool_call_parser else None,
         reasoning_parser=_reasoning_parser(reasoning_parser),
-        logs=logs,
-        return_tokens_as_token_ids=return_tokens_as_token_ids,
+        logs=logs, return_tokens_as_token_ids=return_tokens_as_token_ids,
     )
     app = FastAPI(title="kvtier", summary="OpenAI-compatible LLM server",
                   lifespan=_lifespan(state, shutdown_timeout_s, logs.stats_interval_s))
@@ -127,8 +130,17 @@ def build_app(
     install_error_handlers(app)
     _add_routes(app, state)
     app.openapi = openapi_without_422(app)  # type: ignore[method-assign]
-    _add_middleware(app, state, max_request_body_bytes, api_key, metrics_need_key, cors)
+    _add_middleware(app, state, max_request_body_bytes, api_key, metrics_need_key, cors,
+                    request_id_headers)
     return app
+
+
+def _step_loop(engine: Any, max_waiting_requests: int) -> tuple[ServerMetrics, AsyncEngine]:
+    """The engine's step loop, and the metrics that observe its every update."""
+    metrics = ServerMetrics()
+    async_engine = AsyncEngine(engine, max_waiting_requests=max_waiting_requests, on_update=metrics.observe)
+    metrics.attach(async_engine)
+    return metrics, async_engine
 
 
 def _check_options(api_key: str | None, request_timeout_s: float | None) -> None:
@@ -193,7 +205,8 @@ def _queue_limits(sched: Any, max_waiting_requests: int | None,
 
 
 def _add_middleware(app: FastAPI, state: ServerState, max_request_body_bytes: int,
-                    api_key: str | None, metrics_need_key: bool, cors: CorsOptions | None) -> None:
+                    api_key: str | None, metrics_need_key: bool, cors: CorsOptions | None,
+                    request_id_headers: bool = False) -> None:
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_body_bytes)
     app.add_middleware(AdmissionMiddleware, refusal=state.refusal)  # before the body is read
     if api_key:
@@ -201,8 +214,10 @@ def _add_middleware(app: FastAPI, state: ServerState, max_request_body_bytes: in
                      FLUSH_CACHE_PATH) + SGLANG_INFO_PATHS + (
             ("/metrics",) if metrics_need_key else ())
         app.add_middleware(APIKeyMiddleware, api_key=api_key, protected=protected)
-    if cors is not None:  # outermost: preflights carry no key, and a 401 must be readable
+    if cors is not None:  # outside the key: preflights carry none, and a 401 must be readable
         app.add_middleware(CORSMiddleware, **cors.middleware_kwargs())
+    if request_id_headers:  # outermost: a 401, 413 or 503 carries it too
+        app.add_middleware(RequestIdMiddleware)
 
 
 def _add_routes(app: FastAPI, state: ServerState) -> None:
@@ -216,8 +231,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     async def chat_completions(req: ChatCompletionRequest, raw: Request) -> Any:
         return await create_chat_completion(state, req, raw)
 
-    def card(name: str) -> ModelCard:
-        return ModelCard(id=name, root=state.served_model_names[0],
+    def card(name: str) -> ModelCard:  # root: the model loaded, as vLLM names it
+        return ModelCard(id=name, root=str(state.engine.config.model),
                          max_model_len=state.limits.max_model_len)
 
     @app.get("/v1/models", response_model=ModelList, responses={401: _ERRORS[401]})

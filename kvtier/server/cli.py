@@ -82,6 +82,9 @@ def _add_auth_args(http: argparse._ArgumentGroup) -> None:
                       help="read the API key from this file (surrounding whitespace dropped)")
     http.add_argument("--protect-metrics", action="store_true",
                       help="require the API key on /metrics too (/health always stays open)")
+    http.add_argument("--enable-request-id-headers", action="store_true",
+                      help="put X-Request-Id on every response: the client's, else a new one "
+                      "(vLLM's flag)")
 
 
 def _add_limit_args(http: argparse._ArgumentGroup) -> None:
@@ -179,6 +182,7 @@ def run_serve(args: argparse.Namespace) -> int:
             cors=cors_from_args(args),
             logs=logs,
             return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+            request_id_headers=args.enable_request_id_headers,
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

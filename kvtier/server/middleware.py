@@ -1,8 +1,10 @@
-"""ASGI middleware: API-key check and request-body size limit, before FastAPI parses."""
+"""ASGI middleware: API-key check and request-body size limit, before FastAPI parses; vLLM's
+X-Request-Id response header."""
 
 from __future__ import annotations
 
 import hmac
+import uuid
 from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -43,6 +45,27 @@ class APIKeyMiddleware:
             headers={"WWW-Authenticate": "Bearer"},
         )
         await response(scope, receive, send)
+
+
+class RequestIdMiddleware:
+    """vLLM's `--enable-request-id-headers`: every response carries `X-Request-Id`, the
+    client's own when it sent one, else a new one."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = dict(scope["headers"]).get(b"x-request-id") or uuid.uuid4().hex.encode()
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id)]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
 
 
 class AdmissionMiddleware:

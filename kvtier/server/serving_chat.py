@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -76,6 +77,7 @@ async def create_chat_completion(
     top_k_logprobs = req.top_k_logprobs
     sub = await submit_chat(state, req)
     request_id, prompt, stream, rules = sub.request_id, sub.prompt, sub.stream, sub.rules
+    response_id = state.response_id("chatcmpl", request_id, raw, req.request_id)
     echoed = echo_text(req)
 
     def build(collected: Collected) -> ChatCompletionResponse:
@@ -102,13 +104,13 @@ async def create_chat_completion(
             )
         num_completion_tokens = sum(len(r.token_ids) for r in results)
         return ChatCompletionResponse(
-            id=request_id, model=model, choices=choices,
+            id=response_id, model=model, choices=choices,
             usage=usage(len(prompt), num_completion_tokens, collected.num_cached_tokens),
         )
 
     return await respond(
         state, raw, stream, req.stream, req.n,
-        lambda: _events(state, req, stream, request_id, model, len(prompt), top_k_logprobs,
+        lambda: _events(state, req, stream, response_id, model, len(prompt), top_k_logprobs,
                         rules),
         build,
     )
@@ -118,7 +120,7 @@ async def _events(
     state: ServerState,
     req: ChatCompletionRequest,
     stream: RequestStream,
-    request_id: str,
+    response_id: str,
     model: str,
     num_prompt_tokens: int,
     top_k_logprobs: int | None,
@@ -129,18 +131,21 @@ async def _events(
     num_completion_tokens = 0
     cached = CachedTokens()
     replies: dict[int, StreamedReply] = {}  # each choice's thinking and tool calls
+    created = int(time.time())  # one for every chunk, as OpenAI and vLLM stamp them
 
-    def chunk(choice: ChatStreamChoice) -> str:
-        # vLLM's continuous_usage_stats: every chunk carries the usage so far.
+    def chunk(choices: list[ChatStreamChoice], last: bool = False) -> str:
+        # The usage so far: include_usage's last chunk, and vLLM's continuous_usage_stats
+        # (every chunk).
         so_far = (usage(num_prompt_tokens, num_completion_tokens, cached.total)
-                  if continuous else None)
-        return sse(ChatCompletionStreamResponse(id=request_id, model=model, choices=[choice], usage=so_far))
+                  if continuous or last else None)
+        return sse(ChatCompletionStreamResponse(id=response_id, model=model, created=created,
+                                                choices=choices, usage=so_far))
 
     # OpenAI opens every choice with the role; content follows in later chunks (vLLM's echo:
     # the continued message's text first).
     for i in range(req.n):
-        yield chunk(ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant",
-                                                                 content=echo_text(req))))
+        yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant",
+                                                                  content=echo_text(req)))])
     try:
         async for update in stream:
             cached.add(update)
@@ -158,19 +163,16 @@ async def _events(
                                                                       delta.finish_reason)
                 message = DeltaMessage(content=content, reasoning_content=reasoning,
                                        tool_calls=calls or None)
-                yield chunk(
-                    ChatStreamChoice(
-                        index=delta.index,
-                        delta=message,
-                        logprobs=logprobs,
-                        finish_reason=finish_reason,
-                        stop_reason=delta.stop_reason,
-                        token_ids=list(delta.token_ids) if req.return_token_ids else None,
-                    )
-                )
+                yield chunk([ChatStreamChoice(
+                    index=delta.index,
+                    delta=message,
+                    logprobs=logprobs,
+                    finish_reason=finish_reason,
+                    stop_reason=delta.stop_reason,
+                    token_ids=list(delta.token_ids) if req.return_token_ids else None,
+                )])
         if options is not None and options.include_usage:
-            final = usage(num_prompt_tokens, num_completion_tokens, cached.total)
-            yield sse(ChatCompletionStreamResponse(id=request_id, model=model, choices=[], usage=final))
+            yield chunk([], last=True)
     except STREAM_FAILURES as exc:
         yield failure_event(exc)
     yield DONE

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from kvtier.server.api_models import CompletionChoice, CompletionRequest, CompletionResponse
+from kvtier.server.api_models import (
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    UsageInfo,
+)
 from kvtier.server.async_engine import RequestStream
 from kvtier.server.echo import Echo
+from kvtier.server.errors import APIError
 from kvtier.server.params import (
     check_lengths,
     completion_prompts,
@@ -22,6 +29,8 @@ from kvtier.server.respond import respond
 from kvtier.server.results import CachedTokens, Collected, completion_logprobs, usage
 from kvtier.server.state import ServerState
 from kvtier.server.streaming import DONE, STREAM_FAILURES, failure_event, sse
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's for a completion
 
 
 @dataclass(frozen=True)
@@ -50,12 +59,28 @@ async def submit_completion(state: ServerState, req: CompletionRequest,
     return Submitted(request_id, prompts, stream, arrival_time)
 
 
+def max_tokens_as_vllm(req: CompletionRequest) -> tuple[CompletionRequest, bool]:
+    """vLLM's two readings of a completion's max_tokens: null is the default 16, and 0 with
+    `echo` asks for the prompt alone (scored with `logprobs`: one token is generated and
+    left out, as vLLM does). True in the second case."""
+    if req.max_tokens is None:
+        return req.model_copy(update={"max_tokens": DEFAULT_MAX_TOKENS}), False
+    if req.max_tokens > 0:
+        return req, False
+    if not req.echo:
+        raise APIError(400, "max_tokens must be at least 1, got 0 (0 only with echo: the "
+                       "prompt alone)", param="max_tokens", code="invalid_value")
+    return req.model_copy(update={"max_tokens": 1}), True
+
+
 async def create_completion(
     state: ServerState, req: CompletionRequest, raw: Request
 ) -> CompletionResponse | Response:
     model = state.resolve_model(req.model)
+    req, prompt_only = max_tokens_as_vllm(req)
     submitted = await submit_completion(state, req)
     request_id, prompts, stream = submitted.request_id, submitted.prompts, submitted.stream
+    response_id = state.response_id("cmpl", request_id, raw, req.request_id)
     num_prompt_tokens = sum(len(p) for p in prompts)
     names = state.logprob_names(req)
     echo = Echo(req, prompts, state.tokenizer, names) if req.echo else None
@@ -64,10 +89,10 @@ async def create_completion(
         results, choices = collected.choices, []
         for i, res in enumerate(results):
             logprobs = None
-            if req.logprobs is not None:
+            if req.logprobs is not None and not prompt_only:
                 logprobs = completion_logprobs(
                     names, res.token_ids, res.logprobs, req.logprobs, 0)
-            text = res.text
+            text = "" if prompt_only else res.text
             if echo is not None:
                 p = i // req.n
                 text, logprobs = echo.prepend(p, text, logprobs, collected.prompt_logprobs.get(p))
@@ -83,25 +108,40 @@ async def create_completion(
             )
         num_completion_tokens = sum(len(r.token_ids) for r in results)
         return CompletionResponse(
-            id=request_id, model=model, choices=choices,
+            id=response_id, model=model, choices=choices,
             usage=usage(num_prompt_tokens, num_completion_tokens, collected.num_cached_tokens),
         )
 
     return await respond(
         state, raw, stream, req.stream, req.n,
-        lambda: _events(state, req, stream, request_id, model, num_prompt_tokens, echo),
+        lambda: _events(state, req, stream, _Chunks(response_id, model), num_prompt_tokens,
+                        echo, prompt_only),
         build,
     )
+
+
+@dataclass(frozen=True)
+class _Chunks:
+    """What every chunk of one stream repeats: its id, model and `created` (one time for
+    all, as OpenAI and vLLM stamp them)."""
+
+    id: str
+    model: str
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def sse(self, choices: list[CompletionChoice], so_far: UsageInfo | None) -> str:
+        return sse(CompletionResponse(id=self.id, model=self.model, created=self.created,
+                                      choices=choices, usage=so_far))
 
 
 async def _events(
     state: ServerState,
     req: CompletionRequest,
     stream: RequestStream,
-    request_id: str,
-    model: str,
+    chunks: _Chunks,
     num_prompt_tokens: int,
     echo: Echo | None,
+    prompt_only: bool,
 ) -> AsyncIterator[str]:
     prompt_index = state.prompt_index(stream)
     # choice index -> its generated tokens' text so far: logprobs' text_offset counts the
@@ -121,7 +161,7 @@ async def _events(
                 index = p * req.n + delta.index
                 first, start = index not in offsets, offsets.get(index, 0)
                 logprobs = None
-                if req.logprobs is not None and delta.logprobs is not None:
+                if req.logprobs is not None and delta.logprobs is not None and not prompt_only:
                     head = len(echo.texts[p]) if echo is not None and not first else 0
                     logprobs = completion_logprobs(
                         state.logprob_names(req), list(delta.token_ids), list(delta.logprobs),
@@ -129,7 +169,7 @@ async def _events(
                     )
                     start += sum(map(len, logprobs.tokens))
                 offsets[index] = start
-                text = delta.text
+                text = "" if prompt_only else delta.text
                 if echo is not None and first:  # a choice's first chunk
                     text, logprobs = echo.prepend(p, text, logprobs, echo.scored.get(p))
                 num_completion_tokens += len(delta.token_ids)
@@ -143,10 +183,9 @@ async def _events(
                 )
                 so_far = (usage(num_prompt_tokens, num_completion_tokens, cached.total)
                           if continuous else None)
-                yield sse(CompletionResponse(id=request_id, model=model, choices=[choice], usage=so_far))
+                yield chunks.sse([choice], so_far)
         if options is not None and options.include_usage:
-            final = usage(num_prompt_tokens, num_completion_tokens, cached.total)
-            yield sse(CompletionResponse(id=request_id, model=model, choices=[], usage=final))
+            yield chunks.sse([], usage(num_prompt_tokens, num_completion_tokens, cached.total))
     except STREAM_FAILURES as exc:
         yield failure_event(exc)
     yield DONE

@@ -10,6 +10,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from starlette.requests import Request
+
 from kvtier.config import GenerationDefaults
 from kvtier.sampling_params import InvalidRequestError, SamplingParams
 from kvtier.server.api_models import _SamplingFields
@@ -132,8 +134,9 @@ class ServerState:
             self._queued_chars -= num_chars
 
     def resolve_model(self, name: str | None) -> str:
-        """The name to answer with; 404 for a model this server does not serve."""
-        if name is None:
+        """The name to answer with; 404 for a model this server does not serve. None or
+        "" is the (first) served model, as vLLM takes them."""
+        if not name:
             return self.served_model_names[0]
         if name not in self.served_model_names:
             raise APIError(
@@ -147,6 +150,14 @@ class ServerState:
     @staticmethod
     def new_request_id(prefix: str) -> str:
         return f"{prefix}-{uuid.uuid4().hex}"
+
+    @staticmethod
+    def response_id(prefix: str, request_id: str, raw: Request, given: str | None) -> str:
+        """The `id` a response carries: vLLM's `{prefix}-{X-Request-Id}` when the client
+        sends the header, else `{prefix}-{given}` (the body's `request_id`), else the
+        engine's own id. Engine ids stay new_request_id's: two clients may send the same."""
+        base = raw.headers.get("x-request-id") or given
+        return f"{prefix}-{base}" if base else request_id
 
     async def compile_format(self, params: SamplingParams) -> None:
         """A structured request's grammar compiled on the tokenizer thread (a large schema
