@@ -30,8 +30,6 @@ from kvtier.server.results import CachedTokens, Collected, completion_logprobs, 
 from kvtier.server.state import ServerState
 from kvtier.server.streaming import DONE, STREAM_FAILURES, failure_event, sse
 
-DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's for a completion
-
 
 @dataclass(frozen=True)
 class Submitted:
@@ -60,12 +58,10 @@ async def submit_completion(state: ServerState, req: CompletionRequest,
 
 
 def max_tokens_as_vllm(req: CompletionRequest) -> tuple[CompletionRequest, bool]:
-    """vLLM's two readings of a completion's max_tokens: null is the default 16, and 0 with
-    `echo` asks for the prompt alone (scored with `logprobs`: one token is generated and
-    left out, as vLLM does). True in the second case."""
-    if req.max_tokens is None:
-        return req.model_copy(update={"max_tokens": DEFAULT_MAX_TOKENS}), False
-    if req.max_tokens > 0:
+    """vLLM's reading of a completion's max_tokens 0: with `echo` it asks for the prompt
+    alone (scored with `logprobs`: one token is generated and left out, as vLLM does; True
+    then). Null stays null: the rest of the context, as vLLM's get_max_tokens reads it."""
+    if req.max_tokens is None or req.max_tokens > 0:
         return req, False
     if not req.echo:
         raise APIError(400, "max_tokens must be at least 1, got 0 (0 only with echo: the "

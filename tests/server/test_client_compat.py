@@ -105,10 +105,13 @@ def test_an_empty_model_name_is_the_served_model(client):
     assert out.model == MODEL and out.usage.completion_tokens == 2
 
 
-def test_null_max_tokens_is_sixteen_on_completions(http):
-    """vLLM reads `"max_tokens": null` on /v1/completions as the default, 16 (not the rest
-    of the context); chat's null still fills the context."""
+def test_null_max_tokens_fills_the_context_on_completions(http):
+    """vLLM's get_max_tokens reads `"max_tokens": null` as the context's limit (a field left
+    out is the default, 16)."""
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": None, "ignore_eos": True}
+    usage = http.post("/v1/completions", json=body).json()["usage"]
+    assert usage["completion_tokens"] > 16
+    del body["max_tokens"]
     assert http.post("/v1/completions", json=body).json()["usage"]["completion_tokens"] == 16
 
 
