@@ -13,7 +13,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from starlette.requests import Request
 
 from kvtier.server.api_models import INTEGRAL, CompletionRequest, _Request, validate_as
@@ -54,11 +54,24 @@ class GenerateRequest(_Request):
     text: str | list[str] | None = None
     input_ids: list[Annotated[int, INTEGRAL]] | list[list[Annotated[int, INTEGRAL]]] | None = None
     sampling_params: GenerateSamplingParams = Field(default_factory=GenerateSamplingParams)
+    # SGLang's batch may give sampling params a prompt: kvtier runs a batch under one, so
+    # the list (kept here, its first entry above) must give every prompt the same
+    sampling_params_list: list[Any] | None = Field(default=None, exclude=True)
+    rid: str | list[str] | None = None  # SGLang's request id: the answer's meta_info.id
     stream: bool = False
     return_logprob: bool = False  # SGLang's logprob fields (kvtier/server/sglang_logprobs.py)
     logprob_start_len: Annotated[int, INTEGRAL] = -1
     top_logprobs_num: Annotated[int, Field(ge=0), INTEGRAL] = 0
     return_text_in_logprobs: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_of_a_list(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("sampling_params"), list):
+            given = data["sampling_params"]
+            data = {**data, "sampling_params": given[0] if given else {},
+                    "sampling_params_list": given}
+        return data
 
 
 def as_completion(req: GenerateRequest) -> CompletionRequest:
@@ -70,6 +83,7 @@ def as_completion(req: GenerateRequest) -> CompletionRequest:
         raise APIError(400, "input logprobs (logprob_start_len other than -1) are not "
                        "supported on /generate; output logprobs are", param="logprob_start_len",
                        code="unsupported_value")
+    _check_batch_fields(req)
     sp = req.sampling_params
     body: dict[str, Any] = {
         "prompt": req.text if req.text is not None else req.input_ids,
@@ -86,6 +100,40 @@ def as_completion(req: GenerateRequest) -> CompletionRequest:
     if sp.json_schema is not None:
         body["structured_outputs"] = {"json": sp.json_schema}
     return validate_as(CompletionRequest, body, _generate_loc)
+
+
+def _num_prompts(req: GenerateRequest) -> int:
+    prompts = req.text if req.text is not None else req.input_ids
+    return len(prompts) if isinstance(prompts, list) and prompts and not isinstance(
+        prompts[0], int) else 1
+
+
+def _check_batch_fields(req: GenerateRequest) -> None:
+    """SGLang's per-prompt lists: as long as the batch (one sampling params for all)."""
+    num, given = _num_prompts(req), req.sampling_params_list
+    if isinstance(req.rid, list) and len(req.rid) != num:
+        raise APIError(400, f"rid gives {len(req.rid)} ids for {num} prompts", param="rid",
+                       code="invalid_value")
+    if given is None:
+        return
+    if len(given) != num:
+        raise APIError(400, f"sampling_params gives {len(given)} for {num} prompts",
+                       param="sampling_params", code="invalid_value")
+    if any(other != given[0] for other in given[1:]):
+        raise APIError(400, "different sampling_params within a batch are not supported: "
+                       "send one request a prompt", param="sampling_params",
+                       code="unsupported_value")
+
+
+def _seq_id(req: GenerateRequest, request_id: str, index: int, n: int) -> str:
+    """meta_info.id of sequence `index` (prompt index // n): SGLang's `rid` where given
+    (`{rid}_{index}` in a batch, a list's entry a prompt), else kvtier's own id."""
+    prompt, seq = divmod(index, n)
+    if isinstance(req.rid, list):
+        return req.rid[prompt] + (f"_{seq}" if n > 1 else "")
+    if req.rid is not None:
+        return req.rid if _num_prompts(req) * n == 1 else f"{req.rid}_{index}"
+    return f"{request_id}-{prompt}" + (f"-{seq}" if seq else "")
 
 
 _RENAMED = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens",
@@ -121,7 +169,7 @@ async def create_generate(state: ServerState, req: GenerateRequest, raw: Request
 
     def item(i: int, res: ChoiceResult, cached: int) -> dict[str, Any]:
         return {"text": res.text, "output_ids": res.token_ids,
-                "meta_info": _meta(sub, state, req, i // n, i % n, res, cached)}
+                "meta_info": _meta(sub, state, req, i, n, res, cached)}
 
     def build(collected: Collected) -> Any:
         items = [item(i, res, collected.cached_by_prompt.get(i // n, 0))
@@ -132,10 +180,10 @@ async def create_generate(state: ServerState, req: GenerateRequest, raw: Request
                          lambda: _events(state, sub, req, n), build)
 
 
-def _meta(sub: Submitted, state: ServerState, req: GenerateRequest, prompt: int, seq: int,
+def _meta(sub: Submitted, state: ServerState, req: GenerateRequest, index: int, n: int,
           res: ChoiceResult, cached: int) -> dict[str, Any]:
-    meta = {"id": f"{sub.request_id}-{prompt}" + (f"-{seq}" if seq else ""),
-            "finish_reason": finish_reason(res), "prompt_tokens": len(sub.prompts[prompt]),
+    meta = {"id": _seq_id(req, sub.request_id, index, n),
+            "finish_reason": finish_reason(res), "prompt_tokens": len(sub.prompts[index // n]),
             "completion_tokens": len(res.token_ids), "cached_tokens": cached,
             "e2e_latency": state.async_engine.now() - sub.arrival_time}
     if req.return_logprob:
@@ -155,8 +203,9 @@ async def _events(state: ServerState, sub: Submitted, req: GenerateRequest,
                 index = p * n + delta.index
                 res = so_far.setdefault(index, ChoiceResult())
                 res.add(delta)
-                event = {"text": res.text, "meta_info": _meta(
-                    sub, state, req, p, delta.index, res, update.num_cached_tokens),
+                # SGLang's: text and output_ids both the sequence's so far
+                event = {"text": res.text, "output_ids": res.token_ids, "meta_info": _meta(
+                    sub, state, req, index, n, res, update.num_cached_tokens),
                     "index": index}
                 yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
     except STREAM_FAILURES as exc:
