@@ -48,6 +48,10 @@ class GenerateSamplingParams(_Request):
     json_schema: str | None = None
     regex: str | None = None
     ebnf: str | None = None
+    # SGLang's names for what completions call seed, logit_bias, include_stop_str_in_output
+    sampling_seed: Annotated[int, INTEGRAL] | None = None
+    logit_bias: dict[str, float] | None = None
+    no_stop_trim: bool = False
 
 
 class GenerateRequest(_Request):
@@ -94,7 +98,8 @@ def as_completion(req: GenerateRequest) -> CompletionRequest:
         "frequency_penalty": float(sp.frequency_penalty),
         "presence_penalty": float(sp.presence_penalty),
         "repetition_penalty": float(sp.repetition_penalty),
-        "regex": sp.regex, "ebnf": sp.ebnf, "stream": req.stream,
+        "regex": sp.regex, "ebnf": sp.ebnf, "stream": req.stream, "seed": sp.sampling_seed,
+        "logit_bias": sp.logit_bias, "include_stop_str_in_output": sp.no_stop_trim,
         "logprobs": req.top_logprobs_num if req.return_logprob else None,
     }
     if sp.json_schema is not None:

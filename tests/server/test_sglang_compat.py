@@ -90,3 +90,22 @@ def test_a_client_gone_mid_stream_aborts_the_request(live, http):
             if line.startswith("data: "):
                 break  # leaving the block closes the connection mid-stream
     assert_engine_clean(live)
+
+
+def test_sglang_names_for_seed_logit_bias_and_stop_trimming_are_honoured(http):
+    """`sampling_seed`, `logit_bias` and `no_stop_trim` change the answer as in SGLang (they
+    were ignored)."""
+    sampled = {"temperature": 1.0, "max_new_tokens": 8, "ignore_eos": True}
+    a = generate(http, text=TEXT, sampling_params={**sampled, "sampling_seed": 7})
+    b = generate(http, text=TEXT, sampling_params={**sampled, "sampling_seed": 7})
+    assert a["output_ids"] == b["output_ids"]
+    plain = generate(http, text=TEXT, sampling_params=GREEDY)["output_ids"]
+    banned = {str(plain[0]): -100.0}
+    biased = generate(http, text=TEXT, sampling_params={**GREEDY, "logit_bias": banned})
+    assert biased["output_ids"][0] != plain[0]
+    text = generate(http, text=TEXT, sampling_params=GREEDY)["text"]
+    stop = text[2:5]
+    kept = generate(http, text=TEXT, sampling_params={**GREEDY, "stop": stop,
+                                                      "no_stop_trim": True})
+    trimmed = generate(http, text=TEXT, sampling_params={**GREEDY, "stop": stop})
+    assert kept["text"] == trimmed["text"] + stop
