@@ -11,6 +11,7 @@ import pytest
 
 from kvtier.server.app import build_app
 from tests.server.conftest import assert_engine_clean, make_engine, serve_until_clean
+from tests.server.test_sglang_generate import generate
 
 TEXT = "The quick brown fox"
 GREEDY = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
@@ -25,12 +26,6 @@ def live(tiny_model_dir):
 def http(live):
     with httpx.Client(base_url=live.base_url, timeout=60) as c:
         yield c
-
-
-def generate(http, **body):
-    resp = http.post("/generate", json=body)
-    assert resp.status_code == 200, resp.text
-    return resp.json()
 
 
 def stream_events(http, **body) -> list[dict]:
