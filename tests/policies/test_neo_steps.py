@@ -182,7 +182,7 @@ def test_the_forecast_caps_prefill_chunks_as_the_scheduler_does():
     opts = EngineArgs(model="tiny-llama", kv_policy="neo", load_format="dummy", device="cpu",
                       swap_space=0.01).create_engine_config().policy_options
     assert (opts.long_prefill_threshold, opts.max_partial_prefills) == (2048, 1)
-    assert opts.step_tokens().admit(waiting[0]) == 2048
+    assert opts.step_limits.start().admit(waiting[0]) == 2048
 
 
 @pytest.mark.parametrize("threshold,max_partial", [(0, 1), (6, 1), (5, 3)])

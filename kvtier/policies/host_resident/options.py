@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvtier.config import ConfigError, SystemOptions
-from kvtier.policies.host_resident.step_tokens import StepLimits, StepTokens
+from kvtier.policies.host_resident.step_tokens import StepLimits
 
 if TYPE_CHECKING:
     from kvtier.policies.host_resident.balance import HostBalance
@@ -51,7 +51,3 @@ class HostResidentOptions(SystemOptions):
     def step_limits(self) -> StepLimits:
         return StepLimits(self.max_step_tokens, self.long_prefill_threshold,
                           self.max_partial_prefills, self.chunked_prefill)
-
-    def step_tokens(self) -> StepTokens:
-        """A fresh forecast of one step's tokens under the scheduler's limits."""
-        return self.step_limits.start()

@@ -120,7 +120,7 @@ class HostResidentPolicy(KVPolicy):
         held = new = 0
         if self.options.host_admission:
             opts = self.options
-            held, new = admitted_prompt_blocks(running, waiting, kv, opts.step_tokens(),
+            held, new = admitted_prompt_blocks(running, waiting, kv, opts.step_limits.start(),
                                                opts.max_step_seqs)
         kept, every = short + held, short + held + new
         for need in (every, kept):

@@ -141,7 +141,7 @@ class NeoPolicy(HostResidentPolicy):
         if not host or opts.choice is None or opts.pipeline is not PipelineMode.AUTO:
             self._skips = {}
             return 0
-        shape, host_ctx = forecast(running, host, waiting, opts.step_tokens(),
+        shape, host_ctx = forecast(running, host, waiting, opts.step_limits.start(),
                                    -self._blocks_short(running, kv), kv.block_size,
                                    kv.num_groups, opts.max_step_seqs)
         order = [r.request_id for r in running if r.request_id in host][:len(host_ctx)]
