@@ -99,8 +99,8 @@ def rope_settings(cfg: dict[str, Any], arch: str) -> tuple[float, dict[str, Any]
         raise ConfigError(f"{arch}: per-layer rope_parameters ({', '.join(params)}) are not "
                           "supported")
     theta = params.pop("rope_theta", None) or cfg["rope_theta"] or 10000.0
-    kind = params.pop("rope_type", None) or params.pop("type", None) or "default"
-    params.pop("type", None)
+    legacy = params.pop("type", None)  # transformers' older name of rope_type
+    kind = params.pop("rope_type", None) or legacy or "default"
     if arch == PHI3 and kind in ("su", "yarn"):
         kind = "longrope"  # Phi-3's old names for it, renamed so by transformers
     _check_rope(cfg, arch, kind, params)
